@@ -1,0 +1,42 @@
+import { Command, CommanderError } from 'commander';
+import { AppError, createRootLogger, errorMessage } from '../shared/index.js';
+import { registerCommands } from './commands/index.js';
+
+/** Builds the `tokenmill` command tree. Exported for tests. */
+export function buildProgram(): Command {
+  const program = new Command('tokenmill')
+    .description('Turn prompt datasets into training data for speculative-decoding drafters (EAGLE-3, DFlash) with SGLang.')
+    .option('--log-level <level>', 'log level: fatal|error|warn|info|debug|trace|silent', 'info')
+    .showHelpAfterError()
+    .exitOverride();
+  program.hook('preAction', (cmd) => {
+    const opts = cmd.optsWithGlobals<{ logLevel?: string }>();
+    createRootLogger({ level: opts.logLevel ?? 'info' });
+  });
+  registerCommands(program);
+  return program;
+}
+
+/** Runs the CLI; sets the exit code, prints one clear line for expected errors. */
+export async function main(argv: readonly string[]): Promise<void> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync([...argv]);
+  } catch (err: unknown) {
+    if (err instanceof CommanderError) {
+      process.exitCode = err.exitCode;
+      return;
+    }
+    if (err instanceof AppError) {
+      process.stderr.write(`tokenmill: ${err.message}\n`);
+    } else {
+      process.stderr.write(`tokenmill: unexpected error: ${errorMessage(err)}\n${err instanceof Error ? (err.stack ?? '') : ''}\n`);
+    }
+    process.exitCode = 1;
+  }
+}
+
+const invokedDirectly = import.meta.url === `file://${process.argv[1] ?? ''}`;
+if (invokedDirectly) {
+  await main(process.argv);
+}

@@ -1,0 +1,2 @@
+// Runs once before all test files.
+export default function setup(): void {}

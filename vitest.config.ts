@@ -1,0 +1,14 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    globalSetup: ['test/helpers/global-setup.ts'],
+    testTimeout: 60_000,
+    hookTimeout: 120_000,
+    // Integration tests start real processes (redis-server, the simulator, workers);
+    // the CI machine has two cores, so files run two at a time.
+    maxWorkers: 2,
+    fileParallelism: true,
+  },
+});
