@@ -1,0 +1,48 @@
+import type { Command } from 'commander';
+import { configJsonSchema, configReferenceMarkdown, loadConfig, type Config } from '../../shared/index.js';
+
+interface ConfigCommandOptions {
+  config?: string;
+  schema?: boolean;
+  reference?: boolean;
+}
+
+/** A copy of the config that is safe to print: the Redis password is masked. */
+export function printableConfig(config: Config): Config {
+  const url = config.redis.url;
+  if (url === undefined) return config;
+  let masked = url;
+  try {
+    const u = new URL(url);
+    if (u.password !== '') {
+      u.password = '***';
+      masked = u.toString();
+    }
+  } catch {
+    // Validated URLs always parse; print as it is otherwise.
+  }
+  return { ...config, redis: { ...config.redis, url: masked } };
+}
+
+/** `tokenmill config -c F | --schema | --reference`: validate and print a config, or describe the format. */
+export function registerConfigCommand(program: Command): void {
+  program
+    .command('config')
+    .description('validate a config file and print it resolved (defaults applied, absolute paths), or print its JSON Schema')
+    .option('-c, --config <file>', 'config file (YAML) to validate')
+    .option('--schema', 'print the JSON Schema of the config file')
+    .option('--reference', 'print the reference of every config key as a Markdown table')
+    .action((opts: ConfigCommandOptions, cmd: Command) => {
+      if (opts.schema === true) {
+        process.stdout.write(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);
+      } else if (opts.reference === true) {
+        process.stdout.write(configReferenceMarkdown());
+      } else if (opts.config !== undefined) {
+        // Throws ConfigError, which main() prints with every problem and exits 1.
+        const config = loadConfig({ path: opts.config });
+        process.stdout.write(`${JSON.stringify(printableConfig(config), null, 2)}\n`);
+      } else {
+        cmd.error('tokenmill config: give -c <file> to validate a config, or --schema');
+      }
+    });
+}

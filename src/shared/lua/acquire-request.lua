@@ -1,0 +1,77 @@
+--[[
+  Decides whether one generation request may start now, and on which endpoint.
+
+  Budget rule (DESIGN invariant 3): a request may start only while
+    committedTokens + inFlight * expectedTokens < tokenBudget
+  where expectedTokens is the dataset's running mean completion length once enough samples
+  are committed, and a prior before that. Endpoint rule: at most `cap` leases per endpoint,
+  summed over every worker process; a lease is a member of the endpoint's sorted set scored
+  by its expiry, so a crashed worker's leases lapse by themselves.
+
+  Input:
+    KEYS[1] dataset stats hash     (fields outputTokens, records, tokenBudget)
+    KEYS[2] dataset in-flight zset (member rid, score expiry ms)
+    KEYS[3..] endpoint lease zsets, in the caller's order of preference
+    (the key count varies with the endpoints, so the caller passes it first)
+    ARGV[1] rid
+    ARGV[2] lease ttl (ms)
+    ARGV[3] prior expected completion tokens
+    ARGV[4] leases allowed per endpoint
+    ARGV[5] commits needed before the running mean replaces the prior
+
+  Output:
+    >= 1  the 1-based index (into KEYS[3..]) of the endpoint whose lease was taken
+    -1    every endpoint is at its lease cap: wait for a slot
+    -2    the budget is met: send nothing more for this dataset
+    -3    the budget is reserved by requests in flight: wait for them
+]]
+local statsKey = KEYS[1]
+local inflightKey = KEYS[2]
+local rid = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local prior = tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
+local minCommits = tonumber(ARGV[5])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+redis.call('ZREMRANGEBYSCORE', inflightKey, '-inf', now)
+
+local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget')
+local committed = tonumber(stats[1]) or 0
+local records = tonumber(stats[2]) or 0
+local budget = tonumber(stats[3]) or -1
+
+if budget >= 0 then
+  if committed >= budget then
+    return -2
+  end
+  local expected = prior
+  if records >= minCommits and records > 0 then
+    expected = committed / records
+  end
+  local inflight = redis.call('ZCARD', inflightKey)
+  if committed + inflight * expected >= budget then
+    return -3
+  end
+end
+
+local best = -1
+local bestLoad = cap
+for i = 3, #KEYS do
+  local key = KEYS[i]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local load = redis.call('ZCARD', key)
+  if load < bestLoad then
+    best = i
+    bestLoad = load
+  end
+end
+if best < 0 then
+  return -1
+end
+
+redis.call('ZADD', KEYS[best], now + ttl, rid)
+redis.call('ZADD', inflightKey, now + ttl, rid)
+return best - 2

@@ -1,0 +1,59 @@
+--[[
+  Commits one sample's result exactly once (DESIGN invariant 2).
+
+  The first commit of a sample id records it as done, adds its completion tokens to the
+  dataset's counter and appends the result to the dataset's results stream. Any later
+  commit of the same id (a retried, stalled, re-delivered or duplicated job) changes
+  nothing but releasing its own lease. BullMQ delivers at least once; this makes the
+  effect exactly once.
+
+  Input:
+    KEYS[1] dataset done set          (sample ids)
+    KEYS[2] dataset stats hash        (outputTokens, records, firstCommitMs, lastCommitMs)
+    KEYS[3] dataset results stream
+    KEYS[4] dataset in-flight zset    (rid -> expiry)
+    KEYS[5] endpoint lease zset       (rid -> expiry)
+    KEYS[6] dataset failed hash       (sample id -> reason JSON)
+    KEYS[7] dataset skipped set       (sample ids skipped by budget)
+    KEYS[8] dataset attempts hash     (sample id -> attempts spent)
+    KEYS[9] dataset rate hash         (time bucket -> tokens committed in it)
+    ARGV[1] sample id
+    ARGV[2] completion tokens
+    ARGV[3] result record (JSON)
+    ARGV[4] rid
+    ARGV[5] rate bucket width (ms)
+    ARGV[6] rate buckets to keep
+
+  Output: { committed (1 first commit | 0 duplicate), dataset output tokens after it }
+]]
+local id = ARGV[1]
+local tokens = tonumber(ARGV[2])
+local rid = ARGV[4]
+
+redis.call('ZREM', KEYS[4], rid)
+redis.call('ZREM', KEYS[5], rid)
+
+if redis.call('SADD', KEYS[1], id) == 0 then
+  return { 0, tonumber(redis.call('HGET', KEYS[2], 'outputTokens') or '0') }
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
+redis.call('HINCRBY', KEYS[2], 'records', 1)
+redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
+redis.call('HSET', KEYS[2], 'lastCommitMs', now)
+redis.call('XADD', KEYS[3], '*', 'r', ARGV[3])
+redis.call('HDEL', KEYS[6], id)
+redis.call('SREM', KEYS[7], id)
+redis.call('HDEL', KEYS[8], id)
+
+local width = tonumber(ARGV[5])
+local keep = tonumber(ARGV[6])
+local bucket = math.floor(now / width)
+redis.call('HINCRBY', KEYS[9], bucket, tokens)
+-- Drop the bucket that just fell out of the window; the hash stays at `keep` entries.
+redis.call('HDEL', KEYS[9], bucket - keep)
+
+return { 1, total }

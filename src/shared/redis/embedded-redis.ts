@@ -1,0 +1,557 @@
+/**
+ * A private `redis-server` for runs without `redis.url`: demo, tests, benchmarks, single-machine
+ * runs. Its state (AOF) lives in the run folder, so every later command on the same config
+ * (`status`, a resumed `run`, `postprocess`) reopens the same state: it attaches to the server
+ * that is still running there, or starts a new one that replays the AOF.
+ *
+ * Files in `dataDir`:
+ * - `redis.conf`   the config the server was started with (rewritten on each start)
+ * - `redis.log`    everything the server printed (appended)
+ * - `redis.pid`    pid of the running server (removed by the owner's `stop()`)
+ * - `redis.port`   its TCP port on 127.0.0.1 (removed by the owner's `stop()`)
+ * - `redis.start.lock`  held only while a process starts a server, so that two commands
+ *                  started together do not run two servers on the same AOF
+ * - `appendonlydir/`  the AOF itself
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { promises as fs } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { Redis } from 'ioredis';
+import { AppError, EnvironmentError, TimeoutError, errorMessage } from '../errors.js';
+import { logger as componentLogger, type Logger } from '../logger.js';
+
+/** Options of {@link EmbeddedRedis}. */
+export interface EmbeddedRedisOptions {
+  /** Folder that holds the server's AOF, config, log, pid and port files; created if missing. */
+  dataDir: string;
+  /** The `redis-server` executable: a name looked up on PATH or a path. Default `redis-server`. */
+  redisServerPath?: string;
+  /** TCP port on 127.0.0.1. Default: a free port chosen at start (retried if taken meanwhile). */
+  port?: number;
+  /** Extra command-line arguments appended after the config file, e.g. `['--maxmemory-policy', 'allkeys-lru']`. */
+  extraArgs?: readonly string[];
+  /** How long to wait for the server to answer PING (AOF replay included). Default 30 s. */
+  readyTimeoutMs?: number;
+  /** How long `stop()` waits for the server to exit before it kills it. Default 10 s. */
+  stopTimeoutMs?: number;
+  logger?: Logger;
+}
+
+/** Where a started (or attached) server listens. */
+export interface EmbeddedRedisEndpoint {
+  url: string;
+  port: number;
+}
+
+/** The one-line message shown when `redis-server` cannot be found. */
+export const REDIS_SERVER_NOT_FOUND_MESSAGE =
+  "redis-server not found on PATH: install Redis ≥ 6.2 (e.g. 'apt-get install redis-server' or 'brew install redis') or set redis.url in the config";
+
+const HOST = '127.0.0.1';
+const POLL_INTERVAL_MS = 25;
+const START_ATTEMPTS_WITH_FREE_PORT = 3;
+/** A start lock whose owner pid cannot be read is considered abandoned after this long. */
+const UNREADABLE_LOCK_STALE_MS = 10_000;
+
+/**
+ * Finds a TCP port that is free on 127.0.0.1 right now (listens on port 0, reads the port the
+ * kernel chose, closes). Another process may take it before it is used: callers that bind it
+ * later must handle "address in use".
+ */
+export async function findFreePort(): Promise<number> {
+  const server = net.createServer();
+  server.unref();
+  server.listen(0, HOST);
+  await once(server, 'listening');
+  const address = server.address();
+  await new Promise<void>((resolve, reject) => server.close((e) => (e ? reject(e) : resolve())));
+  if (address === null || typeof address === 'string') {
+    throw new AppError('could not determine a free TCP port');
+  }
+  return address.port;
+}
+
+/**
+ * A `redis-server` private to one run folder, bound to 127.0.0.1, with AOF on
+ * (`appendfsync everysec`), no RDB snapshots and `maxmemory-policy noeviction`.
+ *
+ * `start()` attaches to a server that an earlier `start()` left running on the same `dataDir`
+ * (its pid is alive and it answers PING as that pid); otherwise it starts one, which replays the
+ * AOF. Only the instance that started the process stops it: `stop()` of an attached instance
+ * leaves the server up.
+ *
+ * The server runs in its own process group, so a Ctrl-C in the terminal reaches tokenmill, which
+ * shuts down in order (workers, queues, then Redis) while Redis is still there to take the last
+ * commits. If tokenmill dies without `stop()`, the server keeps running and the next command on
+ * the same run folder attaches to it.
+ */
+export class EmbeddedRedis {
+  readonly dataDir: string;
+  private readonly redisServerPath: string;
+  private readonly requestedPort: number | undefined;
+  private readonly extraArgs: readonly string[];
+  private readonly readyTimeoutMs: number;
+  private readonly stopTimeoutMs: number;
+  private readonly log: Logger;
+
+  private child: ChildProcess | undefined;
+  private childExit: Promise<void> | undefined;
+  private realDataDir: string | undefined;
+  private endpoint: EmbeddedRedisEndpoint | undefined;
+  private serverPid: number | undefined;
+  private owned = false;
+  private starting: Promise<EmbeddedRedisEndpoint> | undefined;
+
+  constructor(options: EmbeddedRedisOptions) {
+    this.dataDir = path.resolve(options.dataDir);
+    this.redisServerPath = options.redisServerPath ?? 'redis-server';
+    this.requestedPort = options.port;
+    this.extraArgs = options.extraArgs ?? [];
+    this.readyTimeoutMs = options.readyTimeoutMs ?? 30_000;
+    this.stopTimeoutMs = options.stopTimeoutMs ?? 10_000;
+    this.log = options.logger ?? componentLogger('embedded-redis');
+  }
+
+  /** `redis://127.0.0.1:<port>`; throws if not started. */
+  get url(): string {
+    return this.requireEndpoint().url;
+  }
+
+  /** The TCP port; throws if not started. */
+  get port(): number {
+    return this.requireEndpoint().port;
+  }
+
+  /** Pid of the server process, once started or attached. */
+  get pid(): number | undefined {
+    return this.serverPid;
+  }
+
+  /** True when this instance started the server (and `stop()` will end it); false when it attached. */
+  get ownsProcess(): boolean {
+    return this.owned;
+  }
+
+  /** Starts the server, or attaches to the one already running on `dataDir`. Idempotent. */
+  async start(): Promise<EmbeddedRedisEndpoint> {
+    if (this.endpoint !== undefined) return this.endpoint;
+    this.starting ??= this.doStart().finally(() => {
+      this.starting = undefined;
+    });
+    return this.starting;
+  }
+
+  /**
+   * Stops the server if this instance started it: SIGTERM, on which Redis flushes and fsyncs
+   * the AOF and exits (what SHUTDOWN does), then waits for the exit; kills it if it does not
+   * exit within `stopTimeoutMs`. An attached instance only forgets the server.
+   */
+  async stop(): Promise<void> {
+    if (this.starting !== undefined) {
+      await this.starting.catch(() => undefined);
+    }
+    const child = this.child;
+    const exited = this.childExit;
+    const owned = this.owned;
+    this.endpoint = undefined;
+    this.child = undefined;
+    this.childExit = undefined;
+    this.owned = false;
+    if (!owned || child === undefined || exited === undefined) {
+      this.serverPid = undefined;
+      return;
+    }
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGTERM');
+      if ((await withTimeout(exited, this.stopTimeoutMs)) === 'timeout') {
+        this.log.warn({ pid: child.pid, stopTimeoutMs: this.stopTimeoutMs }, 'redis-server did not exit after SIGTERM; killing it');
+        child.kill('SIGKILL');
+        await exited;
+      }
+    }
+    this.serverPid = undefined;
+    await this.removeRunFiles(child.pid);
+    this.log.info({ pid: child.pid, dataDir: this.dataDir }, 'embedded redis stopped');
+  }
+
+  private requireEndpoint(): EmbeddedRedisEndpoint {
+    if (this.endpoint === undefined) throw new AppError('embedded redis is not started');
+    return this.endpoint;
+  }
+
+  private file(name: string): string {
+    return path.join(this.realDataDir ?? this.dataDir, name);
+  }
+
+  private async doStart(): Promise<EmbeddedRedisEndpoint> {
+    await fs.mkdir(this.dataDir, { recursive: true });
+    this.realDataDir = await fs.realpath(this.dataDir);
+    const deadline = Date.now() + this.readyTimeoutMs;
+
+    const attached = await this.tryAttach(deadline);
+    if (attached) return attached;
+
+    const release = await this.acquireStartLock(deadline);
+    try {
+      // Another process may have started a server while we waited for the lock.
+      const attachedAfterLock = await this.tryAttach(deadline);
+      if (attachedAfterLock) return attachedAfterLock;
+      return await this.spawnServer();
+    } finally {
+      await release();
+    }
+  }
+
+  /** Attaches to the server recorded in the pid and port files, if it is alive and really ours. */
+  private async tryAttach(deadline: number): Promise<EmbeddedRedisEndpoint | undefined> {
+    const pid = await readIntFile(this.file('redis.pid'));
+    const port = await readIntFile(this.file('redis.port'));
+    if (pid === undefined || port === undefined || !isProcessAlive(pid)) return undefined;
+
+    // The server may still be replaying its AOF (PING answers LOADING), or just starting.
+    for (;;) {
+      const state = await pingOnce(port, 1_000);
+      if (state === 'pong') break;
+      if (state === 'down' && !(await looksLikeRedisServer(pid))) return undefined;
+      if (!isProcessAlive(pid)) return undefined;
+      if (Date.now() >= deadline) {
+        throw new TimeoutError(
+          `a redis-server (pid ${pid}) holds ${this.dataDir} but did not answer on port ${port} within ${this.readyTimeoutMs} ms; stop it or remove ${this.file('redis.pid')}`,
+        );
+      }
+      await delay(POLL_INTERVAL_MS);
+    }
+
+    // The port answers: make sure it is the process of our pid file, started with our config.
+    const info = await readServerInfo(port);
+    if (info === undefined || info.processId !== pid) return undefined;
+    if (info.configFile !== undefined && info.configFile !== this.file('redis.conf')) return undefined;
+
+    this.endpoint = { url: `redis://${HOST}:${port}`, port };
+    this.serverPid = pid;
+    this.owned = false;
+    this.log.info({ pid, port, dataDir: this.dataDir }, 'attached to running embedded redis');
+    return this.endpoint;
+  }
+
+  private async spawnServer(): Promise<EmbeddedRedisEndpoint> {
+    const attempts = this.requestedPort === undefined ? START_ATTEMPTS_WITH_FREE_PORT : 1;
+    for (let attempt = 1; ; attempt++) {
+      let port = this.requestedPort ?? (await findFreePort());
+      // Never the default Redis port: that is someone else's server.
+      while (this.requestedPort === undefined && port === 6379) port = await findFreePort();
+      try {
+        return await this.spawnOnPort(port);
+      } catch (e: unknown) {
+        if (attempt < attempts && e instanceof EarlyExitError && /address already in use/i.test(e.logTail)) {
+          this.log.debug({ port }, 'port taken before redis-server could bind it; retrying with another');
+          continue;
+        }
+        throw e instanceof EarlyExitError ? new EnvironmentError(e.message) : e;
+      }
+    }
+  }
+
+  private async spawnOnPort(port: number): Promise<EmbeddedRedisEndpoint> {
+    const confPath = this.file('redis.conf');
+    const logPath = this.file('redis.log');
+    await fs.writeFile(confPath, renderConfig(this.realDataDir ?? this.dataDir, port));
+    const logStartOffset = await fileSize(logPath);
+    const logFd = await fs.open(logPath, 'a');
+
+    let child: ChildProcess;
+    try {
+      child = spawn(this.redisServerPath, [confPath, ...this.extraArgs], {
+        cwd: this.realDataDir,
+        stdio: ['ignore', logFd.fd, logFd.fd],
+        detached: true,
+      });
+      const exited = once(child, 'exit').then(() => undefined);
+      // Keeps an early failure from becoming an unhandled rejection before we await it.
+      exited.catch(() => undefined);
+      try {
+        await once(child, 'spawn');
+      } catch (e: unknown) {
+        const code = (e as NodeJS.ErrnoException).code;
+        if (code === 'ENOENT') throw new EnvironmentError(this.notFoundMessage(), { cause: e });
+        if (code === 'EACCES') {
+          throw new EnvironmentError(`cannot execute ${this.redisServerPath}: permission denied`, { cause: e });
+        }
+        throw new EnvironmentError(`cannot start ${this.redisServerPath}: ${errorMessage(e)}`, { cause: e });
+      }
+      child.unref();
+      this.child = child;
+      this.childExit = exited;
+    } finally {
+      await logFd.close();
+    }
+
+    const pid = child.pid;
+    if (pid === undefined) throw new EnvironmentError(`cannot start ${this.redisServerPath}: no pid`);
+    await fs.writeFile(this.file('redis.pid'), `${pid}\n`);
+
+    try {
+      await this.waitUntilReady(child, port, logPath, logStartOffset);
+    } catch (e: unknown) {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGKILL');
+        await this.childExit;
+      }
+      this.child = undefined;
+      this.childExit = undefined;
+      await this.removeRunFiles(pid);
+      throw e;
+    }
+
+    await fs.writeFile(this.file('redis.port'), `${port}\n`);
+    this.endpoint = { url: `redis://${HOST}:${port}`, port };
+    this.serverPid = pid;
+    this.owned = true;
+    this.log.info({ pid, port, dataDir: this.dataDir }, 'embedded redis started');
+    return this.endpoint;
+  }
+
+  private async waitUntilReady(child: ChildProcess, port: number, logPath: string, logStartOffset: number): Promise<void> {
+    const deadline = Date.now() + this.readyTimeoutMs;
+    for (;;) {
+      if (child.exitCode !== null || child.signalCode !== null) {
+        const tail = await readLogTail(logPath, logStartOffset);
+        const how = child.exitCode !== null ? `with code ${child.exitCode}` : `on ${child.signalCode}`;
+        throw new EarlyExitError(
+          `redis-server exited ${how} before it was ready (port ${port}, log ${logPath}):\n${indent(tail)}`,
+          tail,
+        );
+      }
+      if ((await pingOnce(port, 1_000)) === 'pong') {
+        // The port answers: make sure it is our child and not a server that took the port.
+        const info = await readServerInfo(port);
+        if (info?.processId === child.pid) return;
+      }
+      if (Date.now() >= deadline) {
+        const tail = await readLogTail(logPath, logStartOffset);
+        throw new TimeoutError(
+          `redis-server (pid ${child.pid}) did not answer PING on port ${port} within ${this.readyTimeoutMs} ms (log ${logPath}):\n${indent(tail)}`,
+        );
+      }
+      await delay(POLL_INTERVAL_MS);
+    }
+  }
+
+  private notFoundMessage(): string {
+    const bareName = !this.redisServerPath.includes('/') && !this.redisServerPath.includes('\\');
+    const what = bareName ? `${this.redisServerPath} not found on PATH` : `redis-server not found at ${this.redisServerPath}`;
+    return REDIS_SERVER_NOT_FOUND_MESSAGE.replace('redis-server not found on PATH', what);
+  }
+
+  /** Removes the pid and port files, but only if they still describe `pid`. */
+  private async removeRunFiles(pid: number | undefined): Promise<void> {
+    const recorded = await readIntFile(this.file('redis.pid'));
+    if (recorded !== undefined && recorded !== pid) return;
+    await fs.rm(this.file('redis.pid'), { force: true });
+    await fs.rm(this.file('redis.port'), { force: true });
+  }
+
+  /**
+   * Takes `redis.start.lock` (O_EXCL create). A lock whose owner is dead is taken over; a live
+   * owner is waited for until `deadline`.
+   */
+  private async acquireStartLock(deadline: number): Promise<() => Promise<void>> {
+    const lockPath = this.file('redis.start.lock');
+    for (;;) {
+      try {
+        await fs.writeFile(lockPath, `${process.pid}\n`, { flag: 'wx' });
+        return async () => {
+          await fs.rm(lockPath, { force: true });
+        };
+      } catch (e: unknown) {
+        if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      }
+      const owner = await readIntFile(lockPath);
+      const stale =
+        owner === undefined ? Date.now() - (await mtimeMs(lockPath)) > UNREADABLE_LOCK_STALE_MS : !isProcessAlive(owner);
+      if (stale) {
+        this.log.debug({ lockPath, owner }, 'removing abandoned redis start lock');
+        await fs.rm(lockPath, { force: true });
+        continue;
+      }
+      if (Date.now() >= deadline) {
+        throw new TimeoutError(`another process (pid ${owner}) is starting redis-server in ${this.dataDir}; gave up waiting`);
+      }
+      await delay(POLL_INTERVAL_MS);
+    }
+  }
+}
+
+/** The server exited while we waited for it; carries its log so the caller can decide to retry. */
+class EarlyExitError extends AppError {
+  constructor(
+    message: string,
+    readonly logTail: string,
+  ) {
+    super(message);
+  }
+}
+
+function renderConfig(dataDir: string, port: number): string {
+  return [
+    '# Written by tokenmill at each start of its embedded redis-server; edits are overwritten.',
+    `bind ${HOST}`,
+    'protected-mode yes',
+    `port ${port}`,
+    'daemonize no',
+    `dir ${quoteConfigValue(dataDir)}`,
+    'logfile ""',
+    'save ""',
+    'appendonly yes',
+    'appendfsync everysec',
+    'maxmemory-policy noeviction',
+    '',
+  ].join('\n');
+}
+
+/** Quotes a value for redis.conf (parsed like a shell word: double quotes, backslash escapes). */
+function quoteConfigValue(value: string): string {
+  return `"${value.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`;
+}
+
+/** One PING over a raw socket: `pong`, `loading` (replaying the AOF, or any error reply) or `down`. */
+async function pingOnce(port: number, timeoutMs: number): Promise<'pong' | 'loading' | 'down'> {
+  return new Promise((resolve) => {
+    const socket = net.connect({ host: HOST, port });
+    let buffered = '';
+    const finish = (result: 'pong' | 'loading' | 'down'): void => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(result);
+    };
+    const timer = setTimeout(() => finish('down'), timeoutMs);
+    socket.setEncoding('utf8');
+    socket.on('connect', () => socket.write('*1\r\n$4\r\nPING\r\n'));
+    socket.on('data', (chunk: string) => {
+      buffered += chunk;
+      const end = buffered.indexOf('\r\n');
+      if (end < 0) return;
+      finish(buffered.startsWith('+PONG') ? 'pong' : 'loading');
+    });
+    socket.on('error', () => finish('down'));
+    socket.on('close', () => finish('down'));
+  });
+}
+
+/** `INFO server` of the server on `port`: its pid and config file. Undefined if it cannot be read. */
+async function readServerInfo(port: number): Promise<{ processId: number | undefined; configFile: string | undefined } | undefined> {
+  const conn = new Redis({
+    host: HOST,
+    port,
+    lazyConnect: true,
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+    connectTimeout: 2_000,
+  });
+  conn.on('error', () => undefined);
+  try {
+    await conn.connect();
+    const info = await conn.info('server');
+    const processId = /^process_id:(\d+)\s*$/m.exec(info)?.[1];
+    const configFile = /^config_file:(.*?)\s*$/m.exec(info)?.[1];
+    return {
+      processId: processId === undefined ? undefined : Number(processId),
+      configFile: configFile === undefined || configFile === '' ? undefined : configFile,
+    };
+  } catch {
+    return undefined;
+  } finally {
+    conn.disconnect();
+  }
+}
+
+function isProcessAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e: unknown) {
+    // EPERM: it exists but belongs to someone else.
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** On Linux, whether the process looks like a redis-server; elsewhere assume it may be one. */
+async function looksLikeRedisServer(pid: number): Promise<boolean> {
+  try {
+    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8');
+    return cmdline.includes('redis');
+  } catch {
+    return true;
+  }
+}
+
+async function readIntFile(file: string): Promise<number | undefined> {
+  try {
+    const text = (await fs.readFile(file, 'utf8')).trim();
+    return /^\d+$/.test(text) ? Number(text) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+async function fileSize(file: string): Promise<number> {
+  try {
+    return (await fs.stat(file)).size;
+  } catch {
+    return 0;
+  }
+}
+
+async function mtimeMs(file: string): Promise<number> {
+  try {
+    return (await fs.stat(file)).mtimeMs;
+  } catch {
+    return Date.now();
+  }
+}
+
+/** The last lines the server wrote since `fromOffset`. */
+async function readLogTail(file: string, fromOffset: number, maxLines = 20, maxBytes = 8_192): Promise<string> {
+  try {
+    const size = await fileSize(file);
+    const start = Math.max(fromOffset, size - maxBytes);
+    const handle = await fs.open(file, 'r');
+    try {
+      const buffer = Buffer.alloc(size - start);
+      await handle.read(buffer, 0, buffer.length, start);
+      const lines = buffer.toString('utf8').split('\n').filter((l) => l.trim() !== '');
+      return lines.length === 0 ? '(empty log)' : lines.slice(-maxLines).join('\n');
+    } finally {
+      await handle.close();
+    }
+  } catch (e: unknown) {
+    return `(log unreadable: ${errorMessage(e)})`;
+  }
+}
+
+function indent(text: string): string {
+  return text
+    .split('\n')
+    .map((l) => `  ${l}`)
+    .join('\n');
+}
+
+/** `promise`'s value, or `'timeout'` if it has not settled after `ms` (the timer never outlives the call). */
+async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | 'timeout'> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<'timeout'>((resolve) => {
+    timer = setTimeout(() => resolve('timeout'), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

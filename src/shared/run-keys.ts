@@ -1,0 +1,83 @@
+import { createHash } from 'node:crypto';
+
+/**
+ * Every Redis key of one run, in one place. A run's keys all start with `<prefix>:<run>`,
+ * so runs (and tests, each with its own prefix) never see each other's state.
+ * BullMQ's own keys live under `<prefix>:<run>:q`.
+ */
+export class RunKeys {
+  readonly base: string;
+  /** BullMQ `prefix` option for every queue of the run. */
+  readonly bullPrefix: string;
+
+  constructor(prefix: string, run: string) {
+    this.base = `${prefix}:${run}`;
+    this.bullPrefix = `${this.base}:q`;
+  }
+
+  /** Set of dataset names the producers registered; workers discover queues from it. */
+  datasets(): string {
+    return `${this.base}:datasets`;
+  }
+
+  /** Hash: outputTokens, records, tokenBudget, status, firstCommitMs, lastCommitMs, rejected, total. */
+  stats(dataset: string): string {
+    return `${this.base}:ds:${dataset}:stats`;
+  }
+
+  done(dataset: string): string {
+    return `${this.base}:ds:${dataset}:done`;
+  }
+
+  failed(dataset: string): string {
+    return `${this.base}:ds:${dataset}:failed`;
+  }
+
+  skipped(dataset: string): string {
+    return `${this.base}:ds:${dataset}:skipped`;
+  }
+
+  attempts(dataset: string): string {
+    return `${this.base}:ds:${dataset}:attempts`;
+  }
+
+  inflight(dataset: string): string {
+    return `${this.base}:ds:${dataset}:inflight`;
+  }
+
+  results(dataset: string): string {
+    return `${this.base}:ds:${dataset}:results`;
+  }
+
+  rate(dataset: string): string {
+    return `${this.base}:ds:${dataset}:rate`;
+  }
+
+  /** Hash of the producer's progress through the dataset's prompt file (line, epoch). */
+  producer(dataset: string): string {
+    return `${this.base}:ds:${dataset}:producer`;
+  }
+
+  sinkLock(dataset: string): string {
+    return `${this.base}:ds:${dataset}:sink-lock`;
+  }
+
+  producerLock(): string {
+    return `${this.base}:producer-lock`;
+  }
+
+  /** Zset of request leases on one SGLang endpoint (rid -> expiry ms). */
+  endpointLeases(endpoint: string): string {
+    return `${this.base}:ep:${endpointKey(endpoint)}:leases`;
+  }
+
+  /** Hash of pipeline phase states (prepare, generate, tokenize, merge, train). */
+  phases(): string {
+    return `${this.base}:phases`;
+  }
+}
+
+/** A short stable key for an endpoint URL. */
+export function endpointKey(endpoint: string): string {
+  return createHash('sha256').update(endpoint.replace(/\/+$/, '')).digest('hex').slice(0, 12);
+}

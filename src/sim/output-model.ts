@@ -1,0 +1,198 @@
+/**
+ * What the simulated model "generates": a completion length drawn from a distribution and
+ * ordinary token ids, both a pure function of (seed, rid, prompt length) so that a request
+ * repeated with the same rid gets the same output.
+ */
+
+export interface OutputLengthSpec {
+  distribution: 'lognormal' | 'fixed' | 'uniform';
+  /** Mean completion length in tokens, stop token included. */
+  mean: number;
+  /** Lognormal shape (standard deviation of the log); default 0.8. */
+  sigma?: number;
+  min?: number;
+  max?: number;
+}
+
+export const DEFAULT_OUTPUT_LENGTH: OutputLengthSpec = { distribution: 'lognormal', mean: 2700, sigma: 0.8 };
+
+export type Rng = () => number;
+
+/** 32-bit FNV-1a of a string, finished with a murmur3 mix. */
+export function hashString(text: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+/** mulberry32: a small, fast, well-distributed 32-bit PRNG returning floats in [0, 1). */
+export function mulberry32(seed: number): Rng {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** The PRNG stream of one request; `stream` separates independent draws (length, ids). */
+export function requestRng(seed: number, rid: string, promptTokens: number, stream: string): Rng {
+  return mulberry32(hashString(`${seed}\u0000${rid}\u0000${promptTokens}\u0000${stream}`));
+}
+
+function standardNormal(rng: Rng): number {
+  const u1 = Math.max(rng(), 1e-12);
+  const u2 = rng();
+  return Math.sqrt(-2 * Math.log(u1)) * Math.cos(2 * Math.PI * u2);
+}
+
+/** A natural completion length (tokens, stop token included), at least 1. */
+export function sampleOutputLength(spec: OutputLengthSpec, rng: Rng): number {
+  const mean = Math.max(1, spec.mean);
+  let length: number;
+  switch (spec.distribution) {
+    case 'fixed':
+      length = mean;
+      break;
+    case 'uniform': {
+      const low = spec.min ?? 1;
+      const high = spec.max ?? Math.max(low, 2 * mean - low);
+      length = low + rng() * (high - low + 1);
+      break;
+    }
+    case 'lognormal': {
+      const sigma = spec.sigma ?? 0.8;
+      const mu = Math.log(mean) - (sigma * sigma) / 2;
+      length = Math.exp(mu + sigma * standardNormal(rng));
+      break;
+    }
+  }
+  length = Math.floor(length);
+  if (spec.min !== undefined) length = Math.max(length, spec.min);
+  if (spec.max !== undefined) length = Math.min(length, spec.max);
+  return Math.max(1, length);
+}
+
+/** SGLang's finish reasons as they appear in `meta_info.finish_reason`. */
+export type FinishReason =
+  | { type: 'length'; length: number }
+  | { type: 'stop'; matched: number | string }
+  | { type: 'abort'; message: string; status_code?: number | null; err_type?: string | null };
+
+export interface OutputPlanInput {
+  spec: OutputLengthSpec;
+  seed: number;
+  rid: string;
+  promptTokens: number;
+  /** Cap on generated tokens (the rest of the context when the request set none). */
+  maxNewTokens: number;
+  minNewTokens: number;
+  ignoreEos: boolean;
+  stopTokenIds: readonly number[];
+  eosTokenId: number;
+}
+
+export interface OutputPlan {
+  /** Tokens the request will generate, stop token included. */
+  outputTokens: number;
+  finishReason: FinishReason;
+  /** The token that ends the completion when it stops on a token. */
+  stopTokenId: number | undefined;
+}
+
+/**
+ * Decides how a request ends: its natural length, capped by `max_new_tokens` (finish
+ * `length`), or ending on the end-of-turn token (or the first of `stop_token_ids`), which is
+ * counted in the completion as SGLang does.
+ */
+export function planOutput(input: OutputPlanInput): OutputPlan {
+  const maxNewTokens = Math.max(0, Math.floor(input.maxNewTokens));
+  if (input.ignoreEos) {
+    return { outputTokens: maxNewTokens, finishReason: { type: 'length', length: maxNewTokens }, stopTokenId: undefined };
+  }
+  const rng = requestRng(input.seed, input.rid, input.promptTokens, 'length');
+  const natural = Math.max(sampleOutputLength(input.spec, rng), input.minNewTokens + 1);
+  if (natural > maxNewTokens) {
+    return { outputTokens: maxNewTokens, finishReason: { type: 'length', length: maxNewTokens }, stopTokenId: undefined };
+  }
+  const stopTokenId = input.stopTokenIds[0] ?? input.eosTokenId;
+  return { outputTokens: natural, finishReason: { type: 'stop', matched: stopTokenId }, stopTokenId };
+}
+
+/** Ordinary token ids the simulated model writes with: words, punctuation, newlines. */
+export interface TokenPool {
+  words: readonly number[];
+  punctuation: readonly number[];
+  newlines: readonly number[];
+}
+
+/**
+ * The first `count` completion ids of a request. When `count` reaches the plan's length and
+ * the plan ends on a stop token, that token is the last id.
+ */
+export function completionIds(
+  plan: OutputPlan,
+  pool: TokenPool,
+  seed: number,
+  rid: string,
+  promptTokens: number,
+  count: number,
+): number[] {
+  const n = Math.max(0, Math.min(count, plan.outputTokens));
+  const rng = requestRng(seed, rid, promptTokens, 'ids');
+  const ids = new Array<number>(n);
+  const pick = (list: readonly number[]): number => list[Math.floor(rng() * list.length)] ?? list[0] ?? 0;
+  for (let i = 0; i < n; i++) {
+    const r = rng();
+    if (r < 0.012 && pool.newlines.length > 0 && i > 0) ids[i] = pick(pool.newlines);
+    else if (r < 0.09 && pool.punctuation.length > 0 && i > 0) ids[i] = pick(pool.punctuation);
+    else ids[i] = pick(pool.words);
+  }
+  if (n === plan.outputTokens && n > 0 && plan.stopTokenId !== undefined) ids[n - 1] = plan.stopTokenId;
+  return ids;
+}
+
+/** The parts of a tokenizer the token pool needs (ChatTokenizer has them). */
+export interface TokenPoolSource {
+  readonly ordinaryTokenCount: number;
+  ordinaryTokenId(index: number): number;
+  idToToken(id: number): string | undefined;
+  tokenToId(token: string): number | undefined;
+}
+
+const WORD_TOKEN = /^(?:Ġ|▁)[a-z]{2,10}$/;
+const PUNCTUATION_TOKENS = [',', '.', '?', '!', ':'];
+const NEWLINE_TOKENS = ['Ċ', 'ĊĊ', '<0x0A>'];
+
+/**
+ * Picks ordinary tokens that read as text (`Ġword` / `▁word` pieces, punctuation, newlines),
+ * so that completions decode to plain ASCII words. Falls back to every ordinary token when the
+ * vocabulary has too few such pieces.
+ */
+export function buildTokenPool(source: TokenPoolSource): TokenPool {
+  const words: number[] = [];
+  for (let i = 0; i < source.ordinaryTokenCount; i++) {
+    const id = source.ordinaryTokenId(i);
+    const token = source.idToToken(id);
+    if (token !== undefined && WORD_TOKEN.test(token)) words.push(id);
+  }
+  const lookup = (tokens: string[]): number[] =>
+    tokens.map((t) => source.tokenToId(t)).filter((id): id is number => id !== undefined);
+  const ordinary = new Set<number>();
+  const punctuation = lookup(PUNCTUATION_TOKENS);
+  const newlines = lookup(NEWLINE_TOKENS);
+  if (words.length >= 100) return { words, punctuation, newlines };
+  const step = Math.max(1, Math.floor(source.ordinaryTokenCount / 50_000));
+  for (let i = 0; i < source.ordinaryTokenCount; i += step) ordinary.add(source.ordinaryTokenId(i));
+  return { words: [...ordinary], punctuation: [], newlines: [] };
+}

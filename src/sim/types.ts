@@ -1,0 +1,83 @@
+import type { FaultConfig } from './faults.js';
+import type { OutputLengthSpec } from './output-model.js';
+
+export type { FaultConfig } from './faults.js';
+
+/** SGLang releases whose response shapes the simulator reproduces. */
+export const SIM_VERSIONS = ['0.5.4', '0.5.2rc1', '0.4.10'] as const;
+export type SimVersion = (typeof SIM_VERSIONS)[number];
+
+export interface SimulatorOptions {
+  /** Default 127.0.0.1. */
+  host?: string;
+  /** Default 0: a free port. */
+  port?: number;
+  /** Default 0; outputs are deterministic for (seed, rid, prompt length). */
+  seed?: number;
+  /** Default 1; 100 = simulated time runs 100x faster than wall time. */
+  timeScale?: number;
+  /** Default 64; beyond it requests queue (SGLang never rejects for load by default). */
+  maxRunningRequests?: number;
+  /** When set, 503 "The request queue is full." once this many requests wait. */
+  maxQueuedRequests?: number;
+  /** Default 32768. */
+  contextLength?: number;
+  /** Decode speed of one request alone, tokens per second; default 80. */
+  singleRequestTokensPerSec?: number;
+  /** Total decode throughput ceiling at full batch, tokens per second; default 2500. */
+  peakTokensPerSec?: number;
+  /** Prefill speed (prompt tokens minus cached prefix), tokens per second; default 20000. */
+  prefillTokensPerSec?: number;
+  /** Completion length distribution; default lognormal, mean 2700, sigma 0.8. */
+  outputLength?: OutputLengthSpec;
+  /** Tokenizer folder; default the bundled Qwen3 tokenizer. */
+  tokenizerPath?: string;
+  /** Reported as model_path and model id; default "Qwen/Qwen3-8B". */
+  modelPath?: string;
+  /** Response shape profile; default '0.5.4'. */
+  version?: SimVersion;
+  faults?: Partial<FaultConfig>;
+}
+
+export interface SimRequestRecord {
+  rid: string;
+  route: string;
+  /** Wall clock (epoch ms) when the request arrived. */
+  receivedAtMs: number;
+  promptTokens: number;
+  maxNewTokens: number;
+}
+
+export interface SimStats {
+  /** Generation requests (generate + chat) received, counting each batch item. */
+  requestsReceived: number;
+  requests: SimRequestRecord[];
+  /** Finished on their own (stop or length) and answered. */
+  completed: number;
+  /** Ended by /abort_request, a client disconnect or an outage. */
+  aborted: number;
+  /** Answered with an error (400, injected 500/503, dropped, malformed). */
+  failed: number;
+  running: number;
+  queued: number;
+  maxRunningObserved: number;
+  /** Tokens decoded, partial work of aborted requests included (as sglang:generation_tokens_total). */
+  outputTokensTotal: number;
+  /** Time-weighted mean of running requests since the last reset (wall ms). */
+  occupancy: { meanRunning: number; windowMs: number };
+}
+
+export interface SimulatorHandle {
+  url: string;
+  port: number;
+  setFaults(f: Partial<FaultConfig>): void;
+  clearFaults(): void;
+  /**
+   * Closes the listener and every open socket now (clients get ECONNREFUSED / reset), and
+   * listens again on the same port after `durationMs` (wall). Resolves once it is down.
+   */
+  outage(durationMs: number): Promise<void>;
+  stats(): SimStats;
+  resetStats(): void;
+  stop(): Promise<void>;
+}

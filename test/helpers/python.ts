@@ -1,0 +1,147 @@
+// The Python reference environment for parity tests: .venv at the repository root, built by
+// scripts/setup-python.sh from scripts/requirements.txt. A fresh clone has no .venv; the first
+// test that needs it builds it (about a minute), and setup-python.sh serializes concurrent
+// builds on a lock file. If it cannot be built, the test fails with pip's output.
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const REPO_ROOT = path.resolve(fileURLToPath(new URL('../..', import.meta.url)));
+export const VENV_PYTHON = path.join(REPO_ROOT, '.venv', 'bin', 'python');
+const SETUP_SCRIPT = path.join(REPO_ROOT, 'scripts', 'setup-python.sh');
+const REQUIREMENTS = path.join(REPO_ROOT, 'scripts', 'requirements.txt');
+const STAMP = path.join(REPO_ROOT, '.venv', '.requirements.sha256');
+const PYTHON_SCRIPTS = path.join(REPO_ROOT, 'test', 'python');
+
+const SETUP_TIMEOUT_MS = 15 * 60_000;
+
+/** Environment for every Python child: no hub access, quiet transformers, UTF-8 I/O. */
+export const PYTHON_ENV: NodeJS.ProcessEnv = {
+  ...process.env,
+  HF_HUB_OFFLINE: '1',
+  TRANSFORMERS_OFFLINE: '1',
+  HF_DATASETS_OFFLINE: '1',
+  TRANSFORMERS_VERBOSITY: 'error',
+  PYTHONIOENCODING: 'utf-8',
+  PYTHONUTF8: '1',
+  PYTHONDONTWRITEBYTECODE: '1',
+};
+
+export interface ProcessResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs a program to completion, feeding `stdin`, killing it after `timeoutMs`. */
+export function runProcess(
+  command: string,
+  args: readonly string[],
+  opts: { stdin?: string; timeoutMs: number; env?: NodeJS.ProcessEnv; cwd?: string },
+): Promise<ProcessResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, {
+      cwd: opts.cwd ?? REPO_ROOT,
+      env: opts.env ?? PYTHON_ENV,
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on('data', (b: Buffer) => out.push(b));
+    child.stderr.on('data', (b: Buffer) => err.push(b));
+    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs);
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({
+        code,
+        signal,
+        stdout: Buffer.concat(out).toString('utf8'),
+        stderr: Buffer.concat(err).toString('utf8'),
+      });
+    });
+    // A child that exits before reading all of stdin must not crash the test with EPIPE.
+    child.stdin.on('error', () => undefined);
+    child.stdin.end(opts.stdin ?? '');
+  });
+}
+
+function envIsCurrent(): boolean {
+  if (!existsSync(VENV_PYTHON) || !existsSync(STAMP)) return false;
+  const want = createHash('sha256').update(readFileSync(REQUIREMENTS)).digest('hex');
+  return readFileSync(STAMP, 'utf8').trim() === want;
+}
+
+let envPromise: Promise<string> | undefined;
+
+async function setUp(): Promise<string> {
+  if (envIsCurrent()) return VENV_PYTHON;
+  const r = await runProcess('bash', [SETUP_SCRIPT], { timeoutMs: SETUP_TIMEOUT_MS, env: process.env });
+  if (r.code !== 0 || !envIsCurrent()) {
+    const output = `${r.stdout}\n${r.stderr}`
+      .split('\n')
+      // pip's notes about extra local indexes that do not hold a package are noise here.
+      .filter((line) => !line.includes('is ignored: it is neither a file nor a directory'))
+      .join('\n')
+      .slice(-20_000);
+    throw new Error(
+      `scripts/setup-python.sh failed (exit ${String(r.code)}${r.signal === null ? '' : `, ${r.signal}`}); ` +
+        `the Python environment is required for this test:\n${output}`,
+    );
+  }
+  return VENV_PYTHON;
+}
+
+/** The venv's python, building .venv first when it is missing or stale. */
+export function ensurePythonEnv(): Promise<string> {
+  envPromise ??= setUp().catch((e: unknown) => {
+    envPromise = undefined;
+    throw e;
+  });
+  return envPromise;
+}
+
+/**
+ * Runs a script from test/python (or an absolute path) with the venv's python, `stdinJson`
+ * serialized on its stdin. Resolves to stdout; rejects with stderr when it exits non-zero.
+ */
+export async function runPython(
+  script: string,
+  args: readonly string[] = [],
+  stdinJson?: unknown,
+  opts: { timeoutMs?: number } = {},
+): Promise<string> {
+  const python = await ensurePythonEnv();
+  const scriptPath = path.isAbsolute(script) ? script : path.join(PYTHON_SCRIPTS, script);
+  const r = await runProcess(python, [scriptPath, ...args], {
+    stdin: stdinJson === undefined ? '' : JSON.stringify(stdinJson),
+    timeoutMs: opts.timeoutMs ?? 120_000,
+  });
+  if (r.code !== 0) {
+    throw new Error(
+      `python ${path.relative(REPO_ROOT, scriptPath)} exited ${String(r.code)}${r.signal === null ? '' : ` (${r.signal})`}:\n${r.stderr.slice(-10_000)}`,
+    );
+  }
+  return r.stdout;
+}
+
+/** {@link runPython}, with stdout parsed as JSON. */
+export async function runPythonJson<T>(
+  script: string,
+  args: readonly string[] = [],
+  stdinJson?: unknown,
+  opts: { timeoutMs?: number } = {},
+): Promise<T> {
+  const stdout = await runPython(script, args, stdinJson, opts);
+  try {
+    return JSON.parse(stdout) as T;
+  } catch (e: unknown) {
+    throw new Error(`python ${script} did not print JSON: ${stdout.slice(0, 2000)}`, { cause: e });
+  }
+}
