@@ -256,7 +256,7 @@ export class Producer {
         batchId: `${ds.name}:e${epoch}:${first.line}-${last.line}`,
         sampling: ds.sampling,
         maxAttempts: this.options.maxAttempts,
-        priorExpectedTokens: Math.min(ds.maxNewTokens, 2048),
+        priorExpectedTokens: Math.ceil(ds.maxNewTokens / 2),
         samples,
       },
       'generate batch',

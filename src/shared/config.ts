@@ -188,6 +188,11 @@ export const ConfigSchema = z.strictObject({
       maxAttempts: positiveInt()
         .default(3)
         .describe('Attempts per prompt against a healthy server before it is marked failed; outages do not count.'),
+      contextLength: positiveInt()
+        .optional()
+        .describe(
+          'Context length of the target model (tokens). Longer prompts are rejected and `max_new_tokens` is capped to fit. Omitted = asked from the server (`/server_info`).',
+        ),
     })
     .prefault({})
     .describe('SGLang servers and how requests are sent to them.'),
@@ -251,6 +256,26 @@ export const ConfigSchema = z.strictObject({
     })
     .prefault({})
     .describe('Tokenize and merge into the training dataset.'),
+  workers: z
+    .strictObject({
+      lockDurationMs: positiveInt()
+        .default(30_000)
+        .describe('BullMQ lock of a batch job (ms), renewed while it runs; a killed worker\'s batch returns to the queue after about this long.'),
+      stalledIntervalMs: positiveInt()
+        .default(30_000)
+        .describe('How often workers look for batches whose worker died (ms).'),
+      leaseTtlMs: positiveInt()
+        .default(30_000)
+        .describe('A request\'s slot on an endpoint and in its dataset\'s budget lapses this long (ms) after its worker stops renewing it.'),
+      shutdownGraceMs: positiveInt()
+        .default(30_000)
+        .describe('On SIGTERM, requests in flight may finish for this long (ms); then they are aborted and their prompts handed back.'),
+      windowBatches: positiveInt()
+        .optional()
+        .describe('Batches kept queued per dataset. Omitted = enough to fill every endpoint twice over.'),
+    })
+    .prefault({})
+    .describe('Inference workers and the producer\'s queue window.'),
   train: TrainConfigSchema.optional().describe('Training started after the merge. Omitted = no train stage.'),
 });
 

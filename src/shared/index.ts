@@ -10,3 +10,4 @@ export * from './queues.js';
 export * from './run-keys.js';
 export * from './redis-scripts.js';
 export * from './prompt-source.js';
+export * from './run-status.js';

@@ -166,33 +166,50 @@ export function completionIds(
 export interface TokenPoolSource {
   readonly ordinaryTokenCount: number;
   ordinaryTokenId(index: number): number;
-  idToToken(id: number): string | undefined;
   tokenToId(token: string): number | undefined;
+  isSpecialTokenId(id: number): boolean;
 }
 
-const WORD_TOKEN = /^(?:Ġ|▁)[a-z]{2,10}$/;
-const PUNCTUATION_TOKENS = [',', '.', '?', '!', ':'];
+/** Common, neutral English words: completions read as (meaningless) plain text. */
+const COMMON_WORDS = `the of and to in is that for it as with was on be by this are from at or an have not
+which but all were when we there can more if will one about their has would other so what up out them some
+time these two may then do first any like now my such make over our even most also after made many before
+must through back years where much your way well down should because each just those people how too little
+state good very world still own see men work long get here between both life being under never day same
+another know while last might great old year off come since against go came right used take three small
+large place around however home again number part found public system water city early later house
+group high point line level order case field study model data result value process method test set form
+power light change river market plan table chart paper report story book road music garden morning evening
+simple clear quiet bright warm cold green blue red white black open close start finish build write read
+learn teach answer question problem idea reason example step rule note list sample token batch
+server queue budget record memory engine signal stream source target output input window layer weight
+carefully quickly slowly together always often sometimes usually rather almost enough already
+mountain valley forest ocean island desert cloud stone bridge tower village harbor station machine
+letter circle square corner center border season summer winter spring autumn`.split(/\s+/);
+
+const PUNCTUATION_TOKENS = [',', '.', ';', ':'];
 const NEWLINE_TOKENS = ['Ċ', 'ĊĊ', '<0x0A>'];
 
 /**
- * Picks ordinary tokens that read as text (`Ġword` / `▁word` pieces, punctuation, newlines),
- * so that completions decode to plain ASCII words. Falls back to every ordinary token when the
- * vocabulary has too few such pieces.
+ * Picks ordinary tokens that read as text: common words with a leading space (`Ġword` /
+ * `▁word` pieces), punctuation and newlines, so that completions decode to plain ASCII.
+ * Falls back to a spread of all ordinary tokens for a vocabulary without such pieces.
  */
 export function buildTokenPool(source: TokenPoolSource): TokenPool {
-  const words: number[] = [];
-  for (let i = 0; i < source.ordinaryTokenCount; i++) {
-    const id = source.ordinaryTokenId(i);
-    const token = source.idToToken(id);
-    if (token !== undefined && WORD_TOKEN.test(token)) words.push(id);
-  }
-  const lookup = (tokens: string[]): number[] =>
-    tokens.map((t) => source.tokenToId(t)).filter((id): id is number => id !== undefined);
-  const ordinary = new Set<number>();
+  const lookup = (tokens: readonly string[]): number[] => {
+    const ids = new Set<number>();
+    for (const t of tokens) {
+      const id = source.tokenToId(t);
+      if (id !== undefined && !source.isSpecialTokenId(id)) ids.add(id);
+    }
+    return [...ids];
+  };
+  const words = lookup(COMMON_WORDS.flatMap((w) => [`Ġ${w}`, `▁${w}`]));
   const punctuation = lookup(PUNCTUATION_TOKENS);
   const newlines = lookup(NEWLINE_TOKENS);
-  if (words.length >= 100) return { words, punctuation, newlines };
+  if (words.length >= 50) return { words, punctuation, newlines };
+  const spread = new Set<number>();
   const step = Math.max(1, Math.floor(source.ordinaryTokenCount / 50_000));
-  for (let i = 0; i < source.ordinaryTokenCount; i += step) ordinary.add(source.ordinaryTokenId(i));
-  return { words: [...ordinary], punctuation: [], newlines: [] };
+  for (let i = 0; i < source.ordinaryTokenCount; i += step) spread.add(source.ordinaryTokenId(i));
+  return { words: [...spread], punctuation: [], newlines: [] };
 }

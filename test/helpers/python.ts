@@ -98,12 +98,12 @@ async function setUp(): Promise<string> {
   return VENV_PYTHON;
 }
 
-/** The venv's python, building .venv first when it is missing or stale. */
+/**
+ * The venv's python, building .venv first when it is missing or stale. Built once per test
+ * process; a failed build fails every later caller in that process too, without retrying pip.
+ */
 export function ensurePythonEnv(): Promise<string> {
-  envPromise ??= setUp().catch((e: unknown) => {
-    envPromise = undefined;
-    throw e;
-  });
+  envPromise ??= setUp();
   return envPromise;
 }
 

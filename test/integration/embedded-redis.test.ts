@@ -160,6 +160,17 @@ describe('EmbeddedRedis', () => {
     expect(await redisProcessesFor(dir)).toEqual([]);
   });
 
+  it('runs one server when two starts on the same dataDir race', async () => {
+    const dir = await tempDir();
+    const a = embedded({ dataDir: dir });
+    const b = embedded({ dataDir: dir });
+    const [ra, rb] = await Promise.all([a.start(), b.start()]);
+    expect(ra).toEqual(rb);
+    expect([a.ownsProcess, b.ownsProcess].sort()).toEqual([false, true]);
+    expect(await redisProcessesFor(dir)).toEqual([a.pid]);
+    expect(existsSync(path.join(dir, 'redis.start.lock'))).toBe(false);
+  });
+
   it('attaches to a server left running by a process that exited without stop()', async () => {
     const dir = await tempDir();
     // A separate process starts the server and exits, as a killed `tokenmill run` would.

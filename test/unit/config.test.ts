@@ -404,7 +404,7 @@ describe('JSON Schema and reference', () => {
     expect(schema.$schema).toMatch(/json-schema\.org/);
     expect(schema.type).toBe('object');
     expect(Object.keys(schema.properties ?? {}).sort()).toEqual(
-      ['datasets', 'output', 'postprocess', 'redis', 'run', 'sglang', 'tokenizer', 'train'].sort(),
+      ['datasets', 'output', 'postprocess', 'redis', 'run', 'sglang', 'tokenizer', 'train', 'workers'].sort(),
     );
     expect(schema.required).toEqual(['datasets']);
     expect(schema.additionalProperties).toBe(false);

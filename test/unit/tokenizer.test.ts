@@ -8,10 +8,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AppError, EnvironmentError, PayloadError } from '../../src/shared/errors.js';
 import {
   ChatMessageSchema,
-  ChatTokenizer,
   bundledTokenizerPath,
   loadTokenizer,
   type ChatMessage,
+  type ChatTokenizer,
 } from '../../src/shared/tokenizer.js';
 import { longText } from '../fixtures/prompts/chat-corpus.js';
 

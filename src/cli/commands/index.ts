@@ -1,8 +1,15 @@
 import type { Command } from 'commander';
 import { registerConfigCommand } from './config.js';
+import { registerDemoCommand } from './demo.js';
+import { registerSimCommand } from './sim.js';
+import { registerGenerationCommands } from './generation.js';
+import { registerStatusCommands } from './status.js';
 
 /** Adds every verb to the program. Each verb lives in its own file in this folder. */
 export function registerCommands(program: Command): void {
   registerConfigCommand(program);
-  void program;
+  registerSimCommand(program);
+  registerGenerationCommands(program);
+  registerStatusCommands(program);
+  registerDemoCommand(program);
 }

@@ -3,13 +3,13 @@
 
   Budget rule (DESIGN invariant 3): a request may start only while
     committedTokens + inFlight * expectedTokens < tokenBudget
-  where expectedTokens is the dataset's running mean completion length once enough samples
-  are committed, and a prior before that. Endpoint rule: at most `cap` leases per endpoint,
+  where expectedTokens is the size-biased mean completion length of the dataset's committed
+  samples (see below), floored by a prior until enough samples are committed. Endpoint rule: at most `cap` leases per endpoint,
   summed over every worker process; a lease is a member of the endpoint's sorted set scored
   by its expiry, so a crashed worker's leases lapse by themselves.
 
   Input:
-    KEYS[1] dataset stats hash     (fields outputTokens, records, tokenBudget)
+    KEYS[1] dataset stats hash     (fields outputTokens, outputTokensSq, records, tokenBudget)
     KEYS[2] dataset in-flight zset (member rid, score expiry ms)
     KEYS[3..] endpoint lease zsets, in the caller's order of preference
     (the key count varies with the endpoints, so the caller passes it first)
@@ -38,20 +38,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 redis.call('ZREMRANGEBYSCORE', inflightKey, '-inf', now)
 
-local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget')
+local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'outputTokensSq')
 local committed = tonumber(stats[1]) or 0
 local records = tonumber(stats[2]) or 0
 local budget = tonumber(stats[3]) or -1
+local sumSq = tonumber(stats[4]) or 0
 
 if budget >= 0 then
   if committed >= budget then
     return -2
   end
-  local expected = prior
-  if records >= minCommits and records > 0 then
-    expected = committed / records
-  end
   local inflight = redis.call('ZCARD', inflightKey)
+  -- A request caught in flight is, on average, a long one (the inspection paradox: its
+  -- expected length is the size-biased mean sum(L^2) / sum(L), not the plain mean). And short
+  -- completions finish first, so few commits run low: until the commits outnumber the
+  -- requests in flight (and reach minCommits), the prior is a floor.
+  local expected = prior
+  if records > 0 and committed > 0 then
+    expected = sumSq / committed
+    if records < minCommits or records < inflight then
+      expected = math.max(expected, prior)
+    end
+  end
   if committed + inflight * expected >= budget then
     return -3
   end

@@ -9,7 +9,7 @@
 
   Input:
     KEYS[1] dataset done set          (sample ids)
-    KEYS[2] dataset stats hash        (outputTokens, records, firstCommitMs, lastCommitMs)
+    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, firstCommitMs, lastCommitMs)
     KEYS[3] dataset results stream
     KEYS[4] dataset in-flight zset    (rid -> expiry)
     KEYS[5] endpoint lease zset       (rid -> expiry)
@@ -42,6 +42,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
 redis.call('HINCRBY', KEYS[2], 'records', 1)
+redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
 redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
 redis.call('HSET', KEYS[2], 'lastCommitMs', now)
 redis.call('XADD', KEYS[3], '*', 'r', ARGV[3])

@@ -227,7 +227,7 @@ export async function openRedis(options: OpenRedisOptions): Promise<OpenedRedis>
   const embedded = new EmbeddedRedis({
     dataDir: options.dataDir,
     ...(options.redisServerPath === undefined ? {} : { redisServerPath: options.redisServerPath }),
-    logger: log.child({ component: 'embedded-redis' }),
+    logger: options.logger ?? componentLogger('embedded-redis'),
   });
   const { url } = await embedded.start();
   try {

@@ -136,6 +136,8 @@ export class SglangClient {
   private readonly pool: Pool;
   private readonly controlPool: Pool;
   private readonly pendingAborts = new Set<Promise<void>>();
+  /** One 'abort' listener per caller signal, however many requests share it. */
+  private readonly signalCallbacks = new WeakMap<AbortSignal, Set<() => void>>();
   private generationsInFlight = 0;
   private closing: Promise<void> | undefined;
 
@@ -324,11 +326,12 @@ export class SglangClient {
       outcome ??= 'timeout';
       controller.abort();
     }, options.timeoutMs);
-    const onCallerAbort = (): void => {
-      outcome ??= 'cancelled';
-      controller.abort();
-    };
-    options.signal?.addEventListener('abort', onCallerAbort, { once: true });
+    const unsubscribe = options.signal === undefined
+      ? undefined
+      : this.onCallerAbort(options.signal, () => {
+          outcome ??= 'cancelled';
+          controller.abort();
+        });
 
     try {
       const res = await options.pool.request({
@@ -347,7 +350,7 @@ export class SglangClient {
       throw this.failure(e, outcome, options, context);
     } finally {
       clearTimeout(timer);
-      options.signal?.removeEventListener('abort', onCallerAbort);
+      unsubscribe?.();
     }
   }
 
@@ -358,7 +361,6 @@ export class SglangClient {
     context: SglangRequestContext,
   ): AppError {
     if (outcome === 'cancelled') {
-      if (options.rid !== undefined) this.abortInBackground(options.rid);
       return new CancelledError(`${context.route} to ${context.endpoint} cancelled`, {
         cause: options.signal?.reason ?? e,
       });
@@ -373,6 +375,33 @@ export class SglangClient {
     const error = classifyTransportError(e, context);
     if (error instanceof TimeoutError && options.rid !== undefined) this.abortInBackground(options.rid);
     return error;
+  }
+
+  /**
+   * Calls `callback` when `signal` aborts; returns the unsubscribe function. A worker passes
+   * one shutdown signal to every request: a listener each would pile up (and trip Node's
+   * max-listeners warning), so each signal gets a single listener that fans out.
+   */
+  private onCallerAbort(signal: AbortSignal, callback: () => void): () => void {
+    let callbacks = this.signalCallbacks.get(signal);
+    if (callbacks === undefined) {
+      const set = new Set<() => void>();
+      callbacks = set;
+      this.signalCallbacks.set(signal, set);
+      signal.addEventListener(
+        'abort',
+        () => {
+          for (const cb of [...set]) cb();
+          set.clear();
+        },
+        { once: true },
+      );
+    }
+    const set = callbacks;
+    set.add(callback);
+    return () => {
+      set.delete(callback);
+    };
   }
 
   /** Sends `/abort_request` without making the caller wait; {@link close} waits for it. */
@@ -402,7 +431,7 @@ export class SglangClient {
 
   private async probe(path: string): Promise<HealthResult> {
     try {
-      const res = await this.send({ pool: this.controlPool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
+      const res = await this.send({ pool: this.pool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
       if (res.status >= 200 && res.status < 300) return { ok: true, status: res.status };
       return { ok: false, status: res.status, error: sglangErrorMessage(res.text) ?? `HTTP ${res.status}` };
     } catch (e: unknown) {

@@ -5,6 +5,8 @@ import {
   TimeoutError,
   UnavailableError,
   UpstreamHttpError,
+  RATE_BUCKETS_KEPT,
+  RATE_BUCKET_MS,
   decodeAcquire,
   errorMessage,
   logger as componentLogger,
@@ -65,9 +67,6 @@ interface Running {
   leaseKey: string;
   abort: AbortController;
 }
-
-const RATE_BUCKET_MS = 10_000;
-const RATE_BUCKETS_KEPT = 30;
 
 /**
  * Keeps requests in flight continuously (DESIGN invariants 2, 3, 6, 7): the moment one request

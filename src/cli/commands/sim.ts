@@ -1,0 +1,134 @@
+import { type Command, InvalidArgumentError, Option } from 'commander';
+
+import { SIM_VERSIONS, type SimVersion, type SimulatorOptions, startSimulator } from '../../sim/index.js';
+
+interface SimCommandOptions {
+  port: number;
+  host: string;
+  maxRunning: number;
+  maxQueued?: number;
+  timeScale: number;
+  seed: number;
+  contextLength: number;
+  singleTokensPerSec: number;
+  peakTokensPerSec: number;
+  prefillTokensPerSec: number;
+  meanOutputTokens: number;
+  outputDistribution: 'lognormal' | 'fixed' | 'uniform';
+  outputSigma?: number;
+  minOutputTokens?: number;
+  maxOutputTokens?: number;
+  tokenizer?: string;
+  modelPath: string;
+  version: SimVersion;
+  errorRate: number;
+  burst503: number;
+  hangRate: number;
+  dropRate: number;
+  malformedRate: number;
+  unhealthy: boolean;
+}
+
+function numberArg(kind: 'int' | 'positive' | 'rate' | 'nonneg-int') {
+  return (value: string): number => {
+    const n = Number(value);
+    const ok =
+      Number.isFinite(n) &&
+      (kind === 'int'
+        ? Number.isInteger(n)
+        : kind === 'nonneg-int'
+          ? Number.isInteger(n) && n >= 0
+          : kind === 'positive'
+            ? n > 0
+            : n >= 0 && n <= 1);
+    if (!ok) {
+      const what = { int: 'an integer', 'nonneg-int': 'a non-negative integer', positive: 'a positive number', rate: 'a number in [0, 1]' }[kind];
+      throw new InvalidArgumentError(`expected ${what}, got "${value}"`);
+    }
+    return n;
+  };
+}
+
+/** Simulator options from the command line. Exported for tests. */
+export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
+  return {
+    host: opts.host,
+    port: opts.port,
+    seed: opts.seed,
+    timeScale: opts.timeScale,
+    maxRunningRequests: opts.maxRunning,
+    ...(opts.maxQueued === undefined ? {} : { maxQueuedRequests: opts.maxQueued }),
+    contextLength: opts.contextLength,
+    singleRequestTokensPerSec: opts.singleTokensPerSec,
+    peakTokensPerSec: opts.peakTokensPerSec,
+    prefillTokensPerSec: opts.prefillTokensPerSec,
+    outputLength: {
+      distribution: opts.outputDistribution,
+      mean: opts.meanOutputTokens,
+      ...(opts.outputSigma === undefined ? {} : { sigma: opts.outputSigma }),
+      ...(opts.minOutputTokens === undefined ? {} : { min: opts.minOutputTokens }),
+      ...(opts.maxOutputTokens === undefined ? {} : { max: opts.maxOutputTokens }),
+    },
+    ...(opts.tokenizer === undefined ? {} : { tokenizerPath: opts.tokenizer }),
+    modelPath: opts.modelPath,
+    version: opts.version,
+    faults: {
+      errorRate: opts.errorRate,
+      burst503: opts.burst503,
+      hangRate: opts.hangRate,
+      dropRate: opts.dropRate,
+      malformedRate: opts.malformedRate,
+      unhealthy: opts.unhealthy,
+    },
+  };
+}
+
+/** `tokenmill sim`: an SGLang simulator (HTTP API, continuous-batching load model, fault injection). */
+export function registerSimCommand(program: Command): void {
+  program
+    .command('sim')
+    .description('run an SGLang simulator: the same HTTP API, a continuous-batching load model, injectable faults (admin API under /_sim/)')
+    .option('--port <n>', 'port to listen on (0 = a free port)', numberArg('nonneg-int'), 30000)
+    .option('--host <host>', 'address to listen on', '127.0.0.1')
+    .option('--max-running <n>', 'requests decoding together (--max-running-requests); more wait in the queue', numberArg('positive'), 64)
+    .option('--max-queued <n>', 'answer 503 "The request queue is full." beyond this many waiting requests', numberArg('positive'))
+    .option('--time-scale <x>', 'simulated seconds per wall second (100 = 100x faster)', numberArg('positive'), 1)
+    .option('--seed <n>', 'seed of the generated outputs and the faults', numberArg('int'), 0)
+    .option('--context-length <n>', "the model's context length in tokens", numberArg('positive'), 32768)
+    .option('--single-tokens-per-sec <x>', 'decode speed of one request alone', numberArg('positive'), 80)
+    .option('--peak-tokens-per-sec <x>', 'total decode throughput at a full batch', numberArg('positive'), 2500)
+    .option('--prefill-tokens-per-sec <x>', 'prefill speed (uncached prompt tokens)', numberArg('positive'), 20000)
+    .option('--mean-output-tokens <n>', 'mean completion length', numberArg('positive'), 2700)
+    .addOption(
+      new Option('--output-distribution <name>', 'completion length distribution')
+        .choices(['lognormal', 'fixed', 'uniform'])
+        .default('lognormal'),
+    )
+    .option('--output-sigma <x>', 'lognormal sigma (default 0.8)', numberArg('positive'))
+    .option('--min-output-tokens <n>', 'shortest completion', numberArg('positive'))
+    .option('--max-output-tokens <n>', 'longest completion (before max_new_tokens)', numberArg('positive'))
+    .option('--tokenizer <dir>', 'tokenizer folder (tokenizer.json + tokenizer_config.json); default the bundled Qwen3 tokenizer')
+    .option('--model-path <name>', 'model name reported as model_path and model id', 'Qwen/Qwen3-8B')
+    .addOption(new Option('--version <v>', 'SGLang version whose response shapes to reproduce').choices([...SIM_VERSIONS]).default('0.5.4'))
+    .option('--error-rate <x>', 'fraction of generation requests answered 500', numberArg('rate'), 0)
+    .option('--burst-503 <n>', 'answer the next N generation requests 503', numberArg('nonneg-int'), 0)
+    .option('--hang-rate <x>', 'fraction of generation requests never answered', numberArg('rate'), 0)
+    .option('--drop-rate <x>', 'fraction of generation requests whose connection is reset', numberArg('rate'), 0)
+    .option('--malformed-rate <x>', 'fraction of generation requests answered with truncated JSON', numberArg('rate'), 0)
+    .option('--unhealthy', '/health and /health_generate answer 503', false)
+    .action(async (opts: SimCommandOptions) => {
+      const sim = await startSimulator(simOptionsFrom(opts));
+      process.stdout.write(`SGLang simulator listening on ${sim.url}\n`);
+      await new Promise<void>((resolve) => {
+        const shutdown = (signal: NodeJS.Signals): void => {
+          process.off('SIGINT', shutdown);
+          process.off('SIGTERM', shutdown);
+          process.stderr.write(`tokenmill sim: ${signal}, stopping\n`);
+          // Stop taking requests, drop those in flight, close the listener.
+          sim.stop().then(resolve, resolve);
+        };
+        process.on('SIGINT', shutdown);
+        process.on('SIGTERM', shutdown);
+      });
+    });
+}

@@ -1,0 +1,147 @@
+import { join } from 'node:path';
+import { Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import { Producer } from '../producers/producer.js';
+import { ResultsSink, type SinkCrashPoint } from '../producers/results-sink.js';
+import {
+  closeRedisConnection,
+  createRedisConnection,
+  generateQueueName,
+  loadTokenizer,
+  logger,
+  type Config,
+  type RunKeys,
+} from '../shared/index.js';
+import { InferenceWorker } from '../workers/inference/worker.js';
+import { resolveContextLength, type RunContext } from './run-context.js';
+
+export interface GenerationOptions {
+  /** Run the producer and the sinks (the `produce` verb, and `run`). */
+  produce: boolean;
+  /** Run an inference worker in this process (the `run` verb). */
+  infer: boolean;
+  /** Test hook: crash the sink at this point. */
+  crashAt?: SinkCrashPoint;
+}
+
+/** The generation stage's parts running in this process; `stop()` ends them in order. */
+export interface GenerationHandle {
+  /** Resolves once every dataset is completed and its results are on disk. */
+  finished: Promise<void>;
+  stop(): Promise<void>;
+}
+
+function generationDatasets(config: Config): Config['datasets'] {
+  return config.datasets.filter((d) => d.prompts !== undefined);
+}
+
+/** Default queue window: enough batches to fill every endpoint twice over, per dataset. */
+export function windowBatches(config: Config, batchSize: number): number {
+  if (config.workers.windowBatches !== undefined) return config.workers.windowBatches;
+  return Math.ceil((2 * config.sglang.concurrency * config.sglang.endpoints.length) / batchSize) + 1;
+}
+
+/**
+ * Starts the generation stage: producer + results sinks and/or an inference worker, as asked.
+ * `finished` resolves when every dataset is completed (budget met or prompts exhausted),
+ * nothing is left in flight, and every result has been written to disk.
+ */
+export async function startGeneration(ctx: RunContext, options: GenerationOptions): Promise<GenerationHandle> {
+  const { config, keys } = ctx;
+  const log = logger('generation', { run: config.run });
+  const datasets = generationDatasets(config);
+  const conns: Redis[] = [];
+  const conn = (name: string): Redis => {
+    const c = createRedisConnection(ctx.redisUrl, { role: 'worker', name: `tokenmill:${name}` });
+    conns.push(c);
+    return c;
+  };
+  const batchSize = Math.max(1, Math.min(...datasets.map((d) => d.batchSize)));
+
+  let worker: InferenceWorker | undefined;
+  if (options.infer) {
+    worker = new InferenceWorker({
+      redisUrl: ctx.redisUrl,
+      keys,
+      endpoints: config.sglang.endpoints,
+      concurrency: config.sglang.concurrency,
+      requestTimeoutMs: config.sglang.requestTimeoutMs,
+      batchSize,
+      lockDurationMs: config.workers.lockDurationMs,
+      stalledIntervalMs: config.workers.stalledIntervalMs,
+      leaseTtlMs: config.workers.leaseTtlMs,
+    });
+    await worker.start();
+  }
+
+  let producer: Producer | undefined;
+  const sinks: ResultsSink[] = [];
+  if (options.produce) {
+    const tokenizer = await loadTokenizer(config.tokenizer.path);
+    const contextLength = await resolveContextLength(config);
+    producer = new Producer({
+      redis: conn('producer'),
+      keys,
+      datasets,
+      tokenizer,
+      runDir: ctx.runDir,
+      maxAttempts: config.sglang.maxAttempts,
+      ...(contextLength === undefined ? {} : { contextLength }),
+      windowBatches: windowBatches(config, batchSize),
+    });
+    for (const ds of datasets) {
+      const sink = new ResultsSink({
+        redis: conn(`sink-${ds.name}`),
+        keys,
+        dataset: ds.name,
+        dir: join(ctx.runDir, ds.name, 'generations'),
+        ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }),
+      });
+      await sink.start();
+      sinks.push(sink);
+    }
+    await producer.start();
+  }
+
+  const finished = (async () => {
+    if (producer === undefined) return new Promise<void>(() => undefined); // a worker runs until stopped
+    await producer.done();
+    await waitSettled(ctx.redis, keys, datasets.map((d) => d.name));
+    for (const s of sinks) await s.drained();
+    log.info('generation finished');
+  })();
+
+  let stopped = false;
+  return {
+    finished,
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      // Order: stop taking work (worker, which lets requests in flight finish or hands them
+      // back), then the producer, then the sinks (after they wrote what is committed), then Redis.
+      await worker?.stop(config.workers.shutdownGraceMs);
+      await producer?.stop();
+      for (const s of sinks) await s.stop();
+      for (const c of conns) await closeRedisConnection(c);
+    },
+  };
+}
+
+/** Waits until no batch is queued or running and no request is in flight for these datasets. */
+async function waitSettled(redis: Redis, keys: RunKeys, datasets: readonly string[]): Promise<void> {
+  const queues = datasets.map((d) => new Queue(generateQueueName(d), { connection: redis, prefix: keys.bullPrefix }));
+  try {
+    for (;;) {
+      let busy = 0;
+      for (const [i, q] of queues.entries()) {
+        const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized');
+        busy += Object.values(counts).reduce((a, b) => a + b, 0);
+        busy += await redis.zcount(keys.inflight(datasets[i] ?? ''), Date.now(), '+inf');
+      }
+      if (busy === 0) return;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  } finally {
+    for (const q of queues) await q.close();
+  }
+}
