@@ -1,10 +1,10 @@
-import { randomBytes } from 'node:crypto';
 import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
   AppError,
+  ProcessLock,
   GenerateBatchPayloadSchema,
   generateJobOptions,
   generateQueueName,
@@ -65,8 +65,7 @@ export class Producer {
   private readonly redis: ScriptedRedis;
   private readonly queues = new Map<string, Queue>();
   private readonly feeders: Promise<void>[] = [];
-  private readonly lockToken = randomBytes(8).toString('hex');
-  private lockTimer: NodeJS.Timeout | undefined;
+  private readonly lock: ProcessLock;
   private stopping = false;
   private readonly pollMs: number;
 
@@ -74,22 +73,17 @@ export class Producer {
     this.log = options.logger ?? componentLogger('producer');
     this.redis = withScripts(options.redis);
     this.pollMs = options.pollMs ?? 200;
+    this.lock = new ProcessLock(options.redis, options.keys.producerLock(), PRODUCER_LOCK_TTL_MS, this.log);
   }
 
   /** Takes the run's producer lock, registers every dataset, and starts feeding them. */
   async start(): Promise<void> {
     const { keys } = this.options;
-    const ok = await this.redis.set(keys.producerLock(), this.lockToken, 'PX', PRODUCER_LOCK_TTL_MS, 'NX');
-    if (ok !== 'OK') {
+    if (!(await this.lock.tryAcquire())) {
       throw new AppError(
-        `another producer is running for this run (lock ${keys.producerLock()}); stop it first, or wait ${PRODUCER_LOCK_TTL_MS / 1000}s if it was killed`,
+        `another producer is running for run "${keys.base}" (lock ${keys.producerLock()} held by ${(await this.redis.get(keys.producerLock())) ?? '?'}); stop it first`,
       );
     }
-    this.lockTimer = setInterval(() => {
-      void this.redis.pexpire(keys.producerLock(), PRODUCER_LOCK_TTL_MS).catch((e: unknown) => this.log.warn({ err: e }, 'producer lock renewal failed'));
-    }, PRODUCER_LOCK_TTL_MS / 3);
-    this.lockTimer.unref();
-
     for (const ds of this.options.datasets) {
       if (ds.prompts === undefined) continue;
       const queue = new Queue(generateQueueName(ds.name), {
@@ -126,10 +120,7 @@ export class Producer {
   async stop(): Promise<void> {
     this.stopping = true;
     await Promise.allSettled(this.feeders);
-    clearInterval(this.lockTimer);
-    // Release the lock only if it is still ours.
-    const held = await this.redis.get(this.options.keys.producerLock()).catch(() => null);
-    if (held === this.lockToken) await this.redis.del(this.options.keys.producerLock());
+    await this.lock.release();
     for (const q of this.queues.values()) await q.close();
   }
 

@@ -1,8 +1,7 @@
-import { randomBytes } from 'node:crypto';
 import { mkdir, open, readFile, rename, stat, truncate, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Redis } from 'ioredis';
-import { AppError, logger as componentLogger, type Logger, type RunKeys } from '../shared/index.js';
+import { AppError, ProcessLock, logger as componentLogger, type Logger, type RunKeys } from '../shared/index.js';
 
 /** Points at which a sink can be made to crash, to test recovery with real process kills. */
 export type SinkCrashPoint = 'after-write' | 'after-checkpoint';
@@ -51,7 +50,7 @@ const LOCK_TTL_MS = 15_000;
  */
 export class ResultsSink {
   private readonly log: Logger;
-  private readonly lockToken = randomBytes(8).toString('hex');
+  private readonly lock: ProcessLock;
   private checkpoint: Checkpoint = { part: partName(0), bytes: 0, lastId: '0-0', records: 0 };
   private file: FileHandle | undefined;
   private stopping = false;
@@ -61,6 +60,7 @@ export class ResultsSink {
 
   constructor(private readonly options: ResultsSinkOptions) {
     this.log = options.logger ?? componentLogger('results-sink', { dataset: options.dataset });
+    this.lock = new ProcessLock(options.redis, options.keys.sinkLock(options.dataset), LOCK_TTL_MS, this.log);
   }
 
   /** Records written to disk so far. */
@@ -90,20 +90,14 @@ export class ResultsSink {
     await this.loop;
     await this.file?.close();
     this.file = undefined;
-    const { redis, keys, dataset } = this.options;
-    const held = await redis.get(keys.sinkLock(dataset)).catch(() => null);
-    if (held === this.lockToken) await redis.del(keys.sinkLock(dataset));
+    await this.lock.release();
   }
 
   private async acquireLock(): Promise<void> {
-    const { redis, keys, dataset } = this.options;
-    for (;;) {
-      const ok = await redis.set(keys.sinkLock(dataset), this.lockToken, 'PX', LOCK_TTL_MS, 'NX');
-      if (ok === 'OK') return;
-      if (this.stopping) throw new AppError('sink stopped before it could start');
-      this.log.info('another sink holds this dataset; waiting for it');
-      await new Promise((r) => setTimeout(r, 1_000));
-    }
+    const ok = await this.lock.acquire({
+      onWait: (holder) => this.log.info({ holder }, 'another sink holds this dataset; waiting for it'),
+    });
+    if (!ok) throw new AppError('sink stopped before it could start');
   }
 
   private async recover(): Promise<void> {
@@ -127,9 +121,6 @@ export class ResultsSink {
 
   private async run(): Promise<void> {
     const { redis, keys, dataset } = this.options;
-    const renew = setInterval(() => {
-      void redis.pexpire(keys.sinkLock(dataset), LOCK_TTL_MS).catch(() => undefined);
-    }, LOCK_TTL_MS / 3);
     try {
       while (!this.stopping) {
         const res = (await redis.xread('COUNT', this.options.readCount ?? 1_000, 'BLOCK', 200, 'STREAMS', keys.results(dataset), this.checkpoint.lastId)) as
@@ -151,7 +142,6 @@ export class ResultsSink {
         throw e;
       }
     } finally {
-      clearInterval(renew);
       for (const w of this.idleWaiters.splice(0)) w();
     }
   }

@@ -11,3 +11,4 @@ export * from './run-keys.js';
 export * from './redis-scripts.js';
 export * from './prompt-source.js';
 export * from './run-status.js';
+export * from './process-lock.js';

@@ -113,7 +113,7 @@ export interface OutputPlan {
 /**
  * Decides how a request ends: its natural length, capped by `max_new_tokens` (finish
  * `length`), or ending on the end-of-turn token (or the first of `stop_token_ids`), which is
- * counted in the completion as SGLang does.
+ * counted in the completion as SGLang does. `ignore_eos` ignores stop tokens altogether.
  */
 export function planOutput(input: OutputPlanInput): OutputPlan {
   const maxNewTokens = Math.max(0, Math.floor(input.maxNewTokens));
@@ -126,6 +126,11 @@ export function planOutput(input: OutputPlanInput): OutputPlan {
     return { outputTokens: maxNewTokens, finishReason: { type: 'length', length: maxNewTokens }, stopTokenId: undefined };
   }
   const stopTokenId = input.stopTokenIds[0] ?? input.eosTokenId;
+  if (natural === maxNewTokens) {
+    // SGLang checks the length before the stop token: a stop token drawn as the last allowed
+    // token still finishes with `length` (and stays the last output id).
+    return { outputTokens: natural, finishReason: { type: 'length', length: maxNewTokens }, stopTokenId };
+  }
   return { outputTokens: natural, finishReason: { type: 'stop', matched: stopTokenId }, stopTokenId };
 }
 

@@ -4,10 +4,9 @@
  */
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import path from 'node:path';
 
-import { errorMessage } from '../shared/errors.js';
-import { type Logger, logger } from '../shared/logger.js';
-import { type ChatTokenizer, bundledTokenizerPath, loadTokenizer } from '../shared/tokenizer.js';
+import { type ChatTokenizer, type Logger, bundledTokenizerPath, errorMessage, loadTokenizer, logger } from '../shared/index.js';
 import { type FaultConfig, type FaultKind, FaultInjector, validateFaults } from './faults.js';
 import {
   HttpReply,
@@ -131,6 +130,24 @@ function resolveOptions(o: SimulatorOptions): ResolvedOptions {
   };
 }
 
+/**
+ * Tokenizers by folder, shared by every simulator in the process (loading Qwen3's takes about
+ * a second; tests and benchmarks start many simulators). A ChatTokenizer is not mutated after
+ * it is built.
+ */
+const tokenizerCache = new Map<string, Promise<{ tokenizer: ChatTokenizer; pool: TokenPool }>>();
+
+function loadSimTokenizer(dir: string): Promise<{ tokenizer: ChatTokenizer; pool: TokenPool }> {
+  const key = path.resolve(dir);
+  let entry = tokenizerCache.get(key);
+  if (entry === undefined) {
+    entry = loadTokenizer(key).then((tokenizer) => ({ tokenizer, pool: buildTokenPool(tokenizer) }));
+    tokenizerCache.set(key, entry);
+    entry.catch(() => tokenizerCache.delete(key));
+  }
+  return entry;
+}
+
 type Outcome =
   | { kind: 'completed'; generated: number }
   | { kind: 'aborted'; generated: number; beforePrefill: boolean }
@@ -240,8 +257,8 @@ export class Simulator {
   async start(): Promise<void> {
     await this.listen(this.o.port);
     this.ready = (async () => {
-      const tokenizer = await loadTokenizer(this.o.tokenizerPath);
-      this.pool = buildTokenPool(tokenizer);
+      const { tokenizer, pool } = await loadSimTokenizer(this.o.tokenizerPath);
+      this.pool = pool;
       this.tokenizer = tokenizer;
       this.starting = false;
     })();
@@ -270,12 +287,12 @@ export class Simulator {
 
   setFaults(partial: Partial<FaultConfig>): void {
     this.faults.set(partial);
-    this.log.info({ faults: this.faults.current() }, 'faults set');
+    this.log.debug({ faults: this.faults.current() }, 'faults set');
   }
 
   clearFaults(): void {
     this.faults.clear();
-    this.log.info('faults cleared');
+    this.log.debug('faults cleared');
   }
 
   async outage(durationMs: number): Promise<void> {
@@ -397,7 +414,6 @@ export class Simulator {
     const url = new URL(req.url ?? '/', 'http://sim.invalid');
     const method = req.method ?? 'GET';
     let byMethod = this.routes.get(url.pathname);
-    let handler: Handler | undefined;
     if (byMethod === undefined && url.pathname.startsWith('/v1/models/')) {
       byMethod = new Map([['GET', (_r: IncomingMessage, s: ServerResponse) => this.retrieveModel(s, decodeURIComponent(url.pathname.slice('/v1/models/'.length)))]]);
     }
@@ -406,7 +422,7 @@ export class Simulator {
       sendJson(res, 404, { detail: 'Not Found' });
       return;
     }
-    handler = byMethod.get(method) ?? (method === 'HEAD' ? byMethod.get('GET') : undefined);
+    const handler = byMethod.get(method) ?? (method === 'HEAD' ? byMethod.get('GET') : undefined);
     if (handler === undefined) {
       req.resume();
       sendJson(res, 405, { detail: 'Method Not Allowed' });
@@ -423,6 +439,14 @@ export class Simulator {
       }
       throw e;
     }
+  }
+
+  /** Encodes a text prompt as SGLang's tokenizer call does: with the BOS when the model has one. */
+  private encodeText(text: string, addSpecialTokens = true): number[] {
+    const ids = this.tok.encode(text);
+    const bos = this.tok.bosTokenId;
+    if (addSpecialTokens && bos !== undefined && ids[0] !== bos) ids.unshift(bos);
+    return ids;
   }
 
   private get tok(): ChatTokenizer {
@@ -554,7 +578,9 @@ export class Simulator {
       cache_hit_rate: this.promptTokensTotal > 0 ? this.cachedTokensTotal / this.promptTokensTotal : 0,
       utilization: snap.running / this.o.maxRunningRequests,
     };
-    const { dp_rank: _rank, max_running_requests: _max, ...aggregate } = rank;
+    const aggregate: Record<string, unknown> = { ...rank };
+    delete aggregate.dp_rank;
+    delete aggregate.max_running_requests;
     return { timestamp: new Date().toISOString(), version: this.o.version, dp_rank_count: 1, loads: [rank], aggregate };
   }
 
@@ -607,17 +633,16 @@ export class Simulator {
     const body = parseJsonBody(raw);
     if (!isRecord(body)) throw openAiError('Request body must be a JSON object');
     const addSpecial = body.add_special_tokens !== false;
-    void addSpecial; // Qwen-style tokenizers add no BOS/EOS either way.
     let result: { tokens: number[] | number[][]; count: number | number[] };
     try {
       if (Array.isArray(body.messages)) {
         const parsed = parseChat({ messages: body.messages, max_tokens: 0 }, this.chatContext());
         result = { tokens: parsed.item.inputIds, count: parsed.item.inputIds.length };
       } else if (typeof body.prompt === 'string') {
-        const tokens = this.tok.encode(body.prompt);
+        const tokens = this.encodeText(body.prompt, addSpecial);
         result = { tokens, count: tokens.length };
       } else if (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === 'string')) {
-        const tokens = (body.prompt as string[]).map((p) => this.tok.encode(p));
+        const tokens = (body.prompt as string[]).map((p) => this.encodeText(p, addSpecial));
         result = { tokens, count: tokens.map((t) => t.length) };
       } else {
         throw openAiError('Either prompt (a string or a list of strings) or messages must be given');
@@ -897,7 +922,7 @@ export class Simulator {
     let parsed: ReturnType<typeof parseGenerate>;
     try {
       parsed = parseGenerate(parseJsonBody(raw), {
-        encode: (text) => this.tok.encode(text),
+        encode: (text) => this.encodeText(text),
         vocabSize: this.tok.vocabSize,
         contextLength: this.o.contextLength,
         version: this.o.version,

@@ -3,7 +3,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 
 import {
   CancelledError,
@@ -31,6 +31,16 @@ async function waitFor(cond: () => boolean | Promise<boolean>, what: string, tim
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for: ${what}`);
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
+}
+
+/** Marks promises as handled, so that ones a failed test never awaits do not surface later. */
+function handled<T extends Promise<unknown>>(ps: T[]): T[] {
+  for (const p of ps) p.catch(() => undefined);
+  return ps;
+}
+function handledOne<T>(p: Promise<T>): Promise<T> {
+  p.catch(() => undefined);
+  return p;
 }
 
 /** Resolves with what `p` rejected with; fails the test if it resolved. */
@@ -284,8 +294,12 @@ describe('SglangClient against the simulator', () => {
     fast.setFaults({ hangRate: 1 });
     const before = fast.stats().requestsReceived;
     const controller = new AbortController();
-    const hung = [1, 2, 3].map((i) =>
-      small.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: `busy-${i}`, signal: controller.signal }),
+    // A failed assertion must not leave requests running into the next test.
+    onTestFinished(() => controller.abort());
+    const hung = handled(
+      [1, 2, 3].map((i) =>
+        small.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: `busy-${i}`, signal: controller.signal }),
+      ),
     );
     // Two reach the server, the third waits for a connection in the client.
     await waitFor(() => fast.stats().requestsReceived - before === 2, 'two hung requests at the server');
@@ -408,7 +422,11 @@ describe('cancellation', () => {
     });
     const c = client(s.url, { requestTimeoutMs: 60_000 });
     const controller = new AbortController();
-    const p = c.generate({ inputIds: [1, 2], samplingParams: { max_new_tokens: 10 }, rid: 'cancel-me', signal: controller.signal });
+    // A failed assertion must not leave requests running into the next test.
+    onTestFinished(() => controller.abort());
+    const p = handledOne(
+      c.generate({ inputIds: [1, 2], samplingParams: { max_new_tokens: 10 }, rid: 'cancel-me', signal: controller.signal }),
+    );
     await waitFor(() => s.seen.some((r) => r.url === '/generate'), 'the request at the server');
     controller.abort();
     expect(await rejectionOf(p)).toBeInstanceOf(CancelledError);
@@ -444,7 +462,11 @@ describe('SglangClient against a busy simulator', () => {
     slow.resetStats();
     const c = client(slow.url);
     const controller = new AbortController();
-    const p = c.generate({ inputIds: prompt(50), samplingParams: { max_new_tokens: 8000 }, rid: 'slow-cancel', signal: controller.signal });
+    // A failed assertion must not leave requests running into the next test.
+    onTestFinished(() => controller.abort());
+    const p = handledOne(
+      c.generate({ inputIds: prompt(50), samplingParams: { max_new_tokens: 8000 }, rid: 'slow-cancel', signal: controller.signal }),
+    );
     await waitFor(() => slow.stats().running === 1, 'the request to be running');
     controller.abort();
     const e = await rejectionOf(p);
@@ -456,8 +478,12 @@ describe('SglangClient against a busy simulator', () => {
     slow.resetStats();
     const limited = client(slow.url, { concurrency: 8 });
     const controller = new AbortController();
-    const calls = Array.from({ length: 16 }, (_, i) =>
-      limited.generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 8000 }, rid: `lim-${i}`, signal: controller.signal }),
+    // A failed assertion must not leave requests running into the next test.
+    onTestFinished(() => controller.abort());
+    const calls = handled(
+      Array.from({ length: 16 }, (_, i) =>
+        limited.generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 8000 }, rid: `lim-${i}`, signal: controller.signal }),
+      ),
     );
     await waitFor(() => slow.stats().running === 8, '8 running');
     // The other 8 wait for a connection in the client, not in SGLang's queue.
@@ -479,15 +505,21 @@ describe('SglangClient against a busy simulator', () => {
       warnings.push(w.name);
     };
     process.on('warning', onWarning);
+    onTestFinished(() => {
+      process.off('warning', onWarning);
+    });
     const controller = new AbortController();
-    const calls = Array.from({ length: 32 }, (_, i) =>
-      wide.generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 8000 }, rid: `wide-${i}`, signal: controller.signal }),
+    // A failed assertion must not leave requests running into the next test.
+    onTestFinished(() => controller.abort());
+    const calls = handled(
+      Array.from({ length: 32 }, (_, i) =>
+        wide.generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 8000 }, rid: `wide-${i}`, signal: controller.signal }),
+      ),
     );
     await waitFor(() => slow.stats().maxRunningObserved >= 32, '32 running at once');
     controller.abort();
     for (const e of await Promise.all(calls.map(rejectionOf))) expect(e).toBeInstanceOf(CancelledError);
     await waitFor(() => slow.stats().running === 0 && slow.stats().aborted === 32, 'all 32 aborted');
-    process.off('warning', onWarning);
     expect(warnings).not.toContain('MaxListenersExceededWarning');
   });
 });
@@ -516,7 +548,9 @@ describe('endpoint down', () => {
     const c = client(s.url);
     await c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 20 }, rid: 'pre-outage' });
     s.setFaults({ hangRate: 1 });
-    const inFlight = c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 20 }, rid: 'during-outage' });
+    const inFlight = handledOne(
+      c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 20 }, rid: 'during-outage' }),
+    );
     await waitFor(() => s.stats().requests.some((r) => r.rid === 'during-outage'), 'the request at the server');
     s.clearFaults();
     await s.outage(1_500);

@@ -245,6 +245,10 @@ describe('output model', () => {
     expect(capped).toMatchObject({ outputTokens: 3, finishReason: { type: 'length', length: 3 } });
     expect(completionIds(capped, pool, 1, 'x', 10, 3)).not.toContain(151645);
     expect(plan('x', 64, { ignoreEos: true })).toMatchObject({ outputTokens: 64, finishReason: { type: 'length', length: 64 } });
+    // The EOS drawn exactly at max_new_tokens: SGLang checks the length first.
+    const exact = plan('x', p.outputTokens);
+    expect(exact).toMatchObject({ outputTokens: p.outputTokens, finishReason: { type: 'length', length: p.outputTokens } });
+    expect(completionIds(exact, pool, 1, 'x', 10, exact.outputTokens).at(-1)).toBe(151645);
     expect(plan('x', 100_000, { stopTokenIds: [13] }).finishReason).toEqual({ type: 'stop', matched: 13 });
   });
 

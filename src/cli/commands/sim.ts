@@ -29,7 +29,7 @@ interface SimCommandOptions {
   unhealthy: boolean;
 }
 
-function numberArg(kind: 'int' | 'positive' | 'rate' | 'nonneg-int') {
+function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-int') {
   return (value: string): number => {
     const n = Number(value);
     const ok =
@@ -38,11 +38,19 @@ function numberArg(kind: 'int' | 'positive' | 'rate' | 'nonneg-int') {
         ? Number.isInteger(n)
         : kind === 'nonneg-int'
           ? Number.isInteger(n) && n >= 0
-          : kind === 'positive'
-            ? n > 0
-            : n >= 0 && n <= 1);
+          : kind === 'positive-int'
+            ? Number.isInteger(n) && n > 0
+            : kind === 'positive'
+              ? n > 0
+              : n >= 0 && n <= 1);
     if (!ok) {
-      const what = { int: 'an integer', 'nonneg-int': 'a non-negative integer', positive: 'a positive number', rate: 'a number in [0, 1]' }[kind];
+      const what = {
+        int: 'an integer',
+        'nonneg-int': 'a non-negative integer',
+        'positive-int': 'a positive integer',
+        positive: 'a positive number',
+        rate: 'a number in [0, 1]',
+      }[kind];
       throw new InvalidArgumentError(`expected ${what}, got "${value}"`);
     }
     return n;
@@ -90,11 +98,11 @@ export function registerSimCommand(program: Command): void {
     .description('run an SGLang simulator: the same HTTP API, a continuous-batching load model, injectable faults (admin API under /_sim/)')
     .option('--port <n>', 'port to listen on (0 = a free port)', numberArg('nonneg-int'), 30000)
     .option('--host <host>', 'address to listen on', '127.0.0.1')
-    .option('--max-running <n>', 'requests decoding together (--max-running-requests); more wait in the queue', numberArg('positive'), 64)
-    .option('--max-queued <n>', 'answer 503 "The request queue is full." beyond this many waiting requests', numberArg('positive'))
+    .option('--max-running <n>', 'requests decoding together (--max-running-requests); more wait in the queue', numberArg('positive-int'), 64)
+    .option('--max-queued <n>', 'answer 503 "The request queue is full." beyond this many waiting requests', numberArg('positive-int'))
     .option('--time-scale <x>', 'simulated seconds per wall second (100 = 100x faster)', numberArg('positive'), 1)
     .option('--seed <n>', 'seed of the generated outputs and the faults', numberArg('int'), 0)
-    .option('--context-length <n>', "the model's context length in tokens", numberArg('positive'), 32768)
+    .option('--context-length <n>', "the model's context length in tokens", numberArg('positive-int'), 32768)
     .option('--single-tokens-per-sec <x>', 'decode speed of one request alone', numberArg('positive'), 80)
     .option('--peak-tokens-per-sec <x>', 'total decode throughput at a full batch', numberArg('positive'), 2500)
     .option('--prefill-tokens-per-sec <x>', 'prefill speed (uncached prompt tokens)', numberArg('positive'), 20000)
@@ -105,8 +113,8 @@ export function registerSimCommand(program: Command): void {
         .default('lognormal'),
     )
     .option('--output-sigma <x>', 'lognormal sigma (default 0.8)', numberArg('positive'))
-    .option('--min-output-tokens <n>', 'shortest completion', numberArg('positive'))
-    .option('--max-output-tokens <n>', 'longest completion (before max_new_tokens)', numberArg('positive'))
+    .option('--min-output-tokens <n>', 'shortest completion', numberArg('positive-int'))
+    .option('--max-output-tokens <n>', 'longest completion (before max_new_tokens)', numberArg('positive-int'))
     .option('--tokenizer <dir>', 'tokenizer folder (tokenizer.json + tokenizer_config.json); default the bundled Qwen3 tokenizer')
     .option('--model-path <name>', 'model name reported as model_path and model id', 'Qwen/Qwen3-8B')
     .addOption(new Option('--version <v>', 'SGLang version whose response shapes to reproduce').choices([...SIM_VERSIONS]).default('0.5.4'))
@@ -116,8 +124,15 @@ export function registerSimCommand(program: Command): void {
     .option('--drop-rate <x>', 'fraction of generation requests whose connection is reset', numberArg('rate'), 0)
     .option('--malformed-rate <x>', 'fraction of generation requests answered with truncated JSON', numberArg('rate'), 0)
     .option('--unhealthy', '/health and /health_generate answer 503', false)
-    .action(async (opts: SimCommandOptions) => {
-      const sim = await startSimulator(simOptionsFrom(opts));
+    .action(async (opts: SimCommandOptions, cmd: Command) => {
+      let sim: Awaited<ReturnType<typeof startSimulator>>;
+      try {
+        sim = await startSimulator(simOptionsFrom(opts));
+      } catch (e: unknown) {
+        // Option values the simulator rejects (e.g. fault rates adding up past 1).
+        if (e instanceof RangeError) cmd.error(`tokenmill sim: ${e.message}`);
+        throw e;
+      }
       process.stdout.write(`SGLang simulator listening on ${sim.url}\n`);
       await new Promise<void>((resolve) => {
         const shutdown = (signal: NodeJS.Signals): void => {

@@ -9,7 +9,7 @@
 
   Input:
     KEYS[1] dataset done set          (sample ids)
-    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, firstCommitMs, lastCommitMs)
+    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, tokenBudget, budgetMetMs, firstCommitMs, lastCommitMs)
     KEYS[3] dataset results stream
     KEYS[4] dataset in-flight zset    (rid -> expiry)
     KEYS[5] endpoint lease zset       (rid -> expiry)
@@ -41,6 +41,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
+local budget = tonumber(redis.call('HGET', KEYS[2], 'tokenBudget') or '-1')
+if budget >= 0 and total >= budget and total - tokens < budget then
+  -- The moment the budget was met: after it, no request may be sent for this dataset.
+  redis.call('HSET', KEYS[2], 'budgetMetMs', now)
+end
 redis.call('HINCRBY', KEYS[2], 'records', 1)
 redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
 redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)

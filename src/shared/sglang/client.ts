@@ -53,8 +53,9 @@ export interface SglangClientOptions {
    */
   concurrency: number;
   /**
-   * Deadline of one generation request, from sending to the last byte of the response. It
-   * must cover queueing in SGLang plus the longest completion (10k tokens at tens of tokens/s).
+   * Deadline of one generation request, from the call to the last byte of the response (time
+   * spent waiting for a free connection counts). It must cover queueing in SGLang plus the
+   * longest completion (10k tokens at tens of tokens/s).
    */
   requestTimeoutMs: number;
   /** Deadline of health, abort and info calls. Default 10 000. */
@@ -64,6 +65,7 @@ export interface SglangClientOptions {
    * (except `base:adapter` for LoRA). Default `default`, SGLang's own default name.
    */
   chatModel?: string;
+  /** Default: the `sglang-client` component logger, bound to the endpoint. */
   logger?: Logger;
 }
 
@@ -267,8 +269,9 @@ export class SglangClient {
 
   /**
    * Stops the client: waits for pending `/abort_request` calls, then closes both pools once
-   * their requests have finished. Abort in-flight generations first (their signals), or call
-   * {@link destroy}, when they should not be waited for.
+   * their requests have finished. To stop sooner, abort in-flight generations through their
+   * signals before calling it (they are then aborted on the server too), or call
+   * {@link destroy}. Generations cancelled after `close()` are not aborted on the server.
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
@@ -326,12 +329,11 @@ export class SglangClient {
       outcome ??= 'timeout';
       controller.abort();
     }, options.timeoutMs);
-    const unsubscribe = options.signal === undefined
-      ? undefined
-      : this.onCallerAbort(options.signal, () => {
-          outcome ??= 'cancelled';
-          controller.abort();
-        });
+    const onCancel = (): void => {
+      outcome ??= 'cancelled';
+      controller.abort();
+    };
+    const unsubscribe = options.signal === undefined ? undefined : this.onCallerAbort(options.signal, onCancel);
 
     try {
       const res = await options.pool.request({
@@ -361,6 +363,7 @@ export class SglangClient {
     context: SglangRequestContext,
   ): AppError {
     if (outcome === 'cancelled') {
+      if (options.rid !== undefined) this.abortInBackground(options.rid);
       return new CancelledError(`${context.route} to ${context.endpoint} cancelled`, {
         cause: options.signal?.reason ?? e,
       });
@@ -431,7 +434,7 @@ export class SglangClient {
 
   private async probe(path: string): Promise<HealthResult> {
     try {
-      const res = await this.send({ pool: this.pool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
+      const res = await this.send({ pool: this.controlPool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
       if (res.status >= 200 && res.status < 300) return { ok: true, status: res.status };
       return { ok: false, status: res.status, error: sglangErrorMessage(res.text) ?? `HTTP ${res.status}` };
     } catch (e: unknown) {

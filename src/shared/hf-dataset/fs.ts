@@ -1,0 +1,114 @@
+// Durable filesystem steps shared by the writer and the merge: fsync of files and folders,
+// atomic JSON replacement, hard links with a logged copy fallback.
+import { constants as fsConstants } from 'node:fs';
+import { copyFile, link, mkdir, open, readdir, rename, rm, stat } from 'node:fs/promises';
+import path from 'node:path';
+
+import { logger } from '../logger.js';
+
+/** Flushes a folder's entries (new names, renames, removals) to disk. */
+export async function fsyncDir(dir: string): Promise<void> {
+  const fh = await open(dir, fsConstants.O_RDONLY);
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Flushes a file's content to disk. */
+export async function fsyncFile(file: string): Promise<void> {
+  const fh = await open(file, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/**
+ * Writes `text` to `file` so that readers see either the old content or the new one, never a
+ * part: a temporary sibling is written and fsynced, renamed over `file`, then the folder is
+ * fsynced. The temporary name starts with `.tmp-`, which {@link removeTempFiles} cleans up.
+ */
+export async function writeFileAtomic(file: string, text: string): Promise<void> {
+  const dir = path.dirname(file);
+  const tmp = path.join(dir, `.tmp-${path.basename(file)}-${process.pid}-${Date.now()}`);
+  const fh = await open(tmp, 'w');
+  try {
+    await fh.writeFile(text, 'utf8');
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await rename(tmp, file);
+  await fsyncDir(dir);
+}
+
+/** JSON as `datasets` writes its metadata files: two-space indent. */
+export function jsonText(value: unknown): string {
+  return `${JSON.stringify(value, null, 2)}\n`;
+}
+
+/** Removes the `.tmp-*` leftovers of interrupted {@link writeFileAtomic} calls in `dir`. */
+export async function removeTempFiles(dir: string): Promise<string[]> {
+  const removed: string[] = [];
+  for (const name of await readdirOrEmpty(dir)) {
+    if (name.startsWith('.tmp-')) {
+      await rm(path.join(dir, name), { force: true, recursive: true });
+      removed.push(name);
+    }
+  }
+  return removed;
+}
+
+/** `readdir`, or `[]` when the folder does not exist. */
+export async function readdirOrEmpty(dir: string): Promise<string[]> {
+  try {
+    return await readdir(dir);
+  } catch (e: unknown) {
+    if (isErrno(e, 'ENOENT')) return [];
+    throw e;
+  }
+}
+
+/** Whether `p` exists (without following a final symlink's target being absent). */
+export async function exists(p: string): Promise<boolean> {
+  try {
+    await stat(p);
+    return true;
+  } catch (e: unknown) {
+    if (isErrno(e, 'ENOENT')) return false;
+    throw e;
+  }
+}
+
+export async function ensureDir(dir: string): Promise<void> {
+  await mkdir(dir, { recursive: true });
+}
+
+/** How a file reached its new name. */
+export type LinkMethod = 'link' | 'copy';
+
+/**
+ * Hard-links `from` to `to` (no data is copied; both names share one inode). Falls back to a
+ * copy only when the two paths are on different filesystems (EXDEV) or the filesystem has no
+ * hard links (EPERM/ENOTSUP), and logs it, because a copy of a large shard costs time and space.
+ */
+export async function linkOrCopy(from: string, to: string): Promise<LinkMethod> {
+  try {
+    await link(from, to);
+    return 'link';
+  } catch (e: unknown) {
+    if (!isErrno(e, 'EXDEV') && !isErrno(e, 'EPERM') && !isErrno(e, 'ENOTSUP') && !isErrno(e, 'EMLINK')) throw e;
+    const code = (e as NodeJS.ErrnoException).code;
+    logger('hf-dataset').warn({ from, to, code }, 'hard link failed; copying the shard instead');
+    await copyFile(from, to, fsConstants.COPYFILE_EXCL);
+    await fsyncFile(to);
+    return 'copy';
+  }
+}
+
+export function isErrno(e: unknown, code: string): boolean {
+  return typeof e === 'object' && e !== null && (e as { code?: unknown }).code === code;
+}

@@ -1,0 +1,150 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Queue } from 'bullmq';
+import { startGeneration } from '../../src/cli/pipeline.js';
+import { openRunContextFor } from '../../src/cli/run-context.js';
+import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { createRootLogger, generateQueueName, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { duplicates, readGenerations, sampleIdOfRid, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+
+let redis: TestRedis;
+let sim: SimulatorHandle;
+let tmp: { dir: string; cleanup: () => void };
+
+beforeAll(async () => {
+  createRootLogger({ level: process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'error' });
+  redis = await startTestRedis();
+  tmp = tempDir();
+});
+
+afterAll(async () => {
+  await sim?.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+function config(run: string, endpoint: string, datasets: ConfigInput['datasets'], extra: Partial<ConfigInput> = {}): ReturnType<typeof loadConfig> {
+  return loadConfig({
+    baseDir: tmp.dir,
+    object: {
+      run,
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [endpoint], concurrency: 32, requestTimeoutMs: 30_000 },
+      datasets,
+      output: { dir: 'out' },
+      workers: { shutdownGraceMs: 2_000 },
+      ...extra,
+    },
+  });
+}
+
+async function runToEnd(cfg: ReturnType<typeof loadConfig>): Promise<Awaited<ReturnType<typeof openRunContextFor>>> {
+  const ctx = await openRunContextFor(cfg);
+  const handle = await startGeneration(ctx, { produce: true, infer: true });
+  await handle.finished;
+  await handle.stop();
+  return ctx;
+}
+
+describe('generation: budgets and exactly-once accounting', () => {
+  it('stops at the budget: tokens in [budget, budget + overshoot], no request after it was met, queued prompts skipped', async () => {
+    sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 32, seed: 3 });
+    writePrompts(tmp.dir, 'big', 600);
+    const budget = 150_000;
+    const cfg = config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: budget, maxNewTokens: 4096, batchSize: 16 }]);
+    const ctx = await runToEnd(cfg);
+    try {
+      const stats = await ctx.redis.hgetall(ctx.keys.stats('big'));
+      const tokens = Number(stats.outputTokens);
+      expect(tokens).toBeGreaterThanOrEqual(budget);
+      // The overshoot is what was in flight when the budget was met; with 32 slots and
+      // completions capped at 4096 tokens it stays well under a quarter of this budget.
+      expect(tokens).toBeLessThanOrEqual(budget * 1.25);
+
+      const budgetMetMs = Number(stats.budgetMetMs);
+      expect(budgetMetMs).toBeGreaterThan(0);
+      const sent = sim.stats().requests.filter((r) => r.rid.startsWith('big/'));
+      const late = sent.filter((r) => r.receivedAtMs > budgetMetMs);
+      expect(late).toEqual([]);
+
+      const records = readGenerations(ctx.runDir, 'big');
+      expect(duplicates(records.map((r) => r.id))).toEqual([]);
+      expect(records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(tokens);
+      expect(records.length).toBe(Number(stats.records));
+      // Each record is a sample the simulator really answered.
+      const sentIds = new Set(sent.map((r) => sampleIdOfRid(r.rid)));
+      for (const r of records) expect(sentIds.has(r.id)).toBe(true);
+
+      const status = await readRunStatus(ctx.redis, ctx.keys, cfg);
+      const ds = status.datasets[0];
+      expect(ds?.status).toBe('completed');
+      // Prompts that were queued but never sent are recorded as skipped by budget (so a higher
+      // budget resumes them); none of them has a record.
+      const skipped = await ctx.redis.smembers(ctx.keys.skipped('big'));
+      expect(ds?.skipped).toBe(skipped.length);
+      expect(skipped.length).toBeGreaterThan(0);
+      const recorded = new Set(records.map((r) => r.id));
+      expect(skipped.filter((id) => recorded.has(id) || sentIds.has(id))).toEqual([]);
+      expect(await ctx.redis.zcard(ctx.keys.inflight('big'))).toBe(0);
+    } finally {
+      await ctx.close();
+    }
+  });
+
+  it('a dataset already at its budget sends nothing; a raised budget resumes the skipped prompts', async () => {
+    const before = sim.stats().requests.filter((r) => r.rid.startsWith('big/')).length;
+    const again = await runToEnd(config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: 150_000, maxNewTokens: 4096, batchSize: 16 }]));
+    await again.close();
+    expect(sim.stats().requests.filter((r) => r.rid.startsWith('big/')).length).toBe(before);
+
+    const raised = await runToEnd(config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: 300_000, maxNewTokens: 4096, batchSize: 16 }]));
+    try {
+      const tokens = Number(await raised.redis.hget(raised.keys.stats('big'), 'outputTokens'));
+      expect(tokens).toBeGreaterThanOrEqual(300_000);
+      const records = readGenerations(raised.runDir, 'big');
+      expect(duplicates(records.map((r) => r.id))).toEqual([]);
+      expect(records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(tokens);
+    } finally {
+      await raised.close();
+    }
+  });
+
+  it('a batch delivered twice commits every sample once', async () => {
+    writePrompts(tmp.dir, 'dup', 48);
+    const cfg = config('dup', sim.url, [{ name: 'dup', prompts: 'dup.jsonl', tokenBudget: 100_000_000, maxNewTokens: 2048, batchSize: 16 }]);
+    const ctx = await openRunContextFor(cfg);
+    const handle = await startGeneration(ctx, { produce: true, infer: true });
+    // While the producer feeds the queue, copy every batch it adds under a second job id:
+    // the same samples delivered twice, as a re-delivered or duplicated job would be.
+    const queue = new Queue(generateQueueName('dup'), { connection: redis.connection(), prefix: ctx.keys.bullPrefix });
+    const copied = new Set<string>();
+    const copier = setInterval(() => {
+      void (async () => {
+        for (const job of await queue.getJobs(['waiting', 'active', 'completed'])) {
+          if (job.id === undefined || job.id.startsWith('copy-') || copied.has(job.id)) continue;
+          copied.add(job.id);
+          await queue.add('batch', job.data, { jobId: `copy-${job.id}` });
+        }
+      })();
+    }, 20);
+    try {
+      await handle.finished;
+      await waitFor(async () => (await queue.getJobCounts('waiting', 'active')).waiting === 0 && (await queue.getJobCounts('active')).active === 0, 'copies processed');
+    } finally {
+      clearInterval(copier);
+      await handle.stop();
+    }
+    try {
+      expect(copied.size).toBeGreaterThan(0);
+      const stats = await ctx.redis.hgetall(ctx.keys.stats('dup'));
+      const records = readGenerations(ctx.runDir, 'dup');
+      expect(records.length).toBe(48);
+      expect(duplicates(records.map((r) => r.id))).toEqual([]);
+      expect(Number(stats.records)).toBe(48);
+      expect(records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(Number(stats.outputTokens));
+    } finally {
+      await queue.close();
+      await ctx.close();
+    }
+  });
+});
