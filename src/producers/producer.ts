@@ -172,6 +172,7 @@ export class Producer {
       return true;
     };
     const flushCandidates = async (): Promise<boolean> => {
+      if (candidates.length === 0) return true;
       const ids = candidates.map((c) => c.id);
       const [done, failed] = await Promise.all([this.redis.smismember(keys.done(ds.name), ...ids), this.redis.hmget(keys.failed(ds.name), ...ids)]);
       for (const [i, rec] of candidates.entries()) {

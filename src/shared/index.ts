@@ -12,3 +12,4 @@ export * from './redis-scripts.js';
 export * from './prompt-source.js';
 export * from './run-status.js';
 export * from './process-lock.js';
+export * from './hf-dataset/index.js';

@@ -21,6 +21,7 @@ import { createRequire } from 'node:module';
 import path from 'node:path';
 
 import { Template } from '@huggingface/jinja';
+import { installPythonStrip } from './jinja-python-strip.js';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { z } from 'zod';
 
@@ -235,6 +236,7 @@ export class ChatTokenizer {
     this.ordinaryTokenCount = count;
 
     const sources = params.chatTemplates ?? templatesFromConfig(tokenizerConfig.chat_template);
+    installPythonStrip();
     const templates = new Map<string, Template>();
     for (const [templateName, source] of sources) {
       try {

@@ -17,8 +17,12 @@ interface RunOptions {
 export async function runGeneration(ctx: RunContext, options: GenerationOptions & { json?: boolean; quiet?: boolean }): Promise<'finished' | 'signalled'> {
   const handle = await startGeneration(ctx, options);
   const signal = onceSignalled();
-  const outcome = await Promise.race([handle.finished.then(() => 'finished' as const), signal.then(() => 'signalled' as const)]);
-  await handle.stop();
+  let outcome: 'finished' | 'signalled';
+  try {
+    outcome = await Promise.race([handle.finished.then(() => 'finished' as const), signal.then(() => 'signalled' as const)]);
+  } finally {
+    await handle.stop();
+  }
   if (options.quiet !== true) {
     const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
     process.stdout.write(options.json === true ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);

@@ -194,14 +194,20 @@ function columnReader(col: ColumnSpec, d: Data, batch: RecordBatch, index: numbe
   }
 }
 
-/** The rows of one record batch as plain objects. */
-export function* batchRows(batch: RecordBatch, columns: readonly ColumnSpec[]): Generator<RowRecord> {
+/** Reads chosen rows of a record batch as plain objects (batch-local indices). */
+export function batchRowReader(batch: RecordBatch, columns: readonly ColumnSpec[]): (i: number) => RowRecord {
   const readers = columns.map((c, i) => columnReader(c, batch.data.children[i] as Data, batch, i));
-  for (let r = 0; r < batch.numRows; r++) {
+  return (r) => {
     const row: Record<string, unknown> = {};
     for (let c = 0; c < columns.length; c++) row[(columns[c] as ColumnSpec).name] = (readers[c] as (i: number) => unknown)(r);
-    yield row;
-  }
+    return row;
+  };
+}
+
+/** The rows of one record batch as plain objects. */
+export function* batchRows(batch: RecordBatch, columns: readonly ColumnSpec[]): Generator<RowRecord> {
+  const read = batchRowReader(batch, columns);
+  for (let r = 0; r < batch.numRows; r++) yield read(r);
 }
 
 // ---------------------------------------------------------------------------------------------

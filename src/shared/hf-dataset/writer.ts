@@ -5,10 +5,9 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, rename, rm, rmdir, type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 
+import type { Data, DataType } from 'apache-arrow';
 import {
   AsyncByteQueue,
-  Data,
-  DataType,
   RecordBatch,
   RecordBatchStreamWriter,
   Struct,
@@ -101,6 +100,8 @@ export async function writeHfDataset(
       columns,
       shardSizeBytes: shardSizeBytes(opts.shardSizeMiB),
       nameShard: shardName,
+      // save_to_disk writes one shard even for no rows; load_from_disk needs one for the schema.
+      emptyShard: true,
     });
     const info = newDatasetInfo(columns);
     await writeFileAtomic(path.join(dir, 'dataset_info.json'), jsonText(info));
@@ -156,6 +157,8 @@ export interface WriteShardsOptions {
   /** Keep a uniform random sample of this many rows (reservoir sampling). Default 0. */
   sampleSize?: number;
   random?: () => number;
+  /** With no rows, still write one shard holding only the schema. Default false. */
+  emptyShard?: boolean;
 }
 
 export interface WriteShardsResult {
@@ -223,7 +226,11 @@ export async function writeShards(
       const row = item as RowRecord;
       const stats = checker.check(row, rowCount);
       let rowBytes = 0;
-      for (const b of builders) rowBytes += b.sizeOf(row[b.name]);
+      try {
+        for (const b of builders) rowBytes += b.sizeOf(row[b.name]);
+      } catch (e: unknown) {
+        throw withRow(e, row, rowCount);
+      }
       const pending = batchRows > 0 ? batchBytes + batchOverhead : 0;
       const used = (shard?.bytes ?? 0) + pending;
       const base = shard === undefined ? schemaBytes : 0;
@@ -231,7 +238,11 @@ export async function writeShards(
         await flushBatch();
         await closeShard();
       }
-      for (const b of builders) b.append(row[b.name]);
+      try {
+        for (const b of builders) b.append(row[b.name]);
+      } catch (e: unknown) {
+        throw withRow(e, row, rowCount);
+      }
       batchRows++;
       batchBytes += rowBytes;
       tokens += stats.tokens;
@@ -248,6 +259,12 @@ export async function writeShards(
     }
     await flushBatch();
     await closeShard();
+    if (tempFiles.length === 0 && opts.emptyShard === true) {
+      const file = path.join(dir, '.partial-00000.arrow');
+      tempFiles.push(file);
+      shard = await ShardFile.create(file, schema);
+      await closeShard();
+    }
   } catch (e: unknown) {
     await shard?.abort();
     for (const f of tempFiles) await rm(f, { force: true });
@@ -263,6 +280,13 @@ export async function writeShards(
   await fsyncDir(dir);
   samples.sort((a, b) => a.index - b.index);
   return { files, rows: rowCount, tokens, supervisedTokens: supervised, bytes: totalBytes, samples };
+}
+
+/** A row's value error, with the row it came from. */
+function withRow(e: unknown, row: RowRecord, index: number): unknown {
+  if (!(e instanceof PayloadError)) return e;
+  const id = typeof row['id'] === 'string' ? ` (id ${JSON.stringify(row['id'])})` : '';
+  return new PayloadError(`row ${index}${id}: ${e.message}`, { cause: e });
 }
 
 function copyRow(row: RowRecord): RowRecord {

@@ -10,6 +10,7 @@
  * where `suffix` is what the chat template writes after the end-of-turn token of an assistant
  * turn ({@link assistantTurnSuffix}; `\n` for Qwen-style templates, nothing for DeepSeek-V3).
  * Nothing is re-tokenized: the row holds exactly the ids the target model read and wrote.
+ * Only this generation is supervised: assistant turns inside the prompt are context (0).
  * By finish reason ({@link recordToRow}):
  * - `stop` and the output ends with the template's end-of-turn token (`<|im_end|>`): kept, with
  *   the suffix — the same ids and mask as rendering the finished conversation gives;
@@ -24,7 +25,8 @@
  * Qwen3 note: rendering a finished conversation whose last assistant message has no reasoning
  * inserts an empty `<think>\n\n</think>\n\n` block after the assistant header. tokenmill
  * records what the model generated after the generation prompt it was given: with thinking on,
- * the model writes its own `<think>…</think>` block and the row equals the rendering; with
+ * the model writes its own `<think>…</think>` block and the row equals the rendering (the
+ * template would only drop newlines the model put around its reasoning or before its answer); with
  * `enable_thinking: false`, the empty block is part of the generation prompt (mask 0), and the
  * row again equals the rendering, with the block unsupervised as in conversation rows. A
  * thinking-mode output that skipped the block is kept as generated, and then differs from the
@@ -337,9 +339,11 @@ async function* jsonLines(file: string): AsyncGenerator<{ line: number; text: st
   }
 }
 
+/** Counts an invalid line; the first ones are kept as examples and logged, the rest only counted. */
 function noteInvalid(stats: { invalid: number; invalidExamples: InvalidLine[] }, log: Logger, entry: InvalidLine): void {
   stats.invalid += 1;
-  if (stats.invalidExamples.length < INVALID_EXAMPLES) stats.invalidExamples.push(entry);
+  if (stats.invalidExamples.length >= INVALID_EXAMPLES) return;
+  stats.invalidExamples.push(entry);
   log.warn({ file: entry.file, line: entry.line, reason: entry.reason }, 'skipped an invalid line');
 }
 

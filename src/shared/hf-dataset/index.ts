@@ -1,0 +1,6 @@
+// Hugging Face `datasets` on-disk format: writing, reading, merging with validation, rollback.
+export * from './schema.js';
+export * from './writer.js';
+export * from './reader.js';
+export * from './merge.js';
+export { linkOrCopy, type LinkMethod } from './fs.js';
