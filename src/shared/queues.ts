@@ -64,3 +64,135 @@ export function parsePayload<T>(schema: z.ZodType<T>, data: unknown, what: strin
   }
   return r.data;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Post-processing: one flow per round, `merge` parent over one `tokenize` child per dataset.
+
+/** Queue of tokenize jobs: one per dataset and post-process round, children of a merge job. */
+export const TOKENIZE_QUEUE = 'tokenize';
+/** Queue of merge jobs: one per post-process round, the parent of its tokenize jobs. */
+export const MERGE_QUEUE = 'merge';
+
+/** What a tokenize job reads: a run's generation records, or a conversation dataset. */
+export const TokenizeSourceKindSchema = z.enum(['generations', 'conversations']);
+export type TokenizeSourceKind = z.infer<typeof TokenizeSourceKindSchema>;
+
+export const TokenizePayloadSchema = z.object({
+  /** The post-process round's flow id (`<run>-pp-<n>`). */
+  flowId: z.string().min(1),
+  dataset: z.string().min(1),
+  kind: TokenizeSourceKindSchema,
+  /** `<runDir>/<dataset>/generations` (a folder of `*.jsonl`), or the conversation JSONL file. */
+  source: z.string().min(1),
+  /** Where the staged `datasets` folder of the new rows is written (replaced by each attempt). */
+  stagedDir: z.string().min(1),
+  /** The training dataset: rows of this dataset already in it are not staged again. */
+  target: z.string().min(1),
+  shardSizeMiB: z.number().positive(),
+  /**
+   * Invalid lines tolerated, as a fraction of the lines read; more fails the job. 0 for
+   * generation records (written by tokenmill: an invalid one means a damaged file or another
+   * tokenizer than generation used).
+   */
+  maxInvalidFraction: z.number().min(0).max(1),
+});
+export type TokenizePayload = z.infer<typeof TokenizePayloadSchema>;
+
+const count = z.number().int().nonnegative();
+
+export const InvalidLineSchema = z.object({ file: z.string(), line: z.number().int().positive(), reason: z.string() });
+
+export const TokenizeResultSchema = z.object({
+  dataset: z.string().min(1),
+  kind: TokenizeSourceKindSchema,
+  stagedDir: z.string().min(1),
+  /** Non-blank lines read. */
+  lines: count,
+  /** Rows staged: new rows for the training dataset. */
+  rows: count,
+  tokens: count,
+  supervisedTokens: count,
+  /** Rows already in the training dataset (merged by an earlier round): not staged. */
+  alreadyMerged: count,
+  /** Of `rows`: truncated generations kept because of `postprocess.keepTruncated`. */
+  keptTruncated: count,
+  /** Of `rows`: generations stopped on something else than the template's end-of-turn token. */
+  stopWithoutEndOfTurn: count,
+  droppedTruncated: count,
+  droppedAborted: count,
+  droppedEmpty: count,
+  /** Conversations without any supervised token. */
+  droppedUnsupervised: count,
+  /** Lines whose sample id was seen before in the same source (the first one wins). */
+  duplicates: count,
+  invalid: count,
+  invalidExamples: z.array(InvalidLineSchema),
+  durationMs: count,
+});
+export type TokenizeResult = z.infer<typeof TokenizeResultSchema>;
+
+export const MergePayloadSchema = z.object({
+  flowId: z.string().min(1),
+  /** The training dataset folder. */
+  target: z.string().min(1),
+  /** The run folder: the merge report is written there. */
+  runDir: z.string().min(1),
+  shardSizeMiB: z.number().positive(),
+  /**
+   * Names the round's rows in the target's merge history, so a retried merge job never appends
+   * them twice: `<flowId>/<nonce>`, the nonce drawn when the round was created.
+   */
+  mergeKey: z.string().min(1),
+});
+export type MergePayload = z.infer<typeof MergePayloadSchema>;
+
+/** The validation report of a merge, in brief (the whole report is the file at `reportPath`). */
+export const MergeReportSummarySchema = z.object({
+  mergeId: z.string(),
+  target: z.string(),
+  reportPath: z.string(),
+  firstMerge: z.boolean(),
+  oldRows: count,
+  newRows: count,
+  rows: count,
+  oldTokens: count,
+  newTokens: count,
+  tokens: count,
+  supervisedTokens: count,
+  lossMaskCoverage: z.number(),
+  newLossMaskCoverage: z.number(),
+  shards: count,
+  newShards: count,
+  checkedSamples: count,
+  problems: z.array(z.string()),
+  warnings: z.array(z.string()),
+});
+export type MergeReportSummary = z.infer<typeof MergeReportSummarySchema>;
+
+export const MergeResultSchema = z.object({
+  flowId: z.string(),
+  /**
+   * `merged`: the round's rows were merged; `already-merged`: a previous attempt of this job
+   * merged them; `nothing-new`: no dataset had rows that the training dataset lacks.
+   */
+  status: z.enum(['merged', 'already-merged', 'nothing-new']),
+  datasets: z.array(TokenizeResultSchema),
+  report: MergeReportSummarySchema.nullable(),
+});
+export type MergeResult = z.infer<typeof MergeResultSchema>;
+
+/** Tokenize jobs: a retry starts the dataset over (its staged folder is replaced). */
+export const tokenizeJobOptions: DefaultJobOptions = {
+  attempts: 3,
+  backoff: { type: 'exponential', delay: 2_000 },
+  removeOnComplete: { age: 7 * 24 * 3600, count: 1_000 },
+  removeOnFail: { age: 30 * 24 * 3600, count: 1_000 },
+};
+
+/** Merge jobs: kept after they finish (one per round), their result is the round's report. */
+export const mergeJobOptions: DefaultJobOptions = {
+  attempts: 3,
+  backoff: { type: 'exponential', delay: 2_000 },
+  removeOnComplete: { count: 200 },
+  removeOnFail: { count: 200 },
+};

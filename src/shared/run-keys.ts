@@ -75,6 +75,19 @@ export class RunKeys {
   phases(): string {
     return `${this.base}:phases`;
   }
+
+  /**
+   * Hash of the post-processing rounds: `round` (the current round's number), `flowId`,
+   * `mergeKey`, `status` (in_progress | completed | failed), `reason`, `startedAt`, `finishedAt`.
+   */
+  postprocess(): string {
+    return `${this.base}:postprocess`;
+  }
+
+  /** Held while a post-process round is chosen and its flow added. */
+  postprocessLock(): string {
+    return `${this.base}:postprocess-lock`;
+  }
 }
 
 /** A short stable key for an endpoint URL. */

@@ -90,6 +90,9 @@ export class Dispatcher {
   private renewTimer: NodeJS.Timeout | undefined;
   private stopping = false;
   private idleWaiters: (() => void)[] = [];
+  private demandWaiters: (() => void)[] = [];
+  /** Datasets whose budget is reserved by requests in flight (their samples wait). */
+  private blockedDatasets = new Set<string>();
 
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
@@ -105,6 +108,42 @@ export class Dispatcher {
 
   get queued(): number {
     return this.pending.length;
+  }
+
+  /** Samples that could start as soon as a slot frees (not waiting on a budget or a retry delay). */
+  get ready(): number {
+    const now = Date.now();
+    let n = 0;
+    for (const t of this.pending) if (!this.blockedDatasets.has(t.req.dataset) && t.notBeforeMs <= now) n += 1;
+    return n;
+  }
+
+  /**
+   * Whether more work should be fetched: fewer samples running or ready than the slots of
+   * every endpoint plus `reserve`. Fetching on this signal, not per finished job, keeps the
+   * slots full while a batch's long tail runs.
+   */
+  hungry(reserve: number): boolean {
+    return !this.stopping && this.running.size + this.ready < this.options.concurrencyPerEndpoint * this.options.pool.all.length + reserve;
+  }
+
+  /** Resolves when a request ends or a sample leaves the queue (demand may have risen), or after `maxWaitMs`. */
+  waitForDemand(maxWaitMs: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, maxWaitMs);
+      const waiters = this.demandWaiters;
+      function done(): void {
+        clearTimeout(timer);
+        const i = waiters.indexOf(done);
+        if (i >= 0) waiters.splice(i, 1);
+        resolve();
+      }
+      waiters.push(done);
+    });
+  }
+
+  private signalDemand(): void {
+    for (const w of this.demandWaiters.splice(0)) w();
   }
 
   start(): void {
@@ -136,6 +175,7 @@ export class Dispatcher {
     this.stopping = true;
     clearTimeout(this.wakeTimer);
     for (const t of this.pending.splice(0)) t.resolve({ kind: 'handed-back' });
+    this.signalDemand();
     if (this.running.size > 0) {
       const idle = new Promise<void>((r) => this.idleWaiters.push(r));
       const timer = setTimeout(() => {
@@ -181,6 +221,7 @@ export class Dispatcher {
   private async pumpOnce(): Promise<void> {
     const { keys, redis, concurrencyPerEndpoint } = this.options;
     const blocked = new Set<string>();
+    this.blockedDatasets = blocked;
     let i = 0;
     let retryInMs = Infinity;
     while (!this.stopping && i < this.pending.length) {
@@ -213,6 +254,7 @@ export class Dispatcher {
       switch (outcome.kind) {
         case 'acquired': {
           this.pending.splice(i, 1);
+          this.signalDemand();
           const endpoint = healthy[outcome.endpointIndex];
           const leaseKey = leaseKeys[outcome.endpointIndex];
           if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${healthy.length}`);
@@ -246,6 +288,7 @@ export class Dispatcher {
       this.pending.splice(this.pending.indexOf(t), 1);
       t.resolve({ kind: 'skipped-budget' });
     }
+    this.signalDemand();
   }
 
   private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string): Promise<void> {
@@ -270,6 +313,7 @@ export class Dispatcher {
       endpoint.inFlight -= 1;
       this.running.delete(rid);
       if (this.running.size === 0) for (const w of this.idleWaiters.splice(0)) w();
+      this.signalDemand();
       this.schedulePump();
     }
   }

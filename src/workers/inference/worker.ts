@@ -1,5 +1,6 @@
+import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import { UnrecoverableError, WaitingError, Worker, type Job } from 'bullmq';
+import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
   AppError,
@@ -52,6 +53,10 @@ export class InferenceWorker {
   private dispatcher: Dispatcher | undefined;
   private discoverTimer: NodeJS.Timeout | undefined;
   private stopped = false;
+  private feeding: Promise<void> | undefined;
+  /** Batch jobs this process holds (their locks are renewed until they settle). */
+  private readonly held = new Set<{ job: Job; token: string; worker: Worker }>();
+  private readonly settling = new Set<Promise<void>>();
   readonly workerId: string;
 
   constructor(private readonly options: InferenceWorkerOptions) {
@@ -87,6 +92,7 @@ export class InferenceWorker {
     await this.pool.start();
     this.dispatcher.start();
     await this.discover();
+    this.feeding = this.feed();
     if (o.datasets === undefined) {
       this.discoverTimer = setInterval(() => {
         void this.discover().catch((e: unknown) => this.log.warn({ err: e }, 'dataset discovery failed'));
@@ -103,60 +109,114 @@ export class InferenceWorker {
     for (const name of names) if (!this.workers.has(name)) this.serve(name);
   }
 
-  /** Starts a BullMQ worker on one dataset's queue. */
+  /** Opens a BullMQ worker on one dataset's queue, in manual mode: jobs are fetched on demand. */
   private serve(dataset: string): void {
     const o = this.options;
     const connection = this.bullConnection;
     if (connection === undefined) throw new AppError('inference worker not started');
-    // Enough jobs in hand that the dispatcher always has prompts to send while a batch's
-    // long tail finishes: the slots of every endpoint, in batches, plus one.
-    const concurrency = Math.ceil((o.concurrency * o.endpoints.length) / o.batchSize) + 1;
-    const worker = new Worker<unknown, GenerateBatchResult>(
-      generateQueueName(dataset),
-      async (job: Job, token?: string) => this.process(dataset, job, token),
-      {
-        connection,
-        prefix: o.keys.bullPrefix,
-        concurrency,
-        lockDuration: o.lockDurationMs ?? 30_000,
-        stalledInterval: o.stalledIntervalMs ?? 30_000,
-        maxStalledCount: 10,
-        autorun: true,
-      },
-    );
+    const worker = new Worker<unknown, GenerateBatchResult>(generateQueueName(dataset), null, {
+      connection,
+      prefix: o.keys.bullPrefix,
+      lockDuration: o.lockDurationMs ?? 30_000,
+      stalledInterval: o.stalledIntervalMs ?? 30_000,
+      maxStalledCount: 10,
+      autorun: false,
+    });
     worker.on('error', (err) => this.log.error({ err, dataset }, 'queue worker error'));
-    worker.on('failed', (job, err) => this.log.warn({ err, dataset, jobId: job?.id }, 'batch job failed'));
+    // Batches of a killed worker go back to the queue once their lock lapses.
+    void worker.startStalledCheckTimer().catch((e: unknown) => this.log.error({ err: e, dataset }, 'stalled-job checker failed'));
     this.workers.set(dataset, worker);
-    this.log.info({ dataset, queue: generateQueueName(dataset), jobsInHand: concurrency }, 'serving dataset');
+    this.log.info({ dataset, queue: generateQueueName(dataset) }, 'serving dataset');
   }
 
-  private async process(dataset: string, job: Job, token: string | undefined): Promise<GenerateBatchResult> {
+  /**
+   * Fetches batch jobs whenever the dispatcher runs low on samples ready to send — not when a
+   * job finishes: a job stays open until its slowest sample is done, and waiting for that would
+   * leave slots idle through every batch's long tail.
+   */
+  private async feed(): Promise<void> {
+    const dispatcher = this.dispatcher;
+    if (dispatcher === undefined) return;
+    let turn = 0;
+    while (!this.stopped) {
+      if (!dispatcher.hungry(this.options.batchSize)) {
+        await dispatcher.waitForDemand(250);
+        continue;
+      }
+      const queues = [...this.workers.entries()];
+      let fetched = false;
+      for (let k = 0; k < queues.length && dispatcher.hungry(this.options.batchSize) && !this.stopped; k += 1) {
+        const entry = queues[(turn + k) % queues.length];
+        if (entry === undefined) continue;
+        const [dataset, worker] = entry;
+        const token = `${this.workerId}:${randomUUID()}`;
+        let job: Job | undefined;
+        try {
+          job = (await worker.getNextJob(token, { block: false })) as Job | undefined;
+        } catch (e: unknown) {
+          this.log.warn({ err: e, dataset }, 'could not fetch a batch');
+        }
+        if (job === undefined || job === null) continue;
+        fetched = true;
+        this.hold(dataset, worker, job, token);
+      }
+      turn += 1;
+      // Nothing queued anywhere: look again shortly (or as soon as demand changes).
+      if (!fetched) await dispatcher.waitForDemand(200);
+    }
+  }
+
+  private hold(dataset: string, worker: Worker, job: Job, token: string): void {
+    const lockDurationMs = this.options.lockDurationMs ?? 30_000;
+    const held = { job, token, worker };
+    this.held.add(held);
+    const settled = this.process(dataset, job, token)
+      .catch((e: unknown) => this.log.error({ err: e, dataset, jobId: job.id }, 'could not settle a batch'))
+      .finally(() => {
+        clearInterval(renew);
+        this.held.delete(held);
+        this.settling.delete(settled);
+      });
+    this.settling.add(settled);
+    // The job's lock is ours while its samples run; renew it so long generations never look stalled.
+    const renew = setInterval(() => {
+      void job.extendLock(token, lockDurationMs).catch((e: unknown) => this.log.warn({ err: e, jobId: job.id }, 'could not extend a batch lock'));
+    }, Math.max(100, Math.floor(lockDurationMs / 2)));
+    renew.unref();
+  }
+
+  /** Runs one batch to its end and records the job's outcome. */
+  private async process(dataset: string, job: Job, token: string): Promise<void> {
     const redis = this.redis;
     const dispatcher = this.dispatcher;
     if (redis === undefined || dispatcher === undefined) throw new AppError('inference worker not started');
     const keys = this.options.keys;
     const log = this.log.child({ queue: job.queueName, jobId: job.id, dataset });
+    let outcome;
     try {
-      const outcome = await processGenerateBatch(job.data, {
+      outcome = await processGenerateBatch(job.data, {
         isDone: async (ds, ids) => (await redis.smismember(keys.done(ds), ...ids)).map((x) => x === 1),
         attemptsSpent: async (ds, ids) => (await redis.hmget(keys.attempts(ds), ...ids)).map((x) => Number(x ?? 0)),
         submit: (req) => dispatcher.submit(req),
         logger: log,
       });
-      if (outcome.handedBack > 0) {
-        // Stopping: the job goes back to the queue without spending an attempt; the next
-        // worker skips the samples this one committed.
-        log.info({ handedBack: outcome.handedBack }, 'batch handed back');
-        await job.moveToWait(token);
-        throw new WaitingError();
-      }
-      const { handedBack: _h, ...result } = outcome;
-      void _h;
-      return result;
     } catch (e: unknown) {
-      if (e instanceof AppError && !e.retryable) throw new UnrecoverableError(e.message);
-      throw e;
+      // A payload that does not parse is unrecoverable; anything else is retried by BullMQ.
+      const err = e instanceof AppError && !e.retryable ? new UnrecoverableError(e.message) : e instanceof Error ? e : new Error(String(e));
+      log.warn({ err: e }, 'batch failed');
+      await job.moveToFailed(err, token, false);
+      return;
     }
+    if (outcome.handedBack > 0) {
+      // Stopping: the job goes back to the queue without spending an attempt; the next
+      // worker skips the samples this one committed.
+      log.info({ handedBack: outcome.handedBack }, 'batch handed back');
+      await job.moveToWait(token);
+      return;
+    }
+    const { handedBack: _h, ...result } = outcome;
+    void _h;
+    await job.moveToCompleted(result, token, false);
   }
 
   /**
@@ -167,11 +227,13 @@ export class InferenceWorker {
     if (this.stopped) return;
     this.stopped = true;
     clearInterval(this.discoverTimer);
-    // 1. No new jobs; jobs in hand finish once the dispatcher settles their samples.
-    const closing = Promise.all([...this.workers.values()].map((w) => w.close()));
-    // 2. Requests in flight: finish within the grace period, or abort and hand back.
+    // 1. No new batches.
+    await this.feeding;
+    // 2. Requests in flight: finish within the grace period, or abort and hand back; every
+    //    batch this process holds is then completed or moved back to the queue.
     await this.dispatcher?.stop(graceMs);
-    await closing;
+    await Promise.all([...this.settling]);
+    await Promise.all([...this.workers.values()].map((w) => w.close()));
     // 3. Endpoints (HTTP pools), then 4. Redis connections.
     await this.pool?.stop();
     if (this.redis !== undefined) await closeRedisConnection(this.redis);

@@ -1,0 +1,290 @@
+/**
+ * The post-processing stage's processors: `tokenize` (one dataset's generation records or
+ * conversations → a staged `datasets` folder of the rows the training dataset lacks) and `merge`
+ * (the round's staged folders → one merge into the training dataset, one validation report).
+ * Pure async functions of `(data, deps)`: no BullMQ here (see worker.ts).
+ *
+ * Which rows a round adds: every row of the sources that the training dataset does not hold yet,
+ * by sample key (`dataset` + `id` columns of the target). So a round after new generations
+ * appends only the new rows, a round with nothing new merges nothing, and a round after a
+ * `rollback` adds back the rows the rollback removed. Reading the target's ids costs one read of
+ * its shards per dataset, the same order as the merge itself (which scans the old shards).
+ */
+import { rm, stat } from 'node:fs/promises';
+import path from 'node:path';
+
+import {
+  DatasetMergeError,
+  MergePayloadSchema,
+  MergeResultSchema,
+  PayloadError,
+  TokenizePayloadSchema,
+  TokenizeResultSchema,
+  errorMessage,
+  mergeIntoTarget,
+  parsePayload,
+  readHfDataset,
+  readShardBatches,
+  writeHfDataset,
+  type HfRow,
+  type InvalidLineSchema,
+  type Logger,
+  type MergeOptions,
+  type MergePayload,
+  type MergeReport,
+  type MergeReportSummary,
+  type MergeResult,
+  type TokenizePayload,
+  type TokenizeResult,
+} from '../../shared/index.js';
+import type { z } from 'zod';
+import {
+  emptyConversationStats,
+  emptyGenerationStats,
+  rowsFromConversations,
+  rowsFromGenerations,
+  type ConversationTokenizeStats,
+  type GenerationTokenizeStats,
+  type TokenizeContext,
+  type TokenizedRow,
+} from './tokenize.js';
+
+/** A phase of the pipeline checklist that post-processing moves (`keys.phases()`). */
+export type PostprocessPhase = 'tokenize' | 'merge';
+export type PhaseState = 'pending' | 'in_progress' | 'completed' | 'failed';
+
+/** What the tokenize processor needs from the outside world. */
+export interface TokenizeDeps {
+  /** The tokenize context of the target's tokenizer (loaded once per process). */
+  tokenizeContext(): Promise<TokenizeContext>;
+  setPhase(phase: PostprocessPhase, state: PhaseState): Promise<void>;
+  logger: Logger;
+}
+
+/** What the merge processor needs from the outside world. */
+export interface MergeDeps {
+  /** Return values of the round's tokenize jobs (BullMQ's `getChildrenValues()`, values only). */
+  childResults(): Promise<unknown[]>;
+  setPhase(phase: PostprocessPhase, state: PhaseState): Promise<void>;
+  /** Records how the round ended (the round's hash), once the merge is done. */
+  roundCompleted(result: MergeResult): Promise<void>;
+  /** Turns token ids into text for the report's spot-check samples. */
+  decode?: (inputIds: number[]) => string;
+  /** The merge itself; {@link mergeIntoTarget} unless a test passes another. */
+  merge?: (opts: MergeOptions) => ReturnType<typeof mergeIntoTarget>;
+  logger: Logger;
+}
+
+type InvalidLine = z.infer<typeof InvalidLineSchema>;
+
+/**
+ * Whether a source has more invalid lines than it may: more than `maxInvalidFraction` of its
+ * lines (with 0, any invalid line is too many). Returns the error to fail the job with, naming
+ * the first invalid lines, or undefined.
+ */
+export function invalidLinesError(
+  dataset: string,
+  stats: { lines: number; invalid: number; invalidExamples: readonly InvalidLine[] },
+  maxInvalidFraction: number,
+): PayloadError | undefined {
+  if (stats.invalid === 0 || stats.invalid <= maxInvalidFraction * stats.lines) return undefined;
+  const examples = stats.invalidExamples
+    .slice(0, 3)
+    .map((x) => `${x.file}:${x.line}: ${x.reason}`)
+    .join('; ');
+  const allowed = maxInvalidFraction === 0 ? 'none allowed' : `at most ${Math.round(maxInvalidFraction * 1000) / 10}% allowed`;
+  return new PayloadError(`dataset ${dataset}: ${stats.invalid} of ${stats.lines} lines are invalid (${allowed}): ${examples}`);
+}
+
+async function hasState(dir: string): Promise<boolean> {
+  try {
+    return (await stat(path.join(dir, 'state.json'))).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Sample ids of `dataset` already in the training dataset at `target` (empty when there is no
+ * target yet). Reads the `id` and `dataset` columns of every shard; a target without a
+ * `dataset` column is matched on `id` alone, one without an `id` column holds no known sample.
+ */
+export async function mergedSampleIds(target: string, dataset: string, log?: Logger): Promise<Set<string>> {
+  const ids = new Set<string>();
+  if (!(await hasState(target))) return ids;
+  const ds = await readHfDataset(target);
+  const names = new Set(ds.columns.map((c) => c.name));
+  if (!names.has('id')) {
+    log?.warn({ target }, 'the training dataset has no id column: its rows cannot be matched with the new ones');
+    return ids;
+  }
+  const byDataset = names.has('dataset');
+  for (const shard of ds.meta.shards) {
+    for await (const batch of readShardBatches(path.join(target, shard))) {
+      const idCol = batch.getChild('id');
+      const dsCol = byDataset ? batch.getChild('dataset') : null;
+      if (idCol === null) continue;
+      for (let i = 0; i < batch.numRows; i++) {
+        if (dsCol !== null && dsCol.get(i) !== dataset) continue;
+        const id: unknown = idCol.get(i);
+        if (typeof id === 'string') ids.add(id);
+      }
+    }
+  }
+  return ids;
+}
+
+/**
+ * Tokenizes one dataset of a post-process round: reads its generation records (or its
+ * conversation file), leaves out rows the training dataset already holds, and writes the rest as
+ * a `datasets` folder at `stagedDir` (replacing what an earlier attempt left there). Fails —
+ * unrecoverably, with a message naming the source — when the source cannot be read or has more
+ * invalid lines than `maxInvalidFraction` allows; the staged folder is then removed.
+ */
+export async function processTokenize(data: unknown, deps: TokenizeDeps): Promise<TokenizeResult> {
+  const p: TokenizePayload = parsePayload(TokenizePayloadSchema, data, 'tokenize');
+  const started = Date.now();
+  const log = deps.logger.child({ dataset: p.dataset, flowId: p.flowId });
+  await deps.setPhase('tokenize', 'in_progress');
+  const ctx = await deps.tokenizeContext();
+  const merged = await mergedSampleIds(p.target, p.dataset, log);
+
+  const genStats: GenerationTokenizeStats = emptyGenerationStats();
+  const convStats: ConversationTokenizeStats = emptyConversationStats();
+  const stats = p.kind === 'generations' ? genStats : convStats;
+  const source: AsyncGenerator<TokenizedRow, unknown> =
+    p.kind === 'generations'
+      ? rowsFromGenerations(p.source, { ctx, dataset: p.dataset, stats: genStats, logger: log })
+      : rowsFromConversations(p.source, { ctx, dataset: p.dataset, stats: convStats, logger: log });
+  let alreadyMerged = 0;
+  async function* fresh(): AsyncGenerator<HfRow> {
+    for await (const row of source) {
+      // Any invalid line is fatal when none is allowed: stop reading at once.
+      if (p.maxInvalidFraction === 0 && stats.invalid > 0) break;
+      if (merged.has(row.id)) {
+        alreadyMerged += 1;
+        continue;
+      }
+      yield row;
+    }
+  }
+
+  await rm(p.stagedDir, { recursive: true, force: true });
+  const written = await writeHfDataset(p.stagedDir, fresh(), { shardSizeMiB: p.shardSizeMiB });
+  const invalid = invalidLinesError(p.dataset, stats, p.maxInvalidFraction);
+  if (invalid !== undefined) {
+    await rm(p.stagedDir, { recursive: true, force: true });
+    throw invalid;
+  }
+  const result: TokenizeResult = {
+    dataset: p.dataset,
+    kind: p.kind,
+    stagedDir: p.stagedDir,
+    lines: stats.lines,
+    rows: written.rows,
+    tokens: written.tokens,
+    supervisedTokens: written.supervisedTokens,
+    alreadyMerged,
+    keptTruncated: genStats.keptTruncated,
+    stopWithoutEndOfTurn: genStats.stopWithoutEndOfTurn,
+    droppedTruncated: genStats.droppedTruncated,
+    droppedAborted: genStats.droppedAborted,
+    droppedEmpty: genStats.droppedEmpty,
+    droppedUnsupervised: convStats.droppedUnsupervised,
+    duplicates: stats.duplicates,
+    invalid: stats.invalid,
+    invalidExamples: stats.invalidExamples.slice(0, 5),
+    durationMs: Date.now() - started,
+  };
+  log.info(
+    { rows: result.rows, tokens: result.tokens, alreadyMerged, invalid: result.invalid, stagedDir: p.stagedDir },
+    'dataset tokenized',
+  );
+  return result;
+}
+
+/** The brief form of a merge report that a merge job returns. */
+export function summarizeReport(report: MergeReport, reportPath: string): MergeReportSummary {
+  return {
+    mergeId: report.mergeId,
+    target: report.target,
+    reportPath,
+    firstMerge: report.firstMerge,
+    oldRows: report.oldRows,
+    newRows: report.newRows,
+    rows: report.rows,
+    oldTokens: report.oldTokens,
+    newTokens: report.newTokens,
+    tokens: report.tokens,
+    supervisedTokens: report.supervisedTokens,
+    lossMaskCoverage: report.lossMaskCoverage,
+    newLossMaskCoverage: report.newLossMaskCoverage,
+    shards: report.shards,
+    newShards: report.newShards.length,
+    checkedSamples: report.checkedSamples,
+    problems: report.problems,
+    warnings: report.warnings,
+  };
+}
+
+/** Every row of the staged folders, in order. */
+async function* stagedRows(dirs: readonly string[]): AsyncGenerator<HfRow> {
+  for (const dir of dirs) {
+    const ds = await readHfDataset(dir);
+    for await (const row of ds.rows()) yield row as unknown as HfRow;
+  }
+}
+
+/**
+ * Merges a post-process round: the staged rows of every tokenize job of the round (datasets in
+ * name order) go into the training dataset in ONE merge — one validation report, one rollback
+ * step — keyed by the round's `mergeKey`, so a retried job finds its merge in the target's
+ * history instead of appending twice. A round where no dataset has new rows merges nothing.
+ * The staged folders are removed once the merge is in place. A merge refused by validation
+ * fails the job unrecoverably with the problems found; the target is unchanged.
+ */
+export async function processMerge(data: unknown, deps: MergeDeps): Promise<MergeResult> {
+  const p: MergePayload = parsePayload(MergePayloadSchema, data, 'merge');
+  const log = deps.logger.child({ flowId: p.flowId });
+  const datasets = (await deps.childResults())
+    .map((v, i) => parsePayload(TokenizeResultSchema, v, `merge: result of tokenize job ${i + 1}`))
+    .sort((a, b) => (a.dataset < b.dataset ? -1 : a.dataset > b.dataset ? 1 : 0));
+  await deps.setPhase('tokenize', 'completed');
+  await deps.setPhase('merge', 'in_progress');
+
+  const withRows = datasets.filter((d) => d.rows > 0);
+  let result: MergeResult;
+  if (withRows.length === 0) {
+    log.info({ datasets: datasets.length }, 'nothing new to merge');
+    result = { flowId: p.flowId, status: 'nothing-new', datasets, report: null };
+  } else {
+    const merge = deps.merge ?? mergeIntoTarget;
+    const opts: MergeOptions = {
+      target: p.target,
+      newRows: stagedRows(withRows.map((d) => d.stagedDir)),
+      runDir: p.runDir,
+      shardSizeMiB: p.shardSizeMiB,
+      mergeKey: p.mergeKey,
+    };
+    if (deps.decode !== undefined) opts.decode = deps.decode;
+    let merged: Awaited<ReturnType<typeof mergeIntoTarget>>;
+    try {
+      merged = await merge(opts);
+    } catch (e: unknown) {
+      if (e instanceof DatasetMergeError) throw e;
+      // A staged folder that vanished or cannot be read: name the round in the message.
+      throw new DatasetMergeError(`merge of ${p.flowId} failed: ${errorMessage(e)}`, { cause: e });
+    }
+    result = {
+      flowId: p.flowId,
+      status: merged.alreadyMerged ? 'already-merged' : 'merged',
+      datasets,
+      report: summarizeReport(merged.report, merged.reportPath),
+    };
+    log.info({ status: result.status, newRows: merged.report.newRows, rows: merged.report.rows, reportPath: merged.reportPath }, 'round merged');
+  }
+  for (const d of datasets) await rm(d.stagedDir, { recursive: true, force: true });
+  await deps.roundCompleted(result);
+  await deps.setPhase('merge', 'completed');
+  return MergeResultSchema.parse(result);
+}
