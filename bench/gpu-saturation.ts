@@ -49,8 +49,8 @@ export const DEFAULT_GPU_SATURATION: GpuSaturationOptions = {
   batchSize: 64,
   timeScale: 100,
   warmupSimS: 200,
-  targetTokens: 1_200_000,
-  prompts: 2_000,
+  targetTokens: 2_000_000,
+  prompts: 3_000,
   targetOccupancy: 0.95,
 };
 
@@ -65,6 +65,8 @@ interface ClientRun {
   occupancyWindowMs: number;
   requestsSent: number;
   eventLoopDelayMs: { meanMs: number; p99Ms: number; maxMs: number };
+  /** Running requests sampled every 50 ms (wall) over the window: lowest, and share of samples below 60. */
+  runningSampled?: { min: number; below60: number };
 }
 
 /**
@@ -138,10 +140,14 @@ async function runTokenmill(env: BenchEnv, o: GpuSaturationOptions, sigma: numbe
         await delay((o.warmupSimS * 1000) / o.timeScale);
         counter.reset();
         const loop = eventLoopMeter();
+        const samples: number[] = [];
+        const sampler = setInterval(() => samples.push(sim.stats().running), 50);
         const tEnd = await done.at;
+        clearInterval(sampler);
         // Read before the tail: the dataset still has prompts, so the batch is still full.
         const occ = sim.stats().occupancy;
         return {
+          runningSampled: { min: Math.min(...samples), below60: round(samples.filter((x) => x < 60).length / Math.max(1, samples.length), 3) },
           timeToTargetMs: tEnd - t0,
           meanRunning: occ.meanRunning,
           occupancyWindowMs: occ.windowMs,

@@ -13,6 +13,8 @@ import {
   type RunKeys,
 } from '../shared/index.js';
 import { InferenceWorker } from '../workers/inference/worker.js';
+import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, type RoundOutcome } from '../workers/postprocess/flow.js';
+import { PostprocessWorker } from '../workers/postprocess/worker.js';
 import { resolveContextLength, type RunContext } from './run-context.js';
 
 export interface GenerationOptions {
@@ -144,4 +146,60 @@ async function waitSettled(redis: Redis, keys: RunKeys, datasets: readonly strin
   } finally {
     for (const q of queues) await q.close();
   }
+}
+
+export interface PostprocessOptions {
+  /** Run a post-processing worker (tokenize + merge) in this process until the round ends. */
+  worker: boolean;
+  /** Wait for the round to end (`finished`); without it, `finished` never settles. */
+  wait: boolean;
+}
+
+/** A post-process round started (or joined) by this process; `stop()` ends what runs here. */
+export interface PostprocessHandle {
+  round: RoundInfo;
+  /** How the round ended: its merge result, or its failure reason. */
+  finished: Promise<RoundOutcome>;
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a post-process round over what is on disk now (tokenize each dataset, then one merge
+ * into the training dataset), or joins the round in progress; with `worker`, serves the
+ * round's jobs in this process.
+ */
+export async function startPostprocess(ctx: RunContext, options: PostprocessOptions): Promise<PostprocessHandle> {
+  const { config, keys } = ctx;
+  let worker: PostprocessWorker | undefined;
+  if (options.worker) {
+    worker = new PostprocessWorker({
+      redisUrl: ctx.redisUrl,
+      keys,
+      tokenizerPath: config.tokenizer.path,
+      keepTruncated: config.postprocess.keepTruncated,
+    });
+    await worker.start();
+  }
+  let round: RoundInfo;
+  try {
+    round = await ensurePostprocessRound(ctx.redis, keys, await planPostprocess(config, ctx.runDir));
+  } catch (e: unknown) {
+    await worker?.stop();
+    throw e;
+  }
+  const abort = new AbortController();
+  const finished: Promise<RoundOutcome> = options.wait ? waitForRound(ctx.redis, keys, round.flowId, { signal: abort.signal }) : new Promise<RoundOutcome>(() => undefined);
+  let stopped = false;
+  return {
+    round,
+    finished,
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      // Order: stop waiting, then the worker (its running jobs finish), which closes its Redis.
+      abort.abort();
+      if (options.wait) await finished.catch(() => undefined);
+      await worker?.stop();
+    },
+  };
 }

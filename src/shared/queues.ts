@@ -169,7 +169,7 @@ export const MergeReportSummarySchema = z.object({
 });
 export type MergeReportSummary = z.infer<typeof MergeReportSummarySchema>;
 
-export const MergeResultSchema = z.object({
+export const MergeJobResultSchema = z.object({
   flowId: z.string(),
   /**
    * `merged`: the round's rows were merged; `already-merged`: a previous attempt of this job
@@ -179,7 +179,7 @@ export const MergeResultSchema = z.object({
   datasets: z.array(TokenizeResultSchema),
   report: MergeReportSummarySchema.nullable(),
 });
-export type MergeResult = z.infer<typeof MergeResultSchema>;
+export type MergeJobResult = z.infer<typeof MergeJobResultSchema>;
 
 /** Tokenize jobs: a retry starts the dataset over (its staged folder is replaced). */
 export const tokenizeJobOptions: DefaultJobOptions = {

@@ -25,7 +25,7 @@ export interface InferenceWorkerOptions {
   /** Requests in flight per endpoint, summed over every worker process. */
   concurrency: number;
   requestTimeoutMs: number;
-  /** Prompts per batch job, to size how many jobs to hold so the endpoints never starve. */
+  /** Prompts per batch job: this process keeps about one batch ready beyond its slots. */
   batchSize: number;
   /** BullMQ lock of a batch job; a killed worker's jobs return to the queue after it. */
   lockDurationMs?: number;

@@ -16,7 +16,7 @@ import path from 'node:path';
 import {
   DatasetMergeError,
   MergePayloadSchema,
-  MergeResultSchema,
+  MergeJobResultSchema,
   PayloadError,
   TokenizePayloadSchema,
   TokenizeResultSchema,
@@ -33,7 +33,7 @@ import {
   type MergePayload,
   type MergeReport,
   type MergeReportSummary,
-  type MergeResult,
+  type MergeJobResult,
   type TokenizePayload,
   type TokenizeResult,
 } from '../../shared/index.js';
@@ -67,7 +67,7 @@ export interface MergeDeps {
   childResults(): Promise<unknown[]>;
   setPhase(phase: PostprocessPhase, state: PhaseState): Promise<void>;
   /** Records how the round ended (the round's hash), once the merge is done. */
-  roundCompleted(result: MergeResult): Promise<void>;
+  roundCompleted(result: MergeJobResult): Promise<void>;
   /** Turns token ids into text for the report's spot-check samples. */
   decode?: (inputIds: number[]) => string;
   /** The merge itself; {@link mergeIntoTarget} unless a test passes another. */
@@ -243,7 +243,7 @@ async function* stagedRows(dirs: readonly string[]): AsyncGenerator<HfRow> {
  * The staged folders are removed once the merge is in place. A merge refused by validation
  * fails the job unrecoverably with the problems found; the target is unchanged.
  */
-export async function processMerge(data: unknown, deps: MergeDeps): Promise<MergeResult> {
+export async function processMerge(data: unknown, deps: MergeDeps): Promise<MergeJobResult> {
   const p: MergePayload = parsePayload(MergePayloadSchema, data, 'merge');
   const log = deps.logger.child({ flowId: p.flowId });
   const datasets = (await deps.childResults())
@@ -253,7 +253,7 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
   await deps.setPhase('merge', 'in_progress');
 
   const withRows = datasets.filter((d) => d.rows > 0);
-  let result: MergeResult;
+  let result: MergeJobResult;
   if (withRows.length === 0) {
     log.info({ datasets: datasets.length }, 'nothing new to merge');
     result = { flowId: p.flowId, status: 'nothing-new', datasets, report: null };
@@ -286,5 +286,5 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
   for (const d of datasets) await rm(d.stagedDir, { recursive: true, force: true });
   await deps.roundCompleted(result);
   await deps.setPhase('merge', 'completed');
-  return MergeResultSchema.parse(result);
+  return MergeJobResultSchema.parse(result);
 }

@@ -1,0 +1,287 @@
+/**
+ * Post-process rounds as BullMQ flows: one `merge` parent per round over one `tokenize` child
+ * per dataset, with deterministic job ids.
+ *
+ * - A round's flow id is `<run>-pp-<n>`; its children are `<flowId>-<dataset>`. `n` is the
+ *   run's round counter in Redis (`keys.postprocess()`), moved on only when a new round starts
+ *   after the previous one finished (completed or failed). Starting post-processing while a
+ *   round is in progress joins that round: nothing is added again, and children already
+ *   finished are not redone. A round whose counter was recorded but whose flow was never added
+ *   (a crash in between) is added again under the same ids.
+ * - A failed round is not resumed: the next start is a new round (after the cause is fixed).
+ * - Children fail their parent (`failParentOnFailure`): a tokenize job that fails for good
+ *   fails the round, whose reason is the child's ({@link roundFailureReason}); the merge never
+ *   waits for a child that will not come.
+ * - Datasets: every conversation dataset, and every generation dataset that has a generations
+ *   folder, as it is on disk when the round starts. Rows the training dataset already holds
+ *   are left out by the tokenize jobs, so rounds can follow one another as generations grow.
+ */
+import { randomBytes } from 'node:crypto';
+import { readdir, stat } from 'node:fs/promises';
+import path from 'node:path';
+
+import { FlowProducer, Job, Queue, type FlowJob } from 'bullmq';
+import type { Redis } from 'ioredis';
+
+import {
+  AppError,
+  CancelledError,
+  MERGE_QUEUE,
+  MergePayloadSchema,
+  MergeJobResultSchema,
+  ProcessLock,
+  TOKENIZE_QUEUE,
+  TokenizePayloadSchema,
+  logger as componentLogger,
+  mergeJobOptions,
+  parsePayload,
+  tokenizeJobOptions,
+  type Config,
+  type Logger,
+  type MergeJobResult,
+  type RunKeys,
+  type TokenizeSourceKind,
+} from '../../shared/index.js';
+import type { PhaseState, PostprocessPhase } from './processor.js';
+
+/** Invalid lines tolerated in a conversation dataset (user data); generation records allow none. */
+export const CONVERSATION_MAX_INVALID_FRACTION = 0.05;
+
+/** One dataset of a round. */
+export interface PostprocessDatasetPlan {
+  name: string;
+  kind: TokenizeSourceKind;
+  /** Generations folder, or conversation file. */
+  source: string;
+}
+
+/** What a round post-processes, and where. */
+export interface PostprocessPlan {
+  run: string;
+  runDir: string;
+  target: string;
+  shardSizeMiB: number;
+  datasets: PostprocessDatasetPlan[];
+}
+
+async function isDir(p: string): Promise<boolean> {
+  try {
+    return (await stat(p)).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The datasets a round started now would cover: each conversation dataset, and each
+ * generation dataset with a `<runDir>/<dataset>/generations` folder holding a `*.jsonl` file.
+ */
+export async function planPostprocess(config: Config, runDir: string): Promise<PostprocessPlan> {
+  const datasets: PostprocessDatasetPlan[] = [];
+  for (const ds of config.datasets) {
+    if (ds.conversations !== undefined) {
+      datasets.push({ name: ds.name, kind: 'conversations', source: ds.conversations });
+      continue;
+    }
+    const dir = path.join(runDir, ds.name, 'generations');
+    if (!(await isDir(dir))) continue;
+    if (!(await readdir(dir)).some((n) => n.endsWith('.jsonl') && !n.startsWith('.'))) continue;
+    datasets.push({ name: ds.name, kind: 'generations', source: dir });
+  }
+  return { run: config.run, runDir, target: config.postprocess.target, shardSizeMiB: config.postprocess.shardSizeMiB, datasets };
+}
+
+/** `<run>-pp-<n>`: the flow id (and merge job id) of round `n`. */
+export function roundFlowId(run: string, round: number): string {
+  return `${run}-pp-${round}`;
+}
+
+/** The tokenize job id of `dataset` in a round. */
+export function tokenizeJobId(flowId: string, dataset: string): string {
+  return `${flowId}-${dataset}`;
+}
+
+/** `<runDir>/postprocess/<flowId>/<dataset>`: where a round stages a dataset's rows. */
+export function stagedDirOf(runDir: string, flowId: string, dataset: string): string {
+  return path.join(runDir, 'postprocess', flowId, dataset);
+}
+
+/** The flow of a round: the merge parent and its tokenize children, payloads checked. */
+export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: string): FlowJob {
+  const children: FlowJob[] = plan.datasets.map((d) => ({
+    name: `tokenize ${d.name}`,
+    queueName: TOKENIZE_QUEUE,
+    data: parsePayload(
+      TokenizePayloadSchema,
+      {
+        flowId,
+        dataset: d.name,
+        kind: d.kind,
+        source: d.source,
+        stagedDir: stagedDirOf(plan.runDir, flowId, d.name),
+        target: plan.target,
+        shardSizeMiB: plan.shardSizeMiB,
+        maxInvalidFraction: d.kind === 'generations' ? 0 : CONVERSATION_MAX_INVALID_FRACTION,
+      },
+      'tokenize',
+    ),
+    opts: { ...tokenizeJobOptions, jobId: tokenizeJobId(flowId, d.name), failParentOnFailure: true },
+  }));
+  return {
+    name: 'merge',
+    queueName: MERGE_QUEUE,
+    data: parsePayload(
+      MergePayloadSchema,
+      { flowId, target: plan.target, runDir: plan.runDir, shardSizeMiB: plan.shardSizeMiB, mergeKey },
+      'merge',
+    ),
+    opts: { ...mergeJobOptions, jobId: flowId },
+    children,
+  };
+}
+
+/**
+ * Writes a phase of the run's checklist (`status` shows it) for round `flowId`, unless a later
+ * round has started since (a late event of an old round must not overwrite the current one's).
+ */
+export async function setRoundPhase(redis: Redis, keys: RunKeys, flowId: string, phase: PostprocessPhase, state: PhaseState): Promise<void> {
+  if ((await redis.hget(keys.postprocess(), 'flowId')) !== flowId) return;
+  await redis.hset(keys.phases(), phase, state);
+}
+
+/** Records how round `flowId` ended, unless a later round has started since. */
+export async function recordRoundEnd(redis: Redis, keys: RunKeys, flowId: string, status: 'completed' | 'failed', reason = ''): Promise<void> {
+  if ((await redis.hget(keys.postprocess(), 'flowId')) !== flowId) return;
+  await redis.hset(keys.postprocess(), { status, reason, finishedAt: new Date().toISOString() });
+}
+
+/** The round that {@link ensurePostprocessRound} started or joined. */
+export interface RoundInfo {
+  round: number;
+  flowId: string;
+  /** A round already in progress was joined. */
+  reused: boolean;
+  /** Datasets of the round (those of the plan, for a round added now). */
+  datasets: string[];
+}
+
+const FINISHED = new Set(['completed', 'failed']);
+
+/**
+ * Starts a post-process round for `plan`, or joins the one in progress (see the module
+ * comment). Serialized across processes by a Redis lock, so two callers never start two rounds.
+ */
+export async function ensurePostprocessRound(redis: Redis, keys: RunKeys, plan: PostprocessPlan, log: Logger = componentLogger('postprocess')): Promise<RoundInfo> {
+  const lock = new ProcessLock(redis, keys.postprocessLock(), 30_000, log);
+  await lock.acquire({ pollMs: 100 });
+  const mergeQueue = new Queue(MERGE_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  const flows = new FlowProducer({ connection: redis, prefix: keys.bullPrefix });
+  try {
+    const state = await redis.hgetall(keys.postprocess());
+    const current = Number(state.round ?? 0);
+    if (current > 0 && state.status === 'in_progress' && state.flowId !== undefined && state.mergeKey !== undefined) {
+      const flowId = state.flowId;
+      const parent = await Job.fromId(mergeQueue, flowId);
+      if (parent === undefined) {
+        // Recorded, never added (a crash between the two): add it now under the same ids.
+        await flows.add(buildRoundFlow(plan, flowId, state.mergeKey));
+        log.info({ flowId, datasets: plan.datasets.map((d) => d.name) }, 'post-process round added again');
+        return { round: current, flowId, reused: true, datasets: plan.datasets.map((d) => d.name) };
+      }
+      const jobState = await parent.getState();
+      if (!FINISHED.has(jobState) && !parent.deferredFailure) {
+        const datasets = await childDatasets(parent);
+        log.info({ flowId, state: jobState }, 'joining the post-process round in progress');
+        return { round: current, flowId, reused: true, datasets };
+      }
+      // Finished without its end recorded (its worker stopped right after): record it.
+      await redis.hset(keys.postprocess(), { status: jobState === 'completed' ? 'completed' : 'failed', finishedAt: new Date().toISOString() });
+    }
+    const round = current + 1;
+    const flowId = roundFlowId(plan.run, round);
+    const mergeKey = `${flowId}/${randomBytes(4).toString('hex')}`;
+    const flow = buildRoundFlow(plan, flowId, mergeKey);
+    await redis
+      .multi()
+      .hset(keys.postprocess(), { round, flowId, mergeKey, status: 'in_progress', reason: '', startedAt: new Date().toISOString(), finishedAt: '' })
+      .hset(keys.phases(), { tokenize: 'in_progress', merge: 'pending' })
+      .exec();
+    await flows.add(flow);
+    log.info({ flowId, datasets: plan.datasets.map((d) => d.name) }, 'post-process round started');
+    return { round, flowId, reused: false, datasets: plan.datasets.map((d) => d.name) };
+  } finally {
+    await flows.close();
+    await mergeQueue.close();
+    await lock.release();
+  }
+}
+
+/** Dataset names of a round's tokenize jobs. */
+async function childDatasets(parent: Job): Promise<string[]> {
+  const deps = await parent.getDependencies();
+  const keys = [...Object.keys(deps.processed ?? {}), ...(deps.unprocessed ?? []), ...(deps.failed ?? [])];
+  const flowId = parent.id ?? '';
+  return keys.map((k) => k.slice(k.lastIndexOf(':') + 1)).map((id) => (id.startsWith(`${flowId}-`) ? id.slice(flowId.length + 1) : id)).sort();
+}
+
+/**
+ * Why a round failed: the reasons of its failed tokenize jobs (`tokenize <dataset>: <reason>`),
+ * or the merge job's own reason.
+ */
+export async function roundFailureReason(redis: Redis, keys: RunKeys, parent: Job): Promise<string> {
+  const tokenizeQueue = new Queue(TOKENIZE_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  try {
+    const deps = await parent.getDependencies();
+    const reasons: string[] = [];
+    for (const key of deps.failed ?? []) {
+      const child = await Job.fromId(tokenizeQueue, key.slice(key.lastIndexOf(':') + 1));
+      if (child === undefined) continue;
+      const dataset = (child.data as { dataset?: unknown }).dataset;
+      reasons.push(`tokenize ${typeof dataset === 'string' ? dataset : String(child.id)}: ${child.failedReason || 'failed'}`);
+    }
+    if (reasons.length > 0) return reasons.join('; ');
+    return parent.failedReason || parent.deferredFailure || 'failed';
+  } finally {
+    await tokenizeQueue.close();
+  }
+}
+
+/** How a round ended. */
+export type RoundOutcome = { status: 'completed'; result: MergeJobResult } | { status: 'failed'; reason: string };
+
+/** A post-process round failed; the message is the round's reason. Never retried. */
+export class PostprocessFailedError extends AppError {
+  constructor(
+    readonly flowId: string,
+    readonly reason: string,
+  ) {
+    super(`post-processing ${flowId} failed: ${reason}`, { retryable: false });
+  }
+}
+
+/**
+ * Waits until round `flowId` has finished, polling its merge job: its result, or its failure
+ * reason (a failed tokenize job's own). A merge job that a failed child has condemned counts
+ * as failed at once, even before a merge worker marks it so.
+ */
+export async function waitForRound(
+  redis: Redis,
+  keys: RunKeys,
+  flowId: string,
+  opts: { pollMs?: number; signal?: AbortSignal } = {},
+): Promise<RoundOutcome> {
+  const mergeQueue = new Queue(MERGE_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  try {
+    for (;;) {
+      if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for post-process round ${flowId}`);
+      const job = await Job.fromId(mergeQueue, flowId);
+      if (job === undefined) throw new AppError(`post-process round ${flowId} is not in Redis (removed, or another Redis?)`);
+      const state = await job.getState();
+      if (state === 'completed') return { status: 'completed', result: MergeJobResultSchema.parse(job.returnvalue) };
+      if (state === 'failed' || job.deferredFailure) return { status: 'failed', reason: await roundFailureReason(redis, keys, job) };
+      await new Promise((r) => setTimeout(r, opts.pollMs ?? 200));
+    }
+  } finally {
+    await mergeQueue.close();
+  }
+}

@@ -1,0 +1,191 @@
+import { hostname } from 'node:os';
+import { UnrecoverableError, Worker, type Job } from 'bullmq';
+import type { Redis } from 'ioredis';
+import {
+  AppError,
+  MERGE_QUEUE,
+  TOKENIZE_QUEUE,
+  closeRedisConnection,
+  createRedisConnection,
+  loadTokenizer,
+  logger as componentLogger,
+  type ChatTokenizer,
+  type Logger,
+  type MergeJobResult,
+  type RunKeys,
+  type TokenizeResult,
+} from '../../shared/index.js';
+import { recordRoundEnd, roundFailureReason, setRoundPhase } from './flow.js';
+import { processMerge, processTokenize } from './processor.js';
+import { createTokenizeContext, type TokenizeContext } from './tokenize.js';
+
+/** A queue of the post-processing stage. */
+export type PostprocessStage = 'tokenize' | 'merge';
+
+export interface PostprocessWorkerOptions {
+  redisUrl: string;
+  keys: RunKeys;
+  /** Folder of the target's tokenizer (`config.tokenizer.path`). */
+  tokenizerPath: string;
+  /** `config.postprocess.keepTruncated`. */
+  keepTruncated: boolean;
+  /** Queues to serve; default both. */
+  stages?: readonly PostprocessStage[];
+  /** Tokenize jobs run at once by this process. Default 2 (they are mostly CPU). */
+  tokenizeConcurrency?: number;
+  /** BullMQ lock of a job, renewed while it runs; a killed worker's job is retried after about this long. */
+  lockDurationMs?: number;
+  stalledIntervalMs?: number;
+  workerId?: string;
+  logger?: Logger;
+}
+
+function flowIdOf(job: Job): string | undefined {
+  const data: unknown = job.data;
+  if (typeof data !== 'object' || data === null) return undefined;
+  const flowId = (data as { flowId?: unknown }).flowId;
+  return typeof flowId === 'string' ? flowId : undefined;
+}
+
+/** A non-retryable {@link AppError} becomes BullMQ's `UnrecoverableError` (no more attempts). */
+function atBoundary(e: unknown): unknown {
+  return e instanceof AppError && !e.retryable ? new UnrecoverableError(e.message) : e;
+}
+
+/**
+ * The post-processing worker (`tokenmill worker --role postprocess`): a BullMQ worker on the
+ * `tokenize` queue and one on the `merge` queue of a run. Any number may run, on any machine
+ * that sees the run folder and the training dataset; each round's merge runs once (one merge job
+ * per round, and the target's lock).
+ */
+export class PostprocessWorker {
+  private readonly log: Logger;
+  private readonly workers: Worker[] = [];
+  private redis: Redis | undefined;
+  private bullConnection: Redis | undefined;
+  private tokenizer: Promise<ChatTokenizer> | undefined;
+  private context: Promise<TokenizeContext> | undefined;
+  private stopped = false;
+  readonly workerId: string;
+
+  constructor(private readonly options: PostprocessWorkerOptions) {
+    this.workerId = options.workerId ?? `${hostname()}:${process.pid}`;
+    this.log = options.logger ?? componentLogger('postprocess-worker', { worker: this.workerId });
+  }
+
+  async start(): Promise<void> {
+    const o = this.options;
+    this.redis = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:postprocess', logger: this.log });
+    this.bullConnection = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:postprocess-bull', logger: this.log });
+    const stages = o.stages ?? ['tokenize', 'merge'];
+    const common = {
+      connection: this.bullConnection,
+      prefix: o.keys.bullPrefix,
+      lockDuration: o.lockDurationMs ?? 60_000,
+      stalledInterval: o.stalledIntervalMs ?? 30_000,
+      maxStalledCount: 3,
+    };
+    if (stages.includes('tokenize')) {
+      const w = new Worker<unknown, TokenizeResult>(TOKENIZE_QUEUE, (job) => this.tokenize(job), { ...common, concurrency: o.tokenizeConcurrency ?? 2 });
+      w.on('failed', (job, err) => void this.onFailed('tokenize', job, err));
+      this.workers.push(w);
+    }
+    if (stages.includes('merge')) {
+      const w = new Worker<unknown, MergeJobResult>(MERGE_QUEUE, (job) => this.merge(job), { ...common, concurrency: 1 });
+      w.on('failed', (job, err) => void this.onFailed('merge', job, err));
+      this.workers.push(w);
+    }
+    for (const w of this.workers) w.on('error', (err) => this.log.error({ err, queue: w.name }, 'queue worker error'));
+    this.log.info({ stages }, 'post-processing worker started');
+  }
+
+  private loadTokenizer(): Promise<ChatTokenizer> {
+    this.tokenizer ??= loadTokenizer(this.options.tokenizerPath);
+    return this.tokenizer;
+  }
+
+  private tokenizeContext(): Promise<TokenizeContext> {
+    this.context ??= this.loadTokenizer().then((t) => createTokenizeContext(t, { keepTruncated: this.options.keepTruncated }));
+    return this.context;
+  }
+
+  private conn(): Redis {
+    if (this.redis === undefined) throw new AppError('post-processing worker not started');
+    return this.redis;
+  }
+
+  private async tokenize(job: Job): Promise<TokenizeResult> {
+    const redis = this.conn();
+    const { keys } = this.options;
+    const flowId = flowIdOf(job) ?? '';
+    try {
+      return await processTokenize(job.data, {
+        tokenizeContext: () => this.tokenizeContext(),
+        setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
+        logger: this.log.child({ queue: job.queueName, jobId: job.id }),
+      });
+    } catch (e: unknown) {
+      throw atBoundary(e);
+    }
+  }
+
+  private async merge(job: Job): Promise<MergeJobResult> {
+    const redis = this.conn();
+    const { keys } = this.options;
+    const flowId = flowIdOf(job) ?? '';
+    try {
+      const tokenizer = await this.loadTokenizer();
+      return await processMerge(job.data, {
+        childResults: async () => Object.values(await job.getChildrenValues()),
+        setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
+        roundCompleted: () => recordRoundEnd(redis, keys, flowId, 'completed'),
+        decode: (ids) => tokenizer.decode(ids),
+        logger: this.log.child({ queue: job.queueName, jobId: job.id }),
+      });
+    } catch (e: unknown) {
+      throw atBoundary(e);
+    }
+  }
+
+  /** A job that failed for good marks its phase (and, for a merge job, its round) failed. */
+  private async onFailed(stage: PostprocessStage, job: Job | undefined, err: Error): Promise<void> {
+    if (job === undefined || this.redis === undefined) return;
+    const log = this.log.child({ queue: job.queueName, jobId: job.id });
+    try {
+      if ((await job.getState()) !== 'failed') {
+        log.warn({ err, attemptsMade: job.attemptsMade }, `${stage} job failed; it will be retried`);
+        return;
+      }
+      const flowId = flowIdOf(job);
+      if (flowId === undefined) return;
+      const { keys } = this.options;
+      if (stage === 'tokenize') {
+        log.error({ err, flowId }, 'tokenize job failed: its round fails');
+        await setRoundPhase(this.redis, keys, flowId, 'tokenize', 'failed');
+        return;
+      }
+      const reason = await roundFailureReason(this.redis, keys, job);
+      log.error({ reason, flowId }, 'post-process round failed');
+      await setRoundPhase(this.redis, keys, flowId, 'merge', 'failed');
+      await recordRoundEnd(this.redis, keys, flowId, 'failed', reason);
+    } catch (e: unknown) {
+      if (!this.stopped) log.warn({ err: e }, 'could not record a failed post-processing job');
+    }
+  }
+
+  /**
+   * Stops cleanly: stop taking jobs and let the ones running finish (a tokenize or merge job
+   * is bounded; a process killed instead has its jobs retried after the lock lapses), then
+   * close the Redis connections.
+   */
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    // 1. The queue workers: no new jobs, running ones finish.
+    await Promise.all(this.workers.map((w) => w.close()));
+    // 2. Redis connections.
+    if (this.redis !== undefined) await closeRedisConnection(this.redis);
+    if (this.bullConnection !== undefined) await closeRedisConnection(this.bullConnection);
+    this.log.info('post-processing worker stopped');
+  }
+}

@@ -1,0 +1,88 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+
+let redis: TestRedis;
+let r: ScriptedRedis;
+let keys: RunKeys;
+const ep = ['http://a:1', 'http://b:2'];
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  r = withScripts(redis.connection());
+  keys = new RunKeys(redis.prefix, 'lua');
+});
+
+afterAll(async () => {
+  await redis?.stop();
+});
+
+function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep): Promise<number> {
+  const leaseKeys = endpoints.map((e) => keys.endpointLeases(e));
+  return r.acquireRequest(2 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
+}
+
+function commit(ds: string, id: string, tokens: number, rid: string, endpoint = ep[0] ?? ''): Promise<[number, number]> {
+  return r.commitSample(
+    keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), keys.endpointLeases(endpoint),
+    keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),
+    id, tokens, JSON.stringify({ id, completion_tokens: tokens }), rid, 10_000, 30,
+  );
+}
+
+describe('commit-sample.lua', () => {
+  it('commits a sample once: the counter, the stream and the done set change only on the first commit', async () => {
+    await r.hset(keys.stats('c'), 'tokenBudget', -1);
+    expect(await commit('c', 's1', 40, 'r1')).toEqual([1, 40]);
+    expect(await commit('c', 's1', 55, 'r2')).toEqual([0, 40]);
+    expect(await commit('c', 's2', 10, 'r3')).toEqual([1, 50]);
+    expect(await r.xlen(keys.results('c'))).toBe(2);
+    expect(await r.smembers(keys.done('c'))).toEqual(expect.arrayContaining(['s1', 's2']));
+    expect(await r.hget(keys.stats('c'), 'records')).toBe('2');
+    expect(await r.hget(keys.stats('c'), 'outputTokensSq')).toBe(String(40 * 40 + 10 * 10));
+  });
+
+  it('releases the request\'s leases whether or not it was the first commit, and records when the budget was met', async () => {
+    await r.hset(keys.stats('l'), 'tokenBudget', 1_000);
+    expect(decodeAcquire(await acquire('l', 'ra'))).toEqual({ kind: 'acquired', endpointIndex: 0 });
+    expect(decodeAcquire(await acquire('l', 'rb'))).toEqual({ kind: 'acquired', endpointIndex: 1 });
+    expect(await r.zcard(keys.inflight('l'))).toBe(2);
+    await commit('l', 'x', 600, 'ra', ep[0]);
+    expect(await r.hget(keys.stats('l'), 'budgetMetMs')).toBeNull();
+    await commit('l', 'x', 600, 'rb', ep[1]);
+    expect(await r.zcard(keys.inflight('l'))).toBe(0);
+    expect(await r.zcard(keys.endpointLeases(ep[1] ?? ''))).toBe(0);
+    await commit('l', 'y', 500, 'rc');
+    expect(Number(await r.hget(keys.stats('l'), 'budgetMetMs'))).toBeGreaterThan(0);
+  });
+});
+
+describe('acquire-request.lua', () => {
+  it('picks the least-loaded endpoint and refuses past the cap on every endpoint', async () => {
+    const eps = ['http://c:1', 'http://d:1'];
+    const got = [];
+    for (let i = 0; i < 4; i += 1) got.push(decodeAcquire(await acquire('cap', `r${i}`, 2, 1, eps)));
+    expect(got.map((g) => (g.kind === 'acquired' ? g.endpointIndex : g.kind))).toEqual([0, 1, 0, 1]);
+    expect(decodeAcquire(await acquire('cap', 'r5', 2, 1, eps))).toEqual({ kind: 'no-slot' });
+  });
+
+  it('reserves the budget for requests in flight and says when it is met', async () => {
+    await r.hset(keys.stats('b'), 'tokenBudget', 1_000);
+    const eps = ['http://e:1'];
+    // prior 300: 0 + n*300 < 1000 admits 4 requests, not a 5th.
+    const codes = [];
+    for (let i = 0; i < 5; i += 1) codes.push(decodeAcquire(await acquire('b', `q${i}`, 100, 300, eps)).kind);
+    expect(codes).toEqual(['acquired', 'acquired', 'acquired', 'acquired', 'budget-reserved']);
+    await r.hset(keys.stats('b'), 'outputTokens', 1_000, 'records', 4);
+    expect(decodeAcquire(await acquire('b', 'q9', 100, 300, eps)).kind).toBe('budget-met');
+  });
+
+  it('lets a crashed worker\'s leases lapse', async () => {
+    const eps = ['http://f:1'];
+    const leaseKeys = eps.map((e) => keys.endpointLeases(e));
+    expect(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'dead', 50, 1, 1, 4)).toBe(1);
+    expect(decodeAcquire(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).kind).toBe('no-slot');
+    await new Promise((res) => setTimeout(res, 80));
+    expect(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
+  });
+});
