@@ -1,7 +1,7 @@
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'node_modules/**', '.venv/**', 'out/**', 'bin/**', 'eslint.config.js'] },
+  { ignores: ['dist/**', 'node_modules/**', '.venv/**', 'out/**', '.tmp/**', 'bin/**', 'eslint.config.js'] },
   ...tseslint.configs.recommended,
   {
     files: ['**/*.ts'],
@@ -13,5 +13,5 @@ export default tseslint.config(
       'no-console': 'error',
     },
   },
-  { files: ['src/cli/**', 'test/**', 'bench/**'], rules: { 'no-console': 'off' } },
+  { files: ['src/cli/**', 'test/**', 'bench/**', 'scripts/**'], rules: { 'no-console': 'off' } },
 );

@@ -3,7 +3,7 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
-    globalSetup: ['test/helpers/global-setup.ts'],
+    setupFiles: ['test/helpers/setup.ts'],
     testTimeout: 60_000,
     hookTimeout: 120_000,
     // Integration tests start real processes (redis-server, the simulator, workers);

@@ -109,6 +109,24 @@ describe('generation: budgets and exactly-once accounting', () => {
     }
   });
 
+  it('adding a dataset to a pipeline: the finished one sends nothing, the new one runs', async () => {
+    writePrompts(tmp.dir, 'newcomer', 40);
+    const before = sim.stats().requests.filter((r) => r.rid.startsWith('big/')).length;
+    const ctx = await runToEnd(
+      config('budget', sim.url, [
+        { name: 'big', prompts: 'big.jsonl', tokenBudget: 300_000, maxNewTokens: 4096, batchSize: 16 },
+        { name: 'newcomer', prompts: 'newcomer.jsonl', tokenBudget: 100_000_000, maxNewTokens: 1024, batchSize: 16 },
+      ]),
+    );
+    try {
+      expect(sim.stats().requests.filter((r) => r.rid.startsWith('big/')).length).toBe(before);
+      expect(readGenerations(ctx.runDir, 'newcomer').length).toBe(40);
+      expect(await ctx.redis.smembers(ctx.keys.datasets())).toEqual(expect.arrayContaining(['big', 'newcomer']));
+    } finally {
+      await ctx.close();
+    }
+  });
+
   it('a batch delivered twice commits every sample once', async () => {
     writePrompts(tmp.dir, 'dup', 48);
     const cfg = config('dup', sim.url, [{ name: 'dup', prompts: 'dup.jsonl', tokenBudget: 100_000_000, maxNewTokens: 2048, batchSize: 16 }]);

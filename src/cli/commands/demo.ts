@@ -5,7 +5,7 @@ import type { Command } from 'commander';
 import { loadConfig, runDir, type ConfigInput } from '../../shared/index.js';
 import { startSimulator } from '../../sim/index.js';
 import { openRunContextFor } from '../run-context.js';
-import { runGeneration } from './generation.js';
+import { runPipeline } from './generation.js';
 
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
 const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
@@ -50,7 +50,9 @@ export function demoConfig(endpoint: string, outDir: string): ConfigInput {
 export function registerDemoCommand(program: Command): void {
   program
     .command('demo')
-    .description('run the whole pipeline on the bundled sample datasets, against the built-in SGLang simulator and a private Redis')
+    .description(
+      'run the whole pipeline (generate, tokenize, merge) on the bundled sample datasets, against the built-in SGLang simulator and a private Redis',
+    )
     .option('--out <dir>', 'output folder', './out')
     .option('--fresh', 'delete the previous demo run first (otherwise the demo resumes it)')
     .option('--time-scale <n>', 'how much faster than real time the simulated GPU runs', '25')
@@ -64,7 +66,8 @@ export function registerDemoCommand(program: Command): void {
         process.stderr.write(`tokenmill demo: simulator at ${sim.url}, output in ${runDir(config)}\n`);
         const ctx = await openRunContextFor(config);
         try {
-          await runGeneration(ctx, { produce: true, infer: true, ...(opts.json === undefined ? {} : { json: opts.json }) });
+          // Generate, then tokenize and merge; prints the status table and the validation report.
+          await runPipeline(ctx, opts.json === undefined ? {} : { json: opts.json });
         } finally {
           await ctx.close();
         }

@@ -1,8 +1,11 @@
 import type { Command } from 'commander';
 import { AppError, formatRunStatus, readRunStatus } from '../../shared/index.js';
-import { startGeneration, type GenerationOptions } from '../pipeline.js';
+import type { RoundOutcome } from '../../workers/postprocess/flow.js';
+import { PostprocessWorker } from '../../workers/postprocess/worker.js';
+import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/results-sink.js';
+import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
 
 interface RunOptions {
   config: string;
@@ -43,39 +46,100 @@ async function withRun<T>(configPath: string, fn: (ctx: RunContext) => Promise<T
 export function registerGenerationCommands(program: Command): void {
   program
     .command('run')
-    .description('run the whole generation pipeline in this process (producer, inference worker, results sink) until every dataset is completed')
+    .description(
+      'run the whole pipeline in this process (producer, inference worker, results sinks) until every dataset is completed, then tokenize and merge into the training dataset',
+    )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print the final status as JSON')
     .addOption(hiddenCrashOption(program))
     .action(async (opts: RunOptions) => {
-      await withRun(opts.config, (ctx) =>
-        runGeneration(ctx, { produce: true, infer: true, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) }),
-      );
+      await withRun(opts.config, (ctx) => runPipeline(ctx, { ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) }));
     });
 
   program
     .command('produce')
-    .description('feed the dataset queues from the prompt files and write results to disk, until every dataset is completed (run workers elsewhere)')
+    .description(
+      'feed the dataset queues from the prompt files and write results to disk until every dataset is completed (run workers elsewhere), then queue the post-process round for postprocess workers',
+    )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print the final status as JSON')
     .addOption(hiddenCrashOption(program))
     .action(async (opts: RunOptions) => {
-      await withRun(opts.config, (ctx) =>
-        runGeneration(ctx, { produce: true, infer: false, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) }),
-      );
+      await withRun(opts.config, async (ctx) => {
+        const outcome = await runGeneration(ctx, { produce: true, infer: false, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) });
+        if (outcome !== 'finished') return;
+        // Generation is complete: queue the post-process round for the post-processing workers.
+        const pp = await startPostprocess(ctx, { worker: false, wait: false });
+        await pp.stop();
+        process.stderr.write(`tokenmill: post-processing ${pp.round.flowId} queued for \`worker --role postprocess\`\n`);
+      });
     });
 
   program
     .command('worker')
-    .description('run a worker: inference (calls SGLang for queued prompts; start any number, on any machine)')
+    .description(
+      'run a worker until SIGTERM: inference (calls SGLang for queued prompts) or postprocess (tokenize and merge rounds); start any number, on any machine',
+    )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--role <role>', 'inference | postprocess | train', 'inference')
     .action(async (opts: { config: string; role: string }) => {
-      if (opts.role !== 'inference') {
-        throw new AppError(`worker --role ${opts.role}: this version runs the inference role only`);
+      if (opts.role === 'train') {
+        throw new AppError('worker --role train: the train stage is not available in this version (roles: inference, postprocess)');
       }
+      if (opts.role === 'postprocess') {
+        await withRun(opts.config, runPostprocessWorker);
+        return;
+      }
+      if (opts.role !== 'inference') throw new AppError(`worker --role ${opts.role}: expected inference, postprocess or train`);
       await withRun(opts.config, (ctx) => runGeneration(ctx, { produce: false, infer: true, quiet: true }));
     });
+}
+
+/** `worker --role postprocess`: serves the run's tokenize and merge queues until a signal. */
+async function runPostprocessWorker(ctx: RunContext): Promise<void> {
+  const worker = new PostprocessWorker({
+    redisUrl: ctx.redisUrl,
+    keys: ctx.keys,
+    tokenizerPath: ctx.config.tokenizer.path,
+    keepTruncated: ctx.config.postprocess.keepTruncated,
+  });
+  const signal = onceSignalled();
+  await worker.start();
+  process.stderr.write('tokenmill: post-processing worker ready (queues tokenize, merge); stop it with SIGTERM\n');
+  try {
+    await signal;
+  } finally {
+    // The worker (its running jobs finish), then the run's Redis (closed by the caller).
+    await worker.stop();
+  }
+}
+
+/**
+ * Prints the run's status (table, or one JSON object with the post-process result under
+ * `postprocess`), then the post-process round's report. Exported for `demo`.
+ */
+export async function printRunSummary(ctx: RunContext, options: { json?: boolean; postprocess?: RoundOutcome | 'signalled' }): Promise<void> {
+  const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
+  const pp = options.postprocess === 'signalled' ? undefined : options.postprocess;
+  if (options.json === true) {
+    const postprocess = pp === undefined ? {} : { postprocess: pp.status === 'completed' ? pp.result : { status: 'failed', flowId: pp.flowId, reason: pp.reason } };
+    process.stdout.write(`${JSON.stringify({ ...status, ...postprocess })}\n`);
+    return;
+  }
+  process.stdout.write(`${formatRunStatus(status)}\n`);
+  if (pp?.status === 'completed') process.stdout.write(`\n${formatPostprocessResult(pp.result)}\n`);
+}
+
+/**
+ * `run`: generation until every dataset is completed, then a post-process round (tokenize +
+ * merge) served in this process; prints the status and the validation report. A failed round
+ * fails the command with its reason. Exported for `demo`.
+ */
+export async function runPipeline(ctx: RunContext, options: { json?: boolean; crashAt?: SinkCrashPoint }): Promise<void> {
+  const generation = await runGeneration(ctx, { produce: true, infer: true, quiet: true, ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }) });
+  const postprocess = generation === 'finished' ? await runPostprocess(ctx) : undefined;
+  await printRunSummary(ctx, { ...(options.json === undefined ? {} : { json: options.json }), ...(postprocess === undefined ? {} : { postprocess }) });
+  if (postprocess !== undefined) throwIfFailed(postprocess);
 }
 
 function hiddenCrashOption(program: Command) {

@@ -3,6 +3,7 @@ import { registerConfigCommand } from './config.js';
 import { registerDemoCommand } from './demo.js';
 import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
+import { registerPostprocessCommands } from './postprocess.js';
 import { registerStatusCommands } from './status.js';
 
 /** Adds every verb to the program. Each verb lives in its own file in this folder. */
@@ -10,6 +11,7 @@ export function registerCommands(program: Command): void {
   registerConfigCommand(program);
   registerSimCommand(program);
   registerGenerationCommands(program);
+  registerPostprocessCommands(program);
   registerStatusCommands(program);
   registerDemoCommand(program);
 }

@@ -2,9 +2,10 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
+import type {
+  RunKeys} from '../../shared/index.js';
 import {
   AppError,
-  RunKeys,
   closeRedisConnection,
   createRedisConnection,
   generateQueueName,

@@ -247,7 +247,7 @@ export async function roundFailureReason(redis: Redis, keys: RunKeys, parent: Jo
 }
 
 /** How a round ended. */
-export type RoundOutcome = { status: 'completed'; result: MergeJobResult } | { status: 'failed'; reason: string };
+export type RoundOutcome = { status: 'completed'; result: MergeJobResult } | { status: 'failed'; flowId: string; reason: string };
 
 /** A post-process round failed; the message is the round's reason. Never retried. */
 export class PostprocessFailedError extends AppError {
@@ -278,7 +278,7 @@ export async function waitForRound(
       if (job === undefined) throw new AppError(`post-process round ${flowId} is not in Redis (removed, or another Redis?)`);
       const state = await job.getState();
       if (state === 'completed') return { status: 'completed', result: MergeJobResultSchema.parse(job.returnvalue) };
-      if (state === 'failed' || job.deferredFailure) return { status: 'failed', reason: await roundFailureReason(redis, keys, job) };
+      if (state === 'failed' || job.deferredFailure) return { status: 'failed', flowId, reason: await roundFailureReason(redis, keys, job) };
       await new Promise((r) => setTimeout(r, opts.pollMs ?? 200));
     }
   } finally {

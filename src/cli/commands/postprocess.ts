@@ -1,0 +1,159 @@
+import type { Command } from 'commander';
+import {
+  loadConfig,
+  readRunStatus,
+  rollbackTarget,
+  runDir,
+  type MergeJobResult,
+  type RollbackResult,
+  type TokenizeResult,
+} from '../../shared/index.js';
+import { PostprocessFailedError, type RoundOutcome } from '../../workers/postprocess/flow.js';
+import { startPostprocess } from '../pipeline.js';
+import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+
+function fmtInt(n: number): string {
+  return n.toLocaleString('en-US');
+}
+
+function fmtPct(x: number): string {
+  return `${(100 * x).toFixed(1)}%`;
+}
+
+function table(header: string[], rows: string[][]): string[] {
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const fmt = (r: string[]): string => r.map((c, i) => (i < 2 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ').trimEnd();
+  return [fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt)];
+}
+
+function datasetRow(d: TokenizeResult): string[] {
+  const dropped = d.droppedTruncated + d.droppedAborted + d.droppedEmpty + d.droppedUnsupervised;
+  return [
+    d.dataset,
+    d.kind,
+    fmtInt(d.lines),
+    fmtInt(d.rows),
+    fmtInt(d.tokens),
+    d.tokens === 0 ? '' : fmtPct(d.supervisedTokens / d.tokens),
+    fmtInt(d.alreadyMerged),
+    fmtInt(dropped),
+    fmtInt(d.duplicates),
+    fmtInt(d.invalid),
+  ];
+}
+
+/**
+ * A post-process round's outcome for people: per dataset what was read, staged, left out and
+ * why; then the merge's validation report (rows and tokens before → after, loss-mask coverage,
+ * shards, samples checked, problems and warnings).
+ */
+export function formatPostprocessResult(result: MergeJobResult): string {
+  const headline: Record<MergeJobResult['status'], string> = {
+    merged: 'merged into the training dataset',
+    'already-merged': 'already merged (by an earlier attempt of this round)',
+    'nothing-new': 'nothing new: the training dataset already holds every row',
+  };
+  const lines = [`post-processing ${result.flowId}: ${headline[result.status]}`, ''];
+  if (result.datasets.length > 0) {
+    lines.push(
+      ...table(
+        ['dataset', 'source', 'lines', 'new rows', 'tokens', 'supervised', 'already merged', 'dropped', 'duplicates', 'invalid'],
+        result.datasets.map(datasetRow),
+      ),
+      '',
+    );
+  }
+  const r = result.report;
+  if (r !== null) {
+    lines.push(
+      `validation report (${r.reportPath})`,
+      `  target              ${r.target}${r.firstMerge ? ' (created)' : ''}`,
+      `  rows                ${fmtInt(r.oldRows)} -> ${fmtInt(r.rows)} (+${fmtInt(r.newRows)})`,
+      `  tokens              ${fmtInt(r.oldTokens)} -> ${fmtInt(r.tokens)} (+${fmtInt(r.newTokens)})`,
+      `  loss-mask coverage  ${fmtPct(r.lossMaskCoverage)} (new rows: ${fmtPct(r.newLossMaskCoverage)})`,
+      `  shards              ${fmtInt(r.shards)} (+${fmtInt(r.newShards)})`,
+      `  samples checked     ${fmtInt(r.checkedSamples)} read back equal to what was written`,
+      `  problems            ${r.problems.length === 0 ? 'none' : r.problems.join('; ')}`,
+    );
+    for (const w of r.warnings) lines.push(`  warning             ${w}`);
+  }
+  return lines.join('\n');
+}
+
+/** What `rollback` did, for people. */
+export function formatRollbackResult(r: RollbackResult): string {
+  return [
+    `rolled back merge ${r.undoneMergeId}: ${fmtInt(r.undoneNewRows)} rows removed from ${r.target}`,
+    `restored: ${fmtInt(r.restored.rows)} rows, ${fmtInt(r.restored.tokens)} tokens, ${fmtInt(r.restored.shards)} shards`,
+    `merges that can still be rolled back: ${r.remainingMerges}`,
+    `record: ${r.reportPath}`,
+  ].join('\n');
+}
+
+/**
+ * Runs a post-process round in this process (a worker serves it) until it ends or a signal
+ * arrives. Returns the outcome; 'signalled' when interrupted (the round stays in Redis and the
+ * next `postprocess`, `run` or post-processing worker takes it up). Exported for `run` and `demo`.
+ */
+export async function runPostprocess(ctx: RunContext): Promise<RoundOutcome | 'signalled'> {
+  const handle = await startPostprocess(ctx, { worker: true, wait: true });
+  process.stderr.write(
+    `tokenmill: post-processing ${handle.round.flowId}${handle.round.reused ? ' (joined the round in progress)' : ''}: ${handle.round.datasets.join(', ') || 'no dataset has data yet'}\n`,
+  );
+  try {
+    return await Promise.race([handle.finished, onceSignalled().then(() => 'signalled' as const)]);
+  } finally {
+    await handle.stop();
+  }
+}
+
+/** Throws a failed round as an error whose message is its reason. */
+export function throwIfFailed(outcome: RoundOutcome | 'signalled'): void {
+  if (outcome !== 'signalled' && outcome.status === 'failed') throw new PostprocessFailedError(outcome.flowId, outcome.reason);
+}
+
+/** `postprocess` (tokenize + merge now) and `rollback` (restore the dataset before the last merge). */
+export function registerPostprocessCommands(program: Command): void {
+  program
+    .command('postprocess')
+    .description(
+      'tokenize what has been generated so far and merge the rows the training dataset lacks (one validation report); ' +
+        'datasets still generating are post-processed as far as they are on disk — run it again later for the rest',
+    )
+    .requiredOption('-c, --config <file>', 'config file (YAML)')
+    .option('--json', 'print the result as JSON')
+    .action(async (opts: { config: string; json?: boolean }) => {
+      const ctx = await openRunContext(opts.config);
+      try {
+        const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
+        const unfinished = status.datasets.filter((d) => d.status !== 'completed');
+        if (unfinished.length > 0) {
+          process.stderr.write(
+            `tokenmill: note: generation is not completed for ${unfinished.map((d) => `${d.name} (${d.status})`).join(', ')}; ` +
+              'post-processing what is on disk now\n',
+          );
+        }
+        const outcome = await runPostprocess(ctx);
+        if (outcome === 'signalled') {
+          process.stderr.write('tokenmill: interrupted; the round stays queued and the next `postprocess` joins it\n');
+          process.exitCode = 130;
+          return;
+        }
+        if (outcome.status === 'failed') throw new PostprocessFailedError(outcome.flowId, outcome.reason);
+        process.stdout.write(opts.json === true ? `${JSON.stringify(outcome.result)}\n` : `${formatPostprocessResult(outcome.result)}\n`);
+      } finally {
+        await ctx.close();
+      }
+    });
+
+  program
+    .command('rollback')
+    .description('restore the training dataset as it was before the last merge (run again to undo earlier merges)')
+    .requiredOption('-c, --config <file>', 'config file (YAML)')
+    .option('--json', 'print the result as JSON')
+    .action(async (opts: { config: string; json?: boolean }) => {
+      const config = loadConfig({ path: opts.config });
+      const result = await rollbackTarget({ target: config.postprocess.target, runDir: runDir(config) });
+      process.stdout.write(opts.json === true ? `${JSON.stringify(result)}\n` : `${formatRollbackResult(result)}\n`);
+    });
+}

@@ -1,2 +1,0 @@
-// Runs once before all test files.
-export default function setup(): void {}
