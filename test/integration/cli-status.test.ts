@@ -1,0 +1,112 @@
+// The CLI as users run it: `run`, then `status --json`, `pause`, `resume`, `retry-failed`.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import type { RunStatus } from '../../src/shared/index.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+
+let redis: TestRedis;
+let sim: SimulatorHandle;
+let tmp: { dir: string; cleanup: () => void };
+let configPath: string;
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  sim = await startSimulator({ port: 0, timeScale: 100, maxRunningRequests: 16, seed: 2, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 40 } });
+  tmp = tempDir();
+  writePrompts(tmp.dir, 'alpha', 30);
+  writePrompts(tmp.dir, 'beta', 20, (i) => (i === 3 ? { id: 'beta-3', prompt: 'word '.repeat(5000) } : { id: `beta-${i}`, prompt: `beta ${i}` }));
+  configPath = writeConfig(tmp.dir, {
+    run: 'cli',
+    redis: { url: redis.url, prefix: redis.prefix },
+    sglang: { endpoints: [sim.url], concurrency: 16, contextLength: 100_000 },
+    datasets: [
+      { name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
+      { name: 'beta', prompts: 'beta.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
+    ],
+    output: { dir: 'out' },
+  });
+});
+
+afterAll(async () => {
+  await sim?.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+async function cli(args: string[]): Promise<string> {
+  const p = spawnCli(args);
+  const code = await p.exited;
+  if (code !== 0) throw new Error(`tokenmill ${args.join(' ')} exited ${code}:\n${p.output()}`);
+  return p.output();
+}
+
+describe('CLI: status, pause, resume, retry-failed', () => {
+  it('run finishes and status --json prints the documented object', async () => {
+    await cli(['run', '-c', configPath]);
+    const out = await cli(['status', '-c', configPath, '--json']);
+    const status = JSON.parse(out.trim().split('\n').at(-1) ?? '{}') as RunStatus;
+    expect(status.run).toBe('cli');
+    expect(status.phases.map((p) => p.name)).toEqual(['prepare', 'generate', 'tokenize', 'merge', 'train']);
+    expect(status.phases.find((p) => p.name === 'generate')?.status).toBe('completed');
+    const alpha = status.datasets.find((d) => d.name === 'alpha');
+    const beta = status.datasets.find((d) => d.name === 'beta');
+    expect(alpha).toMatchObject({ records: 30, outputTokens: 30 * 40, tokenBudget: 100_000, inFlight: 0, failed: 0, skipped: 0, status: 'completed' });
+    expect(alpha?.etaSeconds).toEqual({ low: 0, high: 0 });
+    expect(typeof alpha?.tokensPerSec).toBe('number');
+    // beta-3 is longer than the simulator's context: SGLang's 400 fails it alone.
+    expect(beta).toMatchObject({ records: 19, failed: 1, status: 'completed' });
+  });
+
+  it('status prints a readable table', async () => {
+    const out = await cli(['status', '-c', configPath]);
+    expect(out).toMatch(/run cli/);
+    expect(out).toMatch(/\[x\] generate/);
+    expect(out).toMatch(/alpha\s+completed\s+1,200 \/ 100,000/);
+  });
+
+  it('a paused dataset sends nothing and shows paused until resumed', async () => {
+    writePrompts(tmp.dir, 'delta', 24);
+    const cfg = writeConfig(tmp.dir, {
+      run: 'cli-pause',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 16 },
+      datasets: [{ name: 'delta', prompts: 'delta.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 }],
+      output: { dir: 'out' },
+    }, 'pause.yaml');
+    await cli(['pause', '-c', cfg, 'delta']);
+    const run = spawnCli(['run', '-c', cfg]);
+    try {
+      const statusOf = async (): Promise<RunStatus['datasets'][number] | undefined> =>
+        (JSON.parse((await cli(['status', '-c', cfg, '--json'])).trim().split('\n').at(-1) ?? '{}') as RunStatus).datasets[0];
+      // The producer has registered the dataset and queued batches, yet nothing is sent.
+      await waitFor(async () => Number(await redis.connection('client').llen(`${redis.prefix}:cli-pause:q:generate-delta:wait`)) > 0, 'batches queued', 30_000);
+      expect(await statusOf()).toMatchObject({ status: 'paused', records: 0 });
+      expect(sim.stats().requests.filter((r) => r.rid.startsWith('delta/')).length).toBe(0);
+      await cli(['resume', '-c', cfg, 'delta']);
+      expect(await run.exited, run.output()).toBe(0);
+      expect(await statusOf()).toMatchObject({ status: 'completed', records: 24 });
+    } finally {
+      run.child.kill('SIGKILL');
+    }
+    await expect(cli(['pause', '-c', cfg, 'nope'])).rejects.toThrow(/no dataset "nope" in the config \(datasets: delta\)/);
+  });
+
+  it('retry-failed gives failed prompts back, and the next run sends them again', async () => {
+    const before = sim.stats().failed;
+    const out = await cli(['retry-failed', '-c', configPath, 'beta']);
+    expect(out).toMatch(/beta: 1 failed prompt\(s\) will be sent again/);
+    await cli(['run', '-c', configPath]);
+    // Sent again, failed again for the same reason: one more 400 at the server.
+    expect(sim.stats().failed).toBe(before + 1);
+    const status = JSON.parse((await cli(['status', '-c', configPath, '--json'])).trim().split('\n').at(-1) ?? '{}') as RunStatus;
+    expect(status.datasets.find((d) => d.name === 'beta')).toMatchObject({ records: 19, failed: 1 });
+  });
+
+  it('a bad config names the file, line and path', async () => {
+    const bad = writeConfig(tmp.dir, { datasets: [{ name: 'x', prompts: 'alpha.jsonl', tokenBudget: -5 }] } as never, 'bad.yaml');
+    const p = spawnCli(['run', '-c', bad]);
+    expect(await p.exited).toBe(1);
+    expect(p.output()).toMatch(/bad\.yaml:\d+: datasets\[0\]\.tokenBudget: expected a positive integer.*got -5/);
+  });
+});
