@@ -24,7 +24,7 @@ afterAll(async () => {
   tmp?.cleanup();
 });
 
-function setup(run: string, prompts: number): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
+function setup(run: string, prompts: number, shutdownGraceMs = 2_000): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
   const config: ConfigInput = {
     run,
@@ -32,7 +32,7 @@ function setup(run: string, prompts: number): { configPath: string; runDir: stri
     sglang: { endpoints: [sim.url], concurrency: 16, requestTimeoutMs: 60_000 },
     datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 8 }],
     output: { dir: 'out' },
-    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs: 2_000 },
+    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs },
   };
   return {
     configPath: writeConfig(tmp.dir, config, `${run}.yaml`),
@@ -84,6 +84,33 @@ describe('generation survives crashes', () => {
     }
     expect(before.size).toBeGreaterThan(0);
     for (const id of before) expect(sends.get(id), id).toBe(1);
+  }, 120_000);
+
+  it('SIGTERM: the worker stops taking work, aborts what outlives the grace period and hands it back', async () => {
+    // A grace period far shorter than a request: whatever is in flight at SIGTERM is aborted.
+    const { configPath, runDir, keys, ids } = setup('sigterm', 64, 50);
+    const producer = spawnCli(['produce', '-c', configPath]);
+    const w1 = spawnCli(['worker', '-c', configPath]);
+    await waitFor(async () => (await committed(keys)) >= 8 && sim.stats().running > 0, 'requests in flight', 60_000);
+    const abortedBeforeTerm = sim.stats().aborted;
+    w1.child.kill('SIGTERM');
+    // A clean exit, within the grace period and some margin.
+    const t0 = Date.now();
+    expect(await w1.exited, w1.output()).toBe(0);
+    expect(Date.now() - t0).toBeLessThan(10_000);
+    expect(await redis.connection('client').zcard(keys.inflight('ds'))).toBe(0);
+    expect(sim.stats().aborted).toBeGreaterThan(abortedBeforeTerm);
+    // Its batches went back to the queue, not to the failed list.
+    const failedJobs = await redis.connection('client').zcard(`${keys.bullPrefix}:generate-ds:failed`);
+    expect(failedJobs).toBe(0);
+    const w2 = spawnCli(['worker', '-c', configPath]);
+    try {
+      expect(await producer.exited, producer.output()).toBe(0);
+    } finally {
+      w2.child.kill('SIGTERM');
+      expect(await w2.exited).toBe(0);
+    }
+    await expectExactlyOnce(runDir, keys, ids);
   }, 120_000);
 
   for (const point of ['after-write', 'after-checkpoint'] as const) {
