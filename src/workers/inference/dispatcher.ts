@@ -97,7 +97,7 @@ export class Dispatcher {
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
     this.leaseTtlMs = options.leaseTtlMs ?? 30_000;
-    this.minCommitsForMean = options.minCommitsForMean ?? 8;
+    this.minCommitsForMean = options.minCommitsForMean ?? 32;
     this.retryDelayMs = options.retryDelayMs ?? 500;
   }
 
