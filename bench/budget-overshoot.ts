@@ -1,8 +1,10 @@
 // Benchmark 2: budget overshoot. For token budgets small, medium and large relative to
 // concurrency x mean completion length, how far past the budget does the final count land, and
 // is any request sent after the budget was met (DESIGN invariant 3)?
-import { startSimulator } from '../src/sim/index.js';
-import { readGenerations } from '../test/helpers/pipeline.js';
+import type { Redis } from 'ioredis';
+import { startSimulator, type SimRequestRecord } from '../src/sim/index.js';
+import { RunKeys } from '../src/shared/index.js';
+import { readGenerations, sampleIdOfRid } from '../test/helpers/pipeline.js';
 import {
   benchConfig,
   fmtInt,
@@ -11,6 +13,7 @@ import {
   round,
   runAsScript,
   startTokenmill,
+  waitUntil,
   writePrompts,
   type BenchEnv,
   type BenchResult,
@@ -52,16 +55,69 @@ interface BudgetCase {
   requestsSent: number;
   /** Requests the simulator received strictly after the commit that met the budget. */
   sentAfterBudgetMet: number;
-  /** Requests received in the same millisecond as that commit (sent before it: see below). */
+  /** Requests received in the same millisecond as that commit. */
   sentInBudgetMetMs: number;
+  /** Each request received after the budget was met: how late (ms), whether its result was committed, and whether Redis ran its acquire after the budget-meeting commit. */
+  lateRequests: { rid: string; lateByMs: number; committed: boolean; acquiredAfterBudgetMet: boolean }[];
+  /** Requests the simulator received whose acquire script ran, in Redis's order, after the commit that met the budget. */
+  acquiredAfterBudgetMet: number;
   /** Samples committed after the budget was met: the requests in flight at that moment. */
   committedAfterBudgetMet: number;
   skippedByBudget: number;
-  /** Mean running requests over the whole run, tail included (the reservation's cost). */
+  /** Mean running requests from the first request to the end, tail included (the reservation's cost). */
   meanRunningWholeRun: number;
   /** Wall seconds from the budget met to the generation finished (in-flight tail + drain). */
   tailAfterBudgetMetS: number;
   wallS: number;
+}
+
+/**
+ * Redis's own order of execution, from MONITOR: when each request was acquired (the acquire
+ * script, keyed by rid) and which commit met the budget. It tells a request acquired after
+ * the budget was met (a real violation) from one acquired before it but received by the
+ * simulator a few ms later (the simulator's clock and this process's event loop sit in between).
+ */
+class RedisOrderLog {
+  private seq = 0;
+  private monitor: Redis | undefined;
+  readonly acquiredAt = new Map<string, number>();
+  readonly commits: { seq: number; id: string; tokens: number }[] = [];
+
+  constructor(private readonly keys: RunKeys, private readonly dataset: string) {}
+
+  async start(conn: Redis): Promise<void> {
+    const statsKey = this.keys.stats(this.dataset);
+    const inflightKey = this.keys.inflight(this.dataset);
+    const doneKey = this.keys.done(this.dataset);
+    this.monitor = await conn.monitor();
+    this.monitor.on('monitor', (_time: string, args: string[]) => {
+      this.seq += 1;
+      const cmd = String(args[0]).toLowerCase();
+      if (cmd !== 'evalsha' && cmd !== 'eval') return;
+      const numKeys = Number(args[2]);
+      const keys = args.slice(3, 3 + numKeys);
+      const argv = args.slice(3 + numKeys);
+      if (keys[0] === statsKey && keys[1] === inflightKey && argv[0] !== undefined) this.acquiredAt.set(argv[0], this.seq);
+      else if (keys[0] === doneKey && keys[1] === statsKey && argv[0] !== undefined) this.commits.push({ seq: this.seq, id: argv[0], tokens: Number(argv[1]) });
+    });
+  }
+
+  stop(): void {
+    this.monitor?.disconnect();
+  }
+
+  /** Position of the first commit at which the dataset's tokens reached `budget`. */
+  budgetMetSeq(budget: number): number {
+    const seen = new Set<string>();
+    let total = 0;
+    for (const c of this.commits) {
+      if (seen.has(c.id)) continue;
+      seen.add(c.id);
+      total += c.tokens;
+      if (total >= budget) return c.seq;
+    }
+    return Infinity;
+  }
 }
 
 interface BudgetSummary {
@@ -76,6 +132,10 @@ interface BudgetSummary {
   inFlightWhenMet: number[];
   /** Summed over the runs. */
   sentAfterBudgetMet: number;
+  /** Summed over the runs. */
+  acquiredAfterBudgetMet: number;
+  /** How late (ms after budgetMetMs) each request received after the budget was met arrived. */
+  lateByMs: number[];
 }
 
 function median(xs: readonly number[]): number {
@@ -97,6 +157,8 @@ function summarize(budget: number, runs: readonly BudgetCase[]): BudgetSummary {
     inFlightWhenMet: runs.map((r) => r.committedAfterBudgetMet),
     // A negative count means budgetMetMs was missing: count it as a miss.
     sentAfterBudgetMet: runs.reduce((a, r) => a + (r.sentAfterBudgetMet < 0 ? 1 : r.sentAfterBudgetMet), 0),
+    acquiredAfterBudgetMet: runs.reduce((a, r) => a + r.acquiredAfterBudgetMet, 0),
+    lateByMs: runs.flatMap((r) => r.lateRequests.map((l) => l.lateByMs)),
   };
 }
 
@@ -115,13 +177,24 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, budget: numbe
       concurrency: o.concurrency,
       datasets: [{ name: 'ds', prompts: promptFile, tokenBudget: budget, maxNewTokens: o.maxNewTokens, sampling: { temperature: 0.6, top_p: 0.95 } }],
     });
+    const order = new RedisOrderLog(new RunKeys(config.redis.prefix, config.run), 'ds');
+    await order.start(env.redis.connection('client'));
     const gen = await startTokenmill(config);
     let finishedAtMs: number;
+    let meanRunning: number;
+    // The occupancy window starts at the first request (not at the simulator's start); the
+    // requests logged before that reset are kept.
+    const early: SimRequestRecord[] = [];
     try {
+      await waitUntil(() => sim.stats().requestsReceived > 0, 'the first request', 60_000, 2);
+      early.push(...sim.stats().requests);
+      sim.resetStats();
       await gen.handle.finished;
       finishedAtMs = Date.now();
+      meanRunning = sim.stats().occupancy.meanRunning;
     } finally {
       await gen.stop();
+      order.stop();
     }
     // Read what the run left: the stats hash (via a fresh connection: the context is closed),
     // the simulator's request log and the JSONL files written by the sink.
@@ -131,9 +204,14 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, budget: numbe
     const skipped = await redis.scard(keys.skipped('ds'));
     const finalTokens = Number(stats['outputTokens'] ?? 0);
     const budgetMetMs = Number(stats['budgetMetMs'] ?? NaN);
-    const s = sim.stats();
-    const sent = s.requests.filter((r) => r.rid.startsWith('ds/'));
+    const sent = [...early, ...sim.stats().requests].filter((r) => r.rid.startsWith('ds/'));
     const records = readGenerations(gen.ctx.runDir, 'ds');
+    const recorded = new Set(records.map((r) => r.id));
+    const metSeq = order.budgetMetSeq(budget);
+    if (!Number.isFinite(metSeq)) throw new Error(`MONITOR saw ${order.commits.length} commits and none met the budget`);
+    const unseen = sent.filter((r) => !order.acquiredAt.has(r.rid)).length;
+    if (unseen > 0) throw new Error(`MONITOR saw no acquire for ${unseen} of the ${sent.length} requests sent`);
+    const acquiredLate = (rid: string): boolean => (order.acquiredAt.get(rid) ?? Infinity) > metSeq;
     const fileTokens = records.reduce((a, r) => a + r.completion_tokens, 0);
     if (fileTokens !== finalTokens) throw new Error(`records on disk hold ${fileTokens} tokens, the counter ${finalTokens}`);
     return {
@@ -146,9 +224,13 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, budget: numbe
       requestsSent: sent.length,
       sentAfterBudgetMet: Number.isFinite(budgetMetMs) ? sent.filter((r) => r.receivedAtMs > budgetMetMs).length : -1,
       sentInBudgetMetMs: Number.isFinite(budgetMetMs) ? sent.filter((r) => r.receivedAtMs === budgetMetMs).length : -1,
+      lateRequests: sent
+        .filter((r) => r.receivedAtMs > budgetMetMs)
+        .map((r) => ({ rid: r.rid, lateByMs: r.receivedAtMs - budgetMetMs, committed: recorded.has(sampleIdOfRid(r.rid)), acquiredAfterBudgetMet: acquiredLate(r.rid) })),
+      acquiredAfterBudgetMet: sent.filter((r) => acquiredLate(r.rid)).length,
       committedAfterBudgetMet: records.filter((r) => Date.parse(r.ts) > budgetMetMs).length,
       skippedByBudget: skipped,
-      meanRunningWholeRun: round(s.occupancy.meanRunning, 2),
+      meanRunningWholeRun: round(meanRunning, 2),
       tailAfterBudgetMetS: round((finishedAtMs - budgetMetMs) / 1000, 2),
       wallS: round((performance.now() - t0) / 1000, 1),
     };
@@ -177,10 +259,22 @@ export async function budgetOvershoot(o: BudgetOvershootOptions = DEFAULT_BUDGET
     for (const b of summaries) {
       summary.push(
         `budget ${fmtInt(b.budget)} (${b.budgetInBatches} batches), ${b.runs} run(s): overshoot median ${(b.overshootRatioMedian * 100).toFixed(2)}% (${fmtInt(b.overshootTokensMedian)} tokens), ` +
-          `max ${(b.overshootRatioMax * 100).toFixed(2)}% (${fmtInt(b.overshootTokensMax)} tokens); in flight when met: ${b.inFlightWhenMet.join(', ')}; sent after the budget was met: ${b.sentAfterBudgetMet}`,
+          `max ${(b.overshootRatioMax * 100).toFixed(2)}% (${fmtInt(b.overshootTokensMax)} tokens); in flight when met: ${b.inFlightWhenMet.join(', ')}; ` +
+          `received after the budget was met: ${b.sentAfterBudgetMet}${b.lateByMs.length > 0 ? ` (by ${b.lateByMs.join(', ')} ms)` : ''}, acquired after it (Redis order): ${b.acquiredAfterBudgetMet}`,
       );
       targets.push(
-        { what: `budget ${fmtInt(b.budget)}: requests sent after the budget was met (all runs)`, required: '0', measured: String(b.sentAfterBudgetMet), met: b.sentAfterBudgetMet === 0 },
+        {
+          what: `budget ${fmtInt(b.budget)}: requests received by the simulator after budgetMetMs (all runs)`,
+          required: '0',
+          measured: String(b.sentAfterBudgetMet),
+          met: b.sentAfterBudgetMet === 0,
+        },
+        {
+          what: `budget ${fmtInt(b.budget)}: requests acquired after the budget-meeting commit, in Redis's order (all runs)`,
+          required: '0',
+          measured: String(b.acquiredAfterBudgetMet),
+          met: b.acquiredAfterBudgetMet === 0,
+        },
         { what: `budget ${fmtInt(b.budget)}: final tokens >= budget (all runs)`, required: `>= ${b.budget}`, measured: `min ${b.finalTokensMin}`, met: b.finalTokensMin >= b.budget },
       );
     }

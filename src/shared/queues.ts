@@ -77,6 +77,7 @@ export const MERGE_QUEUE = 'merge';
 export const TokenizeSourceKindSchema = z.enum(['generations', 'conversations']);
 export type TokenizeSourceKind = z.infer<typeof TokenizeSourceKindSchema>;
 
+/** Payload of a tokenize job: one dataset of a post-process round. */
 export const TokenizePayloadSchema = z.object({
   /** The post-process round's flow id (`<run>-pp-<n>`). */
   flowId: z.string().min(1),
@@ -100,8 +101,10 @@ export type TokenizePayload = z.infer<typeof TokenizePayloadSchema>;
 
 const count = z.number().int().nonnegative();
 
+/** A line that could not be used, with its 1-based number and why. */
 export const InvalidLineSchema = z.object({ file: z.string(), line: z.number().int().positive(), reason: z.string() });
 
+/** What a tokenize job returns (its parent merge job reads it): counters of its dataset. */
 export const TokenizeResultSchema = z.object({
   dataset: z.string().min(1),
   kind: TokenizeSourceKindSchema,
@@ -131,6 +134,7 @@ export const TokenizeResultSchema = z.object({
 });
 export type TokenizeResult = z.infer<typeof TokenizeResultSchema>;
 
+/** Payload of a merge job: the parent of a post-process round's tokenize jobs. */
 export const MergePayloadSchema = z.object({
   flowId: z.string().min(1),
   /** The training dataset folder. */
@@ -169,6 +173,7 @@ export const MergeReportSummarySchema = z.object({
 });
 export type MergeReportSummary = z.infer<typeof MergeReportSummarySchema>;
 
+/** What a merge job returns: how its round ended, per dataset counters, the report in brief. */
 export const MergeJobResultSchema = z.object({
   flowId: z.string(),
   /**

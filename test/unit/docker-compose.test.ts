@@ -61,6 +61,7 @@ const ServiceSchema = z.looseObject({
   depends_on: z.union([z.array(z.string()), z.record(z.string(), DependencySchema)]).optional(),
   healthcheck: HealthcheckSchema.optional(),
   restart: z.string().optional(),
+  pull_policy: z.string().optional(),
   stop_grace_period: z.string().optional(),
   ipc: z.string().optional(),
   shm_size: z.union([z.string(), z.number()]).optional(),
@@ -389,6 +390,8 @@ describe('docker-compose.yml', () => {
   it('runs the real SGLang image on every GPU, with metrics, a local model and a /health check that allows minutes of loading', () => {
     const sglang = service('sglang');
     expect(sglang.image).toMatch(/^lmsysorg\/sglang:v\d+\.\d+\.\d+/);
+    expect(sglang.pull_policy).toBe('missing');
+    expect(loadCompose(composeText, { SGLANG_PULL_POLICY: 'never' }).services.sglang?.pull_policy).toBe('never');
     const args = argv(sglang.command);
     expect(args.slice(0, 3)).toEqual(['python3', '-m', 'sglang.launch_server']);
     const flag = (name: string): string | undefined => args[args.indexOf(name) + 1];

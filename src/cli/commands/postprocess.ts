@@ -77,7 +77,7 @@ export function formatPostprocessResult(result: MergeJobResult): string {
     );
     for (const w of r.warnings) lines.push(`  warning             ${w}`);
   }
-  return lines.join('\n');
+  return lines.join('\n').trimEnd();
 }
 
 /** What `rollback` did, for people. */

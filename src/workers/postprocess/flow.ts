@@ -10,7 +10,7 @@
  *   (a crash in between) is added again under the same ids.
  * - A failed round is not resumed: the next start is a new round (after the cause is fixed).
  * - Children fail their parent (`failParentOnFailure`): a tokenize job that fails for good
- *   fails the round, whose reason is the child's ({@link roundFailureReason}); the merge never
+ *   fails the round, whose reason is the child's ({@link roundFailure}); the merge never
  *   waits for a child that will not come.
  * - Datasets: every conversation dataset, and every generation dataset that has a generations
  *   folder, as it is on disk when the round starts. Rows the training dataset already holds
@@ -101,9 +101,14 @@ export function tokenizeJobId(flowId: string, dataset: string): string {
   return `${flowId}-${dataset}`;
 }
 
+/** `<runDir>/postprocess/<flowId>`: the folder of a round's staged rows. */
+export function roundStagingDir(runDir: string, flowId: string): string {
+  return path.join(runDir, 'postprocess', flowId);
+}
+
 /** `<runDir>/postprocess/<flowId>/<dataset>`: where a round stages a dataset's rows. */
 export function stagedDirOf(runDir: string, flowId: string, dataset: string): string {
-  return path.join(runDir, 'postprocess', flowId, dataset);
+  return path.join(roundStagingDir(runDir, flowId), dataset);
 }
 
 /** The flow of a round: the merge parent and its tokenize children, payloads checked. */
@@ -194,8 +199,9 @@ export async function ensurePostprocessRound(redis: Redis, keys: RunKeys, plan: 
         log.info({ flowId, state: jobState }, 'joining the post-process round in progress');
         return { round: current, flowId, reused: true, datasets };
       }
-      // Finished without its end recorded (its worker stopped right after): record it.
-      await redis.hset(keys.postprocess(), { status: jobState === 'completed' ? 'completed' : 'failed', finishedAt: new Date().toISOString() });
+      // Finished (or condemned by a failed child) without its end recorded: record it.
+      if (jobState === 'completed') await recordRoundEnd(redis, keys, flowId, 'completed');
+      else await recordRoundFailure(redis, keys, flowId, await roundFailure(redis, keys, parent));
     }
     const round = current + 1;
     const flowId = roundFlowId(plan.run, round);
@@ -224,11 +230,16 @@ async function childDatasets(parent: Job): Promise<string[]> {
   return keys.map((k) => k.slice(k.lastIndexOf(':') + 1)).map((id) => (id.startsWith(`${flowId}-`) ? id.slice(flowId.length + 1) : id)).sort();
 }
 
-/**
- * Why a round failed: the reasons of its failed tokenize jobs (`tokenize <dataset>: <reason>`),
- * or the merge job's own reason.
- */
-export async function roundFailureReason(redis: Redis, keys: RunKeys, parent: Job): Promise<string> {
+/** Why a round failed, and whether a tokenize job failed it. */
+export interface RoundFailure {
+  /** The reasons of its failed tokenize jobs (`tokenize <dataset>: <reason>`), or the merge job's own. */
+  reason: string;
+  /** A tokenize job failed (rather than the merge itself). */
+  fromChild: boolean;
+}
+
+/** Why round `parent` (its merge job) failed. */
+export async function roundFailure(redis: Redis, keys: RunKeys, parent: Job): Promise<RoundFailure> {
   const tokenizeQueue = new Queue(TOKENIZE_QUEUE, { connection: redis, prefix: keys.bullPrefix });
   try {
     const deps = await parent.getDependencies();
@@ -239,11 +250,21 @@ export async function roundFailureReason(redis: Redis, keys: RunKeys, parent: Jo
       const dataset = (child.data as { dataset?: unknown }).dataset;
       reasons.push(`tokenize ${typeof dataset === 'string' ? dataset : String(child.id)}: ${child.failedReason || 'failed'}`);
     }
-    if (reasons.length > 0) return reasons.join('; ');
-    return parent.failedReason || parent.deferredFailure || 'failed';
+    if (reasons.length > 0) return { reason: reasons.join('; '), fromChild: true };
+    return { reason: parent.failedReason || parent.deferredFailure || 'failed', fromChild: false };
   } finally {
     await tokenizeQueue.close();
   }
+}
+
+/**
+ * Records a failed round in the checklist and the round's hash: merge failed, and tokenize
+ * failed too when a tokenize job failed it. Idempotent; whoever sees the failure first records it.
+ */
+export async function recordRoundFailure(redis: Redis, keys: RunKeys, flowId: string, failure: RoundFailure): Promise<void> {
+  if (failure.fromChild) await setRoundPhase(redis, keys, flowId, 'tokenize', 'failed');
+  await setRoundPhase(redis, keys, flowId, 'merge', 'failed');
+  await recordRoundEnd(redis, keys, flowId, 'failed', failure.reason);
 }
 
 /** How a round ended. */
@@ -262,7 +283,8 @@ export class PostprocessFailedError extends AppError {
 /**
  * Waits until round `flowId` has finished, polling its merge job: its result, or its failure
  * reason (a failed tokenize job's own). A merge job that a failed child has condemned counts
- * as failed at once, even before a merge worker marks it so.
+ * as failed at once, even before a merge worker marks it so; a failure is recorded
+ * ({@link recordRoundFailure}) before it is returned.
  */
 export async function waitForRound(
   redis: Redis,
@@ -278,7 +300,11 @@ export async function waitForRound(
       if (job === undefined) throw new AppError(`post-process round ${flowId} is not in Redis (removed, or another Redis?)`);
       const state = await job.getState();
       if (state === 'completed') return { status: 'completed', result: MergeJobResultSchema.parse(job.returnvalue) };
-      if (state === 'failed' || job.deferredFailure) return { status: 'failed', flowId, reason: await roundFailureReason(redis, keys, job) };
+      if (state === 'failed' || job.deferredFailure) {
+        const failure = await roundFailure(redis, keys, job);
+        await recordRoundFailure(redis, keys, flowId, failure);
+        return { status: 'failed', flowId, reason: failure.reason };
+      }
       await new Promise((r) => setTimeout(r, opts.pollMs ?? 200));
     }
   } finally {

@@ -10,7 +10,7 @@
  * `rollback` adds back the rows the rollback removed. Reading the target's ids costs one read of
  * its shards per dataset, the same order as the merge itself (which scans the old shards).
  */
-import { rm, stat } from 'node:fs/promises';
+import { rm, rmdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 
 import {
@@ -284,6 +284,8 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
     log.info({ status: result.status, newRows: merged.report.newRows, rows: merged.report.rows, reportPath: merged.reportPath }, 'round merged');
   }
   for (const d of datasets) await rm(d.stagedDir, { recursive: true, force: true });
+  // The round's staging folder, once empty.
+  for (const dir of new Set(datasets.map((d) => path.dirname(d.stagedDir)))) await rmdir(dir).catch(() => undefined);
   await deps.roundCompleted(result);
   await deps.setPhase('merge', 'completed');
   return MergeJobResultSchema.parse(result);

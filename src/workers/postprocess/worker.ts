@@ -1,5 +1,6 @@
+import { rm } from 'node:fs/promises';
 import { hostname } from 'node:os';
-import { UnrecoverableError, Worker, type Job } from 'bullmq';
+import { Job, Queue, UnrecoverableError, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
   AppError,
@@ -15,7 +16,7 @@ import {
   type RunKeys,
   type TokenizeResult,
 } from '../../shared/index.js';
-import { recordRoundEnd, roundFailureReason, setRoundPhase } from './flow.js';
+import { recordRoundEnd, recordRoundFailure, roundFailure, roundStagingDir, setRoundPhase } from './flow.js';
 import { processMerge, processTokenize } from './processor.js';
 import { createTokenizeContext, type TokenizeContext } from './tokenize.js';
 
@@ -63,9 +64,13 @@ export class PostprocessWorker {
   private readonly workers: Worker[] = [];
   private redis: Redis | undefined;
   private bullConnection: Redis | undefined;
+  /** For looking up a round's merge job. */
+  private mergeQueue: Queue | undefined;
   private tokenizer: Promise<ChatTokenizer> | undefined;
   private context: Promise<TokenizeContext> | undefined;
   private stopped = false;
+  /** Failure handlers still running: stop() lets them finish before closing Redis. */
+  private readonly pending = new Set<Promise<void>>();
   readonly workerId: string;
 
   constructor(private readonly options: PostprocessWorkerOptions) {
@@ -77,6 +82,7 @@ export class PostprocessWorker {
     const o = this.options;
     this.redis = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:postprocess', logger: this.log });
     this.bullConnection = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:postprocess-bull', logger: this.log });
+    this.mergeQueue = new Queue(MERGE_QUEUE, { connection: this.redis, prefix: o.keys.bullPrefix });
     const stages = o.stages ?? ['tokenize', 'merge'];
     const common = {
       connection: this.bullConnection,
@@ -87,16 +93,21 @@ export class PostprocessWorker {
     };
     if (stages.includes('tokenize')) {
       const w = new Worker<unknown, TokenizeResult>(TOKENIZE_QUEUE, (job) => this.tokenize(job), { ...common, concurrency: o.tokenizeConcurrency ?? 2 });
-      w.on('failed', (job, err) => void this.onFailed('tokenize', job, err));
+      w.on('failed', (job, err) => this.track(this.onFailed('tokenize', job, err)));
       this.workers.push(w);
     }
     if (stages.includes('merge')) {
       const w = new Worker<unknown, MergeJobResult>(MERGE_QUEUE, (job) => this.merge(job), { ...common, concurrency: 1 });
-      w.on('failed', (job, err) => void this.onFailed('merge', job, err));
+      w.on('failed', (job, err) => this.track(this.onFailed('merge', job, err)));
       this.workers.push(w);
     }
     for (const w of this.workers) w.on('error', (err) => this.log.error({ err, queue: w.name }, 'queue worker error'));
     this.log.info({ stages }, 'post-processing worker started');
+  }
+
+  private track(p: Promise<void>): void {
+    this.pending.add(p);
+    void p.finally(() => this.pending.delete(p));
   }
 
   private loadTokenizer(): Promise<ChatTokenizer> {
@@ -119,14 +130,26 @@ export class PostprocessWorker {
     const { keys } = this.options;
     const flowId = flowIdOf(job) ?? '';
     try {
-      return await processTokenize(job.data, {
+      const result = await processTokenize(job.data, {
         tokenizeContext: () => this.tokenizeContext(),
         setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
         logger: this.log.child({ queue: job.queueName, jobId: job.id }),
       });
+      // A sibling failed the round while this job ran: its rows will not be merged.
+      if (await this.roundFailed(job)) await rm(result.stagedDir, { recursive: true, force: true });
+      return result;
     } catch (e: unknown) {
       throw atBoundary(e);
     }
+  }
+
+  /** Whether the round of a tokenize job has failed (its merge job failed, or is condemned to). */
+  private async roundFailed(job: Job): Promise<boolean> {
+    const parentId = job.parent?.id;
+    if (parentId === undefined || this.mergeQueue === undefined) return false;
+    const parent = await Job.fromId(this.mergeQueue, parentId);
+    if (parent === undefined) return false;
+    return Boolean(parent.deferredFailure) || (await parent.getState()) === 'failed';
   }
 
   private async merge(job: Job): Promise<MergeJobResult> {
@@ -164,10 +187,12 @@ export class PostprocessWorker {
         await setRoundPhase(this.redis, keys, flowId, 'tokenize', 'failed');
         return;
       }
-      const reason = await roundFailureReason(this.redis, keys, job);
-      log.error({ reason, flowId }, 'post-process round failed');
-      await setRoundPhase(this.redis, keys, flowId, 'merge', 'failed');
-      await recordRoundEnd(this.redis, keys, flowId, 'failed', reason);
+      const failure = await roundFailure(this.redis, keys, job);
+      log.error({ reason: failure.reason, flowId }, 'post-process round failed');
+      await recordRoundFailure(this.redis, keys, flowId, failure);
+      // What the round's finished tokenize jobs staged will not be merged.
+      const runDir = (job.data as { runDir?: unknown }).runDir;
+      if (typeof runDir === 'string') await rm(roundStagingDir(runDir, flowId), { recursive: true, force: true });
     } catch (e: unknown) {
       if (!this.stopped) log.warn({ err: e }, 'could not record a failed post-processing job');
     }
@@ -183,7 +208,10 @@ export class PostprocessWorker {
     this.stopped = true;
     // 1. The queue workers: no new jobs, running ones finish.
     await Promise.all(this.workers.map((w) => w.close()));
-    // 2. Redis connections.
+    // 2. Failures being recorded.
+    await Promise.all([...this.pending]);
+    // 3. Redis connections.
+    await this.mergeQueue?.close();
     if (this.redis !== undefined) await closeRedisConnection(this.redis);
     if (this.bullConnection !== undefined) await closeRedisConnection(this.bullConnection);
     this.log.info('post-processing worker stopped');
