@@ -32,8 +32,8 @@ export interface BudgetOvershootOptions {
 
 export const DEFAULT_BUDGET_OVERSHOOT: BudgetOvershootOptions = {
   budgets: [
-    { budget: 50_000, repeats: 5 },
-    { budget: 500_000, repeats: 3 },
+    { budget: 50_000, repeats: 8 },
+    { budget: 500_000, repeats: 4 },
     { budget: 5_000_000, repeats: 1 },
   ],
   concurrency: 64,

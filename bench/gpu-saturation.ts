@@ -172,14 +172,16 @@ async function runBatchAndWait(o: GpuSaturationOptions, sigma: number, promptFil
   const client = new SglangClient({ endpoint: sim.url, concurrency: o.slots, requestTimeoutMs: 600_000 });
   try {
     const counter = new TokenCounter(sim);
-    const prompts = readPromptFile(promptFile)[Symbol.asyncIterator]();
-    const nextBatch = async (): Promise<{ id: string; inputIds: number[] }[]> => {
-      const batch: { id: string; inputIds: number[] }[] = [];
-      while (batch.length < o.slots) {
-        const n = await prompts.next();
-        if (n.done === true) break;
-        if (n.value.ok) batch.push({ id: n.value.record.id, inputIds: tokenizer.encodePrompt(n.value.record.messages) });
-      }
+    // Every prompt is tokenized before the first round, so that the rounds time only the
+    // send-and-wait pattern (tokenmill's producer tokenizes ahead of dispatch too).
+    const prompts: { id: string; inputIds: number[] }[] = [];
+    for await (const line of readPromptFile(promptFile)) {
+      if (line.ok) prompts.push({ id: line.record.id, inputIds: tokenizer.encodePrompt(line.record.messages) });
+    }
+    let nextPrompt = 0;
+    const nextBatch = (): { id: string; inputIds: number[] }[] => {
+      const batch = prompts.slice(nextPrompt, nextPrompt + o.slots);
+      nextPrompt += batch.length;
       return batch;
     };
     let t0: number | undefined;
@@ -188,8 +190,7 @@ async function runBatchAndWait(o: GpuSaturationOptions, sigma: number, promptFil
     let loop: ReturnType<typeof eventLoopMeter> | undefined;
     try {
       for (;;) {
-        // Prompts are tokenized before a round starts, as a script would, outside the timed sends.
-        const batch = await nextBatch();
+        const batch = nextBatch();
         if (batch.length === 0) throw new Error('baseline ran out of prompts before the target tokens');
         if (rounds === 1) {
           // The first round is the warm-up; the occupancy window is made of whole rounds after it.

@@ -9,9 +9,11 @@ export function buildProgram(): Command {
     .option('--log-level <level>', 'log level: fatal|error|warn|info|debug|trace|silent', 'info')
     .showHelpAfterError()
     .exitOverride();
-  program.hook('preAction', (cmd) => {
-    const opts = cmd.optsWithGlobals<{ logLevel?: string }>();
-    createRootLogger({ level: opts.logLevel ?? 'info' });
+  program.hook('preAction', (_program, action) => {
+    const opts = action.optsWithGlobals<{ logLevel?: string }>();
+    // The demo prints its own progress; its logs are for problems only unless asked for.
+    const quiet = action.name() === 'demo' && program.getOptionValueSource('logLevel') === 'default';
+    createRootLogger({ level: quiet ? 'warn' : (opts.logLevel ?? 'info') });
   });
   registerCommands(program);
   return program;

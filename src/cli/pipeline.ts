@@ -4,6 +4,7 @@ import type { Redis } from 'ioredis';
 import { Producer } from '../producers/producer.js';
 import { ResultsSink, type SinkCrashPoint } from '../producers/results-sink.js';
 import {
+  AppError,
   closeRedisConnection,
   createRedisConnection,
   generateQueueName,
@@ -50,6 +51,11 @@ export function windowBatches(config: Config, batchSize: number): number {
  */
 export async function startGeneration(ctx: RunContext, options: GenerationOptions): Promise<GenerationHandle> {
   const { config, keys } = ctx;
+  if (config.sglang.api === 'chat') {
+    // Training records must be token-exact (prompt ids + output ids); /v1/chat/completions
+    // does not reliably return output ids, so generation runs on /generate.
+    throw new AppError('sglang.api: "chat" is not supported for generation yet; use "generate" (token ids in and out, the default)');
+  }
   const log = logger('generation', { run: config.run });
   const datasets = generationDatasets(config);
   const conns: Redis[] = [];

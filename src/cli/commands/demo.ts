@@ -67,7 +67,7 @@ export function registerDemoCommand(program: Command): void {
         const ctx = await openRunContextFor(config);
         try {
           // Generate, then tokenize and merge; prints the status table and the validation report.
-          await runPipeline(ctx, opts.json === undefined ? {} : { json: opts.json });
+          await runPipeline(ctx, { progressMs: 3_000, ...(opts.json === undefined ? {} : { json: opts.json }) });
         } finally {
           await ctx.close();
         }

@@ -3,6 +3,7 @@ import { AppError, formatRunStatus, readRunStatus } from '../../shared/index.js'
 import type { RoundOutcome } from '../../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../workers/postprocess/worker.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
+import { startProgress } from '../progress.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/results-sink.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
@@ -17,13 +18,18 @@ interface RunOptions {
  * Runs generation parts until they finish or a signal arrives; prints the final status.
  * Exported for `demo`.
  */
-export async function runGeneration(ctx: RunContext, options: GenerationOptions & { json?: boolean; quiet?: boolean }): Promise<'finished' | 'signalled'> {
+export async function runGeneration(
+  ctx: RunContext,
+  options: GenerationOptions & { json?: boolean; quiet?: boolean; progressMs?: number },
+): Promise<'finished' | 'signalled'> {
   const handle = await startGeneration(ctx, options);
   const signal = onceSignalled();
+  const stopProgress = options.progressMs === undefined ? () => undefined : startProgress(ctx, options.progressMs);
   let outcome: 'finished' | 'signalled';
   try {
     outcome = await Promise.race([handle.finished.then(() => 'finished' as const), signal.then(() => 'signalled' as const)]);
   } finally {
+    stopProgress();
     await handle.stop();
   }
   if (options.quiet !== true) {
@@ -53,7 +59,9 @@ export function registerGenerationCommands(program: Command): void {
     .option('--json', 'print the final status as JSON')
     .addOption(hiddenCrashOption(program))
     .action(async (opts: RunOptions) => {
-      await withRun(opts.config, (ctx) => runPipeline(ctx, { ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) }));
+      await withRun(opts.config, (ctx) =>
+        runPipeline(ctx, { progressMs: 10_000, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) }),
+      );
     });
 
   program
@@ -135,8 +143,14 @@ export async function printRunSummary(ctx: RunContext, options: { json?: boolean
  * merge) served in this process; prints the status and the validation report. A failed round
  * fails the command with its reason. Exported for `demo`.
  */
-export async function runPipeline(ctx: RunContext, options: { json?: boolean; crashAt?: SinkCrashPoint }): Promise<void> {
-  const generation = await runGeneration(ctx, { produce: true, infer: true, quiet: true, ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }) });
+export async function runPipeline(ctx: RunContext, options: { json?: boolean; crashAt?: SinkCrashPoint; progressMs?: number }): Promise<void> {
+  const generation = await runGeneration(ctx, {
+    produce: true,
+    infer: true,
+    quiet: true,
+    ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }),
+    ...(options.progressMs === undefined ? {} : { progressMs: options.progressMs }),
+  });
   const postprocess = generation === 'finished' ? await runPostprocess(ctx) : undefined;
   await printRunSummary(ctx, { ...(options.json === undefined ? {} : { json: options.json }), ...(postprocess === undefined ? {} : { postprocess }) });
   if (postprocess !== undefined) throwIfFailed(postprocess);

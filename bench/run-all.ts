@@ -1,0 +1,92 @@
+// Runs the generation benchmarks one after the other and writes bench/results/latest.json.
+//   npm run bench                       every benchmark
+//   npm run bench -- budget-overshoot   only the ones named
+// Exit status: 0 when every target was met, 1 when one was missed, 2 when a benchmark failed.
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { budgetOvershoot } from './budget-overshoot.js';
+import { gpuSaturation } from './gpu-saturation.js';
+import { installBenchLogger, printResult, type BenchResult } from './lib.js';
+import { redisMemory } from './redis-memory.js';
+import { throughputCeiling } from './throughput-ceiling.js';
+
+const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
+  'gpu-saturation': () => gpuSaturation(),
+  'budget-overshoot': () => budgetOvershoot(),
+  'redis-memory': () => redisMemory(),
+  'throughput-ceiling': () => throughputCeiling(),
+};
+
+function redisVersion(): string {
+  try {
+    return /v=(\S+)/.exec(execFileSync('redis-server', ['--version'], { encoding: 'utf8' }))?.[1] ?? 'unknown';
+  } catch {
+    return 'unknown';
+  }
+}
+
+async function main(): Promise<number> {
+  installBenchLogger();
+  const names = process.argv.slice(2);
+  const unknown = names.filter((n) => !(n in BENCHMARKS));
+  if (unknown.length > 0) {
+    process.stderr.write(`unknown benchmark(s): ${unknown.join(', ')}; known: ${Object.keys(BENCHMARKS).join(', ')}\n`);
+    return 2;
+  }
+  const selected = names.length > 0 ? names : Object.keys(BENCHMARKS);
+  const startedAt = new Date();
+  // Other work on the machine competes for its cores: the load average says how much there was.
+  const loadBefore = os.loadavg().map((x) => Math.round(x * 100) / 100);
+  const results: BenchResult[] = [];
+  let failed = false;
+  for (const name of selected) {
+    const bench = BENCHMARKS[name];
+    if (bench === undefined) continue;
+    process.stdout.write(`-- running ${name}\n`);
+    try {
+      const r = await bench();
+      printResult(r);
+      results.push(r);
+    } catch (e: unknown) {
+      failed = true;
+      process.stderr.write(`benchmark ${name} failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+    }
+  }
+  const cpus = os.cpus();
+  const report = {
+    startedAt: startedAt.toISOString(),
+    finishedAt: new Date().toISOString(),
+    command: `npm run bench${names.length > 0 ? ` -- ${names.join(' ')}` : ''}`,
+    machine: {
+      cpus: cpus.length,
+      cpuModel: cpus[0]?.model ?? 'unknown',
+      memoryGiB: Math.round(os.totalmem() / 2 ** 30),
+      platform: `${os.type()} ${os.release()} ${os.arch()}`,
+      node: process.version,
+      redis: redisVersion(),
+      loadAverageBefore: loadBefore,
+      loadAverageAfter: os.loadavg().map((x) => Math.round(x * 100) / 100),
+    },
+    results,
+  };
+  const dir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'results');
+  mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, 'latest.json');
+  writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
+  const missed = results.flatMap((r) => r.targets.filter((t) => !t.met).map((t) => `${r.name}: ${t.what} (required ${t.required}, measured ${t.measured})`));
+  process.stdout.write(`results written to ${path.relative(process.cwd(), file)}\n`);
+  if (missed.length > 0) process.stdout.write(`targets missed:\n${missed.map((m) => `  - ${m}`).join('\n')}\n`);
+  if (failed) return 2;
+  return missed.length > 0 ? 1 : 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (e: unknown) => {
+    process.stderr.write(`${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+    process.exit(2);
+  },
+);
