@@ -40,16 +40,17 @@ async function main(): Promise<number> {
   const startedAt = new Date();
   // Other work on the machine competes for its cores: the load average says how much there was.
   const loadBefore = os.loadavg().map((x) => Math.round(x * 100) / 100);
-  const results: BenchResult[] = [];
+  const results: (BenchResult & { loadAverage1m: { before: number; after: number } })[] = [];
   let failed = false;
   for (const name of selected) {
     const bench = BENCHMARKS[name];
     if (bench === undefined) continue;
     process.stdout.write(`-- running ${name}\n`);
+    const before = os.loadavg()[0] ?? NaN;
     try {
       const r = await bench();
       printResult(r);
-      results.push(r);
+      results.push({ ...r, loadAverage1m: { before: Math.round(before * 100) / 100, after: Math.round((os.loadavg()[0] ?? NaN) * 100) / 100 } });
     } catch (e: unknown) {
       failed = true;
       process.stderr.write(`benchmark ${name} failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
+import { PayloadError, errorMessage } from './errors.js';
 import type { ChatMessage } from './tokenizer.js';
 
 /**
@@ -34,7 +35,17 @@ export interface RejectedLine {
 
 export type PromptLine = { ok: true; record: PromptRecord } | { ok: false; reject: RejectedLine };
 
-const ROLE_ALIASES: Record<string, ChatMessage['role']> = {
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** The sample id of a record without an `id`: a hash of its normalized messages. */
+export function contentSampleId(messages: readonly ChatMessage[]): string {
+  const canonical = JSON.stringify(messages.map((m) => ({ role: m.role, content: m.content })));
+  return `h:${createHash('sha256').update(canonical).digest('hex').slice(0, 16)}`;
+}
+
+const ROLE_ALIASES: Readonly<Record<string, ChatMessage['role']>> = {
   system: 'system',
   user: 'user',
   human: 'user',
@@ -44,29 +55,53 @@ const ROLE_ALIASES: Record<string, ChatMessage['role']> = {
   tool: 'tool',
 };
 
-/** The sample id of a record without an `id`: a hash of its normalized messages. */
-export function contentSampleId(messages: readonly ChatMessage[]): string {
-  const canonical = JSON.stringify(messages.map((m) => ({ role: m.role, content: m.content })));
-  return `h:${createHash('sha256').update(canonical).digest('hex').slice(0, 16)}`;
+/**
+ * Parses one chat message in the OpenAI / Hugging Face shape or ShareGPT's `{from, value}`
+ * (human, gpt). A null content (an assistant turn with only tool calls) becomes "", tool calls
+ * given as a JSON string are parsed. Throws a {@link PayloadError} naming `where`.
+ */
+export function parseChatMessage(raw: unknown, where: string): ChatMessage {
+  if (!isRecord(raw)) throw new PayloadError(`${where} is not an object`);
+  const roleRaw = raw.role ?? raw.from;
+  const role = typeof roleRaw === 'string' ? ROLE_ALIASES[roleRaw] : undefined;
+  if (role === undefined) {
+    throw new PayloadError(`${where}.role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool (or ShareGPT's human, gpt)`);
+  }
+  const contentRaw = raw.content !== undefined ? raw.content : raw.value;
+  if (contentRaw !== undefined && contentRaw !== null && typeof contentRaw !== 'string') {
+    throw new PayloadError(`${where}.content must be a string or null`);
+  }
+  const message: ChatMessage = { role, content: contentRaw ?? '' };
+  const reasoning = raw.reasoning_content;
+  if (typeof reasoning === 'string') message.reasoning_content = reasoning;
+  else if (reasoning !== undefined && reasoning !== null) throw new PayloadError(`${where}.reasoning_content must be a string`);
+  let toolCalls = raw.tool_calls;
+  if (typeof toolCalls === 'string') {
+    try {
+      toolCalls = JSON.parse(toolCalls) as unknown;
+    } catch (e: unknown) {
+      throw new PayloadError(`${where}.tool_calls is a string that is not JSON: ${errorMessage(e)}`, { cause: e });
+    }
+  }
+  if (Array.isArray(toolCalls)) {
+    if (toolCalls.length > 0) message.tool_calls = toolCalls;
+  } else if (toolCalls !== undefined && toolCalls !== null) {
+    throw new PayloadError(`${where}.tool_calls must be an array`);
+  }
+  if (typeof raw.name === 'string') message.name = raw.name;
+  if (typeof raw.tool_call_id === 'string') message.tool_call_id = raw.tool_call_id;
+  return message;
 }
 
 function normalizeMessages(raw: unknown, field: string): ChatMessage[] | string {
   if (!Array.isArray(raw)) return `"${field}" must be an array of messages`;
   const out: ChatMessage[] = [];
   for (const [i, m] of raw.entries()) {
-    if (typeof m !== 'object' || m === null) return `${field}[${i}] is not an object`;
-    const obj = m as Record<string, unknown>;
-    const roleRaw = obj.role ?? obj.from;
-    const content = obj.content ?? obj.value;
-    const role = typeof roleRaw === 'string' ? ROLE_ALIASES[roleRaw] : undefined;
-    if (role === undefined) return `${field}[${i}].role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool`;
-    if (typeof content !== 'string') return `${field}[${i}].content must be a string`;
-    const msg: ChatMessage = { role, content };
-    if (typeof obj.reasoning_content === 'string') msg.reasoning_content = obj.reasoning_content;
-    if (Array.isArray(obj.tool_calls)) msg.tool_calls = obj.tool_calls;
-    if (typeof obj.name === 'string') msg.name = obj.name;
-    if (typeof obj.tool_call_id === 'string') msg.tool_call_id = obj.tool_call_id;
-    out.push(msg);
+    try {
+      out.push(parseChatMessage(m, `${field}[${i}]`));
+    } catch (e: unknown) {
+      return errorMessage(e);
+    }
   }
   return out;
 }

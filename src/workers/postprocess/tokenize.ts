@@ -65,6 +65,7 @@ import {
   FinishReasonSchema,
   PayloadError,
   contentSampleId,
+  parseChatMessage,
   errorMessage,
   logger as componentLogger,
   type ChatMessage,
@@ -414,49 +415,6 @@ export interface ConversationRecord {
   tools?: unknown[];
 }
 
-const ROLE_ALIASES: Readonly<Record<string, ChatMessage['role']>> = {
-  system: 'system',
-  user: 'user',
-  human: 'user',
-  assistant: 'assistant',
-  gpt: 'assistant',
-  model: 'assistant',
-  tool: 'tool',
-};
-
-function parseMessage(raw: unknown, where: string): ChatMessage {
-  if (!isRecord(raw)) throw new PayloadError(`${where} is not an object`);
-  const roleRaw = raw.role ?? raw.from;
-  const role = typeof roleRaw === 'string' ? ROLE_ALIASES[roleRaw] : undefined;
-  if (role === undefined) {
-    throw new PayloadError(`${where}.role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool (or ShareGPT's human, gpt)`);
-  }
-  const contentRaw = raw.content !== undefined ? raw.content : raw.value;
-  if (contentRaw !== undefined && contentRaw !== null && typeof contentRaw !== 'string') {
-    throw new PayloadError(`${where}.content must be a string or null`);
-  }
-  const message: ChatMessage = { role, content: contentRaw ?? '' };
-  const reasoning = raw.reasoning_content;
-  if (typeof reasoning === 'string') message.reasoning_content = reasoning;
-  else if (reasoning !== undefined && reasoning !== null) throw new PayloadError(`${where}.reasoning_content must be a string`);
-  let toolCalls = raw.tool_calls;
-  if (typeof toolCalls === 'string') {
-    try {
-      toolCalls = JSON.parse(toolCalls) as unknown;
-    } catch (e: unknown) {
-      throw new PayloadError(`${where}.tool_calls is a string that is not JSON: ${errorMessage(e)}`, { cause: e });
-    }
-  }
-  if (Array.isArray(toolCalls)) {
-    if (toolCalls.length > 0) message.tool_calls = toolCalls;
-  } else if (toolCalls !== undefined && toolCalls !== null) {
-    throw new PayloadError(`${where}.tool_calls must be an array`);
-  }
-  if (typeof raw.name === 'string') message.name = raw.name;
-  if (typeof raw.tool_call_id === 'string') message.tool_call_id = raw.tool_call_id;
-  return message;
-}
-
 /**
  * Parses one line of a conversation dataset: SpecForge's `{"id", "conversations": [{"role",
  * "content", ["reasoning_content"], ["tool_calls"]}], ["tools"]}`, also with `messages` for
@@ -470,7 +428,7 @@ export function parseConversationRecord(value: unknown): ConversationRecord {
   const field = value.conversations !== undefined ? 'conversations' : 'messages';
   const list = value[field];
   if (!Array.isArray(list) || list.length === 0) throw new PayloadError('"conversations" must be a non-empty array of messages');
-  const messages = list.map((m, i) => parseMessage(m, `${field}[${i}]`));
+  const messages = list.map((m, i) => parseChatMessage(m, `${field}[${i}]`));
   let id: string;
   if (typeof value.id === 'string' && value.id !== '') id = value.id;
   else if (typeof value.id === 'number' && Number.isFinite(value.id)) id = String(value.id);
