@@ -41,6 +41,25 @@ export interface CliProcess {
   exited: Promise<number | string>;
 }
 
+// Children still running when the test process exits (a timed-out test) are killed with it.
+const liveChildren = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const c of liveChildren) c.kill('SIGKILL');
+});
+
+/** Kills every CLI child still running; call it in afterAll. */
+export async function killCliChildren(): Promise<void> {
+  await Promise.all(
+    [...liveChildren].map(
+      (c) =>
+        new Promise<void>((resolve) => {
+          c.once('exit', () => resolve());
+          c.kill('SIGKILL');
+        }),
+    ),
+  );
+}
+
 /** Runs the CLI from source (`node --import tsx src/cli/main.ts …`) as a real child process. */
 export function spawnCli(args: string[], options: { cwd?: string } = {}): CliProcess {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'src/cli/main.ts'), '--log-level', process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'warn', ...args], {
@@ -48,6 +67,8 @@ export function spawnCli(args: string[], options: { cwd?: string } = {}): CliPro
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env },
   });
+  liveChildren.add(child);
+  child.once('exit', () => liveChildren.delete(child));
   let out = '';
   child.stdout?.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr?.on('data', (d: Buffer) => (out += d.toString()));

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import type { RunStatus } from '../../src/shared/index.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 let redis: TestRedis;
 let sim: SimulatorHandle;
@@ -29,6 +29,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  await killCliChildren();
   await sim?.stop();
   await redis?.stop();
   tmp?.cleanup();

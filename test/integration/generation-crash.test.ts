@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, createRootLogger, type ConfigInput } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, readGenerations, sampleIdOfRid, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, sampleIdOfRid, killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import path from 'node:path';
 
 let redis: TestRedis;
@@ -19,6 +19,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  await killCliChildren();
   await sim?.stop();
   await redis?.stop();
   tmp?.cleanup();

@@ -8,7 +8,7 @@ import { openRunContextFor } from '../../src/cli/run-context.js';
 import { createRootLogger, describeHfDataset, loadConfig, type ConfigInput, type MergeJobResult, type RunStatus } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { waitForRound } from '../../src/workers/postprocess/flow.js';
-import { readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { readGenerations, killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 
@@ -24,6 +24,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  await killCliChildren();
   await sim?.stop();
   await redis?.stop();
   tmp?.cleanup();
