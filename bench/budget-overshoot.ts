@@ -64,6 +64,8 @@ interface BudgetCase {
   /** Samples committed after the budget was met: the requests in flight at that moment. */
   committedAfterBudgetMet: number;
   skippedByBudget: number;
+  /** Prompts the producer put in the queue (its cursor): sent + skipped by budget. */
+  promptsEnqueued: number;
   /** Mean running requests from the first request to the end, tail included (the reservation's cost). */
   meanRunningWholeRun: number;
   /** Wall seconds from the budget met to the generation finished (in-flight tail + drain). */
@@ -130,6 +132,8 @@ interface BudgetSummary {
   overshootTokensMax: number;
   finalTokensMin: number;
   inFlightWhenMet: number[];
+  /** Median over the runs. */
+  skippedByBudgetMedian: number;
   /** Summed over the runs. */
   sentAfterBudgetMet: number;
   /** Summed over the runs. */
@@ -155,6 +159,7 @@ function summarize(budget: number, runs: readonly BudgetCase[]): BudgetSummary {
     overshootTokensMax: Math.max(...runs.map((r) => r.overshootTokens)),
     finalTokensMin: Math.min(...runs.map((r) => r.finalTokens)),
     inFlightWhenMet: runs.map((r) => r.committedAfterBudgetMet),
+    skippedByBudgetMedian: median(runs.map((r) => r.skippedByBudget)),
     // A negative count means budgetMetMs was missing: count it as a miss.
     sentAfterBudgetMet: runs.reduce((a, r) => a + (r.sentAfterBudgetMet < 0 ? 1 : r.sentAfterBudgetMet), 0),
     acquiredAfterBudgetMet: runs.reduce((a, r) => a + r.acquiredAfterBudgetMet, 0),
@@ -202,6 +207,7 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, budget: numbe
     const keys = gen.ctx.keys;
     const stats = await redis.hgetall(keys.stats('ds'));
     const skipped = await redis.scard(keys.skipped('ds'));
+    const enqueued = Number((await redis.hget(keys.producer('ds'), 'line')) ?? 0);
     const finalTokens = Number(stats['outputTokens'] ?? 0);
     const budgetMetMs = Number(stats['budgetMetMs'] ?? NaN);
     const sent = [...early, ...sim.stats().requests].filter((r) => r.rid.startsWith('ds/'));
@@ -230,6 +236,7 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, budget: numbe
       acquiredAfterBudgetMet: sent.filter((r) => acquiredLate(r.rid)).length,
       committedAfterBudgetMet: records.filter((r) => Date.parse(r.ts) > budgetMetMs).length,
       skippedByBudget: skipped,
+      promptsEnqueued: enqueued,
       meanRunningWholeRun: round(meanRunning, 2),
       tailAfterBudgetMetS: round((finishedAtMs - budgetMetMs) / 1000, 2),
       wallS: round((performance.now() - t0) / 1000, 1),
@@ -260,7 +267,7 @@ export async function budgetOvershoot(o: BudgetOvershootOptions = DEFAULT_BUDGET
       summary.push(
         `budget ${fmtInt(b.budget)} (${b.budgetInBatches} batches), ${b.runs} run(s): overshoot median ${(b.overshootRatioMedian * 100).toFixed(2)}% (${fmtInt(b.overshootTokensMedian)} tokens), ` +
           `max ${(b.overshootRatioMax * 100).toFixed(2)}% (${fmtInt(b.overshootTokensMax)} tokens); in flight when met: ${b.inFlightWhenMet.join(', ')}; ` +
-          `received after the budget was met: ${b.sentAfterBudgetMet}${b.lateByMs.length > 0 ? ` (by ${b.lateByMs.join(', ')} ms)` : ''}, acquired after it (Redis order): ${b.acquiredAfterBudgetMet}`,
+          `received after the budget was met: ${b.sentAfterBudgetMet}${b.lateByMs.length > 0 ? ` (by ${b.lateByMs.join(', ')} ms)` : ''}, acquired after it (Redis order): ${b.acquiredAfterBudgetMet}; prompts skipped by budget (median) ${b.skippedByBudgetMedian}`,
       );
       targets.push(
         {

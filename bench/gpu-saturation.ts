@@ -197,7 +197,7 @@ async function runBatchAndWait(o: GpuSaturationOptions, sigma: number, promptFil
           counter.reset();
           loop = eventLoopMeter();
         }
-        const round = Promise.all(
+        const sends = Promise.all(
           batch.map((p) =>
             client.generate({
               inputIds: p.inputIds,
@@ -211,7 +211,7 @@ async function runBatchAndWait(o: GpuSaturationOptions, sigma: number, promptFil
           t0 = performance.now();
           done = timeOfTokens(counter, o.targetTokens, 600_000);
         }
-        await round;
+        await sends;
         rounds += 1;
         if (counter.tokens() >= o.targetTokens && rounds >= 2) break;
       }

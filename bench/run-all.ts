@@ -20,6 +20,17 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'throughput-ceiling': () => throughputCeiling(),
 };
 
+/** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */
+function gitState(): { commit: string; srcDirty: boolean } {
+  try {
+    const commit = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
+    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'src'], { encoding: 'utf8' }).trim() !== '';
+    return { commit, srcDirty: dirty };
+  } catch {
+    return { commit: 'unknown', srcDirty: false };
+  }
+}
+
 function redisVersion(): string {
   try {
     return /v=(\S+)/.exec(execFileSync('redis-server', ['--version'], { encoding: 'utf8' }))?.[1] ?? 'unknown';
@@ -38,6 +49,7 @@ async function main(): Promise<number> {
   }
   const selected = names.length > 0 ? names : Object.keys(BENCHMARKS);
   const startedAt = new Date();
+  const git = gitState();
   // Other work on the machine competes for its cores: the load average says how much there was.
   const loadBefore = os.loadavg().map((x) => Math.round(x * 100) / 100);
   const results: (BenchResult & { loadAverage1m: { before: number; after: number } })[] = [];
@@ -60,6 +72,7 @@ async function main(): Promise<number> {
   const report = {
     startedAt: startedAt.toISOString(),
     finishedAt: new Date().toISOString(),
+    git,
     command: `npm run bench${names.length > 0 ? ` -- ${names.join(' ')}` : ''}`,
     machine: {
       cpus: cpus.length,

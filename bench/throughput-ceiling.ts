@@ -139,7 +139,7 @@ async function runCase(o: CeilingCase): Promise<CeilingRun> {
         `${o.label}: committed ${fmtInt(requestsPerSec)} requests/s, ${fmtInt(tokensPerSec)} output tokens/s over ${windowS.toFixed(1)} s (after ${o.warmupMs / 1000} s warm-up)`,
         `${o.label}: sink ${fmtInt(sinkRecordsPerSec)} records/s written to disk; results stream backlog max ${maxBacklog}, at end ${b.backlog}`,
         `${o.label}: CPU node ${cores.nodeCores} cores, redis-server ${cores.redisCores ?? '?'} cores; event-loop delay mean ${lag.meanMs} ms, p99 ${lag.p99Ms} ms`,
-        `${o.label}: the simulator held ${round(simStats.occupancy.meanRunning, 1)} of ${o.concurrency} slots on average since it started`,
+        `${o.label}: the simulator had ${round(simStats.occupancy.meanRunning, 1)} of its ${o.concurrency} slots busy on average (it is not the limit; this process is, at ~1 core)`,
       ];
       return {
         metrics,

@@ -64,7 +64,10 @@ describe('generation: budgets and exactly-once accounting', () => {
       const budgetMetMs = Number(stats.budgetMetMs);
       expect(budgetMetMs).toBeGreaterThan(0);
       const sent = sim.stats().requests.filter((r) => r.rid.startsWith('big/'));
-      const late = sent.filter((r) => r.receivedAtMs > budgetMetMs);
+      // A request admitted just before the budget was met may reach the server a few ms after
+      // it; nothing admitted later is sent (with dispatch going on, dozens of requests a second
+      // would keep arriving).
+      const late = sent.filter((r) => r.receivedAtMs > budgetMetMs + 100);
       expect(late).toEqual([]);
 
       const records = readGenerations(ctx.runDir, 'big');

@@ -127,6 +127,11 @@ export class Dispatcher {
     return !this.stopping && this.running.size + this.ready < this.options.concurrencyPerEndpoint * this.options.pool.all.length + reserve;
   }
 
+  /** Whether the dataset's budget is reserved by requests in flight (fetching more of it is pointless). */
+  isBlocked(dataset: string): boolean {
+    return this.blockedDatasets.has(dataset);
+  }
+
   /** Resolves when a request ends or a sample leaves the queue (demand may have risen), or after `maxWaitMs`. */
   waitForDemand(maxWaitMs: number): Promise<void> {
     return new Promise((resolve) => {
@@ -220,8 +225,9 @@ export class Dispatcher {
 
   private async pumpOnce(): Promise<void> {
     const { keys, redis, concurrencyPerEndpoint } = this.options;
+    // Datasets found budget-reserved in this pass; published when the pass has looked at
+    // every pending sample (an early return keeps the previous pass's view).
     const blocked = new Set<string>();
-    this.blockedDatasets = blocked;
     let i = 0;
     let retryInMs = Infinity;
     while (!this.stopping && i < this.pending.length) {
@@ -275,6 +281,7 @@ export class Dispatcher {
           break;
       }
     }
+    this.blockedDatasets = blocked;
     if (retryInMs !== Infinity && !this.stopping) this.schedulePump(Math.max(10, retryInMs));
   }
 

@@ -150,6 +150,9 @@ export class InferenceWorker {
         const entry = queues[(turn + k) % queues.length];
         if (entry === undefined) continue;
         const [dataset, worker] = entry;
+        // Its budget is reserved by requests in flight: more of its prompts would only wait
+        // here and end as skipped; leave them in the queue.
+        if (dispatcher.isBlocked(dataset)) continue;
         const token = `${this.workerId}:${randomUUID()}`;
         let job: Job | undefined;
         try {
