@@ -4,7 +4,7 @@
 // follow the dataset's size. What does grow with it is measured key by key at the end.
 import type { Redis } from 'ioredis';
 import { startSimulator, type SimulatorHandle } from '../src/sim/index.js';
-import { RunKeys } from '../src/shared/index.js';
+import { RunKeys, generateJobOptions } from '../src/shared/index.js';
 import {
   benchConfig,
   delay,
@@ -208,6 +208,8 @@ export async function redisMemory(o: RedisMemoryOptions = DEFAULT_REDIS_MEMORY):
   const endWithoutJobs = runs.map((r) => r.endUsedMemoryBytes - r.keys.completedJobsBytes);
   const endWithoutJobsRatio = (endWithoutJobs[endWithoutJobs.length - 1] ?? NaN) / (endWithoutJobs[0] ?? NaN);
   const bytesPerCompletedJob = large.keys.completedJobs > 0 ? large.keys.completedJobsBytes / large.keys.completedJobs : 0;
+  const keep = generateJobOptions.removeOnComplete;
+  const keptJobs = typeof keep === 'object' && keep.count !== undefined ? keep.count : Infinity;
   const summary = [
     `fixed ${o.outputTokens}-token outputs, ~${o.promptChars}-char prompts, concurrency ${o.concurrency}, default batchSize and queue window; INFO memory every ${o.sampleEveryMs} ms`,
     ...runs.map(
@@ -223,7 +225,7 @@ export async function redisMemory(o: RedisMemoryOptions = DEFAULT_REDIS_MEMORY):
     ),
     `end used_memory minus the kept completed jobs: ${endWithoutJobs.map((b) => fmtBytes(b)).join(' vs ')} (ratio ${endWithoutJobsRatio.toFixed(3)})`,
     `growth per committed sample: done set ${perSample.doneSetBytes} B, kept completed jobs ${perSample.completedJobsBytes} B, BullMQ events ${perSample.bullEventsBytes} B, used_memory in all ${perSample.usedMemoryBytes} B`,
-    `a kept completed job holds its payload (prompt ids): ${fmtBytes(bytesPerCompletedJob)} each here; BullMQ keeps up to 2000 (removeOnComplete), i.e. up to ~${fmtBytes(2000 * bytesPerCompletedJob)} at this prompt length`,
+    `a kept completed job holds its payload (prompt ids): ${fmtBytes(bytesPerCompletedJob)} each here; BullMQ keeps up to ${keptJobs} (removeOnComplete), i.e. up to ~${fmtBytes(keptJobs * bytesPerCompletedJob)} at this prompt length`,
   ];
   const targets: BenchResult['targets'] = [
     {

@@ -48,13 +48,13 @@ export type GenerateBatchResult = z.infer<typeof GenerateBatchResultSchema>;
 
 /**
  * Generation jobs: per-sample retries happen inside the job, so the job itself retries rarely.
- * Completed jobs carry their prompts' token ids, so only the last 100 are kept (for Bull
+ * Completed jobs carry their prompts' token ids, so only the last 20 are kept (for Bull
  * Board): Redis must not grow with the dataset.
  */
 export const generateJobOptions: DefaultJobOptions = {
   attempts: 5,
   backoff: { type: 'exponential', delay: 1_000 },
-  removeOnComplete: { age: 3600, count: 100 },
+  removeOnComplete: { age: 3600, count: 20 },
   removeOnFail: { age: 7 * 24 * 3600 },
 };
 
