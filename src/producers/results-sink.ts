@@ -56,7 +56,6 @@ export class ResultsSink {
   private stopping = false;
   private loop: Promise<void> | undefined;
   private idleWaiters: (() => void)[] = [];
-  private lastReadEmpty = false;
 
   constructor(private readonly options: ResultsSinkOptions) {
     this.log = options.logger ?? componentLogger('results-sink', { dataset: options.dataset });
@@ -128,11 +127,9 @@ export class ResultsSink {
           | null;
         const entries = res?.[0]?.[1] ?? [];
         if (entries.length === 0) {
-          this.lastReadEmpty = true;
           for (const w of this.idleWaiters.splice(0)) w();
           continue;
         }
-        this.lastReadEmpty = false;
         await this.write(entries);
         for (const w of this.idleWaiters.splice(0)) w();
       }
@@ -183,11 +180,6 @@ export class ResultsSink {
     this.checkpoint = { ...this.checkpoint, part: partName(n), bytes: 0 };
     await writeCheckpoint(this.options.dir, this.checkpoint);
     this.file = await open(join(this.options.dir, this.checkpoint.part), 'a');
-  }
-
-  /** Whether the last read found the stream empty. */
-  get idle(): boolean {
-    return this.lastReadEmpty;
   }
 }
 

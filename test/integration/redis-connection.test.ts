@@ -5,7 +5,6 @@ import { Queue, Worker } from 'bullmq';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
   EnvironmentError,
-  RedisKeys,
   UnavailableError,
   checkRedisServer,
   closeRedisConnection,
@@ -197,13 +196,5 @@ describe('redactRedisUrl', () => {
     expect(redactRedisUrl('redis://127.0.0.1:6379/2')).toBe('redis://127.0.0.1:6379/2');
     expect(redactRedisUrl('redis://host:6379/0?password=s3cret')).not.toContain('s3cret');
     expect(redactRedisUrl('not a url //user:s3cret@host')).not.toContain('s3cret');
-  });
-});
-
-describe('RedisKeys', () => {
-  it('namespaces a run under its prefix', () => {
-    expect(RedisKeys.keyPrefix('tm', 'demo')).toBe('tm:demo');
-    expect(RedisKeys.key('tm:demo', 'tokens', 'B1_glaive')).toBe('tm:demo:tokens:B1_glaive');
-    expect(() => RedisKeys.keyPrefix('', 'demo')).toThrow();
   });
 });

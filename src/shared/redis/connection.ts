@@ -172,24 +172,6 @@ export function redactRedisUrl(url: string): string {
   }
 }
 
-/**
- * The namespace of one run in Redis. Everything of a run lives under `keyPrefix(prefix, run)`,
- * e.g. `tm:demo`: it is BullMQ's `prefix` option (queues become `tm:demo:<queue>:…`) and the
- * first part of tokenmill's own keys, so several runs can share one Redis and a test's keys
- * never meet another's.
- */
-export const RedisKeys = {
-  /** `<prefix>:<run>`, e.g. `keyPrefix('tm', 'demo')` → `tm:demo`. */
-  keyPrefix(prefix: string, run: string): string {
-    if (prefix === '' || run === '') throw new AppError('redis key prefix and run name must not be empty');
-    return `${prefix}:${run}`;
-  },
-  /** A key under a run's prefix: `key('tm:demo', 'tokens', 'B1')` → `tm:demo:tokens:B1`. */
-  key(runPrefix: string, ...parts: string[]): string {
-    return [runPrefix, ...parts].join(':');
-  },
-} as const;
-
 /** Options of {@link openRedis}. */
 export interface OpenRedisOptions {
   /** `redis.url` from the config; when absent, the embedded server at `dataDir` is used. */
