@@ -95,6 +95,34 @@ describe('generation: dispatch', () => {
     }
   }, 120_000);
 
+  it('an endpoint whose /health fails leaves the rotation, and comes back when it passes', async () => {
+    const s = await sim({ timeScale: 20, maxRunningRequests: 16, seed: 9, outputLength: { distribution: 'lognormal', mean: 400, sigma: 0.5 } });
+    writePrompts(tmp.dir, 'health', 120);
+    const cfg = config('health', s.url, { prompts: 'health.jsonl', batchSize: 8 }, { concurrency: 16, healthCheckIntervalMs: 100 });
+    const ctx = await openRunContextFor(cfg);
+    const handle = await startGeneration(ctx, { produce: true, infer: true });
+    try {
+      await waitFor(async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0) >= 10, 'first commits', 60_000);
+      s.setFaults({ unhealthy: true });
+      // Requests in flight finish; no new one starts while the server says it is unhealthy.
+      await waitFor(() => s.stats().running === 0 && s.stats().queued === 0, 'in-flight requests drained', 30_000);
+      const drainedAt = Date.now();
+      // An observation window (not a synchronisation wait): nothing may arrive during it.
+      await new Promise((r) => setTimeout(r, 600));
+      expect(s.stats().requests.filter((r) => r.receivedAtMs > drainedAt)).toEqual([]);
+      s.clearFaults();
+      await handle.finished;
+    } finally {
+      await handle.stop();
+    }
+    try {
+      expect(readGenerations(ctx.runDir, 'ds').length).toBe(120);
+      expect(Number(await ctx.redis.hlen(ctx.keys.failed('ds')))).toBe(0);
+    } finally {
+      await ctx.close();
+    }
+  }, 120_000);
+
   it('a prompt SGLang rejects (400) fails alone, with SGLang\'s message and no retry; the rest of its batch commits', async () => {
     // The simulator's context is 2048 tokens, but the config claims more, so two long
     // prompts reach SGLang and get its 400.

@@ -18,6 +18,8 @@ export interface EndpointPoolOptions {
   /** First and longest wait between probes of a down endpoint. */
   probeInitialMs?: number;
   probeMaxMs?: number;
+  /** How often endpoints in rotation are checked with `GET /health` (0 = never). */
+  healthCheckIntervalMs?: number;
   /** Called whenever an endpoint goes up or down. */
   onChange?: () => void;
   logger?: Logger;
@@ -35,6 +37,7 @@ export class EndpointPool {
   private readonly probeInitialMs: number;
   private readonly probeMaxMs: number;
   private stopped = false;
+  private healthTimer: NodeJS.Timeout | undefined;
 
   constructor(private readonly options: EndpointPoolOptions) {
     this.log = options.logger ?? rootChild('endpoint-pool');
@@ -57,7 +60,11 @@ export class EndpointPool {
     return this.endpoints.filter((e) => e.up).sort((a, b) => a.inFlight - b.inFlight);
   }
 
-  /** Checks every endpoint once; those that fail start being probed. */
+  /**
+   * Checks every endpoint once (those that fail start being probed), then checks the ones in
+   * rotation every `healthCheckIntervalMs` with the cheap `GET /health`, so a server that turns
+   * unhealthy leaves the rotation before requests fail on it.
+   */
   async start(): Promise<void> {
     await Promise.all(
       this.endpoints.map(async (e) => {
@@ -65,6 +72,18 @@ export class EndpointPool {
         if (!h.ok) this.markDown(e, h.error ?? `health check answered ${h.status ?? 'nothing'}`);
       }),
     );
+    const every = this.options.healthCheckIntervalMs ?? 0;
+    if (every > 0) {
+      this.healthTimer = setInterval(() => {
+        for (const e of this.endpoints) {
+          if (!e.up) continue;
+          void e.client.health().then((h) => {
+            if (!h.ok) this.markDown(e, h.error ?? `GET /health answered ${h.status ?? 'nothing'}`);
+          });
+        }
+      }, every);
+      this.healthTimer.unref();
+    }
   }
 
   /** Takes an endpoint out of rotation and probes it until it is healthy again. */
@@ -102,6 +121,7 @@ export class EndpointPool {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    clearInterval(this.healthTimer);
     for (const t of this.probing.values()) clearTimeout(t);
     this.probing.clear();
     await Promise.all(this.endpoints.map((e) => e.client.close()));

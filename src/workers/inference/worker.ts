@@ -26,6 +26,8 @@ export interface InferenceWorkerOptions {
   /** Requests in flight per endpoint, summed over every worker process. */
   concurrency: number;
   requestTimeoutMs: number;
+  /** How often endpoints in rotation are health-checked (ms). */
+  healthCheckIntervalMs?: number;
   /** Prompts per batch job: this process keeps about one batch ready beyond its slots. */
   batchSize: number;
   /** BullMQ lock of a batch job; a killed worker's jobs return to the queue after it. */
@@ -78,6 +80,7 @@ export class InferenceWorker {
       endpoints: o.endpoints,
       concurrency: o.concurrency,
       requestTimeoutMs: o.requestTimeoutMs,
+      ...(o.healthCheckIntervalMs === undefined ? {} : { healthCheckIntervalMs: o.healthCheckIntervalMs }),
       onChange: () => this.dispatcher?.wake(),
       logger: this.log,
     });
