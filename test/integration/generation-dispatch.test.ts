@@ -107,6 +107,8 @@ describe('generation: dispatch', () => {
       // Requests in flight finish; no new one starts while the server says it is unhealthy.
       await waitFor(() => s.stats().running === 0 && s.stats().queued === 0, 'in-flight requests drained', 30_000);
       const drainedAt = Date.now();
+      // Drained because the endpoint left the rotation, not because the prompts ran out.
+      expect(Number(await ctx.redis.hget(ctx.keys.stats('ds'), 'records'))).toBeLessThan(120);
       // An observation window (not a synchronisation wait): nothing may arrive during it.
       await new Promise((r) => setTimeout(r, 600));
       expect(s.stats().requests.filter((r) => r.receivedAtMs > drainedAt)).toEqual([]);
