@@ -365,7 +365,7 @@ describe('docker-compose.yml', () => {
       'sglang-sim': ['sim'],
       producer: [],
       'inference-worker': [],
-      'postprocess-worker': ['postprocess'],
+      'postprocess-worker': [],
       'train-worker': ['train'],
       dashboard: ['dashboard'],
     });
