@@ -71,6 +71,7 @@ import {
   type ChatMessage,
   type ChatTokenizer,
   type FinishReason,
+  type HfRow,
   type Logger,
 } from '../../shared/index.js';
 import { findSupervisedSpans, maskFromSpans, type CharSpan } from './tokenize-mask.js';
@@ -79,18 +80,11 @@ import { deriveAssistantTurnFormat, type AssistantTurnFormat } from './tokenize-
 export { deriveAssistantTurnFormat, type AssistantTurnFormat, type TurnFormatOptions } from './tokenize-template.js';
 export { findSupervisedSpans, maskFromSpans, type CharSpan } from './tokenize-mask.js';
 
-/** One training row. */
-export interface TokenizedRow {
-  id: string;
-  dataset: string;
-  input_ids: number[];
-  /** 0/1 per id: 1 where the target model's output is. */
-  loss_mask: number[];
-  /** `input_ids.length`. */
-  num_tokens: number;
-  /** `"stop"` or `"length"` for generations, {@link CONVERSATION_FINISH_REASON} for conversations. */
-  finish_reason: string;
-}
+/**
+ * One training row: the Hugging Face dataset's row ({@link HfRow}); `finish_reason` is `"stop"`
+ * or `"length"` for generations, {@link CONVERSATION_FINISH_REASON} for conversations.
+ */
+export type TokenizedRow = HfRow;
 
 /** `finish_reason` of rows made from conversation datasets, which were not generated here. */
 export const CONVERSATION_FINISH_REASON = 'conversation';
