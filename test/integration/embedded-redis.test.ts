@@ -151,13 +151,42 @@ describe('EmbeddedRedis', () => {
 
     await attached.stop();
     expect(isAlive(pid)).toBe(true);
-    expect(await connect(started.url).ping()).toBe('PONG');
+    const probe = connect(started.url);
+    expect(await probe.ping()).toBe('PONG');
+    await probe.quit();
 
     await owner.stop();
     expect(isAlive(pid)).toBe(false);
     expect(existsSync(path.join(dir, 'redis.pid'))).toBe(false);
     expect(existsSync(path.join(dir, 'redis.port'))).toBe(false);
     expect(await redisProcessesFor(dir)).toEqual([]);
+  });
+
+  it('with keepWhileInUse, the owner leaves the server running while another process still uses it', async () => {
+    const dir = await tempDir();
+    const owner = embedded({ dataDir: dir, keepWhileInUse: true });
+    const started = await owner.start();
+    const pid = owner.pid ?? -1;
+    // Another process's connection (a worker attached to the same run).
+    const other = connect(started.url);
+    await other.set('k', 'v');
+    await owner.stop();
+    expect(isAlive(pid)).toBe(true);
+    expect(await other.get('k')).toBe('v');
+    // The next command on the run attaches to it; as the last user, it stops it.
+    const next = embedded({ dataDir: dir, keepWhileInUse: true });
+    expect(await next.start()).toEqual(started);
+    expect(next.ownsProcess).toBe(false);
+    await next.stop();
+    expect(isAlive(pid)).toBe(true); // `other` is still connected
+    await other.quit();
+    const last = embedded({ dataDir: dir, keepWhileInUse: true });
+    await last.start();
+    await last.stop();
+    const deadline = Date.now() + 10_000;
+    while (isAlive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(isAlive(pid)).toBe(false);
+    expect(existsSync(path.join(dir, 'redis.pid'))).toBe(false);
   });
 
   it('runs one server when two starts on the same dataDir race', async () => {

@@ -141,10 +141,12 @@ describe('openRedis', () => {
       expect(second.url).toBe(first.url);
       expect(second.embedded?.ownsProcess).toBe(false);
 
-      await second.close();
+      // The first process is still using the server: the second one's close leaves it up.
       const conn = createRedisConnection(first.url, { role: 'client', logger: quietLogger() });
-      afterEachCleanups.push(() => closeRedisConnection(conn));
       expect(await conn.ping()).toBe('PONG');
+      await second.close();
+      expect(await conn.ping()).toBe('PONG');
+      await closeRedisConnection(conn);
 
       const pid = first.embedded?.pid ?? -1;
       await first.close();

@@ -208,6 +208,9 @@ export async function openRedis(options: OpenRedisOptions): Promise<OpenedRedis>
 
   const embedded = new EmbeddedRedis({
     dataDir: options.dataDir,
+    // Other commands on the same run (a worker, `status`) may attach to this server: it stays
+    // up while they use it.
+    keepWhileInUse: true,
     ...(options.redisServerPath === undefined ? {} : { redisServerPath: options.redisServerPath }),
     logger: options.logger ?? componentLogger('embedded-redis'),
   });

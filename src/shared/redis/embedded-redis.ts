@@ -36,6 +36,12 @@ export interface EmbeddedRedisOptions {
   readyTimeoutMs?: number;
   /** How long `stop()` waits for the server to exit before it kills it. Default 10 s. */
   stopTimeoutMs?: number;
+  /**
+   * When the owner stops while other processes are still connected (a worker or a second
+   * command attached to the same run), leave the server running for them instead of stopping
+   * it. Default false: `stop()` always stops a server this instance started.
+   */
+  keepWhileInUse?: boolean;
   logger?: Logger;
 }
 
@@ -94,6 +100,7 @@ export class EmbeddedRedis {
   private readonly extraArgs: readonly string[];
   private readonly readyTimeoutMs: number;
   private readonly stopTimeoutMs: number;
+  private readonly keepWhileInUse: boolean;
   private readonly log: Logger;
 
   private child: ChildProcess | undefined;
@@ -111,6 +118,7 @@ export class EmbeddedRedis {
     this.extraArgs = options.extraArgs ?? [];
     this.readyTimeoutMs = options.readyTimeoutMs ?? 30_000;
     this.stopTimeoutMs = options.stopTimeoutMs ?? 10_000;
+    this.keepWhileInUse = options.keepWhileInUse ?? false;
     this.log = options.logger ?? componentLogger('embedded-redis');
   }
 
@@ -155,13 +163,31 @@ export class EmbeddedRedis {
     const child = this.child;
     const exited = this.childExit;
     const owned = this.owned;
+    const port = this.endpoint?.port;
     this.endpoint = undefined;
     this.child = undefined;
     this.childExit = undefined;
     this.owned = false;
     if (!owned || child === undefined || exited === undefined) {
+      const pid = this.serverPid;
       this.serverPid = undefined;
+      // Attached to a server whose owner has gone: the last process to leave stops it.
+      if (this.keepWhileInUse && port !== undefined && pid !== undefined && (await countOtherClients(port)) === 0) {
+        await this.shutdownAttached(port, pid);
+      }
       return;
+    }
+    if (this.keepWhileInUse && child.exitCode === null && child.signalCode === null && port !== undefined) {
+      // Other tokenmill processes attached to this server (a worker, a second command on the
+      // same run) are still using it: leave it running for them. Its data is in the AOF, and
+      // the next command on this run attaches to it.
+      const others = await countOtherClients(port);
+      if (others > 0) {
+        this.log.info({ pid: child.pid, clients: others }, 'embedded redis left running: other processes still use it');
+        child.unref();
+        this.serverPid = undefined;
+        return;
+      }
     }
     if (child.exitCode === null && child.signalCode === null) {
       child.kill('SIGTERM');
@@ -346,6 +372,19 @@ export class EmbeddedRedis {
   }
 
   /** Removes the pid and port files, but only if they still describe `pid`. */
+  /** Stops a server this instance attached to (SIGTERM flushes the AOF), then removes its run files. */
+  private async shutdownAttached(port: number, pid: number): Promise<void> {
+    try {
+      process.kill(pid, 'SIGTERM');
+    } catch {
+      return; // already gone
+    }
+    const deadline = Date.now() + this.stopTimeoutMs;
+    while (Date.now() < deadline && (await pingOnce(port, 500)) !== 'down') await new Promise((r) => setTimeout(r, 50));
+    await this.removeRunFiles(pid);
+    this.log.info({ pid, dataDir: this.dataDir }, 'embedded redis stopped by its last user');
+  }
+
   private async removeRunFiles(pid: number | undefined): Promise<void> {
     const recorded = await readIntFile(this.file('redis.pid'));
     if (recorded !== undefined && recorded !== pid) return;
@@ -438,6 +477,29 @@ async function pingOnce(port: number, timeoutMs: number): Promise<'pong' | 'load
     socket.on('error', () => finish('down'));
     socket.on('close', () => finish('down'));
   });
+}
+
+/** Clients connected to the server on `port`, besides the connection that asks (0 if it cannot tell). */
+async function countOtherClients(port: number): Promise<number> {
+  const conn = new Redis({
+    host: HOST,
+    port,
+    lazyConnect: true,
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+    connectTimeout: 2_000,
+  });
+  conn.on('error', () => undefined);
+  try {
+    await conn.connect();
+    const list = (await conn.client('LIST')) as string;
+    return Math.max(0, list.split('\n').filter((l) => l.trim() !== '').length - 1);
+  } catch {
+    return 0;
+  } finally {
+    conn.disconnect();
+  }
 }
 
 /** `INFO server` of the server on `port`: its pid and config file. Undefined if it cannot be read. */
