@@ -277,6 +277,29 @@ export const ConfigSchema = z.strictObject({
     .prefault({})
     .describe('Inference workers and the producer\'s queue window.'),
   train: TrainConfigSchema.optional().describe('Training started after the merge. Omitted = no train stage.'),
+  dashboard: z
+    .strictObject({
+      token: z
+        .string({ error: 'expected a token of at least 16 characters' })
+        .min(16, { error: 'expected a token of at least 16 characters' })
+        .optional()
+        .describe(
+          'Token that guards the dashboard: send it as `Authorization: Bearer <token>`, or as the password of basic auth with user `tokenmill`. Omitted = the `DASHBOARD_TOKEN` environment variable, else a random token printed at start.',
+        ),
+      host: z
+        .string({ error: 'expected a host name or IP address' })
+        .min(1, { error: 'expected a host name or IP address' })
+        .default('127.0.0.1')
+        .describe('Address the dashboard listens on; `--host` overrides it.'),
+      port: z
+        .int({ error: 'expected a TCP port (1-65535)' })
+        .min(1, { error: 'expected a TCP port (1-65535)' })
+        .max(65535, { error: 'expected a TCP port (1-65535)' })
+        .default(3000)
+        .describe('TCP port of the dashboard; `--port` overrides it.'),
+    })
+    .prefault({})
+    .describe('`tokenmill dashboard`: Bull Board over the run\'s queues, and its progress as JSON.'),
 });
 
 /** A config file's content as written by users (before defaults). */

@@ -404,7 +404,7 @@ describe('JSON Schema and reference', () => {
     expect(schema.$schema).toMatch(/json-schema\.org/);
     expect(schema.type).toBe('object');
     expect(Object.keys(schema.properties ?? {}).sort()).toEqual(
-      ['datasets', 'output', 'postprocess', 'redis', 'run', 'sglang', 'tokenizer', 'train', 'workers'].sort(),
+      ['dashboard', 'datasets', 'output', 'postprocess', 'redis', 'run', 'sglang', 'tokenizer', 'train', 'workers'].sort(),
     );
     expect(schema.required).toEqual(['datasets']);
     expect(schema.additionalProperties).toBe(false);
@@ -462,6 +462,19 @@ describe('tokenmill config', () => {
     expect(printed.redis.url).toBe('redis://:***@127.0.0.1:6390/2');
     expect(out).not.toContain('s3cret');
     expect(printed.datasets[0]?.prompts).toBe(join(fixtures, 'data/B1_glaive.jsonl'));
+  });
+
+  it('-c masks the dashboard token', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tm-cfg-'));
+    try {
+      const file = join(dir, 'c.yaml');
+      writeFileSync(file, 'datasets: [{ name: a, conversations: a.jsonl }]\ndashboard: { token: very-secret-token-123456 }\n');
+      const out = await runConfigCommand(['-c', file]);
+      expect(out).not.toContain('very-secret-token-123456');
+      expect((JSON.parse(out) as { dashboard: { token: string } }).dashboard.token).toBe('***');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('-c on an invalid file throws the ConfigError', async () => {

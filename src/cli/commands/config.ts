@@ -7,8 +7,9 @@ interface ConfigCommandOptions {
   reference?: boolean;
 }
 
-/** A copy of the config that is safe to print: the Redis password is masked. */
+/** A copy of the config that is safe to print: the Redis password and the dashboard token are masked. */
 export function printableConfig(config: Config): Config {
+  if (config.dashboard.token !== undefined) config = { ...config, dashboard: { ...config.dashboard, token: '***' } };
   const url = config.redis.url;
   if (url === undefined) return config;
   let masked = url;

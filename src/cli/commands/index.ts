@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { registerConfigCommand } from './config.js';
+import { registerDashboardCommand } from './dashboard.js';
 import { registerDemoCommand } from './demo.js';
 import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
@@ -14,4 +15,5 @@ export function registerCommands(program: Command): void {
   registerPostprocessCommands(program);
   registerStatusCommands(program);
   registerDemoCommand(program);
+  registerDashboardCommand(program);
 }
