@@ -367,7 +367,7 @@ describe('docker-compose.yml', () => {
       'inference-worker': [],
       'postprocess-worker': [],
       'train-worker': ['train'],
-      dashboard: ['dashboard'],
+      dashboard: [],
     });
   });
 
