@@ -479,8 +479,11 @@ async function pingOnce(port: number, timeoutMs: number): Promise<'pong' | 'load
   });
 }
 
-/** Clients connected to the server on `port`, besides the connection that asks (0 if it cannot tell). */
-async function countOtherClients(port: number): Promise<number> {
+/**
+ * Runs `ask` on a short-lived connection to the server on `port` that fails fast instead of
+ * retrying; `fallback` when the server cannot be reached or the command fails.
+ */
+async function askServer<T>(port: number, fallback: T, ask: (conn: Redis) => Promise<T>): Promise<T> {
   const conn = new Redis({
     host: HOST,
     port,
@@ -493,29 +496,25 @@ async function countOtherClients(port: number): Promise<number> {
   conn.on('error', () => undefined);
   try {
     await conn.connect();
-    const list = (await conn.client('LIST')) as string;
-    return Math.max(0, list.split('\n').filter((l) => l.trim() !== '').length - 1);
+    return await ask(conn);
   } catch {
-    return 0;
+    return fallback;
   } finally {
     conn.disconnect();
   }
 }
 
-/** `INFO server` of the server on `port`: its pid and config file. Undefined if it cannot be read. */
-async function readServerInfo(port: number): Promise<{ processId: number | undefined; configFile: string | undefined } | undefined> {
-  const conn = new Redis({
-    host: HOST,
-    port,
-    lazyConnect: true,
-    enableOfflineQueue: false,
-    maxRetriesPerRequest: 0,
-    retryStrategy: () => null,
-    connectTimeout: 2_000,
+/** Clients connected to the server on `port`, besides the connection that asks (0 if it cannot tell). */
+function countOtherClients(port: number): Promise<number> {
+  return askServer(port, 0, async (conn) => {
+    const list = (await conn.client('LIST')) as string;
+    return Math.max(0, list.split('\n').filter((l) => l.trim() !== '').length - 1);
   });
-  conn.on('error', () => undefined);
-  try {
-    await conn.connect();
+}
+
+/** `INFO server` of the server on `port`: its pid and config file. Undefined if it cannot be read. */
+function readServerInfo(port: number): Promise<{ processId: number | undefined; configFile: string | undefined } | undefined> {
+  return askServer(port, undefined, async (conn) => {
     const info = await conn.info('server');
     const processId = /^process_id:(\d+)\s*$/m.exec(info)?.[1];
     const configFile = /^config_file:(.*?)\s*$/m.exec(info)?.[1];
@@ -523,11 +522,7 @@ async function readServerInfo(port: number): Promise<{ processId: number | undef
       processId: processId === undefined ? undefined : Number(processId),
       configFile: configFile === undefined || configFile === '' ? undefined : configFile,
     };
-  } catch {
-    return undefined;
-  } finally {
-    conn.disconnect();
-  }
+  });
 }
 
 function isProcessAlive(pid: number): boolean {
