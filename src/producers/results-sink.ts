@@ -1,7 +1,7 @@
-import { mkdir, open, readFile, rename, stat, truncate, type FileHandle } from 'node:fs/promises';
+import { mkdir, open, readFile, stat, truncate, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Redis } from 'ioredis';
-import { AppError, ProcessLock, logger as componentLogger, type Logger, type RunKeys } from '../shared/index.js';
+import { AppError, ProcessLock, logger as componentLogger, writeFileAtomic, type Logger, type RunKeys } from '../shared/index.js';
 
 /** Points at which a sink can be made to crash, to test recovery with real process kills. */
 export type SinkCrashPoint = 'after-write' | 'after-checkpoint';
@@ -187,20 +187,6 @@ function partName(n: number): string {
   return `part-${String(n).padStart(5, '0')}.jsonl`;
 }
 
-async function writeCheckpoint(dir: string, cp: Checkpoint): Promise<void> {
-  const tmp = join(dir, `${CHECKPOINT}.tmp`);
-  const f = await open(tmp, 'w');
-  try {
-    await f.write(JSON.stringify(cp));
-    await f.sync();
-  } finally {
-    await f.close();
-  }
-  await rename(tmp, join(dir, CHECKPOINT));
-  const d = await open(dir, 'r');
-  try {
-    await d.sync();
-  } finally {
-    await d.close();
-  }
+function writeCheckpoint(dir: string, cp: Checkpoint): Promise<void> {
+  return writeFileAtomic(join(dir, CHECKPOINT), JSON.stringify(cp));
 }

@@ -94,7 +94,7 @@ export interface GenerationRecord {
   output_ids: number[];
   prompt_tokens: number;
   completion_tokens: number;
-  finish_reason: { type: string };
+  finish_reason: { type: string; matched?: number | string; length?: number };
   endpoint: string;
   worker: string;
   attempt: number;

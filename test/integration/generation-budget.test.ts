@@ -3,7 +3,7 @@ import { Queue } from 'bullmq';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { createRootLogger, generateQueueName, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
+import { generateQueueName, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 import { duplicates, readGenerations, sampleIdOfRid, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
 
@@ -12,7 +12,6 @@ let sim: SimulatorHandle;
 let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  createRootLogger({ level: process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'error' });
   redis = await startTestRedis();
   tmp = tempDir();
 });

@@ -1,6 +1,6 @@
 // Crash and resume with real processes: the CLI runs as child processes that are SIGKILLed.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, createRootLogger, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 import { duplicates, readGenerations, sampleIdOfRid, killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
@@ -11,7 +11,6 @@ let sim: SimulatorHandle;
 let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  createRootLogger({ level: 'error' });
   redis = await startTestRedis();
   // Slow enough that a kill lands mid-generation: ~1 s per request.
   sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 16, seed: 11, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } });

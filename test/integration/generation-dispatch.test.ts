@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
-import { createRootLogger, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
+import { loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 import { duplicates, readGenerations, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
@@ -12,7 +12,6 @@ let tmp: { dir: string; cleanup: () => void };
 const sims: SimulatorHandle[] = [];
 
 beforeAll(async () => {
-  createRootLogger({ level: process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'error' });
   redis = await startTestRedis();
   tmp = tempDir();
 });

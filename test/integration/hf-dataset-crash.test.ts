@@ -11,15 +11,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger } from '../../src/shared/logger.js';
 import { MERGE_CRASH_POINTS, mergeIntoTarget, rollbackTarget, type HfRow, type MergeCrashPoint } from '../../src/shared/hf-dataset/index.js';
-import { makeRows, toColumns } from '../fixtures/hf/rows.js';
+import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
 import { REPO_ROOT, runProcess, runPythonJson, type ProcessResult } from '../helpers/python.js';
-
-interface PyLoad {
-  ok: boolean;
-  error?: string;
-  num_rows: number;
-  data?: Record<string, unknown[]>;
-}
 
 const RUNNER = path.join(REPO_ROOT, 'test', 'helpers', 'hf-merge-runner.ts');
 const SHARD_MIB = 0.01;

@@ -20,18 +20,8 @@ import {
   type MergeResult,
   type RollbackResult,
 } from '../../src/shared/hf-dataset/index.js';
-import { makeRows, toColumns } from '../fixtures/hf/rows.js';
+import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
 import { runPythonJson } from '../helpers/python.js';
-
-interface PyLoad {
-  ok: boolean;
-  error?: string;
-  num_rows: number;
-  features: Record<string, string>;
-  arrow_types: Record<string, string>;
-  files: string[];
-  data?: Record<string, unknown[]>;
-}
 
 const V = (dtype: string): Record<string, string> => ({ dtype, _type: 'Value' });
 const L = (dtype: string): Record<string, unknown> => ({ feature: V(dtype), _type: 'List' });

@@ -15,18 +15,8 @@ import {
   type HfRow,
   type HfWriteResult,
 } from '../../src/shared/hf-dataset/index.js';
-import { makeRows } from '../fixtures/hf/rows.js';
+import { makeRows, type PyLoad } from '../fixtures/hf/rows.js';
 import { runPythonJson } from '../helpers/python.js';
-
-interface PyLoad {
-  ok: boolean;
-  error?: string;
-  num_rows: number;
-  features: Record<string, string>;
-  arrow_types: Record<string, string>;
-  files: string[];
-  data?: Record<string, unknown[]>;
-}
 
 const SHARD_MIB = 0.02; // 20 KiB: 400 rows of ~33 tokens make several shards
 

@@ -5,7 +5,7 @@ import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { createRootLogger, describeHfDataset, loadConfig, type ConfigInput, type MergeJobResult, type RunStatus } from '../../src/shared/index.js';
+import { describeHfDataset, loadConfig, type ConfigInput, type MergeJobResult, type RunStatus } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { waitForRound } from '../../src/workers/postprocess/flow.js';
 import { readGenerations, killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
@@ -17,7 +17,6 @@ let sim: SimulatorHandle;
 let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  createRootLogger({ level: process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'error' });
   redis = await startTestRedis();
   sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.8 } });
   tmp = tempDir();

@@ -23,6 +23,7 @@ import {
 } from '../../src/shared/index.js';
 import { ensurePostprocessRound, planPostprocess, roundStagingDir, tokenizeJobId, waitForRound, type RoundOutcome } from '../../src/workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../src/workers/postprocess/worker.js';
+import type { GenerationRecord } from '../helpers/pipeline.js';
 import { startTestRedis, quietLogger, type TestRedis } from '../helpers/redis.js';
 import { tempDir, waitFor } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
@@ -46,22 +47,8 @@ afterAll(async () => {
   tmp?.cleanup();
 });
 
-interface GenRecord {
-  id: string;
-  dataset: string;
-  prompt_ids: number[];
-  output_ids: number[];
-  prompt_tokens: number;
-  completion_tokens: number;
-  finish_reason: { type: string; matched?: number; length?: number };
-  endpoint: string;
-  worker: string;
-  attempt: number;
-  ts: string;
-}
-
 /** A generation record as the results sink writes it, with real Qwen3 ids. */
-function record(dataset: string, id: string, finish: 'stop' | 'length' = 'stop'): GenRecord {
+function record(dataset: string, id: string, finish: 'stop' | 'length' = 'stop'): GenerationRecord {
   const promptIds = tok.encodePrompt([{ role: 'user', content: `Question ${id} of ${dataset}: what is ${id.length} squared?` }]);
   const imEnd = tok.tokenToId('<|im_end|>') ?? -1;
   const answer = tok.encode(`The answer to ${id} is ${id.length * id.length}.`);
@@ -81,7 +68,7 @@ function record(dataset: string, id: string, finish: 'stop' | 'length' = 'stop')
   };
 }
 
-function writePart(runDir: string, dataset: string, part: number, lines: (GenRecord | string)[]): void {
+function writePart(runDir: string, dataset: string, part: number, lines: (GenerationRecord | string)[]): void {
   const dir = path.join(runDir, dataset, 'generations');
   mkdirSync(dir, { recursive: true });
   const text = lines.map((l) => (typeof l === 'string' ? l : JSON.stringify(l))).join('\n');
@@ -147,7 +134,7 @@ const keyOf = (r: { dataset: string; id: string }): string => `${r.dataset}/${r.
 describe('post-process rounds', () => {
   let ctx: RunContext;
   let target: string;
-  let A: GenRecord[];
+  let A: GenerationRecord[];
 
   beforeAll(async () => {
     A = ['a-0', 'a-1', 'a-2'].map((id) => record('A', id));
@@ -189,7 +176,7 @@ describe('post-process rounds', () => {
     expect(ids.map((id, i) => `${datasets[i]}/${id}`).sort()).toEqual(['A/a-0', 'A/a-1', 'A/a-2', 'B/b-0', 'B/b-1', 'C/conv-0', 'C/conv-1']);
     // A generation row is the prompt, the output and the template's "\n" after <|im_end|>; only the output is supervised.
     const i = ids.indexOf('a-1');
-    const a1 = A[1] as GenRecord;
+    const a1 = A[1] as GenerationRecord;
     const newline = tok.encode('\n');
     expect((loaded?.data['input_ids'] ?? [])[i]).toEqual([...a1.prompt_ids, ...a1.output_ids, ...newline]);
     expect((loaded?.data['loss_mask'] ?? [])[i]).toEqual([...a1.prompt_ids.map(() => 0), ...a1.output_ids.map(() => 1), ...newline.map(() => 1)]);

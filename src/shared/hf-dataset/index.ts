@@ -3,4 +3,4 @@ export * from './schema.js';
 export * from './writer.js';
 export * from './reader.js';
 export * from './merge.js';
-export { linkOrCopy, type LinkMethod } from './fs.js';
+export { linkOrCopy, writeFileAtomic, type LinkMethod } from './fs.js';
