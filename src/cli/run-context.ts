@@ -55,7 +55,12 @@ export async function openRunContextFor(config: Config): Promise<RunContext> {
 export async function resolveContextLength(config: Config): Promise<number | undefined> {
   if (config.sglang.contextLength !== undefined) return config.sglang.contextLength;
   for (const endpoint of config.sglang.endpoints) {
-    const client = new SglangClient({ endpoint, concurrency: 1, requestTimeoutMs: 5_000 });
+    const client = new SglangClient({
+      endpoint,
+      concurrency: 1,
+      requestTimeoutMs: 5_000,
+      ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
+    });
     try {
       const info = await client.serverInfo();
       if (typeof info.context_length === 'number') return info.context_length;

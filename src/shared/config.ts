@@ -4,17 +4,20 @@
  * `loadConfig` returns a typed {@link Config} with defaults applied and every relative path
  * resolved against the config file's folder, or throws a {@link ConfigError} that lists every
  * problem with its path (`datasets[2].tokenBudget`) and, for YAML files, its line.
- * Nothing here runs at import time and nothing reads `process.env`.
+ * Nothing here runs at import time; `loadConfig` reads only the environment variables listed
+ * in `config-env.ts` (e.g. `SGLANG_API_KEY`), from the `env` it is given (default `process.env`).
  */
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { isAlias, isMap, isScalar, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
 import { z } from 'zod';
+import { type ConfigEnv, configEnvProblems, readConfigEnv } from './config-env.js';
 import { ConfigError, type ConfigIssue } from './errors.js';
 import { bundledTokenizerPath } from './tokenizer.js';
 
 // `tokenizer.path` defaults to the bundled tokenizer; re-exported so config users find it here.
 export { bundledTokenizerPath };
+export { CONFIG_ENV_VARS, type ConfigEnv } from './config-env.js';
 
 // ---------------------------------------------------------------------------------------------
 // Schema
@@ -188,6 +191,14 @@ export const ConfigSchema = z.strictObject({
       maxAttempts: positiveInt()
         .default(3)
         .describe('Attempts per prompt against a healthy server before it is marked failed; outages do not count.'),
+      apiKey: z
+        .string({ error: 'expected an API key (a string)' })
+        .min(1, { error: 'expected an API key, not an empty string' })
+        .regex(/^[^\r\n]*$/, { error: 'expected an API key without line breaks' })
+        .optional()
+        .describe(
+          'API key of the SGLang servers (`--api-key`), sent as `Authorization: Bearer <key>` on every request; never logged or printed. Omitted = the `SGLANG_API_KEY` environment variable, else none.',
+        ),
       contextLength: positiveInt()
         .optional()
         .describe(
@@ -273,6 +284,9 @@ export const ConfigSchema = z.strictObject({
       windowBatches: positiveInt()
         .optional()
         .describe('Batches kept queued per dataset. Omitted = enough to fill every endpoint twice over.'),
+      stallAfterMs: positiveInt()
+        .default(60_000)
+        .describe('A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).'),
     })
     .prefault({})
     .describe('Inference workers and the producer\'s queue window.'),
@@ -349,7 +363,7 @@ type PathSegment = string | number;
  *
  * @throws ConfigError listing every problem, each with its path and, for YAML, its line.
  */
-export function loadConfig(input: LoadConfigInput): Config {
+export function loadConfig(input: LoadConfigInput, options: { env?: ConfigEnv } = {}): Config {
   let raw: unknown;
   let baseDir: string;
   let file: string | undefined;
@@ -385,7 +399,16 @@ export function loadConfig(input: LoadConfigInput): Config {
     const issues = result.error.issues.flatMap((issue) => toConfigIssues(issue, raw, lineOf));
     throw new ConfigError(sortIssues(issues), file);
   }
-  return resolveConfig(result.data, { ...(file === undefined ? {} : { file }), baseDir });
+  const envValues = readConfigEnv(options.env ?? process.env);
+  const envProblems = configEnvProblems(envValues);
+  if (envProblems.length > 0) {
+    throw new ConfigError(envProblems.map(([name, message]) => ({ path: `(environment) ${name}`, message })), file);
+  }
+  const config = resolveConfig(result.data, { ...(file === undefined ? {} : { file }), baseDir });
+  if (config.sglang.apiKey === undefined && envValues.sglangApiKey !== undefined) {
+    return { ...config, sglang: { ...config.sglang, apiKey: envValues.sglangApiKey } };
+  }
+  return config;
 }
 
 function parseYaml(

@@ -12,6 +12,7 @@ import {
   UpstreamHttpError,
 } from '../../src/shared/errors.js';
 import {
+  EndpointMisconfiguredError,
   SglangBadRequestError,
   SglangClient,
   type SglangClientOptions,
@@ -393,12 +394,12 @@ describe('SGLang version quirks', () => {
     expect(s.seen.map((r) => r.url)).toEqual(['/model_info', '/get_model_info']);
   });
 
-  it('reports a 404 on both info paths as a non-retryable error', async () => {
+  it('reports a 404 on both info paths as an endpoint-level error naming the base path', async () => {
     const s = await literal((_req, res) => json(res, 404, { detail: 'Not Found' }));
     const e = await rejectionOf(client(s.url).modelInfo());
-    expect(e).toBeInstanceOf(UpstreamHttpError);
-    expect((e as UpstreamHttpError).status).toBe(404);
-    expect((e as UpstreamHttpError).retryable).toBe(false);
+    expect(e).toBeInstanceOf(EndpointMisconfiguredError);
+    expect((e as EndpointMisconfiguredError).status).toBe(404);
+    expect((e as Error).message).toContain("check the endpoint's base path");
   });
 
   it('keeps a path prefix of the endpoint', async () => {

@@ -10,8 +10,10 @@ import {
 } from '../../src/shared/errors.js';
 import { SglangClient } from '../../src/shared/sglang/client.js';
 import {
+  EndpointMisconfiguredError,
   SglangBadRequestError,
   classifyResponse,
+  isEndpointLevelStatus,
   classifyTransportError,
   errorCode,
   sglangErrorMessage,
@@ -344,15 +346,38 @@ describe('classifyResponse', () => {
     expect(openai.sglangMessage).toBe('max_tokens must be positive');
   });
 
-  it('makes other 4xx non-retryable, except 408 and 429', () => {
-    for (const status of [404, 405, 422]) {
+  it('makes 401/403/404/405/422 an endpoint-level EndpointMisconfiguredError (the prompt keeps its attempts)', () => {
+    const hints: Record<number, string> = { 401: 'check sglang.apiKey', 403: 'check sglang.apiKey', 404: "check the endpoint's base path", 405: "check the endpoint's base path", 422: 'check sglang.endpoints' };
+    for (const status of [401, 403, 404, 405, 422]) {
       const e = classifyResponse(status, '{"detail":"Not Found"}', ctx);
-      expect(e).toBeInstanceOf(UpstreamHttpError);
+      expect(e, String(status)).toBeInstanceOf(EndpointMisconfiguredError);
+      expect(e).toBeInstanceOf(UnavailableError);
       expect(e).not.toBeInstanceOf(SglangBadRequestError);
-      expect(e?.retryable).toBe(false);
-      expect((e as UpstreamHttpError).status).toBe(status);
+      const m = e as EndpointMisconfiguredError;
+      expect(m.status).toBe(status);
+      expect(m.endpoint).toBe(ctx.endpoint);
+      expect(m.route).toBe(ctx.route);
+      expect(m.retryable).toBe(true);
+      expect(m.message).toContain(`SGLang endpoint ${ctx.endpoint} answered ${status}`);
+      expect(m.message).toContain(`to ${ctx.route}`);
+      expect(m.message).toContain(hints[status]);
+      expect(isEndpointLevelStatus(status)).toBe(true);
     }
-    for (const status of [408, 429]) expect(classifyResponse(status, '', ctx)?.retryable).toBe(true);
+    expect(classifyResponse(401, '{"error":"Unauthorized"}', ctx)?.message).toContain('401 Unauthorized to');
+  });
+
+  it('makes 413 fail the prompt, and 408/429 retryable', () => {
+    const e = classifyResponse(413, '{"detail":"Request Entity Too Large"}', ctx);
+    expect(e).toBeInstanceOf(UpstreamHttpError);
+    expect(e).not.toBeInstanceOf(EndpointMisconfiguredError);
+    expect(e?.retryable).toBe(false);
+    expect((e as UpstreamHttpError).status).toBe(413);
+    expect(e?.message).toContain('too large');
+    for (const status of [408, 429]) {
+      expect(classifyResponse(status, '', ctx)?.retryable).toBe(true);
+      expect(classifyResponse(status, '', ctx)).not.toBeInstanceOf(EndpointMisconfiguredError);
+    }
+    for (const status of [400, 408, 413, 429, 500, 503]) expect(isEndpointLevelStatus(status)).toBe(false);
   });
 
   it('makes 5xx retryable with its status and message', () => {

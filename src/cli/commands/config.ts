@@ -7,9 +7,10 @@ interface ConfigCommandOptions {
   reference?: boolean;
 }
 
-/** A copy of the config that is safe to print: the Redis password and the dashboard token are masked. */
+/** A copy of the config that is safe to print: the Redis password, the dashboard token and the SGLang API key are masked. */
 export function printableConfig(config: Config): Config {
   if (config.dashboard.token !== undefined) config = { ...config, dashboard: { ...config.dashboard, token: '***' } };
+  if (config.sglang.apiKey !== undefined) config = { ...config, sglang: { ...config.sglang, apiKey: '***' } };
   const url = config.redis.url;
   if (url === undefined) return config;
   let masked = url;

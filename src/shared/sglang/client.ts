@@ -4,7 +4,9 @@
  * Every failure comes out as an {@link AppError} that says what to do next: a 400 fails the
  * prompt ({@link SglangBadRequestError}), a 5xx or an unusable body is retryable, an endpoint
  * that cannot be reached is an `UnavailableError` (wait, do not spend attempts), the request
- * deadline gives a `TimeoutError`, and the caller's abort signal a `CancelledError`. A request
+ * deadline gives a `TimeoutError`, and the caller's abort signal a `CancelledError`. A 401, 403,
+ * 404, 405 or other endpoint-level 4xx is an `EndpointMisconfiguredError` (take the endpoint
+ * out of rotation; the prompt is not at fault). A request
  * that was cancelled or timed out is also aborted on the server (`/abort_request`), so its
  * batch slot is freed at once.
  */
@@ -19,10 +21,12 @@ import {
 } from '../errors.js';
 import { type Logger, logger as componentLogger } from '../logger.js';
 import {
+  EndpointMisconfiguredError,
   SglangResponseFormatError,
   type SglangRequestContext,
   classifyResponse,
   classifyTransportError,
+  isEndpointLevelStatus,
   sglangErrorMessage,
 } from './errors.js';
 import {
@@ -65,6 +69,11 @@ export interface SglangClientOptions {
    * (except `base:adapter` for LoRA). Default `default`, SGLang's own default name.
    */
   chatModel?: string;
+  /**
+   * Sent as `Authorization: Bearer <apiKey>` on every request (SGLang's `--api-key`). Never
+   * logged.
+   */
+  apiKey?: string;
   /** Default: the `sglang-client` component logger, bound to the endpoint. */
   logger?: Logger;
 }
@@ -96,6 +105,11 @@ export interface HealthResult {
   status?: number;
   /** Why it is not ok: SGLang's message, or the connection error. */
   error?: string;
+  /**
+   * The endpoint answered with an endpoint-level status (401, 403, 404, …; see
+   * `EndpointMisconfiguredError`): waiting will not fix it, its configuration must change.
+   */
+  misconfigured?: boolean;
 }
 
 interface SendOptions {
@@ -134,6 +148,13 @@ export class SglangClient {
 
   private readonly basePath: string;
   private readonly chatModel: string;
+  private readonly authorization: string | undefined;
+  /**
+   * SGLang exempts `/health*` from `--api-key`, so a health check alone cannot see a missing or
+   * wrong key: until an authenticated route has answered, {@link healthGenerate} also checks
+   * one. Needed with a key (is it the right one?) and after an endpoint-level answer.
+   */
+  private accessCheckNeeded: boolean;
   private readonly log: Logger;
   private readonly pool: Pool;
   private readonly controlPool: Pool;
@@ -157,6 +178,11 @@ export class SglangClient {
     this.requestTimeoutMs = options.requestTimeoutMs;
     this.controlTimeoutMs = options.controlTimeoutMs ?? DEFAULT_CONTROL_TIMEOUT_MS;
     this.chatModel = options.chatModel ?? 'default';
+    if (options.apiKey !== undefined && (options.apiKey === '' || /[\r\n]/.test(options.apiKey))) {
+      throw new ConfigError([{ path: 'apiKey', message: 'expected a non-empty key without line breaks' }]);
+    }
+    this.authorization = options.apiKey === undefined ? undefined : `Bearer ${options.apiKey}`;
+    this.accessCheckNeeded = options.apiKey !== undefined;
     this.log = options.logger ?? componentLogger('sglang-client', { endpoint: this.endpoint });
 
     this.pool = new Pool(url.origin, {
@@ -242,9 +268,42 @@ export class SglangClient {
     }
   }
 
-  /** `GET /health_generate`: ok when SGLang can generate (200). Never throws. */
-  healthGenerate(): Promise<HealthResult> {
+  /**
+   * `GET /health_generate`: ok when SGLang can generate (200). Never throws. While access has
+   * not been confirmed (an API key is configured, or a request got an endpoint-level answer),
+   * it first checks an authenticated route (`GET /model_info`): a 401/403/404 there is
+   * reported as not ok, `misconfigured: true`, with a message naming the status and what to
+   * check.
+   */
+  async healthGenerate(): Promise<HealthResult> {
+    if (this.accessCheckNeeded) {
+      const access = await this.checkAccess();
+      if (!access.ok) return access;
+    }
     return this.probe('/health_generate');
+  }
+
+  /**
+   * Whether this client may use the endpoint: `GET /model_info` (then the old
+   * `/get_model_info` on 404) answers something other than an endpoint-level 4xx. SGLang's
+   * `--api-key` guards it, unlike `/health`. Never throws.
+   */
+  async checkAccess(): Promise<HealthResult> {
+    try {
+      let res = await this.send({ pool: this.controlPool, method: 'GET', path: '/model_info', timeoutMs: this.controlTimeoutMs });
+      if (res.status === 404) {
+        res = await this.send({ pool: this.controlPool, method: 'GET', path: '/get_model_info', timeoutMs: this.controlTimeoutMs });
+      }
+      if (isEndpointLevelStatus(res.status)) {
+        this.accessCheckNeeded = true;
+        const e = new EndpointMisconfiguredError(res.status, res.context, sglangErrorMessage(res.text));
+        return { ok: false, status: res.status, error: e.message, misconfigured: true };
+      }
+      if (res.status >= 200 && res.status < 300) this.accessCheckNeeded = false;
+      return { ok: true, status: res.status };
+    } catch (e: unknown) {
+      return { ok: false, error: errorMessage(e) };
+    }
   }
 
   /** `GET /health`: ok when the server process answers 200. Never throws. */
@@ -307,6 +366,10 @@ export class SglangClient {
         rid: options.rid,
       });
       const error = classifyResponse(res.status, res.text, res.context);
+      if (error instanceof EndpointMisconfiguredError) {
+        this.accessCheckNeeded = true;
+        this.log.error({ status: error.status, route: error.route }, error.message);
+      }
       if (error !== null) throw error;
       return res;
     } finally {
@@ -336,13 +399,13 @@ export class SglangClient {
     const unsubscribe = options.signal === undefined ? undefined : this.onCallerAbort(options.signal, onCancel);
 
     try {
+      const headers: Record<string, string> = { accept: 'application/json' };
+      if (options.body !== undefined) headers['content-type'] = 'application/json';
+      if (this.authorization !== undefined) headers['authorization'] = this.authorization;
       const res = await options.pool.request({
         path: `${this.basePath}${options.path}`,
         method: options.method,
-        headers:
-          options.body === undefined
-            ? { accept: 'application/json' }
-            : { accept: 'application/json', 'content-type': 'application/json' },
+        headers,
         body: options.body === undefined ? null : JSON.stringify(options.body),
         signal: controller.signal,
       });
@@ -436,7 +499,17 @@ export class SglangClient {
     try {
       const res = await this.send({ pool: this.controlPool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
       if (res.status >= 200 && res.status < 300) return { ok: true, status: res.status };
-      return { ok: false, status: res.status, error: sglangErrorMessage(res.text) ?? `HTTP ${res.status}` };
+      if (isEndpointLevelStatus(res.status)) {
+        this.accessCheckNeeded = true;
+        const e = new EndpointMisconfiguredError(res.status, res.context, sglangErrorMessage(res.text));
+        return { ok: false, status: res.status, error: e.message, misconfigured: true };
+      }
+      const said = sglangErrorMessage(res.text);
+      return {
+        ok: false,
+        status: res.status,
+        error: `${res.context.route} on ${this.endpoint} answered ${res.status}${said === undefined ? '' : `: ${said}`}`,
+      };
     } catch (e: unknown) {
       return { ok: false, error: errorMessage(e) };
     }

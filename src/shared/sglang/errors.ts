@@ -2,6 +2,8 @@
  * SGLang-specific errors, and the one place that decides what an HTTP status or a transport
  * failure means for the caller: fail the prompt, retry it, or wait for the endpoint.
  */
+import { STATUS_CODES } from 'node:http';
+
 import {
   type AppError,
   CancelledError,
@@ -104,23 +106,88 @@ export function sglangErrorMessage(bodyText: string): string | undefined {
 }
 
 /**
+ * The endpoint refused the request for a reason of its own, not the prompt's: 401/403 (a
+ * missing or wrong API key, a proxy in front of SGLang), 404 (a wrong base path), 405, or any
+ * other 4xx except 400, 408, 413 and 429. Every request to this endpoint will get the same
+ * answer: take the endpoint out of rotation and keep the prompts' attempts.
+ *
+ * It is an {@link UnavailableError} (retryable, never charged to a prompt), so a caller that
+ * only knows "wait for the endpoint" already does the right thing; a caller that tells the two
+ * apart can log it as an error, since no amount of waiting fixes a configuration.
+ */
+export class EndpointMisconfiguredError extends UnavailableError {
+  /** The HTTP status the endpoint answered, e.g. 401. */
+  readonly status: number;
+  /** Method and path, e.g. `POST /generate`. */
+  readonly route: string;
+  /** What the endpoint said, when it said anything. */
+  readonly serverMessage: string | undefined;
+
+  constructor(status: number, context: SglangRequestContext, serverMessage?: string) {
+    super(misconfiguredMessage(status, context, serverMessage), { endpoint: context.endpoint });
+    this.status = status;
+    this.route = context.route;
+    this.serverMessage = serverMessage;
+  }
+}
+
+/** What to check for a status that means the endpoint, not the prompt, is wrong. */
+function misconfiguredHint(status: number): string {
+  switch (status) {
+    case 401:
+      return 'check sglang.apiKey (or SGLANG_API_KEY): the server was started with --api-key and did not accept the key sent';
+    case 403:
+      return 'check sglang.apiKey and any proxy in front of the server';
+    case 404:
+      return "check the endpoint's base path in sglang.endpoints (it should be the server's root, e.g. http://host:30000)";
+    case 405:
+      return "check the endpoint's base path in sglang.endpoints: the route exists but not for this method, so the URL may point at another service";
+    default:
+      return 'check sglang.endpoints and the server version: this endpoint does not accept the request';
+  }
+}
+
+function misconfiguredMessage(status: number, context: SglangRequestContext, serverMessage: string | undefined): string {
+  const reason = STATUS_CODES[status];
+  const said = serverMessage === undefined ? '' : ` (${serverMessage})`;
+  return `SGLang endpoint ${context.endpoint} answered ${status}${reason === undefined ? '' : ` ${reason}`} to ${context.route}${said}: ${misconfiguredHint(status)}`;
+}
+
+/**
+ * Whether a status says the endpoint, not the request, is wrong: every 4xx except 400 (the
+ * prompt), 408 and 429 (transient) and 413 (the prompt is too large).
+ */
+export function isEndpointLevelStatus(status: number): boolean {
+  return status >= 401 && status < 500 && status !== 408 && status !== 413 && status !== 429;
+}
+
+/**
  * What an HTTP status from SGLang means for the caller. `null` for 2xx (the body still has to
  * be parsed). Otherwise:
  * - 400 → {@link SglangBadRequestError}, never retried (the prompt itself is bad);
+ * - 413 → non-retryable `UpstreamHttpError` (the request body, i.e. the prompt, is too large
+ *   for the server or a proxy in front of it);
  * - 408, 429 → retryable `UpstreamHttpError` (transient, whoever sent it);
- * - other 4xx (404, 405, 422, …) → non-retryable `UpstreamHttpError` (a client/server mismatch
- *   that repeating will not fix);
+ * - other 4xx (401, 403, 404, 405, 422, …) → {@link EndpointMisconfiguredError}: the endpoint
+ *   is wrong, not the prompt;
  * - 5xx, including 503 (queue full, starting, shutting down) → retryable `UpstreamHttpError`;
  * - anything else (1xx/3xx) → retryable `UpstreamHttpError`.
  */
 export function classifyResponse(status: number, bodyText: string, context: SglangRequestContext): AppError | null {
   if (status >= 200 && status < 300) return null;
-  const message = sglangErrorMessage(bodyText) ?? '(empty body)';
+  const serverMessage = sglangErrorMessage(bodyText);
+  const message = serverMessage ?? '(empty body)';
   if (status === 400) return new SglangBadRequestError(message, context);
+  if (isEndpointLevelStatus(status)) return new EndpointMisconfiguredError(status, context, serverMessage);
   const base = { status, endpoint: context.endpoint };
   const text = `${context.endpoint} ${context.route} returned ${status}: ${message}`;
+  if (status === 413) {
+    return new UpstreamHttpError(
+      `${text} (the request is too large for the server or a proxy in front of it: the prompt is too long to send)`,
+      { ...base, retryable: false },
+    );
+  }
   if (status === 408 || status === 429) return new UpstreamHttpError(text, { ...base, retryable: true });
-  if (status >= 400 && status < 500) return new UpstreamHttpError(text, { ...base, retryable: false });
   return new UpstreamHttpError(text, { ...base, retryable: true });
 }
 

@@ -8,11 +8,14 @@ export {
   type HealthResult,
 } from './client.js';
 export {
+  EndpointMisconfiguredError,
+  isEndpointLevelStatus,
   SglangBadRequestError,
   SglangResponseFormatError,
   type SglangRequestContext,
   classifyResponse,
   classifyTransportError,
+  errorCode,
   sglangErrorMessage,
 } from './errors.js';
 export {
