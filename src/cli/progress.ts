@@ -1,24 +1,37 @@
-import { readRunStatus } from '../shared/index.js';
+import { describeEndpointHealth, readRunStatus, type RunStatus } from '../shared/index.js';
 import type { RunContext } from './run-context.js';
 
 /**
- * Prints one progress line to stderr every `intervalMs` while a run generates: datasets
- * completed, tokens against the budgets, requests in flight, tok/s. Returns a stop function.
+ * One progress line: datasets completed, tokens, requests in flight, tok/s, failures; then why
+ * nothing moves, when that is so: no endpoint healthy ("waiting: 0/1 endpoints healthy") or a
+ * dataset stalled.
+ */
+export function formatProgressLine(s: RunStatus, elapsedSec: number, nowMs = Date.now()): string {
+  const gen = s.datasets.filter((d) => d.tokenBudget !== null);
+  const done = gen.filter((d) => d.status === 'completed').length;
+  const tokens = gen.reduce((a, d) => a + d.outputTokens, 0);
+  const inFlight = gen.reduce((a, d) => a + d.inFlight, 0);
+  const rate = gen.reduce((a, d) => a + d.tokensPerSec, 0);
+  const failed = gen.reduce((a, d) => a + d.failed, 0);
+  let line = `[${elapsedSec}s] generate: ${done}/${gen.length} datasets completed, ${tokens.toLocaleString('en-US')} tokens, ${inFlight} in flight, ${Math.round(rate).toLocaleString('en-US')} tok/s${failed > 0 ? `, ${failed} failed` : ''}`;
+  const generating = gen.some((d) => d.status === 'in_progress' || d.status === 'pending');
+  // Only what workers reported: before the first report, "no healthy endpoint" would be a guess.
+  if (generating && s.endpoints.reported > 0 && s.endpoints.healthy === 0) line += `; waiting: ${describeEndpointHealth(s.endpoints)}`;
+  for (const d of gen) {
+    if (d.stalled !== null) line += `; STALLED: ${d.name} for ${Math.round((nowMs - d.stalled.sinceMs) / 1000)}s (${d.stalled.reason}; a bug, see the log)`;
+  }
+  return line;
+}
+
+/**
+ * Prints one progress line to stderr every `intervalMs` while a run generates. Returns a stop
+ * function.
  */
 export function startProgress(ctx: RunContext, intervalMs: number): () => void {
   const started = Date.now();
   const tick = async (): Promise<void> => {
     const s = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    const gen = s.datasets.filter((d) => d.tokenBudget !== null);
-    const done = gen.filter((d) => d.status === 'completed').length;
-    const tokens = gen.reduce((a, d) => a + d.outputTokens, 0);
-    const inFlight = gen.reduce((a, d) => a + d.inFlight, 0);
-    const rate = gen.reduce((a, d) => a + d.tokensPerSec, 0);
-    const failed = gen.reduce((a, d) => a + d.failed, 0);
-    const secs = Math.round((Date.now() - started) / 1000);
-    process.stderr.write(
-      `[${secs}s] generate: ${done}/${gen.length} datasets completed, ${tokens.toLocaleString('en-US')} tokens, ${inFlight} in flight, ${Math.round(rate).toLocaleString('en-US')} tok/s${failed > 0 ? `, ${failed} failed` : ''}\n`,
-    );
+    process.stderr.write(`${formatProgressLine(s, Math.round((Date.now() - started) / 1000))}\n`);
   };
   const timer = setInterval(() => {
     void tick().catch(() => undefined);

@@ -287,6 +287,9 @@ export const ConfigSchema = z.strictObject({
       stallAfterMs: positiveInt()
         .default(60_000)
         .describe('A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).'),
+      stallAfterMs: positiveInt()
+        .default(60_000)
+        .describe('A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).'),
     })
     .prefault({})
     .describe('Inference workers and the producer\'s queue window.'),

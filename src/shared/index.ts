@@ -13,3 +13,5 @@ export * from './prompt-source.js';
 export * from './run-status.js';
 export * from './process-lock.js';
 export * from './hf-dataset/index.js';
+export * from './endpoint-health.js';
+export * from './stall-watchdog.js';

@@ -88,6 +88,19 @@ export class RunKeys {
   postprocessLock(): string {
     return `${this.base}:postprocess-lock`;
   }
+
+  /**
+   * Hash of endpoint health as inference workers see it: field `<worker> <url>` -> JSON
+   * {@link EndpointHealthReport}; each worker refreshes its fields and they expire on their own.
+   */
+  endpointHealth(): string {
+    return `${this.base}:endpoint-health`;
+  }
+
+  /** Hash of datasets found stalled by the stall watchdog: field dataset -> JSON {@link StallRecord}. */
+  stalls(): string {
+    return `${this.base}:stalls`;
+  }
 }
 
 /** A short stable key for an endpoint URL. */

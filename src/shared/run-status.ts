@@ -1,8 +1,10 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from './config.js';
+import { describeEndpointHealth, readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
 import { generateQueueName } from './queues.js';
 import type { RunKeys } from './run-keys.js';
+import { readStalls } from './stall-watchdog.js';
 
 /** Status of a dataset or a phase, as `status --json` prints it. */
 export type ProgressStatus = 'pending' | 'in_progress' | 'completed' | 'failed' | 'paused';
@@ -25,6 +27,11 @@ export interface DatasetStatus {
   /** Time left at the fastest and slowest recent rate; null while unknown. */
   etaSeconds: { low: number | null; high: number | null };
   status: ProgressStatus;
+  /**
+   * Set while the stall watchdog (in the producer) finds the dataset stalled: prompts pending,
+   * nothing in flight and an endpoint healthy for longer than `workers.stallAfterMs`.
+   */
+  stalled: { sinceMs: number; reason: string } | null;
 }
 
 export interface PhaseStatus {
@@ -36,6 +43,8 @@ export interface RunStatus {
   run: string;
   phases: PhaseStatus[];
   datasets: DatasetStatus[];
+  /** SGLang endpoints' health as the live inference workers report it. */
+  endpoints: EndpointHealthSummary;
 }
 
 /** Width of the commit-rate buckets written by commit-sample.lua. */
@@ -49,8 +58,14 @@ const RATE_WINDOW_BUCKETS = 6;
  * Reads a run's progress from Redis: per dataset records, tokens, budget, in flight, failed,
  * skipped, tok/s and an ETA range, and the pipeline's phases as a checklist.
  */
-export async function readRunStatus(redis: Redis, keys: RunKeys, config: Pick<Config, 'run' | 'datasets'>, nowMs = Date.now()): Promise<RunStatus> {
+export async function readRunStatus(
+  redis: Redis,
+  keys: RunKeys,
+  config: Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> },
+  nowMs = Date.now(),
+): Promise<RunStatus> {
   const datasets: DatasetStatus[] = [];
+  const [endpoints, stalls] = await Promise.all([readEndpointHealth(redis, keys, config.sglang?.endpoints ?? [], nowMs), readStalls(redis, keys, nowMs)]);
   for (const ds of config.datasets) {
     const [stats, inFlight, failed, skipped, rate, paused] = await Promise.all([
       redis.hgetall(keys.stats(ds.name)),
@@ -83,6 +98,7 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: Pick<Co
       tokensPerSec,
       etaSeconds: status === 'completed' ? { low: 0, high: 0 } : eta,
       status,
+      stalled: stallOf(stalls.get(ds.name), status),
     });
   }
   const phaseState = await redis.hgetall(keys.phases());
@@ -109,7 +125,29 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: Pick<Co
       phase('train', 'pending'),
     ],
     datasets,
+    endpoints,
   };
+}
+
+/** A live stall record counts only while the dataset is still being generated. */
+function stallOf(record: { sinceMs: number; reason: string } | undefined, status: ProgressStatus): DatasetStatus['stalled'] {
+  if (record === undefined || status === 'completed' || status === 'paused') return null;
+  return { sinceMs: record.sinceMs, reason: record.reason };
+}
+
+/**
+ * Warning lines for a run that is not moving: each stalled dataset, and no healthy endpoint
+ * while datasets still have prompts to generate. Empty when all is well.
+ */
+export function runStatusWarnings(status: RunStatus, nowMs = Date.now()): string[] {
+  const lines: string[] = [];
+  for (const d of status.datasets) {
+    if (d.stalled === null) continue;
+    lines.push(`! ${d.name} stalled for ${fmtDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`);
+  }
+  const generating = status.datasets.some((d) => d.status === 'in_progress' || d.status === 'pending');
+  if (generating && status.endpoints.total > 0 && status.endpoints.healthy === 0) lines.push(`waiting: ${describeEndpointHealth(status.endpoints)}`);
+  return lines;
 }
 
 async function isQueuePaused(redis: Redis, keys: RunKeys, dataset: string): Promise<boolean> {
@@ -175,9 +213,11 @@ function fmtDuration(s: number | null): string {
 }
 
 /** The status as a readable table, with the phases as a checklist. */
-export function formatRunStatus(status: RunStatus): string {
+export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
   const mark: Record<ProgressStatus, string> = { completed: '[x]', in_progress: '[~]', pending: '[ ]', failed: '[!]', paused: '[=]' };
-  const lines = [`run ${status.run}`, `phases: ${status.phases.map((p) => `${mark[p.status]} ${p.name}`).join('  ')}`, ''];
+  const lines = [`run ${status.run}`, `phases: ${status.phases.map((p) => `${mark[p.status]} ${p.name}`).join('  ')}`];
+  if (status.endpoints.reported > 0) lines.push(`endpoints: ${describeEndpointHealth(status.endpoints)}`);
+  lines.push('');
   const header = ['dataset', 'status', 'tokens / budget', '%', 'records', 'in flight', 'failed', 'skipped', 'rejected', 'tok/s', 'ETA'];
   const rows = status.datasets.map((d) => [
     d.name,
@@ -195,5 +235,7 @@ export function formatRunStatus(status: RunStatus): string {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
   const fmt = (r: string[]): string => r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
   lines.push(fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt));
+  const warnings = runStatusWarnings(status, nowMs);
+  if (warnings.length > 0) lines.push('', ...warnings);
   return lines.join('\n');
 }

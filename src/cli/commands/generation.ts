@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { AppError, formatRunStatus, readRunStatus } from '../../shared/index.js';
+import { AppError, formatRunStatus, readRunStatus, StallWatchdog } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../workers/postprocess/worker.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
@@ -25,10 +25,14 @@ export async function runGeneration(
   const handle = await startGeneration(ctx, options);
   const signal = onceSignalled();
   const stopProgress = options.progressMs === undefined ? () => undefined : startProgress(ctx, options.progressMs);
+  // The producer's process always exists while generating: it watches for a run that silently sits.
+  const watchdog = options.produce ? stallWatchdog(ctx) : undefined;
+  watchdog?.start();
   let outcome: 'finished' | 'signalled';
   try {
     outcome = await Promise.race([handle.finished.then(() => 'finished' as const), signal.then(() => 'signalled' as const)]);
   } finally {
+    await watchdog?.stop();
     stopProgress();
     await handle.stop();
   }
@@ -37,6 +41,18 @@ export async function runGeneration(
     process.stdout.write(options.json === true ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);
   }
   return outcome;
+}
+
+function stallWatchdog(ctx: RunContext): StallWatchdog {
+  const { config } = ctx;
+  return new StallWatchdog({
+    redis: ctx.redis,
+    keys: ctx.keys,
+    datasets: config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name),
+    endpoints: config.sglang.endpoints,
+    concurrencyPerEndpoint: config.sglang.concurrency,
+    stallAfterMs: config.workers.stallAfterMs,
+  });
 }
 
 async function withRun<T>(configPath: string, fn: (ctx: RunContext) => Promise<T>): Promise<T> {

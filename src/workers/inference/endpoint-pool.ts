@@ -1,4 +1,13 @@
-import { SglangClient, logger as rootChild, type Logger } from '../../shared/index.js';
+import type { Redis } from 'ioredis';
+import {
+  SglangClient,
+  logger as rootChild,
+  removeEndpointHealth,
+  writeEndpointHealth,
+  type EndpointHealthReport,
+  type Logger,
+  type RunKeys,
+} from '../../shared/index.js';
 
 /** One SGLang endpoint as the dispatcher sees it. */
 export interface Endpoint {
@@ -8,6 +17,20 @@ export interface Endpoint {
   up: boolean;
   /** Requests this process has in flight on it. */
   inFlight: number;
+  /** Why it is out of rotation; null while up. */
+  downReason: string | null;
+  /** Since when (ms since epoch) it has been up, or down. */
+  sinceMs: number;
+}
+
+/** Where the pool publishes its endpoints' health, so that other processes (status, the stall watchdog) see it. */
+export interface EndpointHealthPublishing {
+  redis: Redis;
+  keys: RunKeys;
+  /** This worker's id (`host:pid`), named in each report. */
+  workerId: string;
+  /** How often the reports are refreshed (default 5 s); each expires after three such periods. */
+  intervalMs?: number;
 }
 
 export interface EndpointPoolOptions {
@@ -22,6 +45,8 @@ export interface EndpointPoolOptions {
   healthCheckIntervalMs?: number;
   /** Called whenever an endpoint goes up or down. */
   onChange?: () => void;
+  /** Publish each endpoint's health to Redis on every change and every `intervalMs`. */
+  publish?: EndpointHealthPublishing;
   logger?: Logger;
 }
 
@@ -38,6 +63,10 @@ export class EndpointPool {
   private readonly probeMaxMs: number;
   private stopped = false;
   private healthTimer: NodeJS.Timeout | undefined;
+  private publishTimer: NodeJS.Timeout | undefined;
+  /** Publications run one after another, so a later state never lands before an earlier one. */
+  private publishing: Promise<void> = Promise.resolve();
+  private publishFailing = false;
 
   constructor(private readonly options: EndpointPoolOptions) {
     this.log = options.logger ?? rootChild('endpoint-pool');
@@ -48,6 +77,8 @@ export class EndpointPool {
       client: new SglangClient({ endpoint: url, concurrency: options.concurrency, requestTimeoutMs: options.requestTimeoutMs, logger: this.log }),
       up: true,
       inFlight: 0,
+      downReason: null,
+      sinceMs: Date.now(),
     }));
   }
 
@@ -72,6 +103,12 @@ export class EndpointPool {
         if (!h.ok) this.markDown(e, h.error ?? `health check answered ${h.status ?? 'nothing'}`);
       }),
     );
+    const publish = this.options.publish;
+    if (publish !== undefined) {
+      await this.publish();
+      this.publishTimer = setInterval(() => void this.publish(), publish.intervalMs ?? 5_000);
+      this.publishTimer.unref();
+    }
     const every = this.options.healthCheckIntervalMs ?? 0;
     if (every > 0) {
       this.healthTimer = setInterval(() => {
@@ -91,8 +128,11 @@ export class EndpointPool {
     if (this.stopped) return;
     if (endpoint.up) {
       endpoint.up = false;
+      endpoint.downReason = reason;
+      endpoint.sinceMs = Date.now();
       this.log.warn({ endpoint: endpoint.url, reason }, 'endpoint out of rotation; probing it');
       this.options.onChange?.();
+      void this.publish();
     }
     if (!this.probing.has(endpoint)) this.scheduleProbe(endpoint, this.probeInitialMs);
   }
@@ -112,16 +152,60 @@ export class EndpointPool {
     if (h.ok) {
       this.probing.delete(endpoint);
       endpoint.up = true;
+      endpoint.downReason = null;
+      endpoint.sinceMs = Date.now();
       this.log.info({ endpoint: endpoint.url }, 'endpoint healthy again; back in rotation');
       this.options.onChange?.();
+      void this.publish();
       return;
     }
     this.scheduleProbe(endpoint, Math.min(lastDelayMs * 2, this.probeMaxMs));
   }
 
+  /**
+   * Publishes every endpoint's state (queued behind earlier publications). Never throws: a
+   * Redis hiccup only delays the next report, and the reports expire on their own.
+   */
+  private publish(): Promise<void> {
+    const p = this.options.publish;
+    if (p === undefined) return Promise.resolve();
+    this.publishing = this.publishing.then(async () => {
+      if (this.stopped) return;
+      const now = Date.now();
+      const expiresMs = now + 3 * (p.intervalMs ?? 5_000);
+      const reports: EndpointHealthReport[] = this.endpoints.map((e) => ({
+        url: e.url,
+        up: e.up,
+        reason: e.downReason,
+        sinceMs: e.sinceMs,
+        worker: p.workerId,
+        updatedMs: now,
+        expiresMs,
+      }));
+      try {
+        await writeEndpointHealth(p.redis, p.keys, reports);
+        if (this.publishFailing) this.log.info('endpoint health published again');
+        this.publishFailing = false;
+      } catch (e: unknown) {
+        if (!this.publishFailing) this.log.warn({ err: e }, 'could not publish endpoint health; retrying on the next change or refresh');
+        this.publishFailing = true;
+      }
+    });
+    return this.publishing;
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
     clearInterval(this.healthTimer);
+    clearInterval(this.publishTimer);
+    const p = this.options.publish;
+    if (p !== undefined) {
+      // Withdraw this worker's view: nobody should count on endpoints it no longer serves.
+      await this.publishing;
+      await removeEndpointHealth(p.redis, p.keys, p.workerId, this.endpoints.map((e) => e.url)).catch((e: unknown) =>
+        this.log.warn({ err: e }, 'could not withdraw endpoint health; it expires on its own'),
+      );
+    }
     for (const t of this.probing.values()) clearTimeout(t);
     this.probing.clear();
     await Promise.all(this.endpoints.map((e) => e.client.close()));
