@@ -112,13 +112,15 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
     await producer.start();
   }
 
-  const finished = (async () => {
+  const finishing = (async () => {
     if (producer === undefined) return new Promise<void>(() => undefined); // a worker runs until stopped
     await producer.done();
     await waitSettled(ctx.redis, keys, datasets.map((d) => d.name));
     for (const s of sinks) await s.drained();
     log.info('generation finished');
   })();
+  // A sink that stops on its own (it lost its lock to another process) ends this process with its error.
+  const finished = Promise.race([finishing, ...sinks.map((s) => s.failed)]);
 
   let stopped = false;
   return {

@@ -81,7 +81,7 @@ export class Producer {
     const { keys } = this.options;
     if (!(await this.lock.tryAcquire())) {
       throw new AppError(
-        `another producer is running for run "${keys.base}" (lock ${keys.producerLock()} held by ${(await this.redis.get(keys.producerLock())) ?? '?'}); stop it first`,
+        `another producer is running for run "${keys.base}" (lock ${keys.producerLock()} held by ${await this.lock.describeHolder()}); stop it first`,
       );
     }
     for (const ds of this.options.datasets) {

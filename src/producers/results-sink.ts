@@ -1,7 +1,19 @@
-import { mkdir, open, readFile, stat, truncate, type FileHandle } from 'node:fs/promises';
+import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Redis } from 'ioredis';
-import { AppError, ProcessLock, logger as componentLogger, writeFileAtomic, type Logger, type RunKeys } from '../shared/index.js';
+import {
+  AppError,
+  LockLostError,
+  ProcessLock,
+  describeLockHolder,
+  logger as componentLogger,
+  withScripts,
+  type Logger,
+  type RunKeys,
+  type ScriptedRedis,
+} from '../shared/index.js';
+import { partName, partNumber, recoverFiles, sampleIdOfLine, writeCheckpoint, type Checkpoint } from './sink-checkpoint.js';
+import { DiskTailFilter, compareStreamIds, readDiskTail, restoreDone } from './sink-reconcile.js';
 
 /** Points at which a sink can be made to crash, to test recovery with real process kills. */
 export type SinkCrashPoint = 'after-write' | 'after-checkpoint';
@@ -17,24 +29,19 @@ export interface ResultsSinkOptions {
   maxPartBytes?: number;
   /** Entries read per XREAD. */
   readCount?: number;
+  /** The sink lock's time to live; default 15 s. */
+  lockTtlMs?: number;
+  /** While another sink holds the lock, who holds it is logged this often; default 10 s. */
+  waitReportMs?: number;
+  /** On start, records within this of the newest on disk are reconciled with Redis; default 5 min. */
+  reconcileWindowMs?: number;
   /** Test hook: SIGKILL this process at that point of the first write. */
   crashAt?: SinkCrashPoint;
   logger?: Logger;
 }
 
-interface Checkpoint {
-  /** Current part file name. */
-  part: string;
-  /** Bytes of that part that are durably written and accounted for. */
-  bytes: number;
-  /** Id of the last stream entry written to disk. */
-  lastId: string;
-  /** Records written so far, over all parts. */
-  records: number;
-}
-
-const CHECKPOINT = '.sink-checkpoint.json';
 const LOCK_TTL_MS = 15_000;
+const RECONCILE_WINDOW_MS = 5 * 60_000;
 
 /**
  * Drains one dataset's results stream into `generations/part-NNNNN.jsonl` (DESIGN invariant 5),
@@ -44,22 +51,49 @@ const LOCK_TTL_MS = 15_000;
  * 2. write the checkpoint (part, byte length, last entry id) atomically (temp file + rename);
  * 3. delete the entries from Redis.
  *
- * On start, a part longer than its checkpoint is cut back to it (a crash between 1 and 2:
- * those entries are still in Redis and are written again), and entries up to the checkpoint's
- * id are deleted (a crash between 2 and 3). One sink per dataset runs at a time (a Redis lock).
+ * On start the part files are the truth ({@link recoverFiles}): complete lines are never cut; a
+ * missing checkpoint is rebuilt from them; a part shorter than its checkpoint stops the sink
+ * with a message. The end of the files is then reconciled with Redis (sink-reconcile.ts): a
+ * result whose sample is already on disk is dropped instead of written again, so a crash
+ * between 1 and 3, or Redis losing its last second of writes in an OS crash, neither
+ * duplicates nor loses a line, and the counters equal the files.
+ *
+ * **Guarantee:** every committed result is written once, and the dataset's counters equal the
+ * sum over its lines, across kills of any process, Redis restarts on its AOF, and an OS crash
+ * losing up to the reconcile window (5 min) of Redis writes. Not covered: a part file losing
+ * fsynced data, or workers' clocks differing by more than the window.
+ *
+ * **One writer (fencing):** one sink per dataset holds a Redis lock whose value is its token.
+ * Each batch first confirms the lock (compare-and-extend) and trims Redis only while holding it
+ * (one script). A sink that finds its lock lost — it lapsed during a Redis outage or a freeze
+ * longer than its TTL, and another sink took over — writes nothing more and stops: the sink
+ * fails ({@link failed} rejects), the process that runs it ends with that error, and the other
+ * sink carries on. A second sink waits, logging who holds the lock.
  */
 export class ResultsSink {
   private readonly log: Logger;
+  private readonly redis: ScriptedRedis;
   private readonly lock: ProcessLock;
   private checkpoint: Checkpoint = { part: partName(0), bytes: 0, lastId: '0-0', records: 0 };
   private file: FileHandle | undefined;
+  private tail = new DiskTailFilter(new Map(), undefined);
   private stopping = false;
+  private failure: Error | undefined;
+  private rejectFailed: (e: Error) => void = () => undefined;
   private loop: Promise<void> | undefined;
   private idleWaiters: (() => void)[] = [];
+  /** Rejects when the sink stops on an error of its own (e.g. its lock was lost); never resolves. */
+  readonly failed: Promise<never>;
 
   constructor(private readonly options: ResultsSinkOptions) {
     this.log = options.logger ?? componentLogger('results-sink', { dataset: options.dataset });
-    this.lock = new ProcessLock(options.redis, options.keys.sinkLock(options.dataset), LOCK_TTL_MS, this.log);
+    this.redis = withScripts(options.redis);
+    this.lock = new ProcessLock(options.redis, options.keys.sinkLock(options.dataset), options.lockTtlMs ?? LOCK_TTL_MS, this.log);
+    this.lock.onLost((e) => this.fail(e));
+    this.failed = new Promise<never>((_, reject) => {
+      this.rejectFailed = reject;
+    });
+    this.failed.catch(() => undefined);
   }
 
   /** Records written to disk so far. */
@@ -70,16 +104,26 @@ export class ResultsSink {
   async start(): Promise<void> {
     await mkdir(this.options.dir, { recursive: true });
     await this.acquireLock();
-    await this.recover();
+    try {
+      await this.recover();
+    } catch (e: unknown) {
+      await this.file?.close();
+      await this.lock.release();
+      throw e;
+    }
     this.loop = this.run();
   }
 
-  /** Resolves once the stream has been read to its end (at the time of the call) and written. */
+  /** Resolves once the stream has been read to its end (at the time of the call) and written; rejects if the sink failed. */
   async drained(): Promise<void> {
     const { redis, keys, dataset } = this.options;
     for (;;) {
+      if (this.failure !== undefined) throw this.failure;
       const len = await redis.xlen(keys.results(dataset));
-      if (len === 0 || this.stopping) return;
+      if (len === 0 || this.stopping) {
+        if (this.failure !== undefined) throw this.failure;
+        return;
+      }
       await new Promise<void>((r) => this.idleWaiters.push(r));
     }
   }
@@ -92,30 +136,72 @@ export class ResultsSink {
     await this.lock.release();
   }
 
+  private fail(e: Error): void {
+    if (this.failure !== undefined) return;
+    this.failure = e;
+    this.stopping = true;
+    this.log.error({ err: e }, 'results sink stopped');
+    this.rejectFailed(e);
+    for (const w of this.idleWaiters.splice(0)) w();
+  }
+
   private async acquireLock(): Promise<void> {
+    const key = this.options.keys.sinkLock(this.options.dataset);
     const ok = await this.lock.acquire({
-      onWait: (holder) => this.log.info({ holder }, 'another sink holds this dataset; waiting for it'),
+      waitReportMs: this.options.waitReportMs ?? 10_000,
+      onWait: (holder) =>
+        this.log.warn(
+          { lock: key, holder: holder?.token ?? null },
+          `dataset ${this.options.dataset}: another process writes its results (${holder === undefined ? 'holder unknown' : describeLockHolder(holder)}); ` +
+            `waiting until it stops or its lock lapses (${this.lock.ttl / 1000} s after it dies). If it is running, stop one of the two`,
+        ),
     });
     if (!ok) throw new AppError('sink stopped before it could start');
   }
 
+  /** Files first (they are the truth), then Redis: lost commits restored, trimmed entries found again. */
   private async recover(): Promise<void> {
     const { redis, keys, dataset, dir } = this.options;
-    try {
-      this.checkpoint = JSON.parse(await readFile(join(dir, CHECKPOINT), 'utf8')) as Checkpoint;
-    } catch (e: unknown) {
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    const stream = keys.results(dataset);
+    await this.file?.close();
+    this.file = undefined;
+    const { checkpoint, adoptedFrom } = await recoverFiles(
+      dir,
+      { inStream: (id) => this.streamHolds(id), isDone: async (id) => (await redis.sismember(keys.done(dataset), id)) === 1 },
+      this.log,
+    );
+    this.checkpoint = checkpoint;
+    const tail = await readDiskTail(dir, checkpoint, {
+      windowMs: this.options.reconcileWindowMs ?? RECONCILE_WINDOW_MS,
+      minLines: 2 * (this.options.readCount ?? 1_000),
+      mustReadFrom: adoptedFrom,
+      log: this.log,
+    });
+    const restored = await restoreDone(this.redis, keys, dataset, tail);
+    if (restored > 0) this.log.warn({ restored }, 'restored samples on disk that Redis had lost (its last writes before a crash); they are not generated again');
+    // From here on a commit of a sample in `tail` is refused, so only entries up to the newest can repeat one.
+    const newest = await redis.xrevrange(stream, '+', '-', 'COUNT', 1);
+    this.tail = new DiskTailFilter(tail, newest[0]?.[0]);
+    this.file = await open(join(dir, this.checkpoint.part), 'a');
+    // Entries up to the checkpoint were written but not trimmed (a crash before the trim):
+    // passed through write(), which drops those on disk and writes any that are not.
+    const stale = (await redis.xrange(stream, '-', this.checkpoint.lastId)) as [string, string[]][];
+    if (stale.length > 0) await this.write(stale);
+  }
+
+  private async streamHolds(sampleId: string): Promise<boolean> {
+    const { redis, keys, dataset } = this.options;
+    let from = '-';
+    for (;;) {
+      const batch = (await redis.xrange(keys.results(dataset), from, '+', 'COUNT', 1_000)) as [string, string[]][];
+      for (const [, fields] of batch) {
+        const record = recordOf(fields);
+        if (record !== undefined && recordSampleId(record) === sampleId) return true;
+      }
+      const last = batch[batch.length - 1];
+      if (last === undefined || batch.length < 1_000) return false;
+      from = `(${last[0]}`;
     }
-    const path = join(dir, this.checkpoint.part);
-    const size = await stat(path).then((s) => s.size, () => -1);
-    if (size > this.checkpoint.bytes) {
-      this.log.warn({ part: this.checkpoint.part, size, checkpoint: this.checkpoint.bytes }, 'cutting unconfirmed tail of part file; its entries are still in Redis');
-      await truncate(path, this.checkpoint.bytes);
-    }
-    // Entries written and checkpointed but not yet deleted.
-    const stale = await redis.xrange(keys.results(dataset), '-', this.checkpoint.lastId);
-    if (stale.length > 0) await redis.xdel(keys.results(dataset), ...stale.map(([id]) => id));
-    this.file = await open(path, 'a');
   }
 
   private async run(): Promise<void> {
@@ -126,67 +212,115 @@ export class ResultsSink {
           | [string, [string, string[]][]][]
           | null;
         const entries = res?.[0]?.[1] ?? [];
-        if (entries.length === 0) {
-          for (const w of this.idleWaiters.splice(0)) w();
-          continue;
-        }
-        await this.write(entries);
+        if (entries.length > 0 && !this.stopping) await this.write(entries);
         for (const w of this.idleWaiters.splice(0)) w();
       }
     } catch (e: unknown) {
-      if (!this.stopping) {
-        this.log.error({ err: e }, 'results sink failed');
-        throw e;
-      }
+      // The process running the sink learns it through `failed`, and stops (see the class comment).
+      if (e instanceof LockLostError || !this.stopping) this.fail(e instanceof Error ? e : new AppError(String(e)));
     } finally {
       for (const w of this.idleWaiters.splice(0)) w();
     }
   }
 
   private async write(entries: [string, string[]][]): Promise<void> {
-    const { redis, keys, dataset, dir } = this.options;
+    const { keys, dataset, dir } = this.options;
     const file = this.file;
     if (file === undefined) throw new AppError('sink not started');
+    // Fence: this sink still holds its lock, now for a full TTL.
+    await this.lock.confirm();
+    const confirmedAt = Date.now();
+    const path = join(dir, this.checkpoint.part);
+    const size = (await file.stat()).size;
+    if (size !== this.checkpoint.bytes) {
+      // Only a sink that lost its lock writes here meanwhile: its trim was refused, so what it
+      // wrote is still in Redis. Recovery keeps its complete lines and drops their entries.
+      this.log.error({ path, size, expected: this.checkpoint.bytes }, 'the part file changed under this sink (a second sink wrote to it); recovering from the files');
+      await this.recover();
+      return;
+    }
+    const token = this.lock.token ?? '';
     let text = '';
-    for (const [, fields] of entries) {
-      const i = fields.indexOf('r');
-      const record = i >= 0 ? fields[i + 1] : undefined;
-      if (record !== undefined) text += `${record}\n`;
+    let written = 0;
+    const duplicates: (string | number)[] = [];
+    const trimmed: string[] = [];
+    for (const [entryId, fields] of entries) {
+      const record = recordOf(fields);
+      if (record === undefined) {
+        trimmed.push(entryId);
+        continue;
+      }
+      const onDisk = this.tail.onDisk(entryId, record);
+      if (onDisk !== undefined) {
+        duplicates.push(entryId, onDisk, recordTokens(record));
+        continue;
+      }
+      text += `${record}\n`;
+      written += 1;
+      trimmed.push(entryId);
+    }
+    if (duplicates.length > 0) {
+      const dropped = await this.redis.sinkDropDuplicate(this.lock.key, keys.results(dataset), keys.stats(dataset), token, ...duplicates);
+      if (dropped < 0) throw await this.lockLost();
+      this.log.warn({ dropped }, 'results already on disk were not written again (the counters now equal the lines on disk)');
     }
     const bytes = Buffer.byteLength(text);
     // 1. data, durably
-    await file.write(text);
-    await file.sync();
+    if (bytes > 0) {
+      await file.write(text);
+      await file.sync();
+    }
     if (this.options.crashAt === 'after-write') process.kill(process.pid, 'SIGKILL');
+    // A slow disk may have outlived part of the lock's TTL: confirm it before recording the write.
+    if (Date.now() - confirmedAt > this.lock.ttl / 3) await this.lock.confirm();
     // 2. checkpoint, atomically
-    const lastEntry = entries[entries.length - 1];
+    const lastEntry = entries[entries.length - 1]?.[0] ?? this.checkpoint.lastId;
     const next: Checkpoint = {
       part: this.checkpoint.part,
       bytes: this.checkpoint.bytes + bytes,
-      lastId: lastEntry?.[0] ?? this.checkpoint.lastId,
-      records: this.checkpoint.records + entries.length,
+      lastId: compareStreamIds(lastEntry, this.checkpoint.lastId) > 0 ? lastEntry : this.checkpoint.lastId,
+      records: this.checkpoint.records + written,
     };
     await writeCheckpoint(dir, next);
     this.checkpoint = next;
     if (this.options.crashAt === 'after-checkpoint') process.kill(process.pid, 'SIGKILL');
-    // 3. the entries leave Redis
-    await redis.xdel(keys.results(dataset), ...entries.map(([id]) => id));
+    // 3. the entries leave Redis, only while this sink holds the lock
+    for (let i = 0; i < trimmed.length; i += 1_000) {
+      const n = await this.redis.sinkTrim(this.lock.key, keys.results(dataset), token, ...trimmed.slice(i, i + 1_000));
+      if (n < 0) throw await this.lockLost();
+    }
+    this.tail.passed(lastEntry);
     if (next.bytes >= (this.options.maxPartBytes ?? 256 * 1024 * 1024)) await this.rotate();
+  }
+
+  private async lockLost(): Promise<LockLostError> {
+    return new LockLostError(this.lock.key, await this.lock.holder().catch(() => undefined));
   }
 
   private async rotate(): Promise<void> {
     await this.file?.close();
-    const n = Number(/(\d+)/.exec(this.checkpoint.part)?.[1] ?? 0) + 1;
-    this.checkpoint = { ...this.checkpoint, part: partName(n), bytes: 0 };
+    this.checkpoint = { ...this.checkpoint, part: partName(partNumber(this.checkpoint.part) + 1), bytes: 0 };
     await writeCheckpoint(this.options.dir, this.checkpoint);
     this.file = await open(join(this.options.dir, this.checkpoint.part), 'a');
   }
 }
 
-function partName(n: number): string {
-  return `part-${String(n).padStart(5, '0')}.jsonl`;
+function recordOf(fields: string[]): string | undefined {
+  const i = fields.indexOf('r');
+  return i >= 0 ? fields[i + 1] : undefined;
 }
 
-function writeCheckpoint(dir: string, cp: Checkpoint): Promise<void> {
-  return writeFileAtomic(join(dir, CHECKPOINT), JSON.stringify(cp));
+function recordSampleId(record: string): string | undefined {
+  const fast = sampleIdOfLine(record);
+  if (fast !== undefined) return fast;
+  try {
+    return (JSON.parse(record) as { id?: string }).id;
+  } catch {
+    return undefined;
+  }
+}
+
+function recordTokens(record: string): number {
+  const t = (JSON.parse(record) as { completion_tokens?: unknown }).completion_tokens;
+  return typeof t === 'number' ? t : 0;
 }

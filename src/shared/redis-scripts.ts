@@ -41,6 +41,12 @@ export interface TokenmillScripts {
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;
   renewLeases(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number>;
+  lockRenew(...keysAndArgs: (string | number)[]): Promise<number>;
+  lockRelease(...keysAndArgs: (string | number)[]): Promise<number>;
+  lockSwap(...keysAndArgs: (string | number)[]): Promise<number>;
+  sinkTrim(...keysAndArgs: (string | number)[]): Promise<number>;
+  sinkDropDuplicate(...keysAndArgs: (string | number)[]): Promise<number>;
+  sinkRestore(...keysAndArgs: (string | number)[]): Promise<number>;
 }
 
 export type ScriptedRedis = Redis & TokenmillScripts;
