@@ -9,7 +9,7 @@ import { quietLogger } from './redis.js';
 import type { GenerationRecord } from './pipeline.js';
 
 /** Commits one sample's result as a worker does (commit-sample-9.lua); 1 on its first commit. */
-export async function commitResult(redis: Redis, keys: RunKeys, dataset: string, id: string, tokens: number, rid = `${dataset}/${id}#${Math.random()}`): Promise<number> {
+export async function commitResult(redis: Redis, keys: RunKeys, dataset: string, id: string, tokens: number, options: { ts?: string } = {}): Promise<number> {
   const record: GenerationRecord = {
     id,
     dataset,
@@ -21,7 +21,7 @@ export async function commitResult(redis: Redis, keys: RunKeys, dataset: string,
     endpoint: 'http://127.0.0.1:1',
     worker: 'test',
     attempt: 1,
-    ts: new Date().toISOString(),
+    ts: options.ts ?? new Date().toISOString(),
   };
   const [first] = await withScripts(redis).commitSample(
     keys.done(dataset),
@@ -36,7 +36,7 @@ export async function commitResult(redis: Redis, keys: RunKeys, dataset: string,
     id,
     tokens,
     JSON.stringify(record),
-    rid,
+    `${dataset}/${id}#${Math.random()}`,
     10_000,
     30,
   );
