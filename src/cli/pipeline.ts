@@ -79,6 +79,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       lockDurationMs: config.workers.lockDurationMs,
       stalledIntervalMs: config.workers.stalledIntervalMs,
       leaseTtlMs: config.workers.leaseTtlMs,
+      crashProbationMs: config.workers.crashProbationMs,
     });
     await worker.start();
   }

@@ -278,15 +278,15 @@ export const ConfigSchema = z.strictObject({
       leaseTtlMs: positiveInt()
         .default(30_000)
         .describe('A request\'s slot on an endpoint and in its dataset\'s budget lapses this long (ms) after its worker stops renewing it.'),
+      crashProbationMs: positiveInt()
+        .default(5_000)
+        .describe('A prompt that was in flight at two server crashes (every connection dropped) is sent alone on its endpoint for this long (ms); a crash in that window is charged to it as an attempt, so a prompt that crashes SGLang ends failed after sglang.maxAttempts instead of looping.'),
       shutdownGraceMs: positiveInt()
         .default(30_000)
         .describe('On SIGTERM, requests in flight may finish for this long (ms); then they are aborted and their prompts handed back.'),
       windowBatches: positiveInt()
         .optional()
         .describe('Batches kept queued per dataset. Omitted = enough to fill every endpoint twice over.'),
-      stallAfterMs: positiveInt()
-        .default(60_000)
-        .describe('A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).'),
       stallAfterMs: positiveInt()
         .default(60_000)
         .describe('A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).'),

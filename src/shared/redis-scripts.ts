@@ -40,7 +40,8 @@ export interface TokenmillScripts {
   failSample(...keysAndArgs: (string | number)[]): Promise<number>;
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;
-  renewLeases(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number>;
+  renewLeases(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number[]>;
+  endProbation(...keysAndArgs: (string | number)[]): Promise<number>;
   lockRenew(...keysAndArgs: (string | number)[]): Promise<number>;
   lockRelease(...keysAndArgs: (string | number)[]): Promise<number>;
   lockSwap(...keysAndArgs: (string | number)[]): Promise<number>;

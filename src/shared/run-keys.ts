@@ -41,6 +41,14 @@ export class RunKeys {
     return `${this.base}:ds:${dataset}:attempts`;
   }
 
+  /**
+   * Hash: sample id -> times the endpoint dropped every connection while the sample was in
+   * flight on it (a suspected crash of the server). Cleared when the sample commits or fails.
+   */
+  crashes(dataset: string): string {
+    return `${this.base}:ds:${dataset}:crashes`;
+  }
+
   inflight(dataset: string): string {
     return `${this.base}:ds:${dataset}:inflight`;
   }
@@ -69,6 +77,11 @@ export class RunKeys {
   /** Zset of request leases on one SGLang endpoint (rid -> expiry ms). */
   endpointLeases(endpoint: string): string {
     return `${this.base}:ep:${endpointKey(endpoint)}:leases`;
+  }
+
+  /** String (a rid, with a TTL): the endpoint's prompt on probation; acquire-request.lua derives it. */
+  endpointProbation(endpoint: string): string {
+    return `${this.endpointLeases(endpoint)}:probation`;
   }
 
   /** Hash of pipeline phase states (prepare, generate, tokenize, merge, train). */

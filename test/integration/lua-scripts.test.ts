@@ -86,3 +86,48 @@ describe('acquire-request.lua', () => {
     expect(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
   });
 });
+
+describe('renew-leases.lua', () => {
+  it('after a stall that let the leases lapse, takes a slot again only while the endpoint is below its cap', async () => {
+    const ep1 = 'http://stall:1';
+    const leaseKeys = [keys.endpointLeases(ep1)];
+    const take = (rid: string, ttl: number): Promise<number> => r.acquireRequest(3, keys.stats('st'), keys.inflight('st'), ...leaseKeys, rid, ttl, 1, 2, 4);
+    // Worker A holds both slots with a short lease, then stalls past it.
+    expect(await take('a1', 40)).toBe(1);
+    expect(await take('a2', 40)).toBe(1);
+    await new Promise((res) => setTimeout(res, 60));
+    // Worker B's acquire sweeps A's lapsed leases and takes one slot.
+    expect(await take('b1', 60_000)).toBe(1);
+    // A renews both: one slot is free (taken again), the other is not (lost).
+    const codes = await r.renewLeases(4, keys.inflight('st'), leaseKeys[0] ?? '', keys.inflight('st'), leaseKeys[0] ?? '', 60_000, 2, 'a1', 'a2');
+    expect(codes).toEqual([2, 0]);
+    expect(await r.zcard(leaseKeys[0] ?? '')).toBe(2);
+    expect((await r.zrange(leaseKeys[0] ?? '', 0, -1)).sort()).toEqual(['a1', 'b1']);
+    expect(await r.zscore(keys.inflight('st'), 'a2')).toBeNull();
+    // A lease still live is just renewed.
+    expect(await r.renewLeases(2, keys.inflight('st'), leaseKeys[0] ?? '', 60_000, 2, 'b1')).toEqual([1]);
+  });
+});
+
+describe('probation (acquire-request.lua, end-probation.lua)', () => {
+  it('a prompt on probation has its endpoint to itself until it ends or the probation lapses', async () => {
+    const ep1 = 'http://probation:1';
+    const leaseKeys = [keys.endpointLeases(ep1)];
+    const take = (rid: string, probation: 0 | 1, probationMs = 60_000): Promise<number> =>
+      r.acquireRequest(3, keys.stats('pb'), keys.inflight('pb'), ...leaseKeys, rid, 60_000, 1, 10, 4, probation, probationMs);
+    expect(await take('before', 0)).toBe(1);
+    expect(await take('suspect', 1)).toBe(1);
+    expect(await r.get(keys.endpointProbation(ep1))).toBe('suspect');
+    expect(decodeAcquire(await take('other', 0)).kind).toBe('no-slot');
+    expect(decodeAcquire(await take('suspect2', 1)).kind).toBe('no-slot');
+    // Only the holder ends it.
+    expect(await r.endProbation(keys.endpointProbation(ep1), 'other')).toBe(0);
+    expect(await r.endProbation(keys.endpointProbation(ep1), 'suspect')).toBe(1);
+    expect(await take('other', 0)).toBe(1);
+    // It lapses on its own.
+    expect(await take('suspect3', 1, 40)).toBe(1);
+    expect(decodeAcquire(await take('x', 0)).kind).toBe('no-slot');
+    await new Promise((res) => setTimeout(res, 60));
+    expect(await take('x', 0)).toBe(1);
+  });
+});

@@ -18,6 +18,11 @@
     ARGV[3] prior expected completion tokens
     ARGV[4] leases allowed per endpoint
     ARGV[5] commits needed before the running mean replaces the prior
+    ARGV[6] 1 when the request goes out on probation (its sample was in flight when the
+            server dropped every connection, twice): it then needs an endpoint with no other
+            probation running, and holds that endpoint's probation key (`<lease key>:probation`)
+            for ARGV[7] ms, during which no other request starts there. Optional (default 0).
+    ARGV[7] probation length (ms)
 
   Output:
     >= 1  the 1-based index (into KEYS[3..]) of the endpoint whose lease was taken
@@ -32,6 +37,8 @@ local ttl = tonumber(ARGV[2])
 local prior = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
 local minCommits = tonumber(ARGV[5])
+local probation = tonumber(ARGV[6] or '0') == 1
+local probationMs = tonumber(ARGV[7] or '0')
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -69,17 +76,23 @@ local best = -1
 local bestLoad = cap
 for i = 3, #KEYS do
   local key = KEYS[i]
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local load = redis.call('ZCARD', key)
-  if load < bestLoad then
-    best = i
-    bestLoad = load
+  -- An endpoint with a prompt on probation takes nothing else until the probation ends.
+  if redis.call('EXISTS', key .. ':probation') == 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    local load = redis.call('ZCARD', key)
+    if load < bestLoad then
+      best = i
+      bestLoad = load
+    end
   end
 end
 if best < 0 then
   return -1
 end
 
+if probation then
+  redis.call('SET', KEYS[best] .. ':probation', rid, 'PX', probationMs)
+end
 redis.call('ZADD', KEYS[best], now + ttl, rid)
 redis.call('ZADD', inflightKey, now + ttl, rid)
 return best - 2

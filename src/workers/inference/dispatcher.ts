@@ -1,40 +1,25 @@
 import { randomBytes } from 'node:crypto';
 import {
   AppError,
-  CancelledError,
-  TimeoutError,
-  UnavailableError,
-  UpstreamHttpError,
   RATE_BUCKETS_KEPT,
   RATE_BUCKET_MS,
+  UpstreamHttpError,
   decodeAcquire,
   errorMessage,
   logger as componentLogger,
   type GenerateResult,
   type Logger,
   type RunKeys,
-  type Sample,
   type ScriptedRedis,
 } from '../../shared/index.js';
+import { DispatchQueue, type DispatchAccounting, type Task } from './dispatch-queue.js';
+import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
+import { triage } from './error-triage.js';
+import { renewLeases } from './lease-renewal.js';
 
-/** What became of one sample handed to the dispatcher. */
-export type SampleOutcome =
-  | { kind: 'committed'; completionTokens: number }
-  | { kind: 'duplicate' }
-  | { kind: 'failed'; reason: string }
-  | { kind: 'skipped-budget' }
-  | { kind: 'handed-back' };
-
-export interface SampleRequest {
-  dataset: string;
-  sample: Sample;
-  sampling: Record<string, unknown>;
-  maxAttempts: number;
-  priorExpectedTokens: number;
-  /** Attempts already spent on this sample (from Redis), so the record says which attempt won. */
-  attemptsSpent: number;
-}
+export type { SampleOutcome, SampleRequest } from './dispatch-types.js';
+export type { DispatchAccounting } from './dispatch-queue.js';
 
 export interface DispatcherOptions {
   redis: ScriptedRedis;
@@ -50,22 +35,28 @@ export interface DispatcherOptions {
   minCommitsForMean?: number;
   /** Wait before re-sending a sample after a retryable error. */
   retryDelayMs?: number;
+  /**
+   * How long a prompt on probation (in flight at two server crashes) has its endpoint to
+   * itself: no other request starts there meanwhile, so a crash in that window is its own.
+   */
+  crashProbationMs?: number;
   logger?: Logger;
 }
 
-interface Task {
-  req: SampleRequest;
-  resolve: (o: SampleOutcome) => void;
-  /** Earliest time (ms) it may be sent again, after a retryable error. */
-  notBeforeMs: number;
-}
+/** Crashes a sample must have been in flight for before it is sent on probation. */
+const CRASHES_BEFORE_PROBATION = 2;
 
 interface Running {
   task: Task;
+  dataset: string;
   rid: string;
   endpoint: Endpoint;
   leaseKey: string;
   abort: AbortController;
+  /** Sent on probation: it holds the endpoint's probation key. */
+  probation: boolean;
+  /** Its endpoint slot was taken by others after a stall: aborted, to be sent again. */
+  leaseLost: boolean;
 }
 
 /**
@@ -76,18 +67,26 @@ interface Running {
  *
  * An endpoint that is down costs a sample nothing: the sample goes back to the front of the
  * queue and waits for a healthy endpoint. Attempts are spent only against a healthy server.
+ *
+ * A prompt that crashes the server would otherwise look like an outage forever. A sample in
+ * flight when the server dropped its connections is counted (`crashes`); after two, it is sent
+ * on probation — alone on its endpoint for `crashProbationMs` — and a crash then is charged to
+ * it as an attempt once an endpoint is healthy again. Innocent bystanders of a crash are never
+ * charged: they survive their probation.
  */
 export class Dispatcher {
-  private readonly pending: Task[] = [];
+  private readonly queue = new DispatchQueue();
   private readonly running = new Map<string, Running>();
   private readonly log: Logger;
   private readonly leaseTtlMs: number;
   private readonly minCommitsForMean: number;
   private readonly retryDelayMs: number;
+  private readonly crashProbationMs: number;
   private pumping = false;
   private pumpAgain = false;
   private wakeTimer: NodeJS.Timeout | undefined;
   private renewTimer: NodeJS.Timeout | undefined;
+  private renewing = false;
   private stopping = false;
   private idleWaiters: (() => void)[] = [];
   private demandWaiters: (() => void)[] = [];
@@ -99,6 +98,7 @@ export class Dispatcher {
     this.leaseTtlMs = options.leaseTtlMs ?? 30_000;
     this.minCommitsForMean = options.minCommitsForMean ?? 32;
     this.retryDelayMs = options.retryDelayMs ?? 500;
+    this.crashProbationMs = options.crashProbationMs ?? 5_000;
   }
 
   /** Requests this process has in flight. */
@@ -107,14 +107,28 @@ export class Dispatcher {
   }
 
   get queued(): number {
-    return this.pending.length;
+    return this.queue.length;
+  }
+
+  /** Every sample handed over is pending, acquiring, running or settled — exactly one. */
+  accounting(): DispatchAccounting {
+    return this.queue.accounting();
+  }
+
+  /** Why the accounting does not add up, or undefined (what a test asserts under faults). */
+  invariantViolation(): string | undefined {
+    const broken = this.queue.invariantViolation();
+    if (broken !== undefined) return broken;
+    const { running } = this.queue.accounting();
+    if (running < this.running.size) return `dispatch accounting broken: ${this.running.size} requests in flight but ${running} samples running`;
+    return undefined;
   }
 
   /** Samples that could start as soon as a slot frees (not waiting on a budget or a retry delay). */
   get ready(): number {
     const now = Date.now();
     let n = 0;
-    for (const t of this.pending) if (!this.blockedDatasets.has(t.req.dataset) && t.notBeforeMs <= now) n += 1;
+    for (const t of this.queue.snapshot()) if (!this.blockedDatasets.has(t.req.dataset) && t.notBeforeMs <= now) n += 1;
     return n;
   }
 
@@ -153,7 +167,7 @@ export class Dispatcher {
 
   start(): void {
     this.renewTimer = setInterval(() => {
-      void this.renewLeases();
+      void this.renew();
     }, Math.max(50, Math.floor(this.leaseTtlMs / 3)));
     this.renewTimer.unref();
   }
@@ -161,10 +175,9 @@ export class Dispatcher {
   /** Hands a sample over; resolves once it is committed, failed, skipped or handed back. */
   submit(req: SampleRequest): Promise<SampleOutcome> {
     if (this.stopping) return Promise.resolve({ kind: 'handed-back' });
-    return new Promise((resolve) => {
-      this.pending.push({ req, resolve, notBeforeMs: 0 });
-      this.schedulePump();
-    });
+    const outcome = this.queue.submit(req);
+    this.schedulePump();
+    return outcome;
   }
 
   /** Called when endpoint health changes. */
@@ -175,11 +188,12 @@ export class Dispatcher {
   /**
    * Stops taking work: pending samples are handed back at once; requests in flight may
    * finish within `graceMs`, then they are aborted (SGLang gets `/abort_request`) and handed back.
+   * Nothing is sent once this is called.
    */
   async stop(graceMs: number): Promise<void> {
     this.stopping = true;
     clearTimeout(this.wakeTimer);
-    for (const t of this.pending.splice(0)) t.resolve({ kind: 'handed-back' });
+    for (const t of this.queue.drain()) this.queue.settle(t, { kind: 'handed-back' });
     this.signalDemand();
     if (this.running.size > 0) {
       const idle = new Promise<void>((r) => this.idleWaiters.push(r));
@@ -193,6 +207,7 @@ export class Dispatcher {
   }
 
   private schedulePump(delayMs = 0): void {
+    if (this.stopping) return;
     if (delayMs > 0) {
       if (this.wakeTimer !== undefined) return;
       this.wakeTimer = setTimeout(() => {
@@ -221,54 +236,80 @@ export class Dispatcher {
     } finally {
       this.pumping = false;
     }
+    const broken = this.invariantViolation();
+    if (broken !== undefined) this.log.error(broken);
   }
 
+  /**
+   * One pass over the samples waiting, in order. The list changes while a pass awaits Redis
+   * (outages put samples back at the front, retries at the back, a stop drains it), so the
+   * pass walks a snapshot and takes each sample out by identity once it has a slot.
+   */
   private async pumpOnce(): Promise<void> {
     const { keys, redis, concurrencyPerEndpoint } = this.options;
     // Datasets found budget-reserved in this pass; published when the pass has looked at
     // every pending sample (an early return keeps the previous pass's view).
     const blocked = new Set<string>();
-    let i = 0;
     let retryInMs = Infinity;
-    while (!this.stopping && i < this.pending.length) {
+    for (const task of this.queue.snapshot()) {
+      if (this.stopping) return;
+      if (!this.queue.isWaiting(task)) continue;
       const healthy = this.options.pool.healthy();
       if (healthy.length === 0) return; // the pool wakes us when an endpoint is back
       if (this.running.size >= concurrencyPerEndpoint * this.options.pool.all.length) return;
-      const task = this.pending[i];
-      if (task === undefined) break;
       const { dataset } = task.req;
       const now = Date.now();
       if (blocked.has(dataset) || task.notBeforeMs > now) {
         if (task.notBeforeMs > now) retryInMs = Math.min(retryInMs, task.notBeforeMs - now);
-        i += 1;
         continue;
       }
+      if (task.chargeOnRecovery) {
+        // An endpoint is healthy again after this prompt's probation crash: now it is its attempt.
+        this.queue.take(task);
+        task.state = 'running';
+        await this.chargeCrash(task);
+        continue;
+      }
+      const probation = task.crashes >= CRASHES_BEFORE_PROBATION;
       const rid = `${dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`;
       const leaseKeys = healthy.map((e) => keys.endpointLeases(e.url));
-      const code = await redis.acquireRequest(
-        2 + leaseKeys.length,
-        keys.stats(dataset),
-        keys.inflight(dataset),
-        ...leaseKeys,
-        rid,
-        this.leaseTtlMs,
-        task.req.priorExpectedTokens,
-        concurrencyPerEndpoint,
-        this.minCommitsForMean,
-      );
+      task.state = 'acquiring';
+      let code: number;
+      try {
+        code = await redis.acquireRequest(
+          2 + leaseKeys.length,
+          keys.stats(dataset),
+          keys.inflight(dataset),
+          ...leaseKeys,
+          rid,
+          this.leaseTtlMs,
+          task.req.priorExpectedTokens,
+          concurrencyPerEndpoint,
+          this.minCommitsForMean,
+          probation ? 1 : 0,
+          this.crashProbationMs,
+        );
+      } finally {
+        if (task.state === 'acquiring') task.state = 'pending';
+      }
       const outcome = decodeAcquire(code);
-      switch (outcome.kind) {
-        case 'acquired': {
-          this.pending.splice(i, 1);
-          this.signalDemand();
-          const endpoint = healthy[outcome.endpointIndex];
-          const leaseKey = leaseKeys[outcome.endpointIndex];
-          if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${healthy.length}`);
-          void this.send(task, rid, endpoint, leaseKey);
-          break;
+      if (outcome.kind === 'acquired') {
+        const endpoint = healthy[outcome.endpointIndex];
+        const leaseKey = leaseKeys[outcome.endpointIndex];
+        if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${healthy.length}`);
+        // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
+        if (this.stopping || !this.queue.take(task)) {
+          await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
+          if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
+          continue;
         }
+        this.signalDemand();
+        void this.send(task, rid, endpoint, leaseKey, probation);
+        continue;
+      }
+      switch (outcome.kind) {
         case 'no-slot':
-          // Another process holds every lease; they are released as its requests end.
+          // Another process holds every lease (or a probation runs); they end as requests end.
           this.schedulePump(25);
           return;
         case 'budget-met':
@@ -277,7 +318,6 @@ export class Dispatcher {
         case 'budget-reserved':
           blocked.add(dataset);
           retryInMs = Math.min(retryInMs, 200);
-          i += 1;
           break;
       }
     }
@@ -287,22 +327,25 @@ export class Dispatcher {
 
   /** The dataset met its budget: every sample of it still pending is skipped by budget. */
   private async skipDataset(dataset: string): Promise<void> {
-    const skipped = this.pending.filter((t) => t.req.dataset === dataset);
+    const skipped = this.queue.ofDataset(dataset);
     if (skipped.length === 0) return;
     const { keys, redis } = this.options;
     await redis.skipSamples(keys.done(dataset), keys.skipped(dataset), ...skipped.map((t) => t.req.sample.id));
     for (const t of skipped) {
-      this.pending.splice(this.pending.indexOf(t), 1);
-      t.resolve({ kind: 'skipped-budget' });
+      // Only those still waiting: one may have been drained by a stop meanwhile.
+      if (this.queue.isWaiting(t)) this.queue.settle(t, { kind: 'skipped-budget' });
     }
     this.signalDemand();
   }
 
-  private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string): Promise<void> {
+  private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string, probation: boolean): Promise<void> {
     const { req } = task;
     const abort = new AbortController();
-    this.running.set(rid, { task, rid, endpoint, leaseKey, abort });
+    const running: Running = { task, dataset: req.dataset, rid, endpoint, leaseKey, abort, probation, leaseLost: false };
+    task.state = 'running';
+    this.running.set(rid, running);
     endpoint.inFlight += 1;
+    if (probation) this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, crashes: task.crashes, endpoint: endpoint.url }, 'sending a prompt on probation: it was in flight at every recent server crash');
     try {
       const result = await endpoint.client.generate({
         inputIds: req.sample.promptIds,
@@ -313,12 +356,20 @@ export class Dispatcher {
       if (result.finishReason.type === 'abort') {
         throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
       }
-      task.resolve(await this.commit(req, rid, endpoint, leaseKey, result));
+      const outcome = await this.commit(req, rid, endpoint, leaseKey, result);
+      if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
+      this.queue.settle(task, outcome);
     } catch (e: unknown) {
-      await this.handleError(task, rid, endpoint, leaseKey, e);
+      await this.handleError(running, e);
     } finally {
+      if (probation) await this.endProbation(endpoint, rid);
       endpoint.inFlight -= 1;
       this.running.delete(rid);
+      // A task neither settled nor back in line would be lost: its batch would never end.
+      if (task.state === 'running') {
+        this.log.error({ dataset: req.dataset, sampleId: req.sample.id }, 'request ended without an outcome; handing the sample back');
+        this.queue.settle(task, { kind: 'handed-back' });
+      }
       if (this.running.size === 0) for (const w of this.idleWaiters.splice(0)) w();
       this.signalDemand();
       this.schedulePump();
@@ -361,82 +412,142 @@ export class Dispatcher {
     return first === 1 ? { kind: 'committed', completionTokens: result.completionTokens } : { kind: 'duplicate' };
   }
 
-  private async release(dataset: string, rid: string, leaseKey: string): Promise<void> {
+  private async release(dataset: string, rid: string, leaseKey: string, probationOn?: Endpoint): Promise<void> {
     await this.options.redis.multi().zrem(this.options.keys.inflight(dataset), rid).zrem(leaseKey, rid).exec();
+    if (probationOn !== undefined) await this.endProbation(probationOn, rid);
   }
 
-  private async handleError(task: Task, rid: string, endpoint: Endpoint, leaseKey: string, e: unknown): Promise<void> {
+  private async endProbation(endpoint: Endpoint, rid: string): Promise<void> {
+    try {
+      await this.options.redis.endProbation(this.options.keys.endpointProbation(endpoint.url), rid);
+    } catch (e: unknown) {
+      // It lapses by itself after crashProbationMs.
+      this.log.warn({ err: e, endpoint: endpoint.url }, 'could not end a probation');
+    }
+  }
+
+  /** Puts a sample back in line, or hands it back when stopping. */
+  private requeue(task: Task, where: 'front' | 'back', notBeforeMs = 0): void {
+    if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
+    else this.queue.requeue(task, where, notBeforeMs);
+  }
+
+  private async handleError(r: Running, e: unknown): Promise<void> {
+    const { task, rid, endpoint, leaseKey } = r;
     const { req } = task;
     const { keys, redis, pool } = this.options;
-    const log = this.log.child({ dataset: req.dataset, sampleId: req.sample.id, endpoint: endpoint.url });
+    const log = this.log.child({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, endpoint: endpoint.url });
     try {
-      if (e instanceof CancelledError && this.stopping) {
-        await this.release(req.dataset, rid, leaseKey);
-        task.resolve({ kind: 'handed-back' });
-        return;
+      const verdict = await triage(endpoint, e);
+      switch (verdict) {
+        case 'cancelled':
+          await this.release(req.dataset, rid, leaseKey);
+          if (r.leaseLost && !this.stopping) log.warn('request aborted: its endpoint slot was taken while this process or Redis stalled; sending it again');
+          this.requeue(task, 'front');
+          return;
+        case 'outage':
+        case 'endpoint-misconfigured':
+          // Not the prompt's fault: no attempt spent, it waits for a healthy endpoint.
+          await this.release(req.dataset, rid, leaseKey);
+          pool.markDown(endpoint, errorMessage(e));
+          this.requeue(task, 'front');
+          return;
+        case 'connection-dropped': {
+          // The server cut a request it had accepted: a crash. Not an attempt yet (every
+          // request in flight died with it); the sample is counted, and one in flight at two
+          // crashes is sent on probation next.
+          await this.release(req.dataset, rid, leaseKey);
+          pool.markDown(endpoint, errorMessage(e));
+          task.crashes = await redis.hincrby(keys.crashes(req.dataset), req.sample.id, 1);
+          if (r.probation) task.chargeOnRecovery = true;
+          this.requeue(task, 'front');
+          return;
+        }
+        case 'retry':
+        case 'fail':
+          break;
       }
-      if (await this.isOutage(endpoint, e)) {
-        // Not the prompt's fault: no attempt spent, it waits for a healthy endpoint.
-        await this.release(req.dataset, rid, leaseKey);
-        pool.markDown(endpoint, errorMessage(e));
-        if (this.stopping) task.resolve({ kind: 'handed-back' });
-        else this.pending.unshift(task);
-        return;
-      }
-      const retryable = e instanceof AppError ? e.retryable : true;
-      if (retryable) {
+      if (verdict === 'retry') {
         const spent = await redis.spendAttempt(keys.attempts(req.dataset), keys.inflight(req.dataset), leaseKey, req.sample.id, rid);
         req.attemptsSpent = spent;
         if (spent < req.maxAttempts) {
           log.warn({ err: e, attempt: spent }, 'request failed; will retry');
-          if (this.stopping) task.resolve({ kind: 'handed-back' });
-          else this.pending.push({ ...task, notBeforeMs: Date.now() + this.retryDelayMs * 2 ** (spent - 1) });
+          this.requeue(task, 'back', Date.now() + this.retryDelayMs * 2 ** (spent - 1));
           return;
         }
       }
+      const retryable = verdict === 'retry';
       const reason = retryable ? `failed after ${req.maxAttempts} attempts: ${errorMessage(e)}` : errorMessage(e);
-      const failure = JSON.stringify({
-        reason,
+      await this.fail(task, reason, {
         status: e instanceof UpstreamHttpError ? e.status : undefined,
         attempts: req.attemptsSpent + (retryable ? 0 : 1),
         endpoint: endpoint.url,
-        line: req.sample.line,
-        ts: new Date().toISOString(),
+        rid,
+        leaseKey,
       });
-      await redis.failSample(keys.done(req.dataset), keys.failed(req.dataset), keys.inflight(req.dataset), leaseKey, keys.attempts(req.dataset), keys.skipped(req.dataset), req.sample.id, failure, rid);
-      log.warn({ reason }, 'sample failed');
-      task.resolve({ kind: 'failed', reason });
     } catch (inner: unknown) {
       // Redis itself failed: hand the sample back so the job is retried, never lose it.
       log.error({ err: inner }, 'could not record the outcome of a request');
-      task.resolve({ kind: 'handed-back' });
+      this.queue.settle(task, { kind: 'handed-back' });
     }
   }
 
-  /** Whether an error says the endpoint is down rather than that this request is bad. */
-  private async isOutage(endpoint: Endpoint, e: unknown): Promise<boolean> {
-    if (e instanceof UnavailableError) return true;
-    if (e instanceof UpstreamHttpError && e.status === 503) return true;
-    if (e instanceof TimeoutError || (e instanceof UpstreamHttpError && e.retryable)) {
-      const h = await endpoint.client.healthGenerate();
-      return !h.ok;
-    }
-    return false;
-  }
-
-  private async renewLeases(): Promise<void> {
-    if (this.running.size === 0) return;
+  /** Charges the crash of a prompt that was alone on probation; fails it when its attempts are spent. */
+  private async chargeCrash(task: Task): Promise<void> {
+    const { req } = task;
     const { keys, redis } = this.options;
-    const leaseKeys: string[] = [];
-    const rids: string[] = [];
-    for (const r of this.running.values()) {
-      leaseKeys.push(keys.inflight(r.task.req.dataset), r.leaseKey);
-      rids.push(r.rid, r.rid);
-    }
+    task.chargeOnRecovery = false;
     try {
-      await redis.renewLeases(leaseKeys.length, ...leaseKeys, this.leaseTtlMs, ...rids);
+      const rid = `${req.dataset}/${req.sample.id}#crash`;
+      const spent = await redis.spendAttempt(keys.attempts(req.dataset), keys.inflight(req.dataset), keys.inflight(req.dataset), req.sample.id, rid);
+      req.attemptsSpent = spent;
+      if (spent < req.maxAttempts) {
+        this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, attempt: spent }, 'the server crashed while this prompt was on probation; attempt charged');
+        this.requeue(task, 'back', Date.now() + this.retryDelayMs * 2 ** (spent - 1));
+        return;
+      }
+      const reason = `the server dropped the connection ${spent} times while this prompt was on probation (sent alone): it appears to crash SGLang`;
+      await this.fail(task, reason, { status: undefined, attempts: spent, endpoint: undefined, rid, leaseKey: keys.inflight(req.dataset) });
+    } catch (e: unknown) {
+      this.log.error({ err: e }, 'could not charge a crash; handing the sample back');
+      this.queue.settle(task, { kind: 'handed-back' });
+    }
+  }
+
+  private async fail(task: Task, reason: string, info: { status: number | undefined; attempts: number; endpoint: string | undefined; rid: string; leaseKey: string }): Promise<void> {
+    const { req } = task;
+    const { keys, redis } = this.options;
+    const failure = JSON.stringify({
+      reason,
+      status: info.status,
+      attempts: info.attempts,
+      endpoint: info.endpoint,
+      line: req.sample.line,
+      ts: new Date().toISOString(),
+    });
+    await redis.failSample(keys.done(req.dataset), keys.failed(req.dataset), keys.inflight(req.dataset), info.leaseKey, keys.attempts(req.dataset), keys.skipped(req.dataset), req.sample.id, failure, info.rid);
+    if (task.crashes > 0) await redis.hdel(keys.crashes(req.dataset), req.sample.id);
+    this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason }, 'sample failed');
+    this.queue.settle(task, { kind: 'failed', reason });
+  }
+
+  /** Renews the leases of what runs here; a request whose slot was lost in a stall is aborted. */
+  private async renew(): Promise<void> {
+    if (this.running.size === 0 || this.renewing) return;
+    this.renewing = true;
+    try {
+      const { lost, retaken } = await renewLeases(this.options.redis, this.options.keys, [...this.running.values()], this.leaseTtlMs, this.options.concurrencyPerEndpoint);
+      if (retaken > 0) this.log.warn({ retaken }, 'leases had lapsed (a stall of this process or of Redis); taken again');
+      for (const r of lost) {
+        if (this.running.get(r.rid) !== r) continue;
+        r.leaseLost = true;
+        r.abort.abort();
+      }
+      if (lost.length > 0) this.log.warn({ lost: lost.length }, 'endpoint slots were taken by other workers during a stall; aborting those requests to keep the cap');
     } catch (e: unknown) {
       this.log.warn({ err: e }, 'lease renewal failed');
+    } finally {
+      this.renewing = false;
     }
   }
 }

@@ -15,7 +15,7 @@ import {
   type Logger,
   type ScriptedRedis,
 } from '../../shared/index.js';
-import { Dispatcher } from './dispatcher.js';
+import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
 import { EndpointPool } from './endpoint-pool.js';
 import { processGenerateBatch } from './processor.js';
 
@@ -38,6 +38,8 @@ export interface InferenceWorkerOptions {
   /** How often to look for newly registered datasets. */
   discoverIntervalMs?: number;
   leaseTtlMs?: number;
+  /** How long a prompt suspected of crashing the server has its endpoint to itself. */
+  crashProbationMs?: number;
   workerId?: string;
   logger?: Logger;
 }
@@ -72,6 +74,16 @@ export class InferenceWorker {
     return this.dispatcher?.inFlight ?? 0;
   }
 
+  /** Why the dispatcher's accounting of its samples does not add up, or undefined (for tests and checks). */
+  dispatchInvariantViolation(): string | undefined {
+    return this.dispatcher?.invariantViolation();
+  }
+
+  /** The dispatcher's counts: samples submitted, pending, acquiring, running and settled. */
+  dispatchAccounting(): DispatchAccounting | undefined {
+    return this.dispatcher?.accounting();
+  }
+
   async start(): Promise<void> {
     const o = this.options;
     this.redis = withScripts(createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:inference', logger: this.log }));
@@ -91,6 +103,7 @@ export class InferenceWorker {
       concurrencyPerEndpoint: o.concurrency,
       workerId: this.workerId,
       ...(o.leaseTtlMs === undefined ? {} : { leaseTtlMs: o.leaseTtlMs }),
+      ...(o.crashProbationMs === undefined ? {} : { crashProbationMs: o.crashProbationMs }),
       logger: this.log,
     });
     await this.pool.start();

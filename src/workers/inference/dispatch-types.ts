@@ -1,0 +1,19 @@
+import type { Sample } from '../../shared/index.js';
+
+/** What became of one sample handed to the dispatcher. */
+export type SampleOutcome =
+  | { kind: 'committed'; completionTokens: number }
+  | { kind: 'duplicate' }
+  | { kind: 'failed'; reason: string }
+  | { kind: 'skipped-budget' }
+  | { kind: 'handed-back' };
+
+export interface SampleRequest {
+  dataset: string;
+  sample: Sample;
+  sampling: Record<string, unknown>;
+  maxAttempts: number;
+  priorExpectedTokens: number;
+  /** Attempts already spent on this sample (from Redis), so the record says which attempt won. */
+  attemptsSpent: number;
+}

@@ -1,0 +1,105 @@
+// The dispatcher under faults at the worst moments: 503 bursts on the last prompts of a
+// dataset, and a Redis freeze longer than the request leases.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startGeneration } from '../../src/cli/pipeline.js';
+import { openRunContextFor } from '../../src/cli/run-context.js';
+import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
+import { loadConfig, type ConfigInput } from '../../src/shared/index.js';
+import { InferenceWorker } from '../../src/workers/inference/worker.js';
+import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { duplicates, readGenerations, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+
+let redis: TestRedis;
+let tmp: { dir: string; cleanup: () => void };
+const sims: SimulatorHandle[] = [];
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  tmp = tempDir();
+});
+
+afterAll(async () => {
+  for (const s of sims) await s.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+async function sim(options: SimulatorOptions): Promise<SimulatorHandle> {
+  const s = await startSimulator({ port: 0, ...options });
+  sims.push(s);
+  return s;
+}
+
+function config(run: string, endpoint: string, prompts: string, sglang: Record<string, unknown> = {}, workers: Record<string, unknown> = {}): ReturnType<typeof loadConfig> {
+  return loadConfig({
+    baseDir: tmp.dir,
+    object: {
+      run,
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [endpoint], concurrency: 16, requestTimeoutMs: 30_000, ...sglang },
+      datasets: [{ name: 'ds', prompts, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 }] as ConfigInput['datasets'],
+      output: { dir: 'out' },
+      workers: { shutdownGraceMs: 2_000, ...workers },
+    },
+  });
+}
+
+function workerFor(cfg: ReturnType<typeof loadConfig>, ctx: Awaited<ReturnType<typeof openRunContextFor>>, extra: Partial<ConstructorParameters<typeof InferenceWorker>[0]> = {}): InferenceWorker {
+  return new InferenceWorker({
+    redisUrl: ctx.redisUrl,
+    keys: ctx.keys,
+    endpoints: cfg.sglang.endpoints,
+    concurrency: cfg.sglang.concurrency,
+    requestTimeoutMs: cfg.sglang.requestTimeoutMs,
+    batchSize: 8,
+    lockDurationMs: cfg.workers.lockDurationMs,
+    stalledIntervalMs: cfg.workers.stalledIntervalMs,
+    leaseTtlMs: cfg.workers.leaseTtlMs,
+    logger: quietLogger(),
+    ...extra,
+  });
+}
+
+describe('dispatch under faults', () => {
+  it('503 "queue full" bursts on the last prompts of a dataset: the run ends, each prompt committed once, the accounting holds throughout', async () => {
+    const s = await sim({ timeScale: 40, maxRunningRequests: 16, seed: 21, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 } });
+    writePrompts(tmp.dir, 'tail503', 150);
+    const cfg = config('tail503', s.url, 'tail503.jsonl');
+    const ctx = await openRunContextFor(cfg);
+    const worker = workerFor(cfg, ctx);
+    await worker.start();
+    const handle = await startGeneration(ctx, { produce: true, infer: false });
+    const violations: string[] = [];
+    const watch = setInterval(() => {
+      const v = worker.dispatchInvariantViolation();
+      if (v !== undefined) violations.push(v);
+    }, 5);
+    try {
+      const records = async (): Promise<number> => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0);
+      // The worst moment: the last prompts. Every burst answers the next requests 503 while
+      // others are being acquired, so samples go back to the front of the line mid-pass.
+      for (const at of [120, 132, 140, 145]) {
+        await waitFor(async () => (await records()) >= at, `${at} records`, 60_000, 5);
+        s.setFaults({ burst503: 6 });
+      }
+      await Promise.race([
+        handle.finished,
+        new Promise((_, reject) => setTimeout(() => reject(new Error(`run hung: ${JSON.stringify(worker.dispatchAccounting())}`)), 45_000)),
+      ]);
+      const out = readGenerations(ctx.runDir, 'ds');
+      expect(duplicates(out.map((r) => r.id))).toEqual([]);
+      expect(out.length).toBe(150);
+      expect(await ctx.redis.hlen(ctx.keys.failed('ds'))).toBe(0);
+      expect(violations).toEqual([]);
+      const a = worker.dispatchAccounting();
+      expect(a?.submitted).toBe(a?.settled);
+      // The bursts did land: 24 requests were answered 503 and sent again.
+      expect(s.stats().failed).toBeGreaterThanOrEqual(24);
+    } finally {
+      clearInterval(watch);
+      await worker.stop(1_000);
+      await handle.stop();
+      await ctx.close();
+    }
+  }, 90_000);
+});
