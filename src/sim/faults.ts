@@ -1,5 +1,9 @@
 import { mulberry32, type Rng } from './output-model.js';
 
+/** Shapes of a bad answer the simulator can give instead of a generation (`badAnswer`). */
+export const BAD_ANSWERS = ['html502', 'wrong-shape', 'no-output-ids', 'negative-count', 'truncated', '413'] as const;
+export type BadAnswer = (typeof BAD_ANSWERS)[number];
+
 /** Faults the simulator injects into generation requests (and health checks). */
 export interface FaultConfig {
   /** Fraction of /generate and chat requests answered 500 with SGLang's error body. */
@@ -14,9 +18,35 @@ export interface FaultConfig {
   malformedRate: number;
   /** /health and /health_generate answer 503 (generation itself still works). */
   unhealthy: boolean;
+  /**
+   * Fraction of sample ids (the rid's part before `#`, decided by a seeded hash, so the same
+   * ids every run) whose first request is answered 503 "The request queue is full."; later
+   * requests for the same sample id are served.
+   */
+  firstTry503Rate: number;
+  /**
+   * Sample ids (`<dataset>/<id>`, or just `<id>`) that crash the server: the connection is
+   * dropped and the server is down (connection refused) for `poisonDownMs`, then back.
+   */
+  poisonSampleIds: string[];
+  /** How long a poison prompt keeps the server down (wall ms). Default 500. */
+  poisonDownMs: number;
+  /**
+   * Every route but health checks and /_sim/* answers this status with a plausible body
+   * (401 `{"detail":"Unauthorized"}`, 404 `{"detail":"Not Found"}`, …); null = off.
+   */
+  statusAll: number | null;
+  /** With `statusAll`: health checks answer it too. */
+  statusAllHealth: boolean;
+  /** Every route but /_sim/* drops its connection (an outage you clear with clearFaults). */
+  outage: boolean;
+  /** Fraction of generation requests answered with the `badAnswer` shape. */
+  badAnswerRate: number;
+  /** Which bad answer `badAnswerRate` gives. Default 'wrong-shape'. */
+  badAnswer: BadAnswer;
 }
 
-export type FaultKind = 'none' | 'error' | 'unavailable' | 'hang' | 'drop' | 'malformed';
+export type FaultKind = 'none' | 'error' | 'unavailable' | 'hang' | 'drop' | 'malformed' | 'bad-answer';
 
 export const NO_FAULTS: FaultConfig = {
   errorRate: 0,
@@ -25,6 +55,14 @@ export const NO_FAULTS: FaultConfig = {
   dropRate: 0,
   malformedRate: 0,
   unhealthy: false,
+  firstTry503Rate: 0,
+  poisonSampleIds: [],
+  poisonDownMs: 500,
+  statusAll: null,
+  statusAllHealth: false,
+  outage: false,
+  badAnswerRate: 0,
+  badAnswer: 'wrong-shape',
 };
 
 function rate(value: unknown, name: string): number {
@@ -34,6 +72,16 @@ function rate(value: unknown, name: string): number {
   return value;
 }
 
+function bool(value: unknown, name: string): boolean {
+  if (typeof value !== 'boolean') throw new RangeError(`fault ${name} must be a boolean, got ${String(value)}`);
+  return value;
+}
+
+/** The rates drawn per request; together at most 1. */
+function rateSum(f: Partial<FaultConfig>): number {
+  return (f.errorRate ?? 0) + (f.hangRate ?? 0) + (f.dropRate ?? 0) + (f.malformedRate ?? 0) + (f.badAnswerRate ?? 0);
+}
+
 /** Checks a partial fault config (from options or the admin route); throws RangeError. */
 export function validateFaults(partial: Partial<FaultConfig>): Partial<FaultConfig> {
   const out: Partial<FaultConfig> = {};
@@ -41,48 +89,122 @@ export function validateFaults(partial: Partial<FaultConfig>): Partial<FaultConf
   if (partial.hangRate !== undefined) out.hangRate = rate(partial.hangRate, 'hangRate');
   if (partial.dropRate !== undefined) out.dropRate = rate(partial.dropRate, 'dropRate');
   if (partial.malformedRate !== undefined) out.malformedRate = rate(partial.malformedRate, 'malformedRate');
+  if (partial.badAnswerRate !== undefined) out.badAnswerRate = rate(partial.badAnswerRate, 'badAnswerRate');
+  if (partial.firstTry503Rate !== undefined) out.firstTry503Rate = rate(partial.firstTry503Rate, 'firstTry503Rate');
   if (partial.burst503 !== undefined) {
     if (typeof partial.burst503 !== 'number' || !Number.isInteger(partial.burst503) || partial.burst503 < 0) {
       throw new RangeError(`fault burst503 must be a non-negative integer, got ${String(partial.burst503)}`);
     }
     out.burst503 = partial.burst503;
   }
-  if (partial.unhealthy !== undefined) {
-    if (typeof partial.unhealthy !== 'boolean') throw new RangeError('fault unhealthy must be a boolean');
-    out.unhealthy = partial.unhealthy;
+  if (partial.unhealthy !== undefined) out.unhealthy = bool(partial.unhealthy, 'unhealthy');
+  if (partial.statusAllHealth !== undefined) out.statusAllHealth = bool(partial.statusAllHealth, 'statusAllHealth');
+  if (partial.outage !== undefined) out.outage = bool(partial.outage, 'outage');
+  if (partial.poisonSampleIds !== undefined) {
+    const ids: unknown = partial.poisonSampleIds;
+    if (!Array.isArray(ids) || !ids.every((id) => typeof id === 'string' && id !== '')) {
+      throw new RangeError('fault poisonSampleIds must be a list of non-empty strings');
+    }
+    out.poisonSampleIds = [...(ids as string[])];
   }
-  const sum = (out.errorRate ?? 0) + (out.hangRate ?? 0) + (out.dropRate ?? 0) + (out.malformedRate ?? 0);
-  if (sum > 1 + 1e-9) throw new RangeError('fault rates add up to more than 1');
+  if (partial.poisonDownMs !== undefined) {
+    const ms: unknown = partial.poisonDownMs;
+    if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
+      throw new RangeError(`fault poisonDownMs must be a non-negative number, got ${String(ms)}`);
+    }
+    out.poisonDownMs = ms;
+  }
+  if (partial.statusAll !== undefined) {
+    const status: unknown = partial.statusAll;
+    if (status !== null && (typeof status !== 'number' || !Number.isInteger(status) || status < 400 || status > 599)) {
+      throw new RangeError(`fault statusAll must be an HTTP error status (400-599) or null, got ${String(status)}`);
+    }
+    out.statusAll = status as number | null;
+  }
+  if (partial.badAnswer !== undefined) {
+    if (!(BAD_ANSWERS as readonly unknown[]).includes(partial.badAnswer)) {
+      throw new RangeError(`fault badAnswer must be one of ${BAD_ANSWERS.join(', ')}, got ${String(partial.badAnswer)}`);
+    }
+    out.badAnswer = partial.badAnswer;
+  }
+  if (rateSum(out) > 1 + 1e-9) throw new RangeError('fault rates add up to more than 1');
   return out;
+}
+
+/** The sample id a rid stands for: its part before `#` (`<dataset>/<sampleId>#<nonce>`). */
+export function sampleKeyOfRid(rid: string): string {
+  const hash = rid.indexOf('#');
+  return hash < 0 ? rid : rid.slice(0, hash);
+}
+
+/** FNV-1a over the seed and the key, as a fraction in [0, 1). */
+function hashFraction(seed: number, key: string): number {
+  let h = (0x811c9dc5 ^ seed) >>> 0;
+  for (let i = 0; i < key.length; i++) {
+    h ^= key.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h / 2 ** 32;
 }
 
 /** Decides, request by request, which fault (if any) to inject. Seeded: runs repeat. */
 export class FaultInjector {
   private config: FaultConfig = { ...NO_FAULTS };
   private readonly rng: Rng;
+  /** Sample ids whose first request has been seen (for `firstTry503Rate`). */
+  private readonly triedSamples = new Set<string>();
 
-  constructor(seed: number, initial: Partial<FaultConfig> = {}) {
+  constructor(
+    private readonly seed: number,
+    initial: Partial<FaultConfig> = {},
+  ) {
     this.rng = mulberry32((seed ^ 0x5eed_fa17) >>> 0);
     this.set(initial);
   }
 
   set(partial: Partial<FaultConfig>): void {
     const merged = { ...this.config, ...validateFaults(partial) };
-    const sum = merged.errorRate + merged.hangRate + merged.dropRate + merged.malformedRate;
-    if (sum > 1 + 1e-9) throw new RangeError('fault rates add up to more than 1');
+    if (rateSum(merged) > 1 + 1e-9) throw new RangeError('fault rates add up to more than 1');
     this.config = merged;
   }
 
   clear(): void {
     this.config = { ...NO_FAULTS };
+    this.triedSamples.clear();
   }
 
   current(): FaultConfig {
-    return { ...this.config };
+    return { ...this.config, poisonSampleIds: [...this.config.poisonSampleIds] };
   }
 
   get unhealthy(): boolean {
     return this.config.unhealthy;
+  }
+
+  /**
+   * Whether this request's first try is refused (`firstTry503Rate`): true once per chosen
+   * sample id, on the first request that names it.
+   */
+  firstTry503(rids: readonly string[]): boolean {
+    const r = this.config.firstTry503Rate;
+    if (r === 0) return false;
+    let refuse = false;
+    for (const rid of rids) {
+      const key = sampleKeyOfRid(rid);
+      if (this.triedSamples.has(key)) continue;
+      this.triedSamples.add(key);
+      if (hashFraction(this.seed, key) < r) refuse = true;
+    }
+    return refuse;
+  }
+
+  /** Whether a rid names a poison sample (`poisonSampleIds`, with or without its dataset). */
+  isPoison(rid: string): boolean {
+    const ids = this.config.poisonSampleIds;
+    if (ids.length === 0) return false;
+    const key = sampleKeyOfRid(rid);
+    const slash = key.indexOf('/');
+    return ids.includes(key) || (slash >= 0 && ids.includes(key.slice(slash + 1)));
   }
 
   /** The fault for the next generation request; consumes one `burst503` when set. */
@@ -91,8 +213,8 @@ export class FaultInjector {
       this.config.burst503--;
       return 'unavailable';
     }
-    const { errorRate, hangRate, dropRate, malformedRate } = this.config;
-    if (errorRate + hangRate + dropRate + malformedRate === 0) return 'none';
+    const { errorRate, hangRate, dropRate, malformedRate, badAnswerRate } = this.config;
+    if (errorRate + hangRate + dropRate + malformedRate + badAnswerRate === 0) return 'none';
     const u = this.rng();
     let edge = errorRate;
     if (u < edge) return 'error';
@@ -102,6 +224,8 @@ export class FaultInjector {
     if (u < edge) return 'drop';
     edge += malformedRate;
     if (u < edge) return 'malformed';
+    edge += badAnswerRate;
+    if (u < edge) return 'bad-answer';
     return 'none';
   }
 }

@@ -2,7 +2,7 @@
 export { startSimulator, Simulator } from './simulator.js';
 export type { SimulatorOptions, SimulatorHandle, SimStats, SimRequestRecord, SimVersion } from './types.js';
 export { SIM_VERSIONS } from './types.js';
-export { type FaultConfig, type FaultKind, FaultInjector, NO_FAULTS, validateFaults } from './faults.js';
+export { BAD_ANSWERS, type BadAnswer, type FaultConfig, type FaultKind, FaultInjector, NO_FAULTS, sampleKeyOfRid, validateFaults } from './faults.js';
 export {
   type Clock,
   type LoadJob,

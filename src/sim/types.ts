@@ -36,6 +36,11 @@ export interface SimulatorOptions {
   modelPath?: string;
   /** Response shape profile; default '0.5.4'. */
   version?: SimVersion;
+  /**
+   * SGLang's `--api-key`: every route but /health*, /metrics and /_sim/* then needs
+   * `Authorization: Bearer <apiKey>`, else 401 `{"error":"Unauthorized"}`.
+   */
+  apiKey?: string;
   faults?: Partial<FaultConfig>;
 }
 

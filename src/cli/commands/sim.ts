@@ -27,6 +27,8 @@ interface SimCommandOptions {
   dropRate: number;
   malformedRate: number;
   unhealthy: boolean;
+  firstTry503Rate: number;
+  apiKey?: string;
 }
 
 function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-int') {
@@ -80,6 +82,7 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
     ...(opts.tokenizer === undefined ? {} : { tokenizerPath: opts.tokenizer }),
     modelPath: opts.modelPath,
     version: opts.version,
+    ...(opts.apiKey === undefined ? {} : { apiKey: opts.apiKey }),
     faults: {
       errorRate: opts.errorRate,
       burst503: opts.burst503,
@@ -87,6 +90,7 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
       dropRate: opts.dropRate,
       malformedRate: opts.malformedRate,
       unhealthy: opts.unhealthy,
+      firstTry503Rate: opts.firstTry503Rate,
     },
   };
 }
@@ -124,6 +128,8 @@ export function registerSimCommand(program: Command): void {
     .option('--drop-rate <x>', 'fraction of generation requests whose connection is reset', numberArg('rate'), 0)
     .option('--malformed-rate <x>', 'fraction of generation requests answered with truncated JSON', numberArg('rate'), 0)
     .option('--unhealthy', '/health and /health_generate answer 503', false)
+    .option('--first-try-503-rate <x>', 'fraction of sample ids whose first request is answered 503 "The request queue is full."', numberArg('rate'), 0)
+    .option('--api-key <key>', "require `Authorization: Bearer <key>` as SGLang's --api-key does (health and metrics stay open)")
     .action(async (opts: SimCommandOptions, cmd: Command) => {
       let sim: Awaited<ReturnType<typeof startSimulator>>;
       try {

@@ -1,0 +1,79 @@
+/** The simulator's options, checked and with defaults applied. */
+import { bundledTokenizerPath } from '../shared/index.js';
+import { type FaultConfig, validateFaults } from './faults.js';
+import { DEFAULT_OUTPUT_LENGTH, type OutputLengthSpec } from './output-model.js';
+import { SIM_VERSIONS, type SimVersion, type SimulatorOptions } from './types.js';
+
+export interface ResolvedOptions {
+  host: string;
+  port: number;
+  seed: number;
+  timeScale: number;
+  maxRunningRequests: number;
+  maxQueuedRequests: number | undefined;
+  contextLength: number;
+  singleRequestTokensPerSec: number;
+  peakTokensPerSec: number;
+  prefillTokensPerSec: number;
+  outputLength: OutputLengthSpec;
+  tokenizerPath: string;
+  modelPath: string;
+  version: SimVersion;
+  /** When set, every route but /health*, /metrics and /_sim/* needs `Authorization: Bearer <apiKey>`. */
+  apiKey: string | undefined;
+  faults: Partial<FaultConfig>;
+}
+
+function positive(name: string, value: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
+    throw new RangeError(`simulator option ${name} must be a positive number, got ${String(value)}`);
+  }
+  return value;
+}
+
+function positiveInt(name: string, value: number): number {
+  if (!Number.isInteger(value) || value < 1) {
+    throw new RangeError(`simulator option ${name} must be a positive integer, got ${String(value)}`);
+  }
+  return value;
+}
+
+export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
+  const version = o.version ?? '0.5.4';
+  if (!SIM_VERSIONS.includes(version)) {
+    throw new RangeError(`simulator option version must be one of ${SIM_VERSIONS.join(', ')}, got ${String(version)}`);
+  }
+  const port = o.port ?? 0;
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new RangeError(`simulator option port is invalid: ${port}`);
+  const outputLength = { ...DEFAULT_OUTPUT_LENGTH, ...o.outputLength };
+  positive('outputLength.mean', outputLength.mean);
+  if (!['lognormal', 'fixed', 'uniform'].includes(outputLength.distribution)) {
+    throw new RangeError(`simulator option outputLength.distribution is invalid: ${String(outputLength.distribution)}`);
+  }
+  return {
+    host: o.host ?? '127.0.0.1',
+    port,
+    seed: o.seed ?? 0,
+    timeScale: positive('timeScale', o.timeScale ?? 1),
+    maxRunningRequests: positiveInt('maxRunningRequests', o.maxRunningRequests ?? 64),
+    maxQueuedRequests: o.maxQueuedRequests === undefined ? undefined : positiveInt('maxQueuedRequests', o.maxQueuedRequests),
+    contextLength: positiveInt('contextLength', o.contextLength ?? 32768),
+    singleRequestTokensPerSec: positive('singleRequestTokensPerSec', o.singleRequestTokensPerSec ?? 80),
+    peakTokensPerSec: positive('peakTokensPerSec', o.peakTokensPerSec ?? 2500),
+    prefillTokensPerSec: positive('prefillTokensPerSec', o.prefillTokensPerSec ?? 20000),
+    outputLength,
+    tokenizerPath: o.tokenizerPath ?? bundledTokenizerPath(),
+    modelPath: o.modelPath ?? 'Qwen/Qwen3-8B',
+    apiKey: resolveApiKey(o.apiKey),
+    version,
+    faults: validateFaults(o.faults ?? {}),
+  };
+}
+
+function resolveApiKey(key: string | undefined): string | undefined {
+  if (key === undefined) return undefined;
+  if (typeof key !== 'string' || key === '' || /[\r\n]/.test(key)) {
+    throw new RangeError('simulator option apiKey must be a non-empty string without line breaks');
+  }
+  return key;
+}
