@@ -1,18 +1,20 @@
 // One writer per dataset: the sink lock is a fencing token. A sink whose lock lapsed and was
 // taken over writes nothing more and stops; renewal never extends another holder's lock; a
 // second sink says who holds the lock while it waits (issue 7, defect 7).
+import { spawn } from 'node:child_process';
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { LockLostError, ProcessLock, RunKeys } from '../../src/shared/index.js';
-import { duplicates, tempDir, waitFor } from '../helpers/pipeline.js';
+import { LockLostError, ProcessLock, RunKeys, type Logger } from '../../src/shared/index.js';
+import { duplicates, repoRoot, tempDir, waitFor } from '../helpers/pipeline.js';
 import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
 import { commitResult, datasetStats, readParts, startSink } from '../helpers/results-sink.js';
 
 let redis: TestRedis;
 let tmp: { dir: string; cleanup: () => void };
+const children: ReturnType<typeof spawn>[] = [];
 
 beforeAll(async () => {
   redis = await startTestRedis();
@@ -20,12 +22,13 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  for (const c of children) c.kill('SIGKILL');
   await redis?.stop();
   tmp?.cleanup();
 });
 
 /** A logger whose lines (parsed) are kept in `lines`. */
-function capturingLogger(): { logger: ReturnType<typeof pino>; lines: { level: number; msg: string; holder?: string }[] } {
+function capturingLogger(): { logger: Logger; lines: { level: number; msg: string; holder?: string }[] } {
   const lines: { level: number; msg: string; holder?: string }[] = [];
   const dest = new Writable({
     write(chunk: Buffer, _enc, cb) {
@@ -37,6 +40,42 @@ function capturingLogger(): { logger: ReturnType<typeof pino>; lines: { level: n
 }
 
 describe('results sink fencing', () => {
+  it('a sink process frozen longer than its lock TTL, then resumed, writes nothing more and exits non-zero', async () => {
+    const keys = new RunKeys(redis.prefix, 'frozen');
+    const dir = path.join(tmp.dir, 'frozen', 'ds', 'generations');
+    const job = { redisUrl: redis.url, prefix: redis.prefix, run: 'frozen', dataset: 'ds', dir, lockTtlMs: 1_000 };
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'test/helpers/results-sink-runner.ts'), JSON.stringify(job)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    children.push(child);
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
+    const conn = redis.connection();
+    let b: Awaited<ReturnType<typeof startSink>> | undefined;
+    try {
+      await waitFor(() => out.includes('ready'), 'the sink process to start', 30_000);
+      for (const id of ['a0', 'a1', 'a2']) await commitResult(conn, keys, 'ds', id, 3);
+      await waitFor(() => readParts(dir).length === 3, 'the sink process to write', 10_000);
+      child.kill('SIGSTOP');
+      await waitFor(async () => (await conn.exists(keys.sinkLock('ds'))) === 0, 'its lock to lapse', 10_000);
+      b = await startSink({ redis: redis.connection(), keys, dataset: 'ds', dir, lockTtlMs: 1_000 });
+      // The frozen process is blocked on XREAD: these entries reach it when it resumes.
+      for (const id of ['b0', 'b1', 'b2', 'b3']) await commitResult(conn, keys, 'ds', id, 3);
+      await b.drained();
+      child.kill('SIGCONT');
+      expect(await exited, out).toBe(3);
+      expect(out).toContain('lost the lock');
+      for (const id of ['c0', 'c1']) await commitResult(conn, keys, 'ds', id, 3);
+      await b.drained();
+      const ids = readParts(dir).map((r) => r.id);
+      expect(duplicates(ids)).toEqual([]);
+      expect(ids.sort()).toEqual(['a0', 'a1', 'a2', 'b0', 'b1', 'b2', 'b3', 'c0', 'c1']);
+    } finally {
+      child.kill('SIGKILL');
+      await b?.stop();
+    }
+  });
+
   it('a sink whose lock lapsed and was taken over writes nothing more and stops; the files have no duplicates', async () => {
     const keys = new RunKeys(redis.prefix, 'fence');
     const dir = path.join(tmp.dir, 'fence', 'ds', 'generations');
