@@ -1,0 +1,134 @@
+// Redis itself fails under a running pipeline: frozen (SIGSTOP) past every lease and lock TTL,
+// and killed with SIGKILL then restarted on the same AOF. Producer and workers are real child
+// processes; the SGLang simulator counts how many requests ever ran at once.
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EmbeddedRedis, RunKeys, createRedisConnection, closeRedisConnection, type ConfigInput } from '../../src/shared/index.js';
+import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+
+let redis: TestRedis;
+let tmp: { dir: string; cleanup: () => void };
+const sims: SimulatorHandle[] = [];
+const CONCURRENCY = 8;
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  tmp = tempDir();
+});
+
+afterAll(async () => {
+  await killCliChildren();
+  for (const s of sims) await s.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+function setup(run: string, prompts: number, url: string, endpoint: string): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
+  writePrompts(tmp.dir, run, prompts);
+  const config: ConfigInput = {
+    run,
+    redis: { url, prefix: redis.prefix },
+    sglang: { endpoints: [endpoint], concurrency: CONCURRENCY, requestTimeoutMs: 60_000, maxAttempts: 2 },
+    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 4 }],
+    output: { dir: 'out' },
+    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 1_000, shutdownGraceMs: 2_000 },
+  };
+  return {
+    configPath: writeConfig(tmp.dir, config, `${run}.yaml`),
+    runDir: path.join(tmp.dir, 'out', run),
+    keys: new RunKeys(redis.prefix, run),
+    ids: Array.from({ length: prompts }, (_, i) => `${run}-${i}`),
+  };
+}
+
+async function expectExactlyOnce(url: string, runDir: string, keys: RunKeys, ids: string[]): Promise<void> {
+  const conn = createRedisConnection(url, { role: 'client', name: 'tokenmill:test', logger: quietLogger() });
+  try {
+    const records = readGenerations(runDir, 'ds');
+    expect(duplicates(records.map((r) => r.id))).toEqual([]);
+    expect(records.map((r) => r.id).sort()).toEqual([...ids].sort());
+    const stats = await conn.hgetall(keys.stats('ds'));
+    expect(Number(stats.records)).toBe(ids.length);
+    expect(records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(Number(stats.outputTokens));
+    expect(await conn.hlen(keys.failed('ds'))).toBe(0);
+  } finally {
+    await closeRedisConnection(conn);
+  }
+}
+
+describe('Redis faults under a running pipeline', () => {
+  it('a freeze (SIGSTOP) longer than the lease and lock TTLs: completes, no duplicates, the per-endpoint cap holds', async () => {
+    // Requests of several seconds, so that many are running at the sim when Redis comes back.
+    const sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 64, seed: 31, outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 } });
+    sims.push(sim);
+    const { configPath, runDir, keys, ids } = setup('freeze', 48, redis.url, sim.url);
+    const conn = redis.connection('client');
+    const producer = spawnCli(['produce', '-c', configPath]);
+    const w1 = spawnCli(['worker', '-c', configPath]);
+    const w2 = spawnCli(['worker', '-c', configPath]);
+    try {
+      await waitFor(async () => sim.stats().running >= CONCURRENCY && Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0) >= 4, 'both workers busy', 60_000);
+      const pid = redis.server.pid;
+      if (pid === undefined) throw new Error('no redis pid');
+      process.kill(pid, 'SIGSTOP');
+      // Longer than the lease TTL (1 s) and the batch lock (2 s): everything lapses at once.
+      await new Promise((r) => setTimeout(r, 4_000));
+      process.kill(pid, 'SIGCONT');
+      expect(await producer.exited, producer.output()).toBe(0);
+    } finally {
+      w1.child.kill('SIGTERM');
+      w2.child.kill('SIGTERM');
+      await Promise.all([w1.exited, w2.exited]);
+    }
+    expect(sim.stats().maxRunningObserved).toBeLessThanOrEqual(CONCURRENCY);
+    await expectExactlyOnce(redis.url, runDir, keys, ids);
+  }, 150_000);
+
+  it('redis-server killed with SIGKILL mid-run and restarted on the same AOF: completes, nothing committed is lost, no duplicates', async () => {
+    const sim = await startSimulator({ port: 0, timeScale: 20, maxRunningRequests: 64, seed: 32, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.5 } });
+    sims.push(sim);
+    // A server of its own: this test kills it.
+    const dataDir = path.join(tmp.dir, 'redis-kill');
+    const first = new EmbeddedRedis({ dataDir, logger: quietLogger() });
+    const { url, port } = await first.start();
+    let second: EmbeddedRedis | undefined;
+    const { configPath, runDir, keys, ids } = setup('rkill', 96, url, sim.url);
+    const producer = spawnCli(['produce', '-c', configPath]);
+    const w1 = spawnCli(['worker', '-c', configPath]);
+    const w2 = spawnCli(['worker', '-c', configPath]);
+    try {
+      const conn = createRedisConnection(url, { role: 'client', name: 'tokenmill:test', logger: quietLogger() });
+      let before = 0;
+      try {
+        await waitFor(async () => (before = Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0)) >= 24, 'first commits', 60_000);
+        // Committed ids before the kill: every one of them must still be committed after it.
+        before = await conn.scard(keys.done('ds'));
+      } finally {
+        await closeRedisConnection(conn).catch(() => undefined);
+      }
+      const doneBefore = before;
+      const pid = first.pid;
+      if (pid === undefined) throw new Error('no redis pid');
+      process.kill(pid, 'SIGKILL');
+      await new Promise((r) => setTimeout(r, 1_500));
+      second = new EmbeddedRedis({ dataDir, port, logger: quietLogger() });
+      await second.start();
+      expect(await producer.exited, producer.output()).toBe(0);
+      const after = createRedisConnection(url, { role: 'client', name: 'tokenmill:test', logger: quietLogger() });
+      try {
+        expect(await after.scard(keys.done('ds'))).toBeGreaterThanOrEqual(doneBefore);
+      } finally {
+        await closeRedisConnection(after);
+      }
+    } finally {
+      w1.child.kill('SIGTERM');
+      w2.child.kill('SIGTERM');
+      await Promise.all([w1.exited, w2.exited]);
+    }
+    await expectExactlyOnce(url, runDir, keys, ids);
+    await second?.stop();
+    await first.stop().catch(() => undefined);
+  }, 150_000);
+});
