@@ -60,15 +60,19 @@ const RECONCILE_WINDOW_MS = 5 * 60_000;
  *
  * **Guarantee:** every committed result is written once, and the dataset's counters equal the
  * sum over its lines, across kills of any process, Redis restarts on its AOF, and an OS crash
- * losing up to the reconcile window (5 min) of Redis writes. Not covered: a part file losing
- * fsynced data, or workers' clocks differing by more than the window.
+ * losing its last writes (`appendfsync everysec`: about a second; anything within the
+ * reconcile window, 5 min, is covered). Not covered: a part file losing fsynced data, or
+ * workers' clocks differing by more than the window. `WAITAOF` (Redis >= 7.2) is not used.
  *
  * **One writer (fencing):** one sink per dataset holds a Redis lock whose value is its token.
  * Each batch first confirms the lock (compare-and-extend) and trims Redis only while holding it
  * (one script). A sink that finds its lock lost — it lapsed during a Redis outage or a freeze
  * longer than its TTL, and another sink took over — writes nothing more and stops: the sink
  * fails ({@link failed} rejects), the process that runs it ends with that error, and the other
- * sink carries on. A second sink waits, logging who holds the lock.
+ * sink carries on. A second sink waits, logging who holds the lock. Limit: a sink frozen in
+ * the middle of one batch (after its lock check, before its fsync) for longer than the TTL can
+ * still append that batch; the holder then finds the part changed under it, logs an error and
+ * recovers from the files.
  */
 export class ResultsSink {
   private readonly log: Logger;
