@@ -117,5 +117,7 @@ function normalizeUrl(url: string): string {
 export function describeEndpointHealth(h: EndpointHealthSummary): string {
   if (h.reported === 0) return `0/${h.total} endpoints healthy (no inference worker reporting)`;
   const down = h.endpoints.find((e) => e.up === false);
-  return `${h.healthy}/${h.total} endpoints healthy${h.healthy < h.total && down !== undefined ? ` (${down.url}: ${down.reason ?? 'down'})` : ''}`;
+  if (h.healthy === h.total || down === undefined) return `${h.healthy}/${h.total} endpoints healthy`;
+  const reason = down.reason ?? 'down';
+  return `${h.healthy}/${h.total} endpoints healthy (${reason.includes(down.url) ? reason : `${down.url}: ${reason}`})`;
 }

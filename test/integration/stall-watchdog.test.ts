@@ -82,7 +82,7 @@ function report(up: boolean, o: Partial<EndpointHealthReport> = {}): EndpointHea
 
 /** Checks until the dataset has been in its condition longer than the threshold; returns that check. */
 async function checkPastThreshold(w: StallWatchdog): Promise<DatasetWatch> {
-  return waitFor(async () => {
+  return until(async () => {
     const [d] = await w.check();
     return d !== undefined && Date.now() - d.sinceMs > 2 * STALL_MS ? d : undefined;
   }, 'a check past the stall threshold', 10_000);
@@ -102,7 +102,7 @@ describe('stall watchdog', () => {
     const w = watchdog();
     const started = Date.now();
     w.start();
-    const stalled = await waitFor(async () => (await readStalls(conn, keys)).get('alpha'), 'alpha reported stalled', 10_000);
+    const stalled = await until(async () => (await readStalls(conn, keys)).get('alpha'), 'alpha reported stalled', 10_000);
     expect(Date.now() - started).toBeGreaterThanOrEqual(STALL_MS);
     expect(stalled).toMatchObject({ dataset: 'alpha', waiting: 1, active: 1, inFlight: 0, healthyEndpoints: 1, totalEndpoints: 1 });
     expect(stalled.reason).toBe('2 batch job(s) pending (1 waiting, 1 active), 0 requests in flight, 1/1 endpoints healthy');
@@ -234,4 +234,12 @@ async function cliOk(args: string[]): Promise<string> {
   const code = await p.exited;
   if (code !== 0) throw new Error(`tokenmill ${args.join(' ')} exited ${code}:\n${p.output()}`);
   return p.output();
+}
+
+/** Polls until `f` gives a value (see waitFor), and returns it. */
+async function until<T>(f: () => Promise<T | undefined>, what: string, timeoutMs?: number): Promise<T> {
+  let value: T | undefined;
+  await waitFor(async () => (value = await f()) !== undefined, what, timeoutMs);
+  if (value === undefined) throw new Error(`no value for ${what}`);
+  return value;
 }

@@ -66,6 +66,8 @@ export class EndpointPool {
   private publishTimer: NodeJS.Timeout | undefined;
   /** Publications run one after another, so a later state never lands before an earlier one. */
   private publishing: Promise<void> = Promise.resolve();
+  /** A publication waits behind the running one; it reads the state when it runs, so one is enough. */
+  private publishQueued = false;
   private publishFailing = false;
 
   constructor(private readonly options: EndpointPoolOptions) {
@@ -169,7 +171,10 @@ export class EndpointPool {
   private publish(): Promise<void> {
     const p = this.options.publish;
     if (p === undefined) return Promise.resolve();
+    if (this.publishQueued) return this.publishing;
+    this.publishQueued = true;
     this.publishing = this.publishing.then(async () => {
+      this.publishQueued = false;
       if (this.stopped) return;
       const now = Date.now();
       const expiresMs = now + 3 * (p.intervalMs ?? 5_000);
@@ -200,14 +205,31 @@ export class EndpointPool {
     clearInterval(this.publishTimer);
     const p = this.options.publish;
     if (p !== undefined) {
-      // Withdraw this worker's view: nobody should count on endpoints it no longer serves.
-      await this.publishing;
-      await removeEndpointHealth(p.redis, p.keys, p.workerId, this.endpoints.map((e) => e.url)).catch((e: unknown) =>
-        this.log.warn({ err: e }, 'could not withdraw endpoint health; it expires on its own'),
-      );
+      // Withdraw this worker's view: nobody should count on endpoints it no longer serves. With
+      // Redis unreachable this would wait for it; the reports expire on their own instead.
+      const withdrawn = this.publishing.then(() => removeEndpointHealth(p.redis, p.keys, p.workerId, this.endpoints.map((e) => e.url)));
+      const gaveUp = await settleWithin(withdrawn, 2_000).catch((e: unknown) => {
+        this.log.warn({ err: e }, 'could not withdraw endpoint health; it expires on its own');
+        return false;
+      });
+      if (gaveUp === 'timeout') this.log.warn('Redis did not answer; endpoint health not withdrawn, it expires on its own');
     }
     for (const t of this.probing.values()) clearTimeout(t);
     this.probing.clear();
     await Promise.all(this.endpoints.map((e) => e.client.close()));
+  }
+}
+
+/** Resolves with `'timeout'` if `p` has not settled within `ms`; rejects if `p` rejects first. */
+async function settleWithin(p: Promise<unknown>, ms: number): Promise<true | 'timeout'> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<'timeout'>((resolve) => {
+    timer = setTimeout(() => resolve('timeout'), ms);
+    timer.unref();
+  });
+  try {
+    return await Promise.race([p.then(() => true as const), timeout]);
+  } finally {
+    clearTimeout(timer);
   }
 }
