@@ -564,3 +564,42 @@ describe('endpoint down', () => {
     expect(r.completionTokens).toBe(20);
   });
 });
+
+// ---------------------------------------------------------------------------------------------
+// API key
+
+describe('sglang.apiKey', () => {
+  it('is sent as a bearer token on every request: generate, chat, health, info, abort', async () => {
+    const auth: Array<{ url: string; authorization: string | undefined }> = [];
+    const s = await literal((req, res) => {
+      auth.push({ url: req.url ?? '', authorization: req.headers.authorization });
+      if (req.url === '/generate') {
+        json(res, 200, { text: '', output_ids: [5], meta_info: { finish_reason: { type: 'length', length: 1 }, prompt_tokens: 1, completion_tokens: 1 } });
+      } else if (req.url === '/v1/chat/completions') {
+        json(res, 200, { choices: [{ message: { content: 'x' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1 } });
+      } else if (req.url === '/model_info') {
+        json(res, 200, { model_path: 'm' });
+      } else {
+        res.writeHead(200);
+        res.end();
+      }
+    });
+    const c = client(s.url, { apiKey: 'sk-test-1' });
+    expect((await c.healthGenerate()).ok).toBe(true);
+    await c.health();
+    await c.generate({ inputIds: [1], samplingParams: { max_new_tokens: 1 }, rid: 'k-1' });
+    await c.chat({ messages: [{ role: 'user', content: 'x' }], samplingParams: { max_new_tokens: 1 }, rid: 'k-2' });
+    await c.abort('k-1');
+    expect(auth.map((a) => a.url)).toEqual(['/model_info', '/health_generate', '/health', '/generate', '/v1/chat/completions', '/abort_request']);
+    expect(auth.every((a) => a.authorization === 'Bearer sk-test-1')).toBe(true);
+    // Without a key, no header at all, and no extra access check.
+    auth.length = 0;
+    await client(s.url).healthGenerate();
+    expect(auth).toEqual([{ url: '/health_generate', authorization: undefined }]);
+  });
+
+  it('rejects an empty key or one with a line break', () => {
+    expect(() => client('http://127.0.0.1:1', { apiKey: '' })).toThrow(/apiKey/);
+    expect(() => client('http://127.0.0.1:1', { apiKey: 'a\nb' })).toThrow(/line breaks/);
+  });
+});

@@ -366,7 +366,8 @@ export class SglangClient {
         rid: options.rid,
       });
       const error = classifyResponse(res.status, res.text, res.context);
-      if (error instanceof EndpointMisconfiguredError) {
+      if (error instanceof EndpointMisconfiguredError && !this.accessCheckNeeded) {
+        // Once per episode, not once per request in the window.
         this.accessCheckNeeded = true;
         this.log.error({ status: error.status, route: error.route }, error.message);
       }
