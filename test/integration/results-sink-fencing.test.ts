@@ -2,6 +2,7 @@
 // taken over writes nothing more and stops; renewal never extends another holder's lock; a
 // second sink says who holds the lock while it waits (issue 7, defect 7).
 import { spawn } from 'node:child_process';
+import { appendFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
@@ -108,6 +109,31 @@ describe('results sink fencing', () => {
       await a.stop();
       await b.sink?.stop();
     }
+  });
+
+  it('a part file that changed under a running sink (a late write of a stale sink) is recovered from, not written over', async () => {
+    const keys = new RunKeys(redis.prefix, 'changed');
+    const dir = path.join(tmp.dir, 'changed', 'ds', 'generations');
+    const conn = redis.connection();
+    const sink = await startSink({ redis: redis.connection(), keys, dataset: 'ds', dir });
+    try {
+      await commitResult(conn, keys, 'ds', 'f0', 2);
+      await sink.drained();
+      // Complete lines appended by another writer: kept, counted, and their samples done.
+      const line = readParts(dir)[0];
+      appendFileSync(path.join(dir, 'part-00000.jsonl'), `${JSON.stringify({ ...line, id: 'f9', completion_tokens: 6 })}\n`);
+      await commitResult(conn, keys, 'ds', 'f1', 2);
+      await waitFor(() => readParts(dir).length === 3, 'f1 to be written after the recovery', 10_000);
+      await sink.drained();
+    } finally {
+      await sink.stop();
+    }
+    const lines = readParts(dir);
+    expect(lines.map((r) => r.id)).toEqual(['f0', 'f9', 'f1']);
+    const stats = await datasetStats(conn, keys, 'ds');
+    expect(stats.records).toBe(3);
+    expect(stats.outputTokens).toBe(10);
+    expect(await conn.sismember(keys.done('ds'), 'f9')).toBe(1);
   });
 
   it('renewal is compare-and-set: it never extends a lock another process took, and reports the loss', async () => {
