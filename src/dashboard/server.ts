@@ -27,7 +27,8 @@ export interface DashboardOptions {
   /** The run's Redis (a `worker`-role connection); owned by the caller, never closed here. */
   redis: Redis;
   keys: RunKeys;
-  config: Pick<Config, 'run' | 'datasets'>;
+  /** With `sglang.endpoints`, /api/status includes the endpoints' health. */
+  config: Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> };
   host: string;
   /** TCP port; 0 picks a free one. */
   port: number;
