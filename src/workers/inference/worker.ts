@@ -94,6 +94,8 @@ export class InferenceWorker {
       requestTimeoutMs: o.requestTimeoutMs,
       ...(o.healthCheckIntervalMs === undefined ? {} : { healthCheckIntervalMs: o.healthCheckIntervalMs }),
       onChange: () => this.dispatcher?.wake(),
+      // Endpoint health goes to Redis, so `status` and the stall watchdog see it from anywhere.
+      publish: { redis: this.redis, keys: o.keys, workerId: this.workerId },
       logger: this.log,
     });
     this.dispatcher = new Dispatcher({
