@@ -1,7 +1,6 @@
-import { mkdir, open, type FileHandle } from 'node:fs/promises';
-import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
+import { runPass } from './producer-pass.js';
 import {
   AppError,
   ProcessLock,
@@ -10,14 +9,12 @@ import {
   generateQueueName,
   logger as componentLogger,
   parsePayload,
-  readPromptFile,
+  PromptFileIndex,
   withScripts,
   type ChatTokenizer,
   type DatasetConfig,
   type GenerateBatchPayload,
   type Logger,
-  type PromptRecord,
-  type RejectedLine,
   type RunKeys,
   type Sample,
   type ScriptedRedis,
@@ -43,8 +40,6 @@ export interface ProducerOptions {
   logger?: Logger;
 }
 
-/** Prompts checked against Redis at once while scanning a file. */
-const SCAN_CHUNK = 256;
 const PRODUCER_LOCK_TTL_MS = 30_000;
 
 /**
@@ -134,98 +129,65 @@ export class Producer {
     const { keys } = this.options;
     const log = this.log.child({ dataset: ds.name });
     await this.redis.hset(keys.stats(ds.name), 'status', 'in_progress');
+    let index: PromptFileIndex | undefined;
     while (!this.stopping) {
-      if (await this.budgetMet(ds)) return this.finish(ds, queue, 'budget', log);
-      const state = await this.redis.hmget(keys.producer(ds.name), 'epoch', 'line');
+      if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
+      const state = await this.redis.hmget(keys.producer(ds.name), 'epoch', 'line', 'retryGen');
       const epoch = Number(state[0] ?? 0);
       const fromLine = Number(state[1] ?? 0);
-      const enqueued = await this.pass(ds, file, queue, epoch, fromLine, log);
+      const retryGen = state[2] ?? '0';
+      if (index === undefined || !(await index.isCurrent())) {
+        const startedAt = Date.now();
+        index = await PromptFileIndex.build(file);
+        log.info({ lines: index.lines, suspects: index.suspects.size, ms: Date.now() - startedAt }, 'prompt file indexed for repeated ids');
+      }
+      // What proves, after the pass, that every sample it enqueued is accounted for (see
+      // below): nothing else queued at its start, and the accounted count before it.
+      const quietAtStart = fromLine === 0 && (await this.busyJobs(queue)) === 0;
+      const accountedBefore = await this.accountedCount(ds);
+      const result = await runPass({
+        redis: this.redis,
+        keys,
+        ds,
+        file,
+        index,
+        tokenizer: this.options.tokenizer,
+        contextLength: this.options.contextLength,
+        runDir: this.options.runDir,
+        epoch,
+        fromLine,
+        log,
+        isStopping: () => this.stopping,
+        addBatch: (samples) => this.addBatch(ds, queue, epoch, samples),
+      });
       if (this.stopping) return;
       await this.waitIdle(ds, queue);
       if (this.stopping) return;
-      if (await this.budgetMet(ds)) return this.finish(ds, queue, 'budget', log);
-      if (enqueued === 0 && fromLine === 0) return this.finish(ds, queue, 'exhausted', log);
+      if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
+      if (fromLine === 0 && result.complete) {
+        // A full pass that found nothing to send: the prompts are exhausted. Or it sent
+        // samples, and committed + failed grew by exactly their number while nothing else
+        // was queued: each of them is accounted for, and a verification pass (a read of
+        // every line) would find nothing. Anything else (a lost batch, samples skipped by the
+        // budget, a retry) takes another pass.
+        const proven = result.enqueued === 0 || (quietAtStart && (await this.accountedCount(ds)) - accountedBefore === result.enqueued);
+        if (proven && (await this.finish(ds, queue, 'exhausted', retryGen, log))) return;
+      }
       await this.redis.hset(keys.producer(ds.name), 'epoch', epoch + 1, 'line', 0);
     }
   }
 
-  /** One pass over the file after `fromLine`; returns how many samples it enqueued. */
-  private async pass(ds: DatasetConfig, file: string, queue: Queue, epoch: number, fromLine: number, log: Logger): Promise<number> {
+  /** Committed plus failed samples of a dataset. */
+  private async accountedCount(ds: DatasetConfig): Promise<number> {
     const { keys } = this.options;
-    await mkdir(join(this.options.runDir, ds.name), { recursive: true });
-    const rejectsFile = await open(join(this.options.runDir, ds.name, 'rejects.jsonl'), 'w');
-    let rejected = 0;
-    let valid = 0;
-    let enqueued = 0;
-    let candidates: PromptRecord[] = [];
-    let batch: Sample[] = [];
-    const reject = async (r: RejectedLine): Promise<void> => {
-      rejected += 1;
-      await rejectsFile.write(`${JSON.stringify(r)}\n`);
-    };
-    const flushBatch = async (): Promise<boolean> => {
-      if (batch.length === 0) return true;
-      const added = await this.addBatch(ds, queue, epoch, batch);
-      if (!added) return false;
-      enqueued += batch.length;
-      batch = [];
-      return true;
-    };
-    const flushCandidates = async (): Promise<boolean> => {
-      if (candidates.length === 0) return true;
-      const ids = candidates.map((c) => c.id);
-      const [done, failed] = await Promise.all([this.redis.smismember(keys.done(ds.name), ...ids), this.redis.hmget(keys.failed(ds.name), ...ids)]);
-      for (const [i, rec] of candidates.entries()) {
-        if (done[i] === 1 || failed[i] !== null) continue;
-        const sample = await this.toSample(ds, rec, file, reject);
-        if (sample === undefined) continue;
-        batch.push(sample);
-        if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
-      }
-      candidates = [];
-      return true;
-    };
-    try {
-      for await (const pl of readPromptFile(file)) {
-        if (this.stopping) return enqueued;
-        if (!pl.ok) {
-          await reject(pl.reject);
-          continue;
-        }
-        valid += 1;
-        if (pl.record.line <= fromLine) continue;
-        candidates.push(pl.record);
-        if (candidates.length >= SCAN_CHUNK && !(await flushCandidates())) return enqueued;
-      }
-      if (!(await flushCandidates()) || !(await flushBatch())) return enqueued;
-      await this.redis.hset(keys.stats(ds.name), 'rejected', rejected, 'prompts', valid);
-      log.info({ epoch, fromLine, enqueued, rejected }, 'pass over the prompts done');
-      return enqueued;
-    } finally {
-      await closeQuietly(rejectsFile);
-    }
+    const [records, failed] = await Promise.all([this.redis.hget(keys.stats(ds.name), 'records'), this.redis.hlen(keys.failed(ds.name))]);
+    return Number(records ?? 0) + failed;
   }
 
-  private async toSample(
-    ds: DatasetConfig,
-    rec: PromptRecord,
-    file: string,
-    reject: (r: RejectedLine) => Promise<void>,
-  ): Promise<Sample | undefined> {
-    let promptIds: number[];
-    try {
-      promptIds = this.options.tokenizer.encodePrompt(rec.messages);
-    } catch (e: unknown) {
-      await reject({ file, line: rec.line, id: rec.id, reason: `cannot render the chat template: ${e instanceof Error ? e.message : String(e)}` });
-      return undefined;
-    }
-    const ctx = this.options.contextLength;
-    if (ctx !== undefined && promptIds.length >= ctx) {
-      await reject({ file, line: rec.line, id: rec.id, reason: `prompt has ${promptIds.length} tokens; the model's context length is ${ctx}` });
-      return undefined;
-    }
-    const maxNewTokens = ctx === undefined ? ds.maxNewTokens : Math.min(ds.maxNewTokens, ctx - promptIds.length);
-    return { id: rec.id, line: rec.line, promptIds, maxNewTokens };
+  /** Jobs of the dataset queued or being processed. */
+  private async busyJobs(queue: Queue): Promise<number> {
+    const counts = await queue.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'waiting-children');
+    return Object.values(counts).reduce((a, b) => a + b, 0);
   }
 
   /** Waits for room in the window, then enqueues; false when the budget was met meanwhile. */
@@ -268,14 +230,16 @@ export class Producer {
   private async waitIdle(ds: DatasetConfig, queue: Queue): Promise<void> {
     while (!this.stopping) {
       if (await this.budgetMet(ds)) return;
-      const counts = await queue.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'waiting-children');
-      const busy = Object.values(counts).reduce((a, b) => a + b, 0);
-      if (busy === 0) return;
+      if ((await this.busyJobs(queue)) === 0) return;
       await delay(this.pollMs);
     }
   }
 
-  private async finish(ds: DatasetConfig, queue: Queue, reason: 'budget' | 'exhausted', log: Logger): Promise<void> {
+  /**
+   * Completes the dataset; false (and nothing changed) when `retry-failed` gave samples back
+   * since the pass that read `retryGen` began ('' = complete regardless).
+   */
+  private async finish(ds: DatasetConfig, queue: Queue, reason: 'budget' | 'exhausted', retryGen: string, log: Logger): Promise<boolean> {
     const { keys } = this.options;
     if (reason === 'budget') {
       // Nothing more is sent for this dataset: its queued batches leave the queue, their
@@ -292,19 +256,15 @@ export class Producer {
         }
       }
     }
-    await this.redis.hset(keys.stats(ds.name), 'status', 'completed', 'completedReason', reason, 'completedAtMs', Date.now());
+    if ((await this.redis.completeDataset(keys.stats(ds.name), keys.producer(ds.name), retryGen, reason)) === 0) {
+      log.info('failed prompts were given back for a retry: another pass');
+      return false;
+    }
     log.info({ reason }, 'dataset completed');
+    return true;
   }
 }
 
 function delay(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
-}
-
-async function closeQuietly(f: FileHandle): Promise<void> {
-  try {
-    await f.close();
-  } catch {
-    // already closed
-  }
 }

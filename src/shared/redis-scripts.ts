@@ -40,6 +40,8 @@ export interface TokenmillScripts {
   failSample(...keysAndArgs: (string | number)[]): Promise<number>;
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;
+  retryFailed(...keysAndArgs: (string | number)[]): Promise<number>;
+  completeDataset(...keysAndArgs: (string | number)[]): Promise<number>;
   renewLeases(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number[]>;
   endProbation(...keysAndArgs: (string | number)[]): Promise<number>;
   lockRenew(...keysAndArgs: (string | number)[]): Promise<number>;

@@ -1,6 +1,6 @@
 import { Queue } from 'bullmq';
 import type { Command } from 'commander';
-import { AppError, formatRunStatus, generateQueueName, readRunStatus, type RunKeys } from '../../shared/index.js';
+import { AppError, formatRunStatus, generateQueueName, readRunStatus, withScripts, type RunKeys } from '../../shared/index.js';
 import { onceSignalled, openRunContext } from '../run-context.js';
 import type { Redis } from 'ioredis';
 
@@ -65,7 +65,7 @@ export function registerStatusCommands(program: Command): void {
 
   program
     .command('retry-failed')
-    .description('give failed prompts their attempts back; the producer (`run` / `produce`) sends them again')
+    .description('give failed prompts their attempts back; a running producer sends them again, or the next `run` / `produce` does')
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .argument('[dataset]', 'only this dataset (default: all)')
     .action(async (dataset: string | undefined, opts: { config: string }) => {
@@ -73,18 +73,12 @@ export function registerStatusCommands(program: Command): void {
       try {
         const names = ctx.config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name);
         if (dataset !== undefined && !names.includes(dataset)) throw new AppError(`no generation dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
+        const redis = withScripts(ctx.redis);
         for (const name of dataset === undefined ? names : [dataset]) {
-          const failed = await ctx.redis.hkeys(ctx.keys.failed(name));
-          if (failed.length > 0) {
-            await ctx.redis
-              .multi()
-              .del(ctx.keys.failed(name))
-              .hdel(ctx.keys.attempts(name), ...failed)
-              .hset(ctx.keys.stats(name), 'status', 'in_progress')
-              .hset(ctx.keys.producer(name), 'line', 0)
-              .exec();
-          }
-          process.stdout.write(`${name}: ${failed.length} failed prompt(s) will be sent again\n`);
+          // One script: the failures deleted are exactly those given back, and a producer
+          // running meanwhile sees the retry and makes a new pass (retry-failed-4.lua).
+          const given = await redis.retryFailed(ctx.keys.failed(name), ctx.keys.attempts(name), ctx.keys.stats(name), ctx.keys.producer(name));
+          process.stdout.write(`${name}: ${given} failed prompt(s) will be sent again\n`);
         }
       } finally {
         await ctx.close();

@@ -1,0 +1,156 @@
+import { mkdir, open, type FileHandle } from 'node:fs/promises';
+import { join } from 'node:path';
+import {
+  parseScannedLine,
+  scanPromptFile,
+  type ChatTokenizer,
+  type DatasetConfig,
+  type Logger,
+  type PromptFileIndex,
+  type PromptRecord,
+  type RejectedLine,
+  type RunKeys,
+  type Sample,
+  type ScannedLine,
+  type ScriptedRedis,
+} from '../shared/index.js';
+
+/** Prompts checked against Redis at once while scanning a file. */
+const SCAN_CHUNK = 1024;
+
+export interface PassContext {
+  redis: ScriptedRedis;
+  keys: RunKeys;
+  ds: DatasetConfig;
+  file: string;
+  /** The file's duplicate index (built once per version of the file). */
+  index: PromptFileIndex;
+  tokenizer: ChatTokenizer;
+  contextLength: number | undefined;
+  runDir: string;
+  epoch: number;
+  /** Lines up to this one were enqueued earlier in the epoch: checked, counted, not sent. */
+  fromLine: number;
+  log: Logger;
+  isStopping(): boolean;
+  /** Waits for room in the window and enqueues; false when the pass must end (budget, stop). */
+  addBatch(samples: Sample[]): Promise<boolean>;
+}
+
+export interface PassResult {
+  /** Samples enqueued. */
+  enqueued: number;
+  /** The pass read the whole file (not cut short by a stop or the budget). */
+  complete: boolean;
+  /** Valid, distinct prompts in the file. */
+  valid: number;
+  rejected: number;
+  /** Valid prompts already committed or failed when the pass reached them. */
+  accounted: number;
+}
+
+interface Candidate {
+  scanned: Exclude<ScannedLine, { kind: 'rejected' }>;
+  id: string;
+  line: number;
+}
+
+/**
+ * One pass over a dataset's prompt file from line 1 (DESIGN invariants 1, 4, 5).
+ *
+ * Lines are checked against the done and failed sets in chunks before anything else is done
+ * with them: a line whose id is accounted for is counted and skipped without parsing its
+ * messages or tokenizing it (its id is read from the line's start when the line begins with
+ * it), so the last pass over a 10M-line file costs a read and a set lookup per line.
+ * Repeated ids are found by the file's {@link PromptFileIndex}, not by remembering every id.
+ */
+export async function runPass(ctx: PassContext): Promise<PassResult> {
+  const { redis, keys, ds, file } = ctx;
+  await mkdir(join(ctx.runDir, ds.name), { recursive: true });
+  const rejectsFile = await open(join(ctx.runDir, ds.name, 'rejects.jsonl'), 'w');
+  const result: PassResult = { enqueued: 0, complete: false, valid: 0, rejected: 0, accounted: 0 };
+  let candidates: Candidate[] = [];
+  let batch: Sample[] = [];
+  const reject = async (r: RejectedLine): Promise<void> => {
+    result.rejected += 1;
+    await rejectsFile.write(`${JSON.stringify(r)}\n`);
+  };
+  const flushBatch = async (): Promise<boolean> => {
+    if (batch.length === 0) return true;
+    if (!(await ctx.addBatch(batch))) return false;
+    result.enqueued += batch.length;
+    batch = [];
+    return true;
+  };
+  const flushCandidates = async (): Promise<boolean> => {
+    if (candidates.length === 0) return true;
+    const ids = candidates.map((c) => c.id);
+    const [done, failed] = await Promise.all([redis.smismember(keys.done(ds.name), ...ids), redis.hmget(keys.failed(ds.name), ...ids)]);
+    for (const [i, c] of candidates.entries()) {
+      if (done[i] === 1 || failed[i] !== null) {
+        result.valid += 1;
+        result.accounted += 1;
+        continue;
+      }
+      const parsed = parseScannedLine(file, c.scanned);
+      if (!parsed.ok) {
+        await reject(parsed.reject);
+        continue;
+      }
+      result.valid += 1;
+      if (c.line <= ctx.fromLine) continue;
+      const sample = await toSample(ctx, parsed.record, reject);
+      if (sample === undefined) continue;
+      batch.push(sample);
+      if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
+    }
+    candidates = [];
+    return true;
+  };
+  try {
+    for await (const chunk of scanPromptFile(file, ctx.index)) {
+      if (ctx.isStopping()) return result;
+      for (const scanned of chunk) {
+        if (scanned.kind === 'rejected') {
+          await reject(scanned.reject);
+          continue;
+        }
+        const [id, line] = scanned.kind === 'unique' ? [scanned.id, scanned.line] : [scanned.record.id, scanned.record.line];
+        candidates.push({ scanned, id, line });
+        if (candidates.length >= SCAN_CHUNK && !(await flushCandidates())) return result;
+      }
+    }
+    if (!(await flushCandidates()) || !(await flushBatch())) return result;
+    result.complete = true;
+    await redis.hset(keys.stats(ds.name), 'rejected', result.rejected, 'prompts', result.valid);
+    ctx.log.info({ epoch: ctx.epoch, fromLine: ctx.fromLine, enqueued: result.enqueued, rejected: result.rejected, accounted: result.accounted }, 'pass over the prompts done');
+    return result;
+  } finally {
+    await closeQuietly(rejectsFile);
+  }
+}
+
+async function toSample(ctx: PassContext, rec: PromptRecord, reject: (r: RejectedLine) => Promise<void>): Promise<Sample | undefined> {
+  let promptIds: number[];
+  try {
+    promptIds = ctx.tokenizer.encodePrompt(rec.messages);
+  } catch (e: unknown) {
+    await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `cannot render the chat template: ${e instanceof Error ? e.message : String(e)}` });
+    return undefined;
+  }
+  const ctxLen = ctx.contextLength;
+  if (ctxLen !== undefined && promptIds.length >= ctxLen) {
+    await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `prompt has ${promptIds.length} tokens; the model's context length is ${ctxLen}` });
+    return undefined;
+  }
+  const maxNewTokens = ctxLen === undefined ? ctx.ds.maxNewTokens : Math.min(ctx.ds.maxNewTokens, ctxLen - promptIds.length);
+  return { id: rec.id, line: rec.line, promptIds, maxNewTokens };
+}
+
+async function closeQuietly(f: FileHandle): Promise<void> {
+  try {
+    await f.close();
+  } catch {
+    // already closed
+  }
+}
