@@ -247,19 +247,25 @@ export class Simulator implements AdminTarget {
     if (key !== undefined && req.method !== 'OPTIONS' && !isOpenRoute(pathname) && req.headers.authorization !== `Bearer ${key}`) {
       // SGLang's add_api_key_middleware.
       req.resume();
+      this.countRefused(pathname);
       sendJson(res, 401, { error: 'Unauthorized' });
       return true;
     }
     if (faults.statusAll !== null && (!isHealthRoute(pathname) || faults.statusAllHealth)) {
       req.resume();
-      if (pathname === GENERATE_ROUTE || pathname === CHAT_ROUTE) {
-        this.s.counters.requestsReceived++;
-        this.s.counters.failed++;
-      }
+      this.countRefused(pathname);
       replyStatus(res, faults.statusAll);
       return true;
     }
     return false;
+  }
+
+  /** A generation request refused before it was read counts as received and failed. */
+  private countRefused(pathname: string): void {
+    if (pathname === GENERATE_ROUTE || pathname === CHAT_ROUTE) {
+      this.s.counters.requestsReceived++;
+      this.s.counters.failed++;
+    }
   }
 
   private async dispatch(req: IncomingMessage, res: ServerResponse): Promise<void> {
