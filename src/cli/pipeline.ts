@@ -74,6 +74,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       endpoints: config.sglang.endpoints,
       concurrency: config.sglang.concurrency,
       requestTimeoutMs: config.sglang.requestTimeoutMs,
+      ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
       healthCheckIntervalMs: config.sglang.healthCheckIntervalMs,
       batchSize,
       lockDurationMs: config.workers.lockDurationMs,

@@ -317,10 +317,7 @@ describe('a server that wants an API key', () => {
     expect(first.output()).not.toContain('sk-catalogue');
   }, 60_000);
 
-  // Fails today: sglang.apiKey is loaded and SglangClient sends it, but the inference worker
-  // builds its clients without it (src/cli/pipeline.ts → InferenceWorker options →
-  // EndpointPool → new SglangClient({ apiKey })). Flip to `it` once the key is passed through.
-  it.fails('with SGLANG_API_KEY: the same run completes, every prompt generated once, none failed', async () => {
+  it('with SGLANG_API_KEY: the same run completes, every prompt generated once, none failed', async () => {
     process.env['SGLANG_API_KEY'] = 'sk-catalogue';
     let second: ReturnType<typeof spawnCli>;
     try {

@@ -1,13 +1,10 @@
 import { randomBytes } from 'node:crypto';
 import {
   AppError,
-  RATE_BUCKETS_KEPT,
-  RATE_BUCKET_MS,
   UpstreamHttpError,
   decodeAcquire,
   errorMessage,
   logger as componentLogger,
-  type GenerateResult,
   type Logger,
   type RunKeys,
   type ScriptedRedis,
@@ -17,6 +14,7 @@ import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
 import { triage } from './error-triage.js';
 import { renewLeases } from './lease-renewal.js';
+import { commitResult, recordFailure, type FailureInfo } from './sample-records.js';
 
 export type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 export type { DispatchAccounting } from './dispatch-queue.js';
@@ -356,7 +354,7 @@ export class Dispatcher {
       if (result.finishReason.type === 'abort') {
         throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
       }
-      const outcome = await this.commit(req, rid, endpoint, leaseKey, result);
+      const outcome = await commitResult(this.options.redis, this.options.keys, { req, rid, endpointUrl: endpoint.url, leaseKey, workerId: this.options.workerId, result });
       if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
       this.queue.settle(task, outcome);
     } catch (e: unknown) {
@@ -374,42 +372,6 @@ export class Dispatcher {
       this.signalDemand();
       this.schedulePump();
     }
-  }
-
-  private async commit(req: SampleRequest, rid: string, endpoint: Endpoint, leaseKey: string, result: GenerateResult): Promise<SampleOutcome> {
-    const { keys, redis } = this.options;
-    const { dataset, sample } = req;
-    const record = JSON.stringify({
-      id: sample.id,
-      dataset,
-      prompt_ids: sample.promptIds,
-      output_ids: result.outputIds,
-      prompt_tokens: result.promptTokens,
-      completion_tokens: result.completionTokens,
-      finish_reason: result.finishReason,
-      endpoint: endpoint.url,
-      worker: this.options.workerId,
-      attempt: req.attemptsSpent + 1,
-      ts: new Date().toISOString(),
-    });
-    const [first] = await redis.commitSample(
-      keys.done(dataset),
-      keys.stats(dataset),
-      keys.results(dataset),
-      keys.inflight(dataset),
-      leaseKey,
-      keys.failed(dataset),
-      keys.skipped(dataset),
-      keys.attempts(dataset),
-      keys.rate(dataset),
-      sample.id,
-      result.completionTokens,
-      record,
-      rid,
-      RATE_BUCKET_MS,
-      RATE_BUCKETS_KEPT,
-    );
-    return first === 1 ? { kind: 'committed', completionTokens: result.completionTokens } : { kind: 'duplicate' };
   }
 
   private async release(dataset: string, rid: string, leaseKey: string, probationOn?: Endpoint): Promise<void> {
@@ -514,19 +476,10 @@ export class Dispatcher {
     }
   }
 
-  private async fail(task: Task, reason: string, info: { status: number | undefined; attempts: number; endpoint: string | undefined; rid: string; leaseKey: string }): Promise<void> {
+  private async fail(task: Task, reason: string, info: Omit<FailureInfo, 'reason'>): Promise<void> {
     const { req } = task;
-    const { keys, redis } = this.options;
-    const failure = JSON.stringify({
-      reason,
-      status: info.status,
-      attempts: info.attempts,
-      endpoint: info.endpoint,
-      line: req.sample.line,
-      ts: new Date().toISOString(),
-    });
-    await redis.failSample(keys.done(req.dataset), keys.failed(req.dataset), keys.inflight(req.dataset), info.leaseKey, keys.attempts(req.dataset), keys.skipped(req.dataset), req.sample.id, failure, info.rid);
-    if (task.crashes > 0) await redis.hdel(keys.crashes(req.dataset), req.sample.id);
+    await recordFailure(this.options.redis, this.options.keys, req, { ...info, reason });
+    if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
     this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason }, 'sample failed');
     this.queue.settle(task, { kind: 'failed', reason });
   }

@@ -38,6 +38,8 @@ export interface EndpointPoolOptions {
   /** Requests in flight per endpoint (the client's connection pool is sized for it). */
   concurrency: number;
   requestTimeoutMs: number;
+  /** Bearer token for servers started with `--api-key` (never logged). */
+  apiKey?: string;
   /** First and longest wait between probes of a down endpoint. */
   probeInitialMs?: number;
   probeMaxMs?: number;
@@ -76,7 +78,13 @@ export class EndpointPool {
     this.probeMaxMs = options.probeMaxMs ?? 5_000;
     this.endpoints = options.endpoints.map((url) => ({
       url,
-      client: new SglangClient({ endpoint: url, concurrency: options.concurrency, requestTimeoutMs: options.requestTimeoutMs, logger: this.log }),
+      client: new SglangClient({
+        endpoint: url,
+        concurrency: options.concurrency,
+        requestTimeoutMs: options.requestTimeoutMs,
+        ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
+        logger: this.log,
+      }),
       up: true,
       inFlight: 0,
       downReason: null,

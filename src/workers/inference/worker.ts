@@ -26,6 +26,8 @@ export interface InferenceWorkerOptions {
   /** Requests in flight per endpoint, summed over every worker process. */
   concurrency: number;
   requestTimeoutMs: number;
+  /** Bearer token for servers started with `--api-key` (never logged). */
+  apiKey?: string;
   /** How often endpoints in rotation are health-checked (ms). */
   healthCheckIntervalMs?: number;
   /** Prompts per batch job: this process keeps about one batch ready beyond its slots. */
@@ -92,6 +94,7 @@ export class InferenceWorker {
       endpoints: o.endpoints,
       concurrency: o.concurrency,
       requestTimeoutMs: o.requestTimeoutMs,
+      ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
       ...(o.healthCheckIntervalMs === undefined ? {} : { healthCheckIntervalMs: o.healthCheckIntervalMs }),
       onChange: () => this.dispatcher?.wake(),
       // Endpoint health goes to Redis, so `status` and the stall watchdog see it from anywhere.
