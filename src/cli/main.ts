@@ -41,4 +41,7 @@ export async function main(argv: readonly string[]): Promise<void> {
 const invokedDirectly = import.meta.url === `file://${process.argv[1] ?? ''}`;
 if (invokedDirectly) {
   await main(process.argv);
+  // The command is done: anything still holding the event loop (a socket, a timer) must not
+  // keep the process alive, or a finished run would look hung.
+  setTimeout(() => process.exit(), 5_000).unref();
 }

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { AppError, formatRunStatus, readRunStatus, StallWatchdog } from '../../shared/index.js';
+import { AppError, formatRunStatus, logger, readRunStatus, StallWatchdog } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../workers/postprocess/worker.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
@@ -34,13 +34,36 @@ export async function runGeneration(
   } finally {
     await watchdog?.stop();
     stopProgress();
-    await handle.stop();
+    await stopWithin(handle, ctx.config.workers.shutdownGraceMs + STOP_MARGIN_MS);
   }
   if (options.quiet !== true) {
     const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
     process.stdout.write(options.json === true ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);
   }
   return outcome;
+}
+
+/** Beyond the grace period, how long a stop may take before it is abandoned (ms). */
+const STOP_MARGIN_MS = 30_000;
+
+/**
+ * Stops the generation parts, but never waits forever: a stop that outlives `limitMs` is
+ * abandoned with an error, so the process still closes Redis (an embedded server stops with
+ * it) and exits; whatever it held returns to the queue by lease and lock expiry.
+ */
+async function stopWithin(handle: { stop(): Promise<void> }, limitMs: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<'late'>((resolve) => {
+    timer = setTimeout(() => resolve('late'), limitMs);
+  });
+  try {
+    if ((await Promise.race([handle.stop().then(() => 'stopped' as const), deadline])) === 'late') {
+      logger('generation').error({ limitMs }, 'stopping took too long; leaving the rest to lease and lock expiry');
+      process.exitCode = 1;
+    }
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function stallWatchdog(ctx: RunContext): StallWatchdog {
