@@ -72,7 +72,8 @@ export type AcquireOutcome =
   | { kind: 'acquired'; endpointIndex: number }
   | { kind: 'no-slot' }
   | { kind: 'budget-met' }
-  | { kind: 'budget-reserved' };
+  | { kind: 'budget-reserved' }
+  | { kind: 'already-done' };
 
 export function decodeAcquire(code: number): AcquireOutcome {
   if (code >= 1) return { kind: 'acquired', endpointIndex: code - 1 };
@@ -83,6 +84,8 @@ export function decodeAcquire(code: number): AcquireOutcome {
       return { kind: 'budget-met' };
     case -3:
       return { kind: 'budget-reserved' };
+    case -4:
+      return { kind: 'already-done' };
     default:
       throw new AppError(`acquire-request.lua returned an unknown code ${code}`);
   }

@@ -19,7 +19,7 @@ afterAll(async () => {
 
 function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep): Promise<number> {
   const leaseKeys = endpoints.map((e) => keys.endpointLeases(e));
-  return r.acquireRequest(2 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
+  return r.acquireRequest(3 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), keys.done(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
 }
 
 function commit(ds: string, id: string, tokens: number, rid: string, endpoint = ep[0] ?? ''): Promise<[number, number]> {
@@ -80,10 +80,10 @@ describe('acquire-request.lua', () => {
   it('lets a crashed worker\'s leases lapse', async () => {
     const eps = ['http://f:1'];
     const leaseKeys = eps.map((e) => keys.endpointLeases(e));
-    expect(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'dead', 50, 1, 1, 4)).toBe(1);
-    expect(decodeAcquire(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).kind).toBe('no-slot');
+    expect(await r.acquireRequest(4, keys.stats('t'), keys.inflight('t'), keys.done('t'), ...leaseKeys, 'dead', 50, 1, 1, 4)).toBe(1);
+    expect(decodeAcquire(await r.acquireRequest(4, keys.stats('t'), keys.inflight('t'), keys.done('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).kind).toBe('no-slot');
     await new Promise((res) => setTimeout(res, 80));
-    expect(await r.acquireRequest(3, keys.stats('t'), keys.inflight('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
+    expect(await r.acquireRequest(4, keys.stats('t'), keys.inflight('t'), keys.done('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
   });
 });
 
@@ -91,7 +91,7 @@ describe('renew-leases.lua', () => {
   it('after a stall that let the leases lapse, takes a slot again only while the endpoint is below its cap', async () => {
     const ep1 = 'http://stall:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
-    const take = (rid: string, ttl: number): Promise<number> => r.acquireRequest(3, keys.stats('st'), keys.inflight('st'), ...leaseKeys, rid, ttl, 1, 2, 4);
+    const take = (rid: string, ttl: number): Promise<number> => r.acquireRequest(4, keys.stats('st'), keys.inflight('st'), keys.done('st'), ...leaseKeys, rid, ttl, 1, 2, 4);
     // Worker A holds both slots with a short lease, then stalls past it.
     expect(await take('a1', 40)).toBe(1);
     expect(await take('a2', 40)).toBe(1);
@@ -114,7 +114,7 @@ describe('probation (acquire-request.lua, end-probation.lua)', () => {
     const ep1 = 'http://probation:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
     const take = (rid: string, probation: 0 | 1, probationMs = 60_000): Promise<number> =>
-      r.acquireRequest(3, keys.stats('pb'), keys.inflight('pb'), ...leaseKeys, rid, 60_000, 1, 10, 4, probation, probationMs);
+      r.acquireRequest(4, keys.stats('pb'), keys.inflight('pb'), keys.done('pb'), ...leaseKeys, rid, 60_000, 1, 10, 4, probation, probationMs);
     expect(await take('before', 0)).toBe(1);
     expect(await take('suspect', 1)).toBe(1);
     expect(await r.get(keys.endpointProbation(ep1))).toBe('suspect');
@@ -129,5 +129,17 @@ describe('probation (acquire-request.lua, end-probation.lua)', () => {
     expect(decodeAcquire(await take('x', 0)).kind).toBe('no-slot');
     await new Promise((res) => setTimeout(res, 60));
     expect(await take('x', 0)).toBe(1);
+  });
+});
+
+describe('acquire-request.lua: a sample committed meanwhile', () => {
+  it('is not sent again (a worker that lost its batch to another one)', async () => {
+    const leaseKeys = [keys.endpointLeases('http://done:1')];
+    const take = (rid: string, id: string): Promise<number> =>
+      r.acquireRequest(4, keys.stats('dn'), keys.inflight('dn'), keys.done('dn'), ...leaseKeys, rid, 60_000, 1, 10, 4, 0, 0, id);
+    expect(await take('r1', 's1')).toBe(1);
+    await r.sadd(keys.done('dn'), 's2');
+    expect(decodeAcquire(await take('r2', 's2')).kind).toBe('already-done');
+    expect(await r.zscore(leaseKeys[0] ?? '', 'r2')).toBeNull();
   });
 });

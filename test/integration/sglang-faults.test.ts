@@ -74,6 +74,9 @@ async function runWith(
     expect(duplicates(out.map((r) => r.id))).toEqual([]);
     const stats = await ctx.redis.hgetall(ctx.keys.stats('ds'));
     expect(out.reduce((a, r) => a + r.completion_tokens, 0)).toBe(Number(stats.outputTokens));
+    // Nothing holds a slot or a budget reservation once the run is over (no lease renewed after its request ended).
+    expect(await ctx.redis.zcard(ctx.keys.inflight('ds'))).toBe(0);
+    expect(await ctx.redis.zcard(ctx.keys.endpointLeases(s.url))).toBe(0);
     return { ids: out.map((r) => r.id), failed: await ctx.redis.hgetall(ctx.keys.failed('ds')), maxRunning: s.stats().maxRunningObserved };
   } finally {
     await handle.stop();

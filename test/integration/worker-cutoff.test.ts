@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, generateQueueName, type ConfigInput } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { loopbackPort, startFaultProxy, type FaultProxy } from '../helpers/fault-proxy.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { sampleIdOfRid, duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 
 /** Requests in flight per endpoint URL. The proxied worker reaches the same simulator under another URL, so it has a cap of its own. */
@@ -145,6 +145,11 @@ describe('a worker host cut off', () => {
     expect(Number(stats.records)).toBe(PROMPTS);
     expect(lines.reduce((a, r) => a + r.completion_tokens, 0)).toBe(Number(stats.outputTokens));
     expect(await conn.hlen(keys.failed('ds'))).toBe(0);
+    // A worker that lost its batches does not send samples already committed by the other one:
+    // every request reached the server before its sample's commit (a few ms of race allowed).
+    const committedAt = new Map(lines.map((r) => [r.id, Date.parse(r.ts)]));
+    const late = sim.stats().requests.filter((q) => q.receivedAtMs > (committedAt.get(sampleIdOfRid(q.rid)) ?? Infinity) + 250);
+    expect(late.map((q) => q.rid)).toEqual([]);
     // Each URL has its own cap: the server never saw more than both together.
     expect(sim.stats().maxRunningObserved).toBeLessThanOrEqual(2 * CONCURRENCY);
   }, 150_000);

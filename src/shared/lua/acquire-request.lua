@@ -11,7 +11,9 @@
   Input:
     KEYS[1] dataset stats hash     (fields outputTokens, outputTokensSq, records, tokenBudget)
     KEYS[2] dataset in-flight zset (member rid, score expiry ms)
-    KEYS[3..] endpoint lease zsets, in the caller's order of preference
+    KEYS[3] dataset done set        (a sample committed meanwhile, e.g. by a worker that took
+            over its batch, is not sent again)
+    KEYS[4..] endpoint lease zsets, in the caller's order of preference
     (the key count varies with the endpoints, so the caller passes it first)
     ARGV[1] rid
     ARGV[2] lease ttl (ms)
@@ -23,12 +25,14 @@
             probation running, and holds that endpoint's probation key (`<lease key>:probation`)
             for ARGV[7] ms, during which no other request starts there. Optional (default 0).
     ARGV[7] probation length (ms)
+    ARGV[8] sample id
 
   Output:
-    >= 1  the 1-based index (into KEYS[3..]) of the endpoint whose lease was taken
+    >= 1  the 1-based index (into KEYS[4..]) of the endpoint whose lease was taken
     -1    every endpoint is at its lease cap: wait for a slot
     -2    the budget is met: send nothing more for this dataset
     -3    the budget is reserved by requests in flight: wait for them
+    -4    the sample is already committed: send nothing
 ]]
 local statsKey = KEYS[1]
 local inflightKey = KEYS[2]
@@ -39,6 +43,11 @@ local cap = tonumber(ARGV[4])
 local minCommits = tonumber(ARGV[5])
 local probation = tonumber(ARGV[6] or '0') == 1
 local probationMs = tonumber(ARGV[7] or '0')
+local sampleId = ARGV[8]
+
+if sampleId and redis.call('SISMEMBER', KEYS[3], sampleId) == 1 then
+  return -4
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -74,7 +83,7 @@ end
 
 local best = -1
 local bestLoad = cap
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   local key = KEYS[i]
   -- An endpoint with a prompt on probation takes nothing else until the probation ends.
   if redis.call('EXISTS', key .. ':probation') == 0 then
@@ -95,4 +104,4 @@ if probation then
 end
 redis.call('ZADD', KEYS[best], now + ttl, rid)
 redis.call('ZADD', inflightKey, now + ttl, rid)
-return best - 2
+return best - 3

@@ -40,6 +40,9 @@ export function createRedisConnection(url: string, options: RedisConnectionOptio
   const log = (options.logger ?? componentLogger('redis')).child({ redis: redactRedisUrl(url), role: options.role });
   const common: RedisOptions = {
     enableReadyCheck: true,
+    // TCP keepalive after 10 s idle: a peer that vanished without a reset (a host cut off, a
+    // NAT that forgot the flow) is noticed and reconnected, instead of after the OS's 2 hours.
+    keepAlive: 10_000,
     ...(options.name === undefined ? {} : { connectionName: options.name }),
   };
   const roleOptions: RedisOptions =

@@ -16,4 +16,6 @@ export interface SampleRequest {
   priorExpectedTokens: number;
   /** Attempts already spent on this sample (from Redis), so the record says which attempt won. */
   attemptsSpent: number;
+  /** The batch job (its lock token) this sample came with; lets a lost batch be withdrawn. */
+  owner?: string;
 }

@@ -55,6 +55,8 @@ interface Running {
   probation: boolean;
   /** Its endpoint slot was taken by others after a stall: aborted, to be sent again. */
   leaseLost: boolean;
+  /** The request ended and its outcome is being recorded (which releases its leases): not renewed. */
+  settling: boolean;
 }
 
 /**
@@ -275,9 +277,10 @@ export class Dispatcher {
       let code: number;
       try {
         code = await redis.acquireRequest(
-          2 + leaseKeys.length,
+          3 + leaseKeys.length,
           keys.stats(dataset),
           keys.inflight(dataset),
+          keys.done(dataset),
           ...leaseKeys,
           rid,
           this.leaseTtlMs,
@@ -286,6 +289,7 @@ export class Dispatcher {
           this.minCommitsForMean,
           probation ? 1 : 0,
           this.crashProbationMs,
+          task.req.sample.id,
         );
       } finally {
         if (task.state === 'acquiring') task.state = 'pending';
@@ -317,6 +321,11 @@ export class Dispatcher {
           blocked.add(dataset);
           retryInMs = Math.min(retryInMs, 200);
           break;
+        case 'already-done':
+          // Committed by another worker meanwhile (it took over this batch after a stall).
+          if (this.queue.isWaiting(task)) this.queue.settle(task, { kind: 'duplicate' });
+          this.signalDemand();
+          break;
       }
     }
     this.blockedDatasets = blocked;
@@ -339,7 +348,7 @@ export class Dispatcher {
   private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string, probation: boolean): Promise<void> {
     const { req } = task;
     const abort = new AbortController();
-    const running: Running = { task, dataset: req.dataset, rid, endpoint, leaseKey, abort, probation, leaseLost: false };
+    const running: Running = { task, dataset: req.dataset, rid, endpoint, leaseKey, abort, probation, leaseLost: false, settling: false };
     task.state = 'running';
     this.running.set(rid, running);
     endpoint.inFlight += 1;
@@ -351,6 +360,7 @@ export class Dispatcher {
         rid,
         signal: abort.signal,
       });
+      running.settling = true;
       if (result.finishReason.type === 'abort') {
         throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
       }
@@ -358,6 +368,7 @@ export class Dispatcher {
       if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
       this.queue.settle(task, outcome);
     } catch (e: unknown) {
+      running.settling = true;
       await this.handleError(running, e);
     } finally {
       if (probation) await this.endProbation(endpoint, rid);
@@ -484,23 +495,54 @@ export class Dispatcher {
     this.queue.settle(task, { kind: 'failed', reason });
   }
 
-  /** Renews the leases of what runs here; a request whose slot was lost in a stall is aborted. */
+  /**
+   * Renews the leases of what runs here; a request whose slot was lost in a stall is aborted.
+   * Requests already ending are left out (their outcome releases the leases), and a lease
+   * renewed just as its request ended is released again, so no phantom slot or reservation stays.
+   */
   private async renew(): Promise<void> {
-    if (this.running.size === 0 || this.renewing) return;
+    if (this.renewing) return;
+    const live = [...this.running.values()].filter((r) => !r.settling);
+    if (live.length === 0) return;
     this.renewing = true;
+    const { redis, keys } = this.options;
     try {
-      const { lost, retaken } = await renewLeases(this.options.redis, this.options.keys, [...this.running.values()], this.leaseTtlMs, this.options.concurrencyPerEndpoint);
+      const { lost, retaken } = await renewLeases(redis, keys, live, this.leaseTtlMs, this.options.concurrencyPerEndpoint);
+      const ended = live.filter((r) => r.settling || this.running.get(r.rid) !== r);
+      if (ended.length > 0) {
+        const m = redis.multi();
+        for (const r of ended) m.zrem(keys.inflight(r.dataset), r.rid).zrem(r.leaseKey, r.rid);
+        await m.exec();
+      }
       if (retaken > 0) this.log.warn({ retaken }, 'leases had lapsed (a stall of this process or of Redis); taken again');
+      let aborted = 0;
       for (const r of lost) {
-        if (this.running.get(r.rid) !== r) continue;
+        if (this.running.get(r.rid) !== r || r.settling) continue;
         r.leaseLost = true;
         r.abort.abort();
+        aborted += 1;
       }
-      if (lost.length > 0) this.log.warn({ lost: lost.length }, 'endpoint slots were taken by other workers during a stall; aborting those requests to keep the cap');
+      if (aborted > 0) this.log.warn({ aborted }, 'endpoint slots were taken by other workers during a stall; aborting those requests to keep the cap');
     } catch (e: unknown) {
       this.log.warn({ err: e }, 'lease renewal failed');
     } finally {
       this.renewing = false;
     }
+  }
+
+  /**
+   * Takes back the samples of one batch that are still waiting (its job was taken over by
+   * another worker after a stall): they settle as handed back; those running finish.
+   */
+  withdraw(owner: string): number {
+    let n = 0;
+    for (const t of this.queue.snapshot()) {
+      if (t.req.owner === owner && this.queue.isWaiting(t)) {
+        this.queue.settle(t, { kind: 'handed-back' });
+        n += 1;
+      }
+    }
+    if (n > 0) this.signalDemand();
+    return n;
   }
 }

@@ -46,6 +46,15 @@ export interface InferenceWorkerOptions {
   logger?: Logger;
 }
 
+/** A batch job this process took, while its samples run. */
+interface HeldBatch {
+  job: Job;
+  token: string;
+  worker: Worker;
+  /** Its lock lapsed and another worker may hold it now: this process records nothing for it. */
+  lost: boolean;
+}
+
 /**
  * The inference worker process (`tokenmill worker --role inference`): one BullMQ worker per
  * dataset queue, all feeding one {@link Dispatcher} that keeps `concurrency` requests in
@@ -62,7 +71,7 @@ export class InferenceWorker {
   private stopped = false;
   private feeding: Promise<void> | undefined;
   /** Batch jobs this process holds (their locks are renewed until they settle). */
-  private readonly held = new Set<{ job: Job; token: string; worker: Worker }>();
+  private readonly held = new Set<HeldBatch>();
   private readonly settling = new Set<Promise<void>>();
   readonly workerId: string;
 
@@ -193,9 +202,9 @@ export class InferenceWorker {
 
   private hold(dataset: string, worker: Worker, job: Job, token: string): void {
     const lockDurationMs = this.options.lockDurationMs ?? 30_000;
-    const held = { job, token, worker };
+    const held: HeldBatch = { job, token, worker, lost: false };
     this.held.add(held);
-    const settled = this.process(dataset, job, token)
+    const settled = this.process(dataset, held)
       .catch((e: unknown) => this.log.error({ err: e, dataset, jobId: job.id }, 'could not settle a batch'))
       .finally(() => {
         clearInterval(renew);
@@ -205,13 +214,27 @@ export class InferenceWorker {
     this.settling.add(settled);
     // The job's lock is ours while its samples run; renew it so long generations never look stalled.
     const renew = setInterval(() => {
-      void job.extendLock(token, lockDurationMs).catch((e: unknown) => this.log.warn({ err: e, jobId: job.id }, 'could not extend a batch lock'));
+      void job
+        .extendLock(token, lockDurationMs)
+        .then((ok) => {
+          // 0: the lock is gone — this process or Redis stalled past it, and the batch went back
+          // to the queue for another worker. Its samples still waiting here are withdrawn (the
+          // new holder sends them); those in flight finish and commit once.
+          if (ok === 0 && !held.lost) {
+            held.lost = true;
+            clearInterval(renew);
+            const withdrawn = this.dispatcher?.withdraw(token) ?? 0;
+            this.log.info({ dataset, jobId: job.id, withdrawn }, 'batch lock lost to another worker after a stall; its waiting samples are left to that worker');
+          }
+        })
+        .catch((e: unknown) => this.log.warn({ err: e, jobId: job.id }, 'could not extend a batch lock'));
     }, Math.max(100, Math.floor(lockDurationMs / 2)));
     renew.unref();
   }
 
-  /** Runs one batch to its end and records the job's outcome. */
-  private async process(dataset: string, job: Job, token: string): Promise<void> {
+  /** Runs one batch to its end and records the job's outcome (unless the batch was lost meanwhile). */
+  private async process(dataset: string, held: HeldBatch): Promise<void> {
+    const { job, token } = held;
     const redis = this.redis;
     const dispatcher = this.dispatcher;
     if (redis === undefined || dispatcher === undefined) throw new AppError('inference worker not started');
@@ -222,16 +245,19 @@ export class InferenceWorker {
       outcome = await processGenerateBatch(job.data, {
         isDone: async (ds, ids) => (await redis.smismember(keys.done(ds), ...ids)).map((x) => x === 1),
         attemptsSpent: async (ds, ids) => (await redis.hmget(keys.attempts(ds), ...ids)).map((x) => Number(x ?? 0)),
-        submit: (req) => dispatcher.submit(req),
+        submit: (req) => dispatcher.submit({ ...req, owner: token }),
         logger: log,
       });
     } catch (e: unknown) {
+      if (held.lost) return;
       // A payload that does not parse is unrecoverable; anything else is retried by BullMQ.
       const err = e instanceof AppError && !e.retryable ? new UnrecoverableError(e.message) : e instanceof Error ? e : new Error(String(e));
       log.warn({ err: e }, 'batch failed');
       await job.moveToFailed(err, token, false);
       return;
     }
+    // Another worker holds the job now: it records the outcome.
+    if (held.lost) return;
     if (outcome.handedBack > 0) {
       // Stopping: the job goes back to the queue without spending an attempt; the next
       // worker skips the samples this one committed.
