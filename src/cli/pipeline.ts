@@ -100,18 +100,30 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       ...(contextLength === undefined ? {} : { contextLength }),
       windowBatches: windowBatches(config, batchSize),
     });
-    for (const ds of datasets) {
-      const sink = new ResultsSink({
-        redis: conn(`sink-${ds.name}`),
-        keys,
-        dataset: ds.name,
-        dir: join(ctx.runDir, ds.name, 'generations'),
-        ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }),
-      });
-      await sink.start();
-      sinks.push(sink);
+    try {
+      // The producer lock first: a second producer of the same run fails at once, naming the
+      // holder, instead of waiting behind the first one's sink locks.
+      await producer.acquireLock();
+      for (const ds of datasets) {
+        const sink = new ResultsSink({
+          redis: conn(`sink-${ds.name}`),
+          keys,
+          dataset: ds.name,
+          dir: join(ctx.runDir, ds.name, 'generations'),
+          ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }),
+        });
+        await sink.start();
+        sinks.push(sink);
+      }
+      await producer.start();
+    } catch (e: unknown) {
+      // Nothing half-started stays behind: the worker hands back what it took, locks are released.
+      await worker?.stop(0);
+      await producer.stop();
+      for (const s of sinks) await s.stop();
+      for (const c of conns) await closeRedisConnection(c);
+      throw e;
     }
-    await producer.start();
   }
 
   const finishing = (async () => {
@@ -121,8 +133,8 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
     for (const s of sinks) await s.drained();
     log.info('generation finished');
   })();
-  // A sink that stops on its own (it lost its lock to another process) ends this process with its error.
-  const finished = Promise.race([finishing, ...sinks.map((s) => s.failed)]);
+  // A sink or producer that stops on its own (it lost its lock to another process) ends this process with its error.
+  const finished = Promise.race([finishing, ...sinks.map((s) => s.failed), ...(producer === undefined ? [] : [producer.failed])]);
 
   let stopped = false;
   return {

@@ -63,22 +63,48 @@ export class Producer {
   private readonly lock: ProcessLock;
   private stopping = false;
   private readonly pollMs: number;
+  private locked = false;
+  /**
+   * Rejects (with a `LockLostError`) if the run's producer lock is lost while feeding — a Redis
+   * outage or a freeze of this process longer than its TTL let another producer take over.
+   * Feeding stops at once; the process running it should end with this error.
+   */
+  readonly failed: Promise<never>;
 
   constructor(private readonly options: ProducerOptions) {
     this.log = options.logger ?? componentLogger('producer');
     this.redis = withScripts(options.redis);
     this.pollMs = options.pollMs ?? 200;
     this.lock = new ProcessLock(options.redis, options.keys.producerLock(), PRODUCER_LOCK_TTL_MS, this.log);
+    this.failed = new Promise<never>((_, reject) => {
+      this.lock.onLost((e) => {
+        this.stopping = true;
+        this.log.error({ err: e }, 'producer lock lost; stopping the producer');
+        reject(e);
+      });
+    });
+    this.failed.catch(() => undefined);
   }
 
-  /** Takes the run's producer lock, registers every dataset, and starts feeding them. */
-  async start(): Promise<void> {
+  /**
+   * Takes the run's producer lock, or fails at once naming the process that holds it (host,
+   * pid, since when). Called by {@link start}; call it first to fail before starting anything else.
+   */
+  async acquireLock(): Promise<void> {
+    if (this.locked) return;
     const { keys } = this.options;
     if (!(await this.lock.tryAcquire())) {
       throw new AppError(
         `another producer is running for run "${keys.base}" (lock ${keys.producerLock()} held by ${await this.lock.describeHolder()}); stop it first`,
       );
     }
+    this.locked = true;
+  }
+
+  /** Takes the run's producer lock, registers every dataset, and starts feeding them. */
+  async start(): Promise<void> {
+    const { keys } = this.options;
+    await this.acquireLock();
     for (const ds of this.options.datasets) {
       if (ds.prompts === undefined) continue;
       const queue = new Queue(generateQueueName(ds.name), {
