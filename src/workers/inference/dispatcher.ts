@@ -3,7 +3,6 @@ import {
   AppError,
   UpstreamHttpError,
   decodeAcquire,
-  errorMessage,
   logger as componentLogger,
   type Logger,
   type RunKeys,
@@ -12,9 +11,9 @@ import {
 import { DispatchQueue, type DispatchAccounting, type Task } from './dispatch-queue.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
-import { triage } from './error-triage.js';
 import { renewLeases } from './lease-renewal.js';
-import { commitResult, recordFailure, type FailureInfo } from './sample-records.js';
+import { commitResult } from './sample-records.js';
+import { FailureHandler, type Running } from './failure-handling.js';
 
 export type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 export type { DispatchAccounting } from './dispatch-queue.js';
@@ -44,20 +43,6 @@ export interface DispatcherOptions {
 /** Crashes a sample must have been in flight for before it is sent on probation. */
 const CRASHES_BEFORE_PROBATION = 2;
 
-interface Running {
-  task: Task;
-  dataset: string;
-  rid: string;
-  endpoint: Endpoint;
-  leaseKey: string;
-  abort: AbortController;
-  /** Sent on probation: it holds the endpoint's probation key. */
-  probation: boolean;
-  /** Its endpoint slot was taken by others after a stall: aborted, to be sent again. */
-  leaseLost: boolean;
-  /** The request ended and its outcome is being recorded (which releases its leases): not renewed. */
-  settling: boolean;
-}
 
 /**
  * Keeps requests in flight continuously (DESIGN invariants 2, 3, 6, 7): the moment one request
@@ -92,6 +77,7 @@ export class Dispatcher {
   private demandWaiters: (() => void)[] = [];
   /** Datasets whose budget is reserved by requests in flight (their samples wait). */
   private blockedDatasets = new Set<string>();
+  private readonly failures: FailureHandler;
 
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
@@ -99,6 +85,16 @@ export class Dispatcher {
     this.minCommitsForMean = options.minCommitsForMean ?? 32;
     this.retryDelayMs = options.retryDelayMs ?? 500;
     this.crashProbationMs = options.crashProbationMs ?? 5_000;
+    this.failures = new FailureHandler({
+      redis: options.redis,
+      keys: options.keys,
+      pool: options.pool,
+      queue: this.queue,
+      log: this.log,
+      retryDelayMs: this.retryDelayMs,
+      isStopping: () => this.stopping,
+      release: (dataset, rid, leaseKey) => this.release(dataset, rid, leaseKey),
+    });
   }
 
   /** Requests this process has in flight. */
@@ -267,7 +263,7 @@ export class Dispatcher {
         // An endpoint is healthy again after this prompt's probation crash: now it is its attempt.
         this.queue.take(task);
         task.state = 'running';
-        await this.chargeCrash(task);
+        await this.failures.chargeCrash(task);
         continue;
       }
       const probation = task.crashes >= CRASHES_BEFORE_PROBATION;
@@ -369,7 +365,7 @@ export class Dispatcher {
       this.queue.settle(task, outcome);
     } catch (e: unknown) {
       running.settling = true;
-      await this.handleError(running, e);
+      await this.failures.handleError(running, e);
     } finally {
       if (probation) await this.endProbation(endpoint, rid);
       endpoint.inFlight -= 1;
@@ -401,98 +397,7 @@ export class Dispatcher {
 
   /** Puts a sample back in line, or hands it back when stopping. */
   private requeue(task: Task, where: 'front' | 'back', notBeforeMs = 0): void {
-    if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
-    else this.queue.requeue(task, where, notBeforeMs);
-  }
-
-  private async handleError(r: Running, e: unknown): Promise<void> {
-    const { task, rid, endpoint, leaseKey } = r;
-    const { req } = task;
-    const { keys, redis, pool } = this.options;
-    const log = this.log.child({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, endpoint: endpoint.url });
-    try {
-      const verdict = await triage(endpoint, e);
-      switch (verdict) {
-        case 'cancelled':
-          await this.release(req.dataset, rid, leaseKey);
-          if (r.leaseLost && !this.stopping) log.warn('request aborted: its endpoint slot was taken while this process or Redis stalled; sending it again');
-          this.requeue(task, 'front');
-          return;
-        case 'outage':
-        case 'endpoint-misconfigured':
-          // Not the prompt's fault: no attempt spent, it waits for a healthy endpoint.
-          await this.release(req.dataset, rid, leaseKey);
-          pool.markDown(endpoint, errorMessage(e));
-          this.requeue(task, 'front');
-          return;
-        case 'connection-dropped': {
-          // The server cut a request it had accepted: a crash. Not an attempt yet (every
-          // request in flight died with it); the sample is counted, and one in flight at two
-          // crashes is sent on probation next.
-          await this.release(req.dataset, rid, leaseKey);
-          pool.markDown(endpoint, errorMessage(e));
-          task.crashes = await redis.hincrby(keys.crashes(req.dataset), req.sample.id, 1);
-          if (r.probation) task.chargeOnRecovery = true;
-          this.requeue(task, 'front');
-          return;
-        }
-        case 'retry':
-        case 'fail':
-          break;
-      }
-      if (verdict === 'retry') {
-        const spent = await redis.spendAttempt(keys.attempts(req.dataset), keys.inflight(req.dataset), leaseKey, req.sample.id, rid);
-        req.attemptsSpent = spent;
-        if (spent < req.maxAttempts) {
-          log.warn({ err: e, attempt: spent }, 'request failed; will retry');
-          this.requeue(task, 'back', Date.now() + this.retryDelayMs * 2 ** (spent - 1));
-          return;
-        }
-      }
-      const retryable = verdict === 'retry';
-      const reason = retryable ? `failed after ${req.maxAttempts} attempts: ${errorMessage(e)}` : errorMessage(e);
-      await this.fail(task, reason, {
-        status: e instanceof UpstreamHttpError ? e.status : undefined,
-        attempts: req.attemptsSpent + (retryable ? 0 : 1),
-        endpoint: endpoint.url,
-        rid,
-        leaseKey,
-      });
-    } catch (inner: unknown) {
-      // Redis itself failed: hand the sample back so the job is retried, never lose it.
-      log.error({ err: inner }, 'could not record the outcome of a request');
-      this.queue.settle(task, { kind: 'handed-back' });
-    }
-  }
-
-  /** Charges the crash of a prompt that was alone on probation; fails it when its attempts are spent. */
-  private async chargeCrash(task: Task): Promise<void> {
-    const { req } = task;
-    const { keys, redis } = this.options;
-    task.chargeOnRecovery = false;
-    try {
-      const rid = `${req.dataset}/${req.sample.id}#crash`;
-      const spent = await redis.spendAttempt(keys.attempts(req.dataset), keys.inflight(req.dataset), keys.inflight(req.dataset), req.sample.id, rid);
-      req.attemptsSpent = spent;
-      if (spent < req.maxAttempts) {
-        this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, attempt: spent }, 'the server crashed while this prompt was on probation; attempt charged');
-        this.requeue(task, 'back', Date.now() + this.retryDelayMs * 2 ** (spent - 1));
-        return;
-      }
-      const reason = `the server dropped the connection ${spent} times while this prompt was on probation (sent alone): it appears to crash SGLang`;
-      await this.fail(task, reason, { status: undefined, attempts: spent, endpoint: undefined, rid, leaseKey: keys.inflight(req.dataset) });
-    } catch (e: unknown) {
-      this.log.error({ err: e }, 'could not charge a crash; handing the sample back');
-      this.queue.settle(task, { kind: 'handed-back' });
-    }
-  }
-
-  private async fail(task: Task, reason: string, info: Omit<FailureInfo, 'reason'>): Promise<void> {
-    const { req } = task;
-    await recordFailure(this.options.redis, this.options.keys, req, { ...info, reason });
-    if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
-    this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason }, 'sample failed');
-    this.queue.settle(task, { kind: 'failed', reason });
+    this.failures.requeue(task, where, notBeforeMs);
   }
 
   /**
