@@ -16,7 +16,7 @@
  *   but WITH added-token matching: a literal `<|im_end|>` inside user text becomes the special
  *   token, exactly as in transformers (whose default is `split_special_tokens=False`).
  */
-import { readFile, readdir, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -25,7 +25,10 @@ import { installPythonStrip } from './jinja-python-strip.js';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { z } from 'zod';
 
+import { END_OF_TURN_PROBE_ANSWER, deriveEndOfTurnTokenIds } from './end-of-turn.js';
 import { AppError, EnvironmentError, PayloadError, errorMessage } from './errors.js';
+import { collectAddedTokens, templatesFromConfig, tokenContent, type TokenizerConfigJson } from './tokenizer-config.js';
+import { readJsonFile, readOptionalJsonFile, readTemplateFiles } from './tokenizer-files.js';
 
 /** Roles a chat message may have. */
 export const ChatRoleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
@@ -73,45 +76,11 @@ const NAMED_SPECIAL_TOKENS = [
   'mask_token',
 ] as const;
 
-/** Tokens that end an assistant turn in the model families tokenmill targets, when they are special. */
-const END_OF_TURN_TOKENS = [
-  '<|im_end|>',
-  '<|endoftext|>',
-  '<｜end▁of▁sentence｜>',
-  '<|eot_id|>',
-  '<|end_of_text|>',
-  '<end_of_turn>',
-];
-
 /** Reasoning fields transformers aliases onto each other before rendering. */
 const REASONING_FIELDS = ['reasoning_content', 'thinking', 'reasoning'] as const;
 
 /** Folder names too generic to name a tokenizer; the parent folder names it instead. */
 const GENERIC_FOLDER_NAMES = new Set(['models', 'model', 'tokenizer', 'tokenizers', 'files']);
-
-/** Parsed `added_tokens` entry of tokenizer.json / value of `added_tokens_decoder`. */
-interface AddedTokenEntry {
-  id: number;
-  content: string;
-  special: boolean;
-}
-
-/** The parts of `tokenizer_config.json` this module reads. */
-type TokenizerConfigJson = Record<string, unknown>;
-
-/** A token given as `"<s>"` or `{ "content": "<s>", ... }` (transformers' serialized AddedToken). */
-function tokenContent(value: unknown): string | undefined {
-  if (typeof value === 'string') return value;
-  if (value !== null && typeof value === 'object' && 'content' in value) {
-    const content = (value as { content: unknown }).content;
-    if (typeof content === 'string') return content;
-  }
-  return undefined;
-}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return value !== null && typeof value === 'object' && !Array.isArray(value);
-}
 
 /**
  * A tokenizer with its chat template: encode/decode, render a conversation, and the token ids
@@ -133,11 +102,14 @@ export class ChatTokenizer {
   /** The id of `bos_token`, when the tokenizer has one (Qwen3 has none). */
   readonly bosTokenId: number | undefined;
   /**
-   * Ids that end an assistant turn, ascending: the EOS plus whichever of `<|im_end|>`,
-   * `<|endoftext|>`, `<｜end▁of▁sentence｜>`, `<|eot_id|>`, `<|end_of_text|>`, `<end_of_turn>`
-   * exist as special tokens.
+   * Ids that end an assistant turn, ascending: the EOS, the `eos_token_id`s of
+   * `generation_config.json`, and the special token the chat template closes an assistant turn
+   * with; the well-known ones (`<|im_end|>`, `<|eot_id|>`, ...) only when neither the generation
+   * config nor the template names one (see end-of-turn.ts).
    */
   readonly endOfTurnTokenIds: readonly number[];
+  /** The special token the chat template closes an assistant turn with, when it has one. */
+  readonly templateEndOfTurnTokenId: number | undefined;
   /**
    * Special token ids: added tokens marked `special` in tokenizer.json or `added_tokens_decoder`,
    * plus the named special tokens and `additional_special_tokens` of the config. These are the ids
@@ -167,6 +139,8 @@ export class ChatTokenizer {
     tokenizerConfig: TokenizerConfigJson;
     /** Templates by name ("default", "tool_use", ...), overriding the config's `chat_template`. */
     chatTemplates?: ReadonlyMap<string, string>;
+    /** `generation_config.json`, when the folder has one (its `eos_token_id` ends turns too). */
+    generationConfig?: Record<string, unknown>;
   }) {
     const { tokenizerJson, tokenizerConfig } = params;
     this.dir = params.dir;
@@ -208,13 +182,6 @@ export class ChatTokenizer {
     const bos = specialTokens.bos_token;
     this.bosTokenId = bos === undefined ? undefined : vocab.get(bos);
 
-    const endOfTurn = new Set<number>([eosId]);
-    for (const token of END_OF_TURN_TOKENS) {
-      const id = vocab.get(token);
-      if (id !== undefined && special.has(id)) endOfTurn.add(id);
-    }
-    this.endOfTurnTokenIds = [...endOfTurn].sort((a, b) => a - b);
-
     const addedIds = new Set(added.map((t) => t.id));
     const ordinary: number[] = [];
     for (const id of vocab.values()) if (!addedIds.has(id) && !special.has(id)) ordinary.push(id);
@@ -249,6 +216,38 @@ export class ChatTokenizer {
       }
     }
     this.#templates = templates;
+
+    const specialByText = new Map<string, number>();
+    for (const t of added) if (t.special) specialByText.set(t.content, t.id);
+    for (const content of namedSpecial) {
+      const id = content === undefined ? undefined : vocab.get(content);
+      if (content !== undefined && id !== undefined) specialByText.set(content, id);
+    }
+    const endOfTurn = deriveEndOfTurnTokenIds({
+      eosTokenId: eosId,
+      generationConfig: params.generationConfig,
+      specialTokens: specialByText,
+      vocabSize: this.vocabSize,
+      renderOneTurn: () => this.#renderEndOfTurnProbe(),
+      tokenToId: (token) => vocab.get(token),
+    });
+    this.endOfTurnTokenIds = endOfTurn.ids;
+    this.templateEndOfTurnTokenId = endOfTurn.templateTokenId;
+  }
+
+  #renderEndOfTurnProbe(): string | undefined {
+    if (!this.hasChatTemplate) return undefined;
+    try {
+      return this.applyChatTemplate(
+        [
+          { role: 'user', content: 'tokenmill end-of-turn probe question' },
+          { role: 'assistant', content: END_OF_TURN_PROBE_ANSWER },
+        ],
+        { addGenerationPrompt: false },
+      );
+    } catch {
+      return undefined; // a template that cannot render this probe names no end-of-turn token
+    }
   }
 
   /** Whether a chat template is available. */
@@ -384,99 +383,6 @@ function normalizeMessage(message: ChatMessage): Record<string, unknown> {
   return { thinking: reasoning, ...out, reasoning_content: reasoning };
 }
 
-/** `chat_template` as a string, a list of `{name, template}`, or an object by name. */
-function templatesFromConfig(value: unknown): Map<string, string> {
-  const out = new Map<string, string>();
-  if (typeof value === 'string') {
-    out.set('default', value);
-  } else if (Array.isArray(value)) {
-    for (const entry of value) {
-      if (isRecord(entry) && typeof entry.name === 'string' && typeof entry.template === 'string') {
-        out.set(entry.name, entry.template);
-      }
-    }
-  } else if (isRecord(value)) {
-    for (const [name, template] of Object.entries(value)) {
-      if (typeof template === 'string') out.set(name, template);
-    }
-  }
-  return out;
-}
-
-/** Added tokens from tokenizer.json's `added_tokens` and the config's `added_tokens_decoder`. */
-function collectAddedTokens(tokenizerJson: Record<string, unknown>, config: TokenizerConfigJson): AddedTokenEntry[] {
-  const byId = new Map<number, AddedTokenEntry>();
-  const list = tokenizerJson.added_tokens;
-  if (Array.isArray(list)) {
-    for (const t of list) {
-      if (isRecord(t) && typeof t.id === 'number' && typeof t.content === 'string') {
-        byId.set(t.id, { id: t.id, content: t.content, special: t.special === true });
-      }
-    }
-  }
-  const decoder = config.added_tokens_decoder;
-  if (isRecord(decoder)) {
-    for (const [key, t] of Object.entries(decoder)) {
-      const id = Number(key);
-      const content = tokenContent(t);
-      if (!Number.isInteger(id) || content === undefined || !isRecord(t)) continue;
-      const known = byId.get(id);
-      byId.set(id, { id, content, special: t.special === true || known?.special === true });
-    }
-  }
-  return [...byId.values()];
-}
-
-async function readJsonFile(file: string, what: string): Promise<Record<string, unknown>> {
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (e: unknown) {
-    const code = (e as NodeJS.ErrnoException).code;
-    const reason = code === 'ENOENT' ? 'is missing' : `cannot be read (${errorMessage(e)})`;
-    throw new EnvironmentError(`${what}: ${file} ${reason}`, { cause: e });
-  }
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(text);
-  } catch (e: unknown) {
-    throw new EnvironmentError(`${what}: ${file} is not valid JSON (${errorMessage(e)})`, { cause: e });
-  }
-  if (!isRecord(parsed)) throw new EnvironmentError(`${what}: ${file} is not a JSON object`);
-  return parsed;
-}
-
-async function readOptionalText(file: string): Promise<string | undefined> {
-  try {
-    return await readFile(file, 'utf8');
-  } catch (e: unknown) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw new EnvironmentError(`tokenizer: ${file} cannot be read (${errorMessage(e)})`, { cause: e });
-  }
-}
-
-/**
- * Chat templates stored as files, which transformers prefers over the config's `chat_template`:
- * `chat_template.jinja` ("default") and `additional_chat_templates/<name>.jinja`.
- */
-async function readTemplateFiles(dir: string): Promise<Map<string, string>> {
-  const out = new Map<string, string>();
-  const main = await readOptionalText(path.join(dir, 'chat_template.jinja'));
-  if (main !== undefined) out.set('default', main);
-  const extraDir = path.join(dir, 'additional_chat_templates');
-  let names: string[] = [];
-  try {
-    names = await readdir(extraDir);
-  } catch {
-    // No extra templates: the common case.
-  }
-  for (const file of names.filter((n) => n.endsWith('.jinja')).sort()) {
-    const text = await readOptionalText(path.join(extraDir, file));
-    if (text !== undefined) out.set(file.slice(0, -'.jinja'.length), text);
-  }
-  return out;
-}
-
 function nameFor(dir: string, config: TokenizerConfigJson): string {
   const fromConfig = config.name_or_path;
   if (typeof fromConfig === 'string' && fromConfig !== '') return fromConfig;
@@ -497,10 +403,11 @@ export async function loadTokenizer(dir: string): Promise<ChatTokenizer> {
     throw new EnvironmentError(`tokenizer folder ${resolved} does not exist`, { cause: e });
   }
   if (!isDir) throw new EnvironmentError(`tokenizer folder ${resolved} is not a folder`);
-  const [tokenizerJson, tokenizerConfig, templateFiles] = await Promise.all([
+  const [tokenizerJson, tokenizerConfig, templateFiles, generationConfig] = await Promise.all([
     readJsonFile(path.join(resolved, 'tokenizer.json'), 'tokenizer'),
     readJsonFile(path.join(resolved, 'tokenizer_config.json'), 'tokenizer'),
     readTemplateFiles(resolved),
+    readOptionalJsonFile(path.join(resolved, 'generation_config.json'), 'tokenizer'),
   ]);
   const fromConfig = templatesFromConfig(tokenizerConfig.chat_template);
   const chatTemplates = templateFiles.size > 0 ? templateFiles : fromConfig;
@@ -511,6 +418,7 @@ export async function loadTokenizer(dir: string): Promise<ChatTokenizer> {
       tokenizerJson,
       tokenizerConfig,
       chatTemplates,
+      ...(generationConfig === undefined ? {} : { generationConfig }),
     });
   } catch (e: unknown) {
     if (e instanceof AppError) throw e;

@@ -60,7 +60,9 @@ describe('Qwen3 token ids', () => {
     expect(qwen.tokenToId('<|im_end|>')).toBe(151645);
     expect(qwen.tokenToId('<|endoftext|>')).toBe(151643);
     expect(qwen.idToToken(151643)).toBe('<|endoftext|>');
-    expect(qwen.endOfTurnTokenIds).toEqual([151643, 151645]);
+    // Derived from the config and the template (see end-of-turn.test.ts); the bundled folder has
+    // no generation_config.json, so <|endoftext|> (151643) is not one of them.
+    expect(qwen.endOfTurnTokenIds).toEqual([151645]);
   });
 
   it('marks special tokens, not the non-special added ones', () => {
