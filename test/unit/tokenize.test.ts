@@ -336,7 +336,7 @@ describe('conversation masks', () => {
     }
   });
 
-  it('tokenizes an 84-message, 40k-token conversation whole in well under a second', () => {
+  it('tokenizes an 84-message, 40k-token conversation whole, not message by message (no quadratic blow-up)', () => {
     // The shape that made per-message tokenization too slow: a long agent trajectory.
     const messages: ChatMessage[] = [{ role: 'system', content: 'You are a software engineering agent.' }];
     for (let i = 0; messages.length < 84; i++) {
@@ -346,10 +346,11 @@ describe('conversation masks', () => {
     const started = performance.now();
     const row = conversationToRow({ id: 'long', messages }, qctx, 'A1');
     const elapsedMs = performance.now() - started;
-    console.log(`84-message conversation: ${row.num_tokens} tokens in ${elapsedMs.toFixed(0)} ms`);
     expect(row.num_tokens).toBeGreaterThan(40_000);
     expect(row.loss_mask.filter((m) => m === 1).length).toBeGreaterThan(20_000);
-    expect(elapsedMs).toBeLessThan(1000);
+    // A guard against the per-message (quadratic) path, which took minutes here; not a
+    // performance measurement (those live in bench/), so the bound is loose for a loaded machine.
+    expect(elapsedMs).toBeLessThan(15_000);
   });
 });
 
