@@ -1,40 +1,62 @@
 #!/usr/bin/env bash
-# Creates the Python environment the parity tests and data checks use: .venv at the repository
-# root, with the pinned packages of scripts/requirements.txt (no torch: transformers loads
-# tokenizers without it).
+# Creates the Python environments the parity tests and data checks use, at the repository root:
+#   main       .venv            scripts/requirements.txt            transformers + the current
+#                                                                   `datasets` (no torch:
+#                                                                   transformers loads tokenizers
+#                                                                   without it)
+#   datasets3  .venv-datasets3  scripts/requirements-datasets3.txt  `datasets` 3.6, the last
+#                                                                   before 4.0, for the
+#                                                                   compatibility tests
 #
-# Idempotent: does nothing when .venv was built from the current requirements.txt and its
-# packages import. Concurrent runs (two test files at once) serialize on a lock file; the
-# second one finds the environment ready and returns.
+#   bash scripts/setup-python.sh [main|datasets3]...   (no argument: both)
 #
-# Environment: PYTHON (default python3) is the interpreter the venv is created from.
+# Idempotent: an environment built from its current requirements file whose packages import is
+# left as it is. Concurrent runs (two test files at once) serialize on a lock file; the second
+# one finds the environments ready and returns.
+#
+# Environment: PYTHON (default python3) is the interpreter the venvs are created from.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
-PY="$VENV/bin/python"
-REQ="$ROOT/scripts/requirements.txt"
-STAMP="$VENV/.requirements.sha256"
-WANT="$(sha256sum "$REQ" | cut -d' ' -f1)"
 export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 LOCK="${TMPDIR:-/tmp}/tokenmill-venv-$(printf %s "$ROOT" | sha256sum | cut -c1-16).lock"
 
-ready() {
-  [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] &&
-    "$PY" -c 'import transformers, datasets' >/dev/null 2>&1
+# name -> "venv folder|requirements file|modules that must import"
+declare -A ENVS=(
+  [main]=".venv|scripts/requirements.txt|transformers datasets tokenizers jinja2 pyarrow"
+  [datasets3]=".venv-datasets3|scripts/requirements-datasets3.txt|datasets pyarrow"
+)
+
+# Builds one environment unless it is ready.
+setup() {
+  local spec="${ENVS[$1]:-}"
+  if [ -z "$spec" ]; then
+    echo "setup-python: unknown environment '$1' (expected one of: ${!ENVS[*]})" >&2
+    exit 2
+  fi
+  local venv req modules
+  IFS='|' read -r venv req modules <<<"$spec"
+  venv="$ROOT/$venv"
+  req="$ROOT/$req"
+  local py="$venv/bin/python" stamp="$venv/.requirements.sha256"
+  local want imports
+  want="$(sha256sum "$req" | cut -d' ' -f1)"
+  imports="import ${modules// /, }"
+  if [ -x "$py" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$imports" >/dev/null 2>&1; then
+    return 0
+  fi
+  local started=$SECONDS
+  echo "setup-python: creating $venv from $req" >&2
+  rm -f "$stamp"
+  "${PYTHON:-python3}" -m venv "$venv"
+  "$py" -m pip install --quiet --disable-pip-version-check --no-input -r "$req"
+  "$py" -c "$imports" >/dev/null
+  printf '%s\n' "$want" >"$stamp"
+  echo "setup-python: $venv ready in $((SECONDS - started)) s ($("$py" -c 'import datasets; print("datasets", datasets.__version__)' 2>/dev/null))" >&2
 }
 
 exec 9>"$LOCK"
 flock 9
 
-if ready; then
-  exit 0
-fi
-
-echo "setup-python: creating $VENV from $REQ" >&2
-rm -f "$STAMP"
-"${PYTHON:-python3}" -m venv "$VENV"
-"$PY" -m pip install --quiet --disable-pip-version-check --no-input -r "$REQ"
-"$PY" -c 'import transformers, datasets, tokenizers, jinja2, pyarrow' >/dev/null
-printf '%s\n' "$WANT" >"$STAMP"
-echo "setup-python: ready ($("$PY" -c 'import transformers; print("transformers", transformers.__version__)' 2>/dev/null))" >&2
+if [ "$#" -eq 0 ]; then set -- main datasets3; fi
+for name in "$@"; do setup "$name"; done

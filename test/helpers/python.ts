@@ -1,7 +1,11 @@
-// The Python reference environment for parity tests: .venv at the repository root, built by
-// scripts/setup-python.sh from scripts/requirements.txt. A fresh clone has no .venv; the first
-// test that needs it builds it (about a minute), and setup-python.sh serializes concurrent
-// builds on a lock file. If it cannot be built, the test fails with pip's output.
+// The Python reference environments, built by scripts/setup-python.sh at the repository root:
+// - `main`: .venv from scripts/requirements.txt (transformers, the current `datasets`), for the
+//   parity tests;
+// - `datasets3`: .venv-datasets3 from scripts/requirements-datasets3.txt (`datasets` 3.6), for
+//   the tests that older training stacks can load what tokenmill writes.
+// A fresh clone has neither; the first test that needs one builds it (a minute or two each), and
+// setup-python.sh serializes concurrent builds on a lock file. If it cannot be built, the test
+// fails with pip's output.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
@@ -9,11 +13,22 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const REPO_ROOT = path.resolve(fileURLToPath(new URL('../..', import.meta.url)));
-export const VENV_PYTHON = path.join(REPO_ROOT, '.venv', 'bin', 'python');
 const SETUP_SCRIPT = path.join(REPO_ROOT, 'scripts', 'setup-python.sh');
-const REQUIREMENTS = path.join(REPO_ROOT, 'scripts', 'requirements.txt');
-const STAMP = path.join(REPO_ROOT, '.venv', '.requirements.sha256');
 const PYTHON_SCRIPTS = path.join(REPO_ROOT, 'test', 'python');
+
+/** The Python environments setup-python.sh builds. */
+export type PythonEnvName = 'main' | 'datasets3';
+
+const ENVS: Record<PythonEnvName, { venv: string; requirements: string }> = {
+  main: { venv: '.venv', requirements: 'requirements.txt' },
+  datasets3: { venv: '.venv-datasets3', requirements: 'requirements-datasets3.txt' },
+};
+
+function pythonOf(env: PythonEnvName): string {
+  return path.join(REPO_ROOT, ENVS[env].venv, 'bin', 'python');
+}
+
+export const VENV_PYTHON = pythonOf('main');
 
 const SETUP_TIMEOUT_MS = 15 * 60_000;
 
@@ -72,18 +87,20 @@ export function runProcess(
   });
 }
 
-function envIsCurrent(): boolean {
-  if (!existsSync(VENV_PYTHON) || !existsSync(STAMP)) return false;
-  const want = createHash('sha256').update(readFileSync(REQUIREMENTS)).digest('hex');
-  return readFileSync(STAMP, 'utf8').trim() === want;
+function envIsCurrent(env: PythonEnvName): boolean {
+  const python = pythonOf(env);
+  const stamp = path.join(REPO_ROOT, ENVS[env].venv, '.requirements.sha256');
+  if (!existsSync(python) || !existsSync(stamp)) return false;
+  const want = createHash('sha256').update(readFileSync(path.join(REPO_ROOT, 'scripts', ENVS[env].requirements))).digest('hex');
+  return readFileSync(stamp, 'utf8').trim() === want;
 }
 
-let envPromise: Promise<string> | undefined;
+const envPromises = new Map<PythonEnvName, Promise<string>>();
 
-async function setUp(): Promise<string> {
-  if (envIsCurrent()) return VENV_PYTHON;
-  const r = await runProcess('bash', [SETUP_SCRIPT], { timeoutMs: SETUP_TIMEOUT_MS, env: process.env });
-  if (r.code !== 0 || !envIsCurrent()) {
+async function setUp(env: PythonEnvName): Promise<string> {
+  if (envIsCurrent(env)) return pythonOf(env);
+  const r = await runProcess('bash', [SETUP_SCRIPT, env], { timeoutMs: SETUP_TIMEOUT_MS, env: process.env });
+  if (r.code !== 0 || !envIsCurrent(env)) {
     const output = `${r.stdout}\n${r.stderr}`
       .split('\n')
       // pip's notes about extra local indexes that do not hold a package are noise here.
@@ -91,33 +108,38 @@ async function setUp(): Promise<string> {
       .join('\n')
       .slice(-20_000);
     throw new Error(
-      `scripts/setup-python.sh failed (exit ${String(r.code)}${r.signal === null ? '' : `, ${r.signal}`}); ` +
+      `scripts/setup-python.sh ${env} failed (exit ${String(r.code)}${r.signal === null ? '' : `, ${r.signal}`}); ` +
         `the Python environment is required for this test:\n${output}`,
     );
   }
-  return VENV_PYTHON;
+  return pythonOf(env);
 }
 
 /**
- * The venv's python, building .venv first when it is missing or stale. Built once per test
- * process; a failed build fails every later caller in that process too, without retrying pip.
+ * The python of environment `env` (default `main`), building it first when it is missing or
+ * stale. Built once per test process; a failed build fails every later caller in that process
+ * too, without retrying pip.
  */
-export function ensurePythonEnv(): Promise<string> {
-  envPromise ??= setUp();
-  return envPromise;
+export function ensurePythonEnv(env: PythonEnvName = 'main'): Promise<string> {
+  let p = envPromises.get(env);
+  if (p === undefined) {
+    p = setUp(env);
+    envPromises.set(env, p);
+  }
+  return p;
 }
 
 /**
- * Runs a script from test/python (or an absolute path) with the venv's python, `stdinJson`
- * serialized on its stdin. Resolves to stdout; rejects with stderr when it exits non-zero.
+ * Runs a script from test/python (or an absolute path) with the python of `opts.env` (default
+ * `main`), `stdinJson` serialized on its stdin. Resolves to stdout; rejects with stderr when it exits non-zero.
  */
 export async function runPython(
   script: string,
   args: readonly string[] = [],
   stdinJson?: unknown,
-  opts: { timeoutMs?: number } = {},
+  opts: { timeoutMs?: number; env?: PythonEnvName } = {},
 ): Promise<string> {
-  const python = await ensurePythonEnv();
+  const python = await ensurePythonEnv(opts.env);
   const scriptPath = path.isAbsolute(script) ? script : path.join(PYTHON_SCRIPTS, script);
   const r = await runProcess(python, [scriptPath, ...args], {
     stdin: stdinJson === undefined ? '' : JSON.stringify(stdinJson),
@@ -136,7 +158,7 @@ export async function runPythonJson<T>(
   script: string,
   args: readonly string[] = [],
   stdinJson?: unknown,
-  opts: { timeoutMs?: number } = {},
+  opts: { timeoutMs?: number; env?: PythonEnvName } = {},
 ): Promise<T> {
   const stdout = await runPython(script, args, stdinJson, opts);
   try {

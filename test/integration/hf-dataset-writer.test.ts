@@ -86,8 +86,8 @@ describe('writeHfDataset: Python datasets loads what it writes', () => {
     expect(info.features).toEqual({
       id: { dtype: 'string', _type: 'Value' },
       dataset: { dtype: 'string', _type: 'Value' },
-      input_ids: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'List' },
-      loss_mask: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'List' },
+      input_ids: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'Sequence' },
+      loss_mask: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'Sequence' },
       num_tokens: { dtype: 'int32', _type: 'Value' },
       finish_reason: { dtype: 'string', _type: 'Value' },
     });

@@ -32,12 +32,12 @@ const PY_TARGET: ColumnSpec[] = [
 ];
 
 describe('dataset columns', () => {
-  it('spells the default columns as datasets 5.x writes them', () => {
+  it('spells the default columns as datasets 3.x writes them (`Sequence`, which 4.x/5.x read as `List`)', () => {
     expect(featuresOf(defaultColumns())).toEqual({
       id: { dtype: 'string', _type: 'Value' },
       dataset: { dtype: 'string', _type: 'Value' },
-      input_ids: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'List' },
-      loss_mask: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'List' },
+      input_ids: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'Sequence' },
+      loss_mask: { feature: { dtype: 'int32', _type: 'Value' }, _type: 'Sequence' },
       num_tokens: { dtype: 'int32', _type: 'Value' },
       finish_reason: { dtype: 'string', _type: 'Value' },
     });

@@ -200,7 +200,12 @@ export function columnsOfSchema(schema: Schema): ColumnSpec[] {
   return schema.fields.map((f) => ({ name: f.name, type: columnTypeOf(f.type) }));
 }
 
-/** `datasets` features JSON of one column, as datasets 5.x writes it (`Value`, `List`, `LargeList`). */
+/**
+ * `datasets` features JSON of one column, in the spelling every `datasets` version reads:
+ * `Value`, and lists of integers as `Sequence` (what 2.x/3.x write; 4.x and 5.x read it back as
+ * `List`). Not `List`: that spelling exists only from `datasets` 4.0, and 3.x fails on it with
+ * `Feature type 'List' not found`. Large lists stay `LargeList` (there is no `Sequence` form).
+ */
 export function featureOf(t: ColumnType): Record<string, unknown> {
   switch (t.kind) {
     case 'string':
@@ -208,7 +213,7 @@ export function featureOf(t: ColumnType): Record<string, unknown> {
     case 'int':
       return { dtype: t.int, _type: 'Value' };
     case 'list':
-      return { feature: { dtype: t.item, _type: 'Value' }, _type: t.large ? 'LargeList' : 'List' };
+      return { feature: { dtype: t.item, _type: 'Value' }, _type: t.large ? 'LargeList' : 'Sequence' };
     case 'other':
       throw new DatasetFormatError(`no features spelling for type ${t.name}`);
   }
