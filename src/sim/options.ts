@@ -1,5 +1,5 @@
 /** The simulator's options, checked and with defaults applied. */
-import { bundledTokenizerPath } from '../shared/index.js';
+import { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from '../shared/index.js';
 import { type FaultConfig, validateFaults } from './faults.js';
 import { DEFAULT_OUTPUT_LENGTH, type OutputLengthSpec } from './output-model.js';
 import { SIM_VERSIONS, type SimVersion, type SimulatorOptions } from './types.js';
@@ -63,7 +63,7 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     prefillTokensPerSec: positive('prefillTokensPerSec', o.prefillTokensPerSec ?? 20000),
     outputLength,
     tokenizerPath: o.tokenizerPath ?? bundledTokenizerPath(),
-    modelPath: o.modelPath ?? 'Qwen/Qwen3-8B',
+    modelPath: o.modelPath ?? BUNDLED_TOKENIZER_MODEL,
     apiKey: resolveApiKey(o.apiKey),
     version,
     faults: validateFaults(o.faults ?? {}),

