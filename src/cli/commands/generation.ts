@@ -6,6 +6,7 @@ import { startGeneration, startPostprocess, type GenerationOptions } from '../pi
 import { startProgress } from '../progress.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/results-sink.js';
+import { dropContextOf } from '../../workers/postprocess/drop-summary.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
 
 interface RunOptions {
@@ -174,7 +175,7 @@ export async function printRunSummary(ctx: RunContext, options: { json?: boolean
     return;
   }
   process.stdout.write(`${formatRunStatus(status)}\n`);
-  if (pp?.status === 'completed') process.stdout.write(`\n${formatPostprocessResult(pp.result)}\n`);
+  if (pp?.status === 'completed') process.stdout.write(`\n${formatPostprocessResult(pp.result, dropContextOf(ctx.config))}\n`);
 }
 
 /**

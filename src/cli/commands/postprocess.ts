@@ -8,6 +8,7 @@ import {
   type RollbackResult,
   type TokenizeResult,
 } from '../../shared/index.js';
+import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../../workers/postprocess/drop-summary.js';
 import { PostprocessFailedError, type RoundOutcome } from '../../workers/postprocess/flow.js';
 import { startPostprocess } from '../pipeline.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
@@ -43,15 +44,41 @@ function datasetRow(d: TokenizeResult): string[] {
 }
 
 /**
- * A post-process round's outcome for people: per dataset what was read, staged, left out and
- * why; then the merge's validation report (rows and tokens before → after, loss-mask coverage,
- * shards, samples checked, problems and warnings).
+ * Per dataset that left records out: how many of its lines, for which reasons, and what to do;
+ * a warning line for a dataset that lost more than {@link LARGE_DROP_FRACTION} of its records.
  */
-export function formatPostprocessResult(result: MergeJobResult): string {
+export function formatDrops(result: MergeJobResult, ctx: DropContext = {}): string[] {
+  const lines: string[] = [];
+  for (const d of result.datasets.map((t) => datasetDrops(t, ctx))) {
+    if (d.total === 0) continue;
+    lines.push(`  ${d.dataset}: ${fmtInt(d.total)} of ${fmtInt(d.lines)} records (${fmtPct(d.fraction)}) — ${dropsSentence(d, fmtInt)}`);
+  }
+  return lines;
+}
+
+/** Warnings for datasets that lost a large share of their records. */
+export function largeDropWarnings(result: MergeJobResult): string[] {
+  return result.datasets
+    .map((t) => datasetDrops(t))
+    .filter((d) => d.large)
+    .map(
+      (d) =>
+        `${d.dataset}: ${fmtPct(d.fraction)} of its records were dropped (more than ${fmtPct(LARGE_DROP_FRACTION)}): ` +
+        d.byReason.map((c) => `${fmtInt(c.count)} ${c.what}`).join(', '),
+    );
+}
+
+/**
+ * A post-process round's outcome for people: per dataset what was read, staged, left out and
+ * why (with what to do about it, and a warning when a large share was left out); then the
+ * merge's validation report (rows and tokens before → after, loss-mask coverage, shards,
+ * samples checked, problems and warnings).
+ */
+export function formatPostprocessResult(result: MergeJobResult, ctx: DropContext = {}): string {
   const headline: Record<MergeJobResult['status'], string> = {
     merged: 'merged into the training dataset',
     'already-merged': 'already merged (by an earlier attempt of this round)',
-    'nothing-new': 'nothing new: the training dataset already holds every row',
+    'nothing-new': nothingNewHeadline(result, fmtInt),
   };
   const lines = [`post-processing ${result.flowId}: ${headline[result.status]}`, ''];
   if (result.datasets.length > 0) {
@@ -63,6 +90,11 @@ export function formatPostprocessResult(result: MergeJobResult): string {
       '',
     );
   }
+  const drops = formatDrops(result, ctx);
+  if (drops.length > 0) lines.push('dropped', ...drops, '');
+  const warnings = largeDropWarnings(result);
+  for (const w of warnings) lines.push(`warning: ${w}`);
+  if (warnings.length > 0) lines.push('');
   const r = result.report;
   if (r !== null) {
     lines.push(
@@ -140,7 +172,12 @@ export function registerPostprocessCommands(program: Command): void {
           return;
         }
         if (outcome.status === 'failed') throw new PostprocessFailedError(outcome.flowId, outcome.reason);
-        process.stdout.write(opts.json === true ? `${JSON.stringify(outcome.result)}\n` : `${formatPostprocessResult(outcome.result)}\n`);
+        if (opts.json === true) {
+          process.stdout.write(`${JSON.stringify(outcome.result)}\n`);
+          for (const w of largeDropWarnings(outcome.result)) process.stderr.write(`tokenmill: warning: ${w}\n`);
+        } else {
+          process.stdout.write(`${formatPostprocessResult(outcome.result, dropContextOf(ctx.config))}\n`);
+        }
       } finally {
         await ctx.close();
       }
