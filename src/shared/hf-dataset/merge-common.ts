@@ -5,6 +5,7 @@ import path from 'node:path';
 
 import { AppError } from '../errors.js';
 import { logger } from '../logger.js';
+import type { EndOfTurnCount } from './merge-end-of-turn.js';
 import type { HfRow, HfTokenTypes } from './schema.js';
 import type { RowSource } from './writer.js';
 
@@ -77,6 +78,16 @@ export interface MergeOptions extends HfTokenTypes {
    * does not append the same rows twice. A rolled-back merge is no longer in effect.
    */
   mergeKey?: string;
+  /**
+   * Refuse a target without the sample-key columns `dataset` and `id` (see
+   * merge-sample-key.ts): set by callers that skip rows the target already holds by that key.
+   */
+  requireSampleKey?: boolean;
+  /**
+   * End-of-turn counts of the new rows per dataset; a dataset where too many rows lack
+   * end-of-turn supervision is logged and named in the report's warnings (merge-end-of-turn.ts).
+   */
+  endOfTurn?: readonly EndOfTurnCount[];
   crashAt?: MergeCrashPoint;
   /** Randomness for sampling (tests pass a seeded one). */
   random?: () => number;
@@ -132,7 +143,7 @@ export interface MergeReport {
   samples: MergeSample[];
   /** Why the merge was refused; empty when ok. */
   problems: string[];
-  /** Findings about the old data that do not block the merge. */
+  /** Findings that do not block the merge (about the old data, or rows without end-of-turn supervision). */
   warnings: string[];
   environment: { node: string; platform: string; host: string; pid: number };
   durationMs: number;

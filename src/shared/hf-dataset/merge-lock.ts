@@ -1,15 +1,35 @@
-// The merge lock: `<target>.lock`, held while a merge, rollback or repair runs.
+// The merge lock: `<target>.lock`, held while a merge, rollback or repair runs. It names its
+// holder by host, PID and, where the OS tells it, the process's start time: a container
+// restarted with `init: true` gets the same PID again, so a PID alone would make the lock of the
+// process before the restart look held forever. A holder on this host whose PID no longer runs,
+// or runs with another start time, is gone and its lock is removed.
 import { hostname } from 'node:os';
 import { open, readFile, rm } from 'node:fs/promises';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { ensureDir, isErrno } from './fs.js';
 import { DatasetMergeError, log } from './merge-common.js';
 
+/** What a lock file holds. */
+export interface MergeLockHolder {
+  pid?: number;
+  host?: string;
+  since?: string;
+  /** The holder's start time (field 22 of /proc/<pid>/stat, clock ticks since boot); Linux only. */
+  startTime?: string;
+}
+
+/**
+ * Takes `<target>.lock` (removing a stale one, see the file header); returns its release.
+ * Throws {@link DatasetMergeError} naming the holder when a live process holds it.
+ */
 export async function acquireLock(target: string): Promise<() => Promise<void>> {
   const lockPath = `${target}.lock`;
   await ensureDir(path.dirname(target));
-  const me = { pid: process.pid, host: hostname(), since: new Date().toISOString() };
+  const me: MergeLockHolder = { pid: process.pid, host: hostname(), since: new Date().toISOString() };
+  const myStart = processStartTime(process.pid);
+  if (myStart !== undefined) me.startTime = myStart;
   for (let attempt = 0; attempt < 2; attempt++) {
     try {
       const fh = await open(lockPath, 'wx');
@@ -24,15 +44,15 @@ export async function acquireLock(target: string): Promise<() => Promise<void>> 
       };
     } catch (e: unknown) {
       if (!isErrno(e, 'EEXIST')) throw e;
-      let holder: { pid?: number; host?: string; since?: string } = {};
+      let holder: MergeLockHolder = {};
       try {
         holder = JSON.parse(await readFile(lockPath, 'utf8')) as typeof holder;
       } catch {
         // a lock file cut short by a crash while it was written: treat as stale below
       }
-      const sameHost = holder.host === undefined || holder.host === me.host;
-      if (sameHost && (holder.pid === undefined || !processAlive(holder.pid))) {
-        log().warn({ lockPath, holder }, 'removing a stale lock left by a process that no longer runs');
+      const gone = holderGone(holder, hostname());
+      if (gone !== undefined) {
+        log().warn({ lockPath, holder, why: gone }, 'removing a stale lock left by a process that no longer runs');
         await rm(lockPath, { force: true });
         continue;
       }
@@ -45,7 +65,38 @@ export async function acquireLock(target: string): Promise<() => Promise<void>> 
   throw new DatasetMergeError(`cannot take the lock ${lockPath}`);
 }
 
-export function processAlive(pid: number): boolean {
+/** Why the holder of a lock no longer runs, or undefined when it may still run. */
+function holderGone(holder: MergeLockHolder, host: string): string | undefined {
+  if (holder.host !== undefined && holder.host !== host) return undefined; // cannot tell from here
+  if (typeof holder.pid !== 'number') return 'the lock file names no process';
+  if (!processAlive(holder.pid)) return `process ${holder.pid} no longer runs`;
+  if (holder.startTime === undefined) return undefined;
+  const now = processStartTime(holder.pid);
+  if (now !== undefined && now !== holder.startTime) {
+    return `process ${holder.pid} is another process now (started at ${now}, the holder at ${holder.startTime}): the PID was reused`;
+  }
+  return undefined;
+}
+
+/**
+ * The start time of process `pid` (field 22 of /proc/<pid>/stat), or undefined where there is
+ * no /proc (not Linux) or the process is gone. Two processes that had the same PID have
+ * different start times.
+ */
+export function processStartTime(pid: number): string | undefined {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return undefined;
+  }
+  // Field 2 (comm) is in parentheses and may itself hold spaces and ')': fields 3… follow the last ')'.
+  const fields = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  const start = fields[22 - 3];
+  return start !== undefined && /^\d+$/.test(start) ? start : undefined;
+}
+
+function processAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

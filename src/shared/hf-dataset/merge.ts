@@ -26,7 +26,8 @@
 //
 // The parts: merge-common.ts (types, control folders), merge-lock.ts, merge-journal.ts (history
 // and repair), merge-stage.ts (schema plan, new shards), merge-validate.ts (the report),
-// merge-rollback.ts.
+// merge-rollback.ts; merge-sample-key.ts (targets whose rows cannot be matched are refused) and
+// merge-end-of-turn.ts (rows without end-of-turn supervision are reported).
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 
@@ -43,8 +44,10 @@ import {
   type MergeOptions,
   type MergeResult,
 } from './merge-common.js';
+import { endOfTurnFindings } from './merge-end-of-turn.js';
 import { nextHistoryName, readHistory, repairLocked } from './merge-journal.js';
 import { acquireLock } from './merge-lock.js';
+import { sampleKeyProblem } from './merge-sample-key.js';
 import { planMergeColumns, planSource, sortStateKeys, stageNewShards } from './merge-stage.js';
 import { validateMerged } from './merge-validate.js';
 import { readDatasetMeta, readShardSchema, scanShard, type DatasetMeta, type ShardScan } from './reader.js';
@@ -63,7 +66,9 @@ export {
   type MergeSource,
   type RollbackCrashPoint,
 } from './merge-common.js';
+export { MAX_WITHOUT_END_OF_TURN_FRACTION, endOfTurnFindings, type EndOfTurnCount } from './merge-end-of-turn.js';
 export { repairTarget } from './merge-journal.js';
+export { SAMPLE_KEY_COLUMNS, assertSampleKeyedTarget, sampleKeyProblem } from './merge-sample-key.js';
 export { planMergeColumns } from './merge-stage.js';
 export { listMerges, rollbackTarget, type RollbackOptions, type RollbackResult } from './merge-rollback.js';
 
@@ -114,6 +119,8 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       const firstShard = old.shards[0];
       if (firstShard === undefined) throw new DatasetMergeError(`${target}: state.json lists no shard`);
       const targetColumns = columnsOfSchema(await readShardSchema(path.join(target, firstShard)));
+      const keyProblem = opts.requireSampleKey === true ? sampleKeyProblem(target, targetColumns) : undefined;
+      if (keyProblem !== undefined) throw new DatasetMergeError(keyProblem, { problems: [keyProblem] });
       const plan = planMergeColumns(targetColumns, source.columns, source.kind);
       if (plan.problems.length > 0) {
         throw new DatasetMergeError(plan.problems.join('\n'), { problems: plan.problems });
@@ -133,6 +140,11 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       columns = source.columns;
     }
     const oldShards = old?.shards ?? [];
+    const endOfTurn = endOfTurnFindings(opts.endOfTurn ?? []);
+    if (endOfTurn.length > 0) {
+      mlog.warn({ findings: endOfTurn }, 'many new rows lack end-of-turn supervision: check the server\'s stop-token handling');
+      warnings.push(...endOfTurn);
+    }
 
     // -- 2. build the merged dataset in a staging folder
     staging = firstMerge ? `${target}.merge-${mergeId}` : path.join(stagingRoot(target), mergeId);

@@ -20,6 +20,7 @@ import {
   PayloadError,
   TokenizePayloadSchema,
   TokenizeResultSchema,
+  assertSampleKeyedTarget,
   errorMessage,
   mergeIntoTarget,
   parsePayload,
@@ -106,26 +107,22 @@ async function hasState(dir: string): Promise<boolean> {
 
 /**
  * Sample ids of `dataset` already in the training dataset at `target` (empty when there is no
- * target yet). Reads the `id` and `dataset` columns of every shard; a target without a
- * `dataset` column is matched on `id` alone, one without an `id` column holds no known sample.
+ * target yet). Reads the `id` and `dataset` columns of every shard. A target without both
+ * columns is refused ({@link assertSampleKeyedTarget}: a DatasetMergeError naming the missing
+ * column and the fix), since its rows cannot be matched with the new ones.
  */
-export async function mergedSampleIds(target: string, dataset: string, log?: Logger): Promise<Set<string>> {
+export async function mergedSampleIds(target: string, dataset: string): Promise<Set<string>> {
   const ids = new Set<string>();
   if (!(await hasState(target))) return ids;
+  await assertSampleKeyedTarget(target);
   const ds = await readHfDataset(target);
-  const names = new Set(ds.columns.map((c) => c.name));
-  if (!names.has('id')) {
-    log?.warn({ target }, 'the training dataset has no id column: its rows cannot be matched with the new ones');
-    return ids;
-  }
-  const byDataset = names.has('dataset');
   for (const shard of ds.meta.shards) {
     for await (const batch of readShardBatches(path.join(target, shard))) {
       const idCol = batch.getChild('id');
-      const dsCol = byDataset ? batch.getChild('dataset') : null;
-      if (idCol === null) continue;
+      const dsCol = batch.getChild('dataset');
+      if (idCol === null || dsCol === null) continue;
       for (let i = 0; i < batch.numRows; i++) {
-        if (dsCol !== null && dsCol.get(i) !== dataset) continue;
+        if (dsCol.get(i) !== dataset) continue;
         const id: unknown = idCol.get(i);
         if (typeof id === 'string') ids.add(id);
       }
@@ -147,7 +144,7 @@ export async function processTokenize(data: unknown, deps: TokenizeDeps): Promis
   const log = deps.logger.child({ dataset: p.dataset, flowId: p.flowId });
   await deps.setPhase('tokenize', 'in_progress');
   const ctx = await deps.tokenizeContext();
-  const merged = await mergedSampleIds(p.target, p.dataset, log);
+  const merged = await mergedSampleIds(p.target, p.dataset);
 
   const genStats: GenerationTokenizeStats = emptyGenerationStats();
   const convStats: ConversationTokenizeStats = emptyConversationStats();
@@ -265,6 +262,12 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
       runDir: p.runDir,
       shardSizeMiB: p.shardSizeMiB,
       mergeKey: p.mergeKey,
+      requireSampleKey: true,
+      endOfTurn: withRows.map((d) => ({
+        dataset: d.dataset,
+        stoppedRows: d.rows + d.alreadyMerged - d.keptTruncated,
+        withoutEndOfTurn: d.stopWithoutEndOfTurn,
+      })),
     };
     if (deps.decode !== undefined) opts.decode = deps.decode;
     let merged: Awaited<ReturnType<typeof mergeIntoTarget>>;
