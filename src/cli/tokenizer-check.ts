@@ -31,7 +31,8 @@ import {
 /** Text tokenized on both sides by the probe: Latin, digits, punctuation, Han, emoji, code. */
 export const TOKENIZE_PROBE_TEXT = 'tokenmill tokenizer probe: Hello, world! 12345 你好，世界 🙂 def f(x): return x**2\n';
 
-const CHECK_TIMEOUT_MS = 5_000;
+/** Per request: a server that does not answer in this time is skipped, not waited for. */
+const CHECK_TIMEOUT_MS = 3_000;
 
 /** Whether a served model (its `model_path`) uses the bundled tokenizer: the simulator's default model. */
 export function servesBundledModel(modelPath: string): boolean {
@@ -67,7 +68,13 @@ async function tokenizeOnServer(endpoint: string, apiKey: string | undefined): P
 
 async function endpointFacts(config: Config, endpoint: string): Promise<EndpointFacts> {
   const apiKey = config.sglang.apiKey;
-  const client = new SglangClient({ endpoint, concurrency: 1, requestTimeoutMs: CHECK_TIMEOUT_MS, ...(apiKey === undefined ? {} : { apiKey }) });
+  const client = new SglangClient({
+    endpoint,
+    concurrency: 1,
+    requestTimeoutMs: CHECK_TIMEOUT_MS,
+    controlTimeoutMs: CHECK_TIMEOUT_MS,
+    ...(apiKey === undefined ? {} : { apiKey }),
+  });
   let modelPath: string | undefined;
   try {
     modelPath = (await client.modelInfo()).model_path;
