@@ -2,7 +2,7 @@ import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
+    include: ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts'],
     setupFiles: ['test/helpers/setup.ts'],
     testTimeout: 60_000,
     hookTimeout: 120_000,
