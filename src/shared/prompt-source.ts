@@ -1,11 +1,12 @@
 import { createHash } from 'node:crypto';
-import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { PayloadError, errorMessage } from './errors.js';
 import { BloomFilter, fastPromptId } from './prompt-id-filter.js';
+import { readRawLineChunks, readRawLines } from './prompt-line-reader.js';
 import type { ChatMessage } from './tokenizer.js';
 
 export { BloomFilter, fastPromptId } from './prompt-id-filter.js';
+export { readRawLineChunks, readRawLines, type RawPromptLine } from './prompt-line-reader.js';
 
 /**
  * Reads a prompt dataset (JSONL) line by line, in one of three shapes:
@@ -20,8 +21,9 @@ export { BloomFilter, fastPromptId } from './prompt-id-filter.js';
  * normalized messages as compact JSON (`[{"role","content"},…]`), so the same content always
  * gets the same id, whatever line it is on.
  *
- * Malformed lines are yielded as rejects with the file, the 1-based line and the reason; the
- * caller writes them to the rejects file and goes on.
+ * Malformed lines, and lines whose bytes are not UTF-8, are yielded as rejects with the file,
+ * the 1-based line and the reason; the caller writes them to the rejects file and goes on. A
+ * UTF-8 byte order mark before the first line is skipped (see `prompt-line-reader.ts`).
  */
 export interface PromptRecord {
   id: string;
@@ -155,50 +157,6 @@ export function parsePromptLine(text: string, file: string, line: number): Promp
   return { ok: true, record: { id: id ?? contentSampleId(messages), line, messages } };
 }
 
-/** One non-blank line of a prompt file, as read (1-based line number). */
-export interface RawPromptLine {
-  line: number;
-  text: string;
-}
-
-/**
- * Streams a file's non-blank lines with their 1-based numbers (blank lines still count), in
- * arrays of a few thousand: one await per chunk rather than per line keeps a 20M-line file a
- * matter of seconds. Lines end at `\n`; a `\r` before it is dropped.
- */
-export async function* readRawLineChunks(file: string): AsyncGenerator<RawPromptLine[]> {
-  const stream = createReadStream(file, { encoding: 'utf8', highWaterMark: 1 << 20 });
-  let carry = '';
-  let line = 0;
-  const take = (text: string, out: RawPromptLine[]): void => {
-    line += 1;
-    const t = text.endsWith('\r') ? text.slice(0, -1) : text;
-    if (t.trim() !== '') out.push({ line, text: t });
-  };
-  for await (const chunk of stream as AsyncIterable<string>) {
-    const out: RawPromptLine[] = [];
-    let data = carry === '' ? chunk : carry + chunk;
-    let start = 0;
-    for (let nl = data.indexOf('\n'); nl !== -1; nl = data.indexOf('\n', start)) {
-      take(data.slice(start, nl), out);
-      start = nl + 1;
-    }
-    carry = data.slice(start);
-    data = '';
-    if (out.length > 0) yield out;
-  }
-  if (carry !== '') {
-    const out: RawPromptLine[] = [];
-    take(carry, out);
-    if (out.length > 0) yield out;
-  }
-}
-
-/** Streams a file's non-blank lines one by one (see {@link readRawLineChunks}). */
-export async function* readRawLines(file: string): AsyncGenerator<RawPromptLine> {
-  for await (const chunk of readRawLineChunks(file)) yield* chunk;
-}
-
 /** What identifies one version of a file: a changed file gets a new index. */
 interface FileFingerprint {
   size: number;
@@ -246,6 +204,7 @@ export class PromptFileIndex {
     for await (const chunk of readRawLineChunks(file)) {
       for (const { line, text } of chunk) {
         lines += 1;
+        if (text === undefined) continue; // not UTF-8: a reject, with no id
         let id = fastPromptId(text);
         if (id === undefined) {
           const parsed = parsePromptLine(text, file, line);
@@ -323,7 +282,11 @@ export async function* scanPromptFile(file: string, index: PromptFileIndex): Asy
   const tracker = index.tracker();
   for await (const chunk of readRawLineChunks(file)) {
     const out: ScannedLine[] = [];
-    for (const { line, text } of chunk) {
+    for (const { line, text, unreadable } of chunk) {
+      if (unreadable !== undefined) {
+        out.push({ kind: 'rejected', reject: { file, line, reason: unreadable } });
+        continue;
+      }
       const fast = fastPromptId(text);
       if (fast !== undefined && tracker.isUnique(fast)) {
         out.push({ kind: 'unique', line, id: fast, text });
@@ -360,7 +323,11 @@ export function parseScannedLine(file: string, scanned: ScannedLine): PromptLine
  */
 export async function* readPromptFile(file: string, index?: PromptFileIndex): AsyncGenerator<PromptLine> {
   const tracker = (index ?? (await PromptFileIndex.build(file))).tracker();
-  for await (const { line, text } of readRawLines(file)) {
+  for await (const { line, text, unreadable } of readRawLines(file)) {
+    if (unreadable !== undefined) {
+      yield { ok: false, reject: { file, line, reason: unreadable } };
+      continue;
+    }
     const parsed = parsePromptLine(text, file, line);
     if (parsed.ok) {
       const first = tracker.firstLineOf(parsed.record.id, line);

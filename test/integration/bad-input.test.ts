@@ -201,21 +201,19 @@ describe('bad prompt files: one run, every bad line in rejects.jsonl with its fi
     expect(duplicates(generated)).toEqual([]);
   }, 60_000);
 
-  // Fails today: prompt-source.ts reads the BOM as part of line 1 ("invalid JSON: Unexpected
-  // token"), so the first prompt of a file saved by some Windows editors is lost. Flip to `it`
-  // once a leading BOM is stripped.
-  it.fails('a UTF-8 BOM before the first line is ignored: line 1 is generated', async () => {
+  // The BOM that some Windows editors write is skipped: read as part of line 1, it made the
+  // line "invalid JSON" and the first prompt was lost.
+  it('a UTF-8 BOM before the first line is ignored: line 1 is generated', async () => {
     const { rejects, generated } = await runPromptFile();
     expect(rejects.filter((r) => r.line === BOM_LINE)).toEqual([]);
     expect(generated).toContain('bom-first');
   }, 60_000);
 
-  // Fails today: the file is decoded with replacement characters, so a line with bytes that are
-  // not UTF-8 is generated from a silently altered prompt. Flip to `it` once such a line is
-  // rejected naming its line.
-  it.fails('a line with bytes that are not UTF-8 is rejected, naming its line', async () => {
+  // Decoded with replacement characters, such a line was generated from a silently altered
+  // prompt; it is rejected, naming the bad byte and its column.
+  it('a line with bytes that are not UTF-8 is rejected, naming its line', async () => {
     const { rejects, generated } = await runPromptFile();
-    expect(rejects.filter((r) => r.line === NOT_UTF8_LINE).map((r) => r.reason)).toEqual([expect.stringMatching(/UTF-8/)]);
+    expect(rejects.filter((r) => r.line === NOT_UTF8_LINE).map((r) => r.reason)).toEqual([expect.stringMatching(/^not valid UTF-8 \(byte 0xff at column 53\)$/)]);
     expect(generated).not.toContain('not-utf8');
   }, 60_000);
 });
