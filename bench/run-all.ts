@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { budgetOvershoot } from './budget-overshoot.js';
 import { gpuSaturation } from './gpu-saturation.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
+import { producerMemory } from './producer-memory.js';
 import { redisMemory } from './redis-memory.js';
 import { throughputCeiling } from './throughput-ceiling.js';
 
@@ -18,6 +19,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'budget-overshoot': () => budgetOvershoot(),
   'redis-memory': () => redisMemory(),
   'throughput-ceiling': () => throughputCeiling(),
+  'producer-memory': () => producerMemory(),
 };
 
 /** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */
