@@ -1,4 +1,4 @@
-// Run as a child process by test/integration/producer-memory.test.ts and
+// Run as a child process by test/faults/producer-memory.test.ts and
 // bench/producer-memory.ts (with a small --max-old-space-size), through runScanChild in
 // prompt-scan.ts: the producer's read of a prompt file (the duplicate index, then a pass that
 // only needs each line's id, as the last pass over a committed file does). Prints one JSON

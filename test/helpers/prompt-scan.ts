@@ -1,5 +1,5 @@
 // A big generated prompt file and the producer's scan of it in a child process with a small
-// heap (prompt-scan-child.ts): shared by test/integration/producer-memory.test.ts and
+// heap (prompt-scan-child.ts): shared by test/faults/producer-memory.test.ts and
 // bench/producer-memory.ts.
 import { spawn } from 'node:child_process';
 import { closeSync, openSync, writeSync } from 'node:fs';
