@@ -103,7 +103,8 @@ describe('post-processing from the command line', () => {
     const [first] = readGenerations(runDir, 'ds').filter((r) => r.finish_reason.type === 'stop');
     if (first === undefined) throw new Error('no kept generation');
     const extra = ['extra-0', 'extra-1'].map((id) => JSON.stringify({ ...first, id }));
-    writeFileSync(path.join(runDir, 'ds', 'generations', 'part-90000.jsonl'), `${extra.join('\n')}\n`);
+    // Generations brought in from elsewhere: any *.jsonl beside the sink's own part files.
+    writeFileSync(path.join(runDir, 'ds', 'generations', 'imported-00000.jsonl'), `${extra.join('\n')}\n`);
 
     const pp = await finished(spawnCli(['postprocess', '-c', configPath]));
     expect(pp.code, pp.out).toBe(0);
