@@ -120,16 +120,23 @@ export class DispatchQueue {
     return { submitted: this.submittedCount, pending, acquiring, running, settled: this.settledCount };
   }
 
-  /** A description of what does not add up, or undefined when every sample is accounted for. */
-  invariantViolation(): string | undefined {
+  /**
+   * A description of what does not add up, or undefined when every sample is accounted for:
+   * every sample waiting by its state is in line (one that is not would never be sent, and its
+   * batch would never end), and every request in flight has a running sample.
+   */
+  invariantViolation(requestsInFlight: number): string | undefined {
     const a = this.accounting();
-    const unsettled = this.resolvers.size;
     const inLine = this.waiting.length;
     const inLineByState = this.waiting.filter((t) => t.state === 'pending' || t.state === 'acquiring').length;
-    // A sample waiting by its state but not in line would never be sent: its batch would hang.
-    if (a.submitted !== a.pending + a.acquiring + a.running + a.settled || unsettled + a.settled !== a.submitted || inLineByState !== inLine || a.pending + a.acquiring !== inLine) {
-      return `dispatch accounting broken: submitted ${a.submitted} != pending ${a.pending} + acquiring ${a.acquiring} + running ${a.running} + settled ${a.settled} (unsettled ${unsettled}, in line ${inLine}, of which pending or acquiring ${inLineByState})`;
+    if (inLineByState !== inLine || a.pending + a.acquiring !== inLine || a.running < requestsInFlight) {
+      return `dispatch accounting broken: submitted ${a.submitted} = pending ${a.pending} + acquiring ${a.acquiring} + running ${a.running} + settled ${a.settled}, but ${inLine} in line (${inLineByState} of them waiting) and ${requestsInFlight} requests in flight`;
     }
     return undefined;
+  }
+
+  /** The samples in line, in order, without a copy: do not settle or requeue while iterating. */
+  get inLine(): readonly Task[] {
+    return this.waiting;
   }
 }

@@ -113,18 +113,14 @@ export class Dispatcher {
 
   /** Why the accounting does not add up, or undefined (what a test asserts under faults). */
   invariantViolation(): string | undefined {
-    const broken = this.queue.invariantViolation();
-    if (broken !== undefined) return broken;
-    const { running } = this.queue.accounting();
-    if (running < this.running.size) return `dispatch accounting broken: ${this.running.size} requests in flight but ${running} samples running`;
-    return undefined;
+    return this.queue.invariantViolation(this.running.size);
   }
 
   /** Samples that could start as soon as a slot frees (not waiting on a budget or a retry delay). */
   get ready(): number {
     const now = Date.now();
     let n = 0;
-    for (const t of this.queue.snapshot()) if (!this.blockedDatasets.has(t.req.dataset) && t.notBeforeMs <= now) n += 1;
+    for (const t of this.queue.inLine) if (!this.blockedDatasets.has(t.req.dataset) && t.notBeforeMs <= now) n += 1;
     return n;
   }
 
