@@ -88,7 +88,7 @@ describe('loadConfig: valid configs', () => {
       },
     ]);
     expect(c.output.dir).toBe(resolve(fixtures, '../out'));
-    expect(c.postprocess).toEqual({ target: join(fixtures, 'train-dataset'), keepTruncated: true, shardSizeMiB: 0.5 });
+    expect(c.postprocess).toEqual({ target: join(fixtures, 'train-dataset'), keepTruncated: true, shardSizeMiB: 0.5, verifyWithPython: false });
     expect(c.train).toEqual({
       command: ['python', 'trainers/tiny_drafter.py', '--data', '{dataset}'],
       gpus: 0,
@@ -120,9 +120,10 @@ describe('loadConfig: valid configs', () => {
       batchSize: 64,
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
-    expect(c.postprocess).toEqual({ target: join(fixtures, 'out', 'demo', 'train-dataset'), keepTruncated: false, shardSizeMiB: 500 });
+    expect(c.postprocess).toEqual({ target: join(fixtures, 'out', 'demo', 'train-dataset'), keepTruncated: false, shardSizeMiB: 500, verifyWithPython: false });
     expect(c.train).toBeUndefined();
     expect(c.tokenizer.path).toBe(bundledTokenizerPath());
+    expect(c.tokenizer.kind).toBe('auto');
   });
 
   it('bundledTokenizerPath() is a folder with tokenizer.json and tokenizer_config.json', () => {
