@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { registerConfigCommand } from './config.js';
 import { registerDashboardCommand } from './dashboard.js';
 import { registerDemoCommand } from './demo.js';
+import { registerExportCommand } from './export.js';
 import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
 import { registerPostprocessCommands } from './postprocess.js';
@@ -13,6 +14,7 @@ export function registerCommands(program: Command): void {
   registerSimCommand(program);
   registerGenerationCommands(program);
   registerPostprocessCommands(program);
+  registerExportCommand(program);
   registerStatusCommands(program);
   registerDemoCommand(program);
   registerDashboardCommand(program);
