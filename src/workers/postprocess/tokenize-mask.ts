@@ -113,6 +113,10 @@ function tokenBytes(tokenizer: ChatTokenizer): TokenBytes {
   let table = tables.get(tokenizer);
   if (table === undefined) {
     table = new TokenBytes(tokenizer);
+    if (tokenizer.encoderKind === 'tiktoken') {
+      // A tiktoken token is its rank file's bytes (or a special token's text): the encoder knows them.
+      table.of = (id: number): Uint8Array | null => tokenizer.tokenBytes(id) ?? null;
+    }
     tables.set(tokenizer, table);
   }
   return table;
