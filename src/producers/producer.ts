@@ -4,11 +4,11 @@ import { runPass } from './producer-pass.js';
 import {
   AppError,
   ProcessLock,
-  GenerateBatchPayloadSchema,
+  batchJobName,
+  encodeBatchPayload,
   generateJobOptions,
   generateQueueName,
   logger as componentLogger,
-  parsePayload,
   PromptFileIndex,
   withScripts,
   type ChatTokenizer,
@@ -229,21 +229,21 @@ export class Producer {
     const first = samples[0];
     const last = samples[samples.length - 1];
     if (first === undefined || last === undefined) return true;
-    const payload: GenerateBatchPayload = parsePayload(
-      GenerateBatchPayloadSchema,
+    // Ids and lines first, the prompts' token ids last and compact: what a person sees in Bull Board.
+    const payload: GenerateBatchPayload = encodeBatchPayload(
       {
         dataset: ds.name,
         batchId: `${ds.name}:e${epoch}:${first.line}-${last.line}`,
         sampling: ds.sampling,
         maxAttempts: this.options.maxAttempts,
         priorExpectedTokens: Math.ceil(ds.maxNewTokens / 2),
-        samples,
       },
-      'generate batch',
+      samples,
     );
     // A deterministic job id: a producer restarted before saving its cursor adds the same
-    // batch again, and BullMQ ignores the second add while the first job exists.
-    await queue.add('batch', payload, { jobId: payload.batchId.replace(/:/g, '_') });
+    // batch again, and BullMQ ignores the second add while the first job exists. The name
+    // says the dataset and the lines (`B3 lines 1201–1300`).
+    await queue.add(batchJobName(ds.name, samples), payload, { jobId: payload.batchId.replace(/:/g, '_') });
     await this.redis
       .multi()
       .srem(keys.skipped(ds.name), ...samples.map((s) => s.id))

@@ -24,17 +24,121 @@ export const SampleSchema = z.object({
 });
 export type Sample = z.infer<typeof SampleSchema>;
 
-export const GenerateBatchPayloadSchema = z.object({
-  dataset: z.string().min(1),
-  /** Deterministic id of the batch: the dataset, the producer epoch and the line range. */
-  batchId: z.string().min(1),
-  sampling: z.record(z.string(), z.unknown()),
-  maxAttempts: z.number().int().positive(),
-  /** Completion tokens to expect per request before the dataset has a running mean. */
-  priorExpectedTokens: z.number().int().positive(),
-  samples: z.array(SampleSchema).min(1),
+/** A sample as a batch job carries it: what a person reads first in Bull Board. */
+export const BatchSampleSchema = z.object({
+  id: z.string().min(1),
+  line: z.number().int().positive(),
+  maxNewTokens: z.number().int().positive(),
+  /** Only in jobs queued by an older version; newer jobs carry the ids in `prompts`. */
+  promptIds: z.array(z.number().int().nonnegative()).optional(),
 });
+export type BatchSample = z.infer<typeof BatchSampleSchema>;
+
+const PROMPT_IDS_BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+
+export const GenerateBatchPayloadSchema = z
+  .object({
+    dataset: z.string().min(1),
+    /** Deterministic id of the batch: the dataset, the producer epoch and the line range. */
+    batchId: z.string().min(1),
+    /** The prompt lines of the batch, for people (`1201–1300`). */
+    lines: z.string().optional(),
+    samples: z.array(BatchSampleSchema).min(1),
+    sampling: z.record(z.string(), z.unknown()),
+    maxAttempts: z.number().int().positive(),
+    /** Completion tokens to expect per request before the dataset has a running mean. */
+    priorExpectedTokens: z.number().int().positive(),
+    /**
+     * Set when the job ended failed: its samples are then the prompts that failed in it, and a
+     * delivery (after Bull Board's Retry or `tokenmill retry-failed`) claims their failure
+     * records and sends them again with fresh attempts (claim-failed-3.lua).
+     */
+    retryOfFailed: z.boolean().optional(),
+    /**
+     * Each sample's prompt token ids, in the order of `samples`: base64 of little-endian
+     * uint32s, last and compact, so the ids and lines come first when a person opens the job.
+     */
+    prompts: z.array(z.string().regex(PROMPT_IDS_BASE64, 'expected base64 token ids')).optional(),
+  })
+  .superRefine((p, ctx) => {
+    if (p.prompts !== undefined) {
+      if (p.prompts.length !== p.samples.length) ctx.addIssue({ code: 'custom', path: ['prompts'], message: `expected ${p.samples.length} prompts (one per sample), got ${p.prompts.length}` });
+      return;
+    }
+    const i = p.samples.findIndex((s) => s.promptIds === undefined);
+    if (i >= 0) ctx.addIssue({ code: 'custom', path: ['samples', i, 'promptIds'], message: 'no prompt token ids (neither `prompts` nor the sample\'s `promptIds`)' });
+  });
 export type GenerateBatchPayload = z.infer<typeof GenerateBatchPayloadSchema>;
+
+/** Token ids as base64 of little-endian uint32s (the compact form of {@link GenerateBatchPayload.prompts}). */
+export function encodePromptIds(ids: readonly number[]): string {
+  const buf = Buffer.allocUnsafe(ids.length * 4);
+  ids.forEach((id, i) => buf.writeUInt32LE(id, i * 4));
+  return buf.toString('base64');
+}
+
+/** The inverse of {@link encodePromptIds}; a length that is not a whole number of ids is a `PayloadError`. */
+export function decodePromptIds(encoded: string): number[] {
+  const buf = Buffer.from(encoded, 'base64');
+  if (buf.length % 4 !== 0) throw new PayloadError(`prompt token ids: ${buf.length} bytes is not a whole number of uint32 ids`);
+  const ids = new Array<number>(buf.length / 4);
+  for (let i = 0; i < ids.length; i += 1) ids[i] = buf.readUInt32LE(i * 4);
+  return ids;
+}
+
+/** The line range of samples, for people: `1201–1300`, or `1205` for one. */
+export function lineRange(samples: readonly { line: number }[]): string {
+  const first = samples[0]?.line;
+  const last = samples[samples.length - 1]?.line;
+  if (first === undefined || last === undefined) return '';
+  return first === last ? `${first}` : `${first}–${last}`;
+}
+
+/** A batch job's name, as Bull Board lists it: `B3 lines 1201–1300` (or `B3 line 1205`). */
+export function batchJobName(dataset: string, samples: readonly { line: number }[]): string {
+  return `${dataset} ${samples.length === 1 ? 'line' : 'lines'} ${lineRange(samples)}`;
+}
+
+/** What a batch job carries besides its samples. */
+export type BatchSettings = Pick<GenerateBatchPayload, 'dataset' | 'batchId' | 'sampling' | 'maxAttempts' | 'priorExpectedTokens'> & { retryOfFailed?: boolean };
+
+/** Builds (and checks) a batch job's payload: readable sample ids and lines first, the token ids last and compact. */
+export function encodeBatchPayload(settings: BatchSettings, samples: readonly Sample[]): GenerateBatchPayload {
+  return parsePayload(
+    GenerateBatchPayloadSchema,
+    {
+      dataset: settings.dataset,
+      batchId: settings.batchId,
+      lines: lineRange(samples),
+      samples: samples.map((s) => ({ id: s.id, line: s.line, maxNewTokens: s.maxNewTokens })),
+      sampling: settings.sampling,
+      maxAttempts: settings.maxAttempts,
+      priorExpectedTokens: settings.priorExpectedTokens,
+      ...(settings.retryOfFailed === true ? { retryOfFailed: true } : {}),
+      prompts: samples.map((s) => encodePromptIds(s.promptIds)),
+    },
+    'generate batch',
+  );
+}
+
+/** The samples of a parsed batch payload, with their token ids. */
+export function batchSamples(payload: GenerateBatchPayload): Sample[] {
+  return payload.samples.map((s, i) => {
+    const encoded = payload.prompts?.[i];
+    const promptIds = encoded === undefined ? (s.promptIds ?? []) : decodePromptIds(encoded);
+    return { id: s.id, line: s.line, promptIds, maxNewTokens: s.maxNewTokens };
+  });
+}
+
+/** A batch job's progress (`job.progress`): how many of its `size` samples ended which way. */
+export interface BatchProgress {
+  /** Committed by this job, or found committed already. */
+  committed: number;
+  failed: number;
+  /** Skipped by the budget (or, in a retried job, not sent again: committed or retried elsewhere). */
+  skipped: number;
+  size: number;
+}
 
 export const GenerateBatchResultSchema = z.object({
   committed: z.number().int().nonnegative(),
@@ -49,13 +153,16 @@ export type GenerateBatchResult = z.infer<typeof GenerateBatchResultSchema>;
 /**
  * Generation jobs: per-sample retries happen inside the job, so the job itself retries rarely.
  * Completed jobs carry their prompts' token ids, so only the last 20 are kept (for Bull
- * Board): Redis must not grow with the dataset.
+ * Board): Redis must not grow with the dataset. A failed job carries only the prompts that
+ * failed in it and is how they are retried (Bull Board's Retry, `retry-failed`): it stays
+ * until retried. Its log has a line per failed or retried prompt (the last 1,000 kept).
  */
 export const generateJobOptions: DefaultJobOptions = {
   attempts: 5,
   backoff: { type: 'exponential', delay: 1_000 },
   removeOnComplete: { age: 3600, count: 20 },
-  removeOnFail: { age: 7 * 24 * 3600 },
+  removeOnFail: false,
+  keepLogs: 1_000,
 };
 
 /** Parses a payload with its schema; a mismatch is a `PayloadError` (never retried). */
@@ -151,6 +258,8 @@ export const MergePayloadSchema = z.object({
    * them twice: `<flowId>/<nonce>`, the nonce drawn when the round was created.
    */
   mergeKey: z.string().min(1),
+  /** `postprocess.verifyWithPython`: the interpreter that loads the merged dataset before the swap. */
+  verifyWithPython: z.object({ python: z.string().min(1) }).optional(),
 });
 export type MergePayload = z.infer<typeof MergePayloadSchema>;
 
@@ -205,3 +314,10 @@ export const mergeJobOptions: DefaultJobOptions = {
   removeOnComplete: { count: 200 },
   removeOnFail: { count: 200 },
 };
+
+// ---------------------------------------------------------------------------------------------
+// Training: one `train` job per training run, the parent of a post-process round's merge job
+// (or queued alone by `tokenmill train`). Payload and result schemas: train-queue.ts.
+
+/** Queue of train jobs, served by train workers (`worker --role train`). */
+export const TRAIN_QUEUE = 'train';

@@ -41,6 +41,8 @@ export interface TokenmillScripts {
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;
   retryFailed(...keysAndArgs: (string | number)[]): Promise<number>;
+  claimFailed(...keysAndArgs: (string | number)[]): Promise<number[]>;
+  releaseClaims(...keysAndArgs: (string | number)[]): Promise<number>;
   completeDataset(...keysAndArgs: (string | number)[]): Promise<number>;
   renewLeases(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number[]>;
   endProbation(...keysAndArgs: (string | number)[]): Promise<number>;
@@ -73,7 +75,8 @@ export type AcquireOutcome =
   | { kind: 'no-slot' }
   | { kind: 'budget-met' }
   | { kind: 'budget-reserved' }
-  | { kind: 'already-done' };
+  | { kind: 'already-done' }
+  | { kind: 'paused' };
 
 export function decodeAcquire(code: number): AcquireOutcome {
   if (code >= 1) return { kind: 'acquired', endpointIndex: code - 1 };
@@ -86,6 +89,8 @@ export function decodeAcquire(code: number): AcquireOutcome {
       return { kind: 'budget-reserved' };
     case -4:
       return { kind: 'already-done' };
+    case -5:
+      return { kind: 'paused' };
     default:
       throw new AppError(`acquire-request.lua returned an unknown code ${code}`);
   }

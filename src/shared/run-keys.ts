@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { generateQueueName } from './queues.js';
 
 /**
  * Every Redis key of one run, in one place. A run's keys all start with `<prefix>:<run>`,
@@ -82,6 +83,20 @@ export class RunKeys {
   /** String (a rid, with a TTL): the endpoint's prompt on probation; acquire-request.lua derives it. */
   endpointProbation(endpoint: string): string {
     return `${this.endpointLeases(endpoint)}:probation`;
+  }
+
+  /** The BullMQ key prefix of a dataset's queue (`<bull prefix>:generate-<dataset>:`); a job's hash is this plus its id. */
+  queuePrefix(dataset: string): string {
+    return `${this.bullPrefix}:${generateQueueName(dataset)}:`;
+  }
+
+  /**
+   * The BullMQ meta hash of a dataset's queue: its field `paused` is the dataset's one pause
+   * state (set by `Queue.pause()`, which the CLI, the dashboard and Bull Board call), read by
+   * acquire-request.lua before every request.
+   */
+  queueMeta(dataset: string): string {
+    return `${this.queuePrefix(dataset)}meta`;
   }
 
   /** Hash of pipeline phase states (prepare, generate, tokenize, merge, train). */

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
+import { RunKeys, decodeAcquire, isDatasetPaused, pauseDataset, resumeDataset, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 
 let redis: TestRedis;
@@ -19,7 +19,7 @@ afterAll(async () => {
 
 function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep): Promise<number> {
   const leaseKeys = endpoints.map((e) => keys.endpointLeases(e));
-  return r.acquireRequest(3 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), keys.done(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
+  return r.acquireRequest(4 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
 }
 
 function commit(ds: string, id: string, tokens: number, rid: string, endpoint = ep[0] ?? ''): Promise<[number, number]> {
@@ -80,10 +80,10 @@ describe('acquire-request.lua', () => {
   it('lets a crashed worker\'s leases lapse', async () => {
     const eps = ['http://f:1'];
     const leaseKeys = eps.map((e) => keys.endpointLeases(e));
-    expect(await r.acquireRequest(4, keys.stats('t'), keys.inflight('t'), keys.done('t'), ...leaseKeys, 'dead', 50, 1, 1, 4)).toBe(1);
-    expect(decodeAcquire(await r.acquireRequest(4, keys.stats('t'), keys.inflight('t'), keys.done('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).kind).toBe('no-slot');
+    expect(await r.acquireRequest(5, keys.stats('t'), keys.inflight('t'), keys.done('t'), keys.queueMeta('t'), ...leaseKeys, 'dead', 50, 1, 1, 4)).toBe(1);
+    expect(decodeAcquire(await r.acquireRequest(5, keys.stats('t'), keys.inflight('t'), keys.done('t'), keys.queueMeta('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).kind).toBe('no-slot');
     await new Promise((res) => setTimeout(res, 80));
-    expect(await r.acquireRequest(4, keys.stats('t'), keys.inflight('t'), keys.done('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
+    expect(await r.acquireRequest(5, keys.stats('t'), keys.inflight('t'), keys.done('t'), keys.queueMeta('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
   });
 });
 
@@ -91,7 +91,7 @@ describe('renew-leases.lua', () => {
   it('after a stall that let the leases lapse, takes a slot again only while the endpoint is below its cap', async () => {
     const ep1 = 'http://stall:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
-    const take = (rid: string, ttl: number): Promise<number> => r.acquireRequest(4, keys.stats('st'), keys.inflight('st'), keys.done('st'), ...leaseKeys, rid, ttl, 1, 2, 4);
+    const take = (rid: string, ttl: number): Promise<number> => r.acquireRequest(5, keys.stats('st'), keys.inflight('st'), keys.done('st'), keys.queueMeta('st'), ...leaseKeys, rid, ttl, 1, 2, 4);
     // Worker A holds both slots with a short lease, then stalls past it.
     expect(await take('a1', 40)).toBe(1);
     expect(await take('a2', 40)).toBe(1);
@@ -114,7 +114,7 @@ describe('probation (acquire-request.lua, end-probation.lua)', () => {
     const ep1 = 'http://probation:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
     const take = (rid: string, probation: 0 | 1, probationMs = 60_000): Promise<number> =>
-      r.acquireRequest(4, keys.stats('pb'), keys.inflight('pb'), keys.done('pb'), ...leaseKeys, rid, 60_000, 1, 10, 4, probation, probationMs);
+      r.acquireRequest(5, keys.stats('pb'), keys.inflight('pb'), keys.done('pb'), keys.queueMeta('pb'), ...leaseKeys, rid, 60_000, 1, 10, 4, probation, probationMs);
     expect(await take('before', 0)).toBe(1);
     expect(await take('suspect', 1)).toBe(1);
     expect(await r.get(keys.endpointProbation(ep1))).toBe('suspect');
@@ -136,10 +136,66 @@ describe('acquire-request.lua: a sample committed meanwhile', () => {
   it('is not sent again (a worker that lost its batch to another one)', async () => {
     const leaseKeys = [keys.endpointLeases('http://done:1')];
     const take = (rid: string, id: string): Promise<number> =>
-      r.acquireRequest(4, keys.stats('dn'), keys.inflight('dn'), keys.done('dn'), ...leaseKeys, rid, 60_000, 1, 10, 4, 0, 0, id);
+      r.acquireRequest(5, keys.stats('dn'), keys.inflight('dn'), keys.done('dn'), keys.queueMeta('dn'), ...leaseKeys, rid, 60_000, 1, 10, 4, 0, 0, id);
     expect(await take('r1', 's1')).toBe(1);
     await r.sadd(keys.done('dn'), 's2');
     expect(decodeAcquire(await take('r2', 's2')).kind).toBe('already-done');
     expect(await r.zscore(leaseKeys[0] ?? '', 'r2')).toBeNull();
+  });
+});
+
+describe('acquire-request.lua: a paused dataset', () => {
+  it('starts nothing while its queue is paused (the BullMQ meta field every pause route sets), and goes on once resumed', async () => {
+    const leaseKeys = [keys.endpointLeases('http://pause:1')];
+    const take = (ds: string, rid: string): Promise<number> => r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), ...leaseKeys, rid, 60_000, 1, 10, 4, 0, 0, rid);
+    await pauseDataset(r, keys, 'pz');
+    expect(await isDatasetPaused(r, keys, 'pz')).toBe(true);
+    expect(decodeAcquire(await take('pz', 'p1')).kind).toBe('paused');
+    expect(await r.zcard(leaseKeys[0] ?? '')).toBe(0);
+    expect(await r.zcard(keys.inflight('pz'))).toBe(0);
+    // Another dataset on the same endpoint is not affected.
+    expect(await take('other', 'o1')).toBe(1);
+    await resumeDataset(r, keys, 'pz');
+    expect(await isDatasetPaused(r, keys, 'pz')).toBe(false);
+    expect(await take('pz', 'p1')).toBe(1);
+  });
+});
+
+describe('claim-failed-3.lua and release-claims-1.lua', () => {
+  it('only the job a failure names claims it, once per job; the record stays (marked) until commit or release', async () => {
+    const rec = (job: string): string => JSON.stringify({ reason: 'HTTP 500', status: 500, attempts: 3, job });
+    await r.hset(keys.failed('cl'), 'a', rec('j1'), 'b', rec('j2'), 'c', rec('j1'), 'd', 'not json');
+    await r.hset(keys.attempts('cl'), 'a', 2);
+    await r.sadd(keys.done('cl'), 'c');
+    const claim = (job: string, ...ids: string[]): Promise<number[]> => r.claimFailed(keys.done('cl'), keys.failed('cl'), keys.attempts('cl'), job, ...ids);
+    expect(await claim('j1', 'a', 'b', 'c', 'd', 'e')).toEqual([1, -2, 0, -2, -1]);
+    expect(JSON.parse((await r.hget(keys.failed('cl'), 'a')) ?? '{}')).toMatchObject({ job: 'j1', retrying: true, status: 500 });
+    expect(await r.hexists(keys.attempts('cl'), 'a')).toBe(0);
+    // The same job claims again after a hand-back; attempts spent since the first claim stay.
+    await r.hset(keys.attempts('cl'), 'a', 1);
+    expect(await claim('j1', 'a')).toEqual([1]);
+    expect(await r.hget(keys.attempts('cl'), 'a')).toBe('1');
+    expect(await claim('j2', 'a')).toEqual([-2]);
+    // Release drops only this job's claimed records.
+    expect(await r.releaseClaims(keys.failed('cl'), 'j2', 'a', 'b')).toBe(0);
+    expect(await r.releaseClaims(keys.failed('cl'), 'j1', 'a', 'b')).toBe(1);
+    expect((await r.hkeys(keys.failed('cl'))).sort()).toEqual(['b', 'c', 'd']);
+  });
+});
+
+describe('retry-failed-4.lua with the queue prefix', () => {
+  it('leaves failures carried by a failed job or claimed by a running retry; gives back the rest', async () => {
+    const ds = 'rf';
+    const q = keys.queuePrefix(ds);
+    const rec = (job: string | undefined, retrying = false): string => JSON.stringify({ reason: 'x', ...(job === undefined ? {} : { job }), ...(retrying ? { retrying: true } : {}) });
+    // jf: a failed job; ja: an active job (first delivery, or a retry running); jc: completed; jx: removed.
+    for (const j of ['jf', 'ja', 'jc']) await r.hset(q + j, 'name', j);
+    await r.zadd(q + 'failed', 1, 'jf');
+    await r.zadd(q + 'completed', 1, 'jc');
+    await r.hset(keys.failed(ds), 'legacy', rec(undefined), 'inFailedJob', rec('jf'), 'firstDelivery', rec('ja'), 'claimedRunning', rec('ja', true), 'claimedCompleted', rec('jc', true), 'removed', rec('jx'));
+    const n = await r.retryFailed(keys.failed(ds), keys.attempts(ds), keys.stats(ds), keys.producer(ds), q);
+    expect(n).toBe(4);
+    expect((await r.hkeys(keys.failed(ds))).sort()).toEqual(['claimedRunning', 'inFailedJob']);
+    expect(await r.hget(keys.producer(ds), 'retryGen')).toBe('1');
   });
 });

@@ -1,6 +1,6 @@
 import { Queue } from 'bullmq';
 import type { Command } from 'commander';
-import { AppError, formatRunStatus, generateQueueName, readRunStatus, withScripts, type RunKeys } from '../../shared/index.js';
+import { AppError, formatRunStatus, generateQueueName, pauseDataset, readRunStatus, resumeDataset, retryFailedPrompts, type RunKeys } from '../../shared/index.js';
 import { onceSignalled, openRunContext } from '../run-context.js';
 import type { Redis } from 'ioredis';
 
@@ -41,8 +41,8 @@ export function registerStatusCommands(program: Command): void {
     });
 
   for (const [verb, what] of [
-    ['pause', 'stop handing out the dataset\'s queued batches (batches being processed finish)'],
-    ['resume', 'hand out the dataset\'s batches again'],
+    ['pause', 'stop sending the dataset\'s prompts on every worker within a second (requests in flight finish); the same as Bull Board\'s pause of its queue'],
+    ['resume', 'go on sending the dataset\'s prompts where they stopped'],
   ] as const) {
     program
       .command(verb)
@@ -53,9 +53,9 @@ export function registerStatusCommands(program: Command): void {
         const ctx = await openRunContext(opts.config);
         try {
           const queue = await datasetQueue(ctx.redis, ctx.keys, ctx.config.datasets.map((d) => d.name), dataset);
-          if (verb === 'pause') await queue.pause();
-          else await queue.resume();
           await queue.close();
+          if (verb === 'pause') await pauseDataset(ctx.redis, ctx.keys, dataset);
+          else await resumeDataset(ctx.redis, ctx.keys, dataset);
           process.stdout.write(`${dataset}: ${verb === 'pause' ? 'paused' : 'resumed'}\n`);
         } finally {
           await ctx.close();
@@ -65,7 +65,7 @@ export function registerStatusCommands(program: Command): void {
 
   program
     .command('retry-failed')
-    .description('give failed prompts their attempts back; a running producer sends them again, or the next `run` / `produce` does')
+    .description('send failed prompts again with fresh attempts: retries the failed jobs of each dataset queue (as Bull Board\'s Retry does) and gives failures without a failed job back to the producer')
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .argument('[dataset]', 'only this dataset (default: all)')
     .action(async (dataset: string | undefined, opts: { config: string }) => {
@@ -73,12 +73,10 @@ export function registerStatusCommands(program: Command): void {
       try {
         const names = ctx.config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name);
         if (dataset !== undefined && !names.includes(dataset)) throw new AppError(`no generation dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
-        const redis = withScripts(ctx.redis);
         for (const name of dataset === undefined ? names : [dataset]) {
-          // One script: the failures deleted are exactly those given back, and a producer
-          // running meanwhile sees the retry and makes a new pass (retry-failed-4.lua).
-          const given = await redis.retryFailed(ctx.keys.failed(name), ctx.keys.attempts(name), ctx.keys.stats(name), ctx.keys.producer(name));
-          process.stdout.write(`${name}: ${given} failed prompt(s) will be sent again\n`);
+          // The same as Bull Board's "retry all failed", plus failures no failed job carries (src/shared/failed-prompts.ts).
+          const r = await retryFailedPrompts(ctx.redis, ctx.keys, name);
+          process.stdout.write(`${name}: ${r.prompts} failed prompt(s) will be sent again (${r.jobs} failed job(s) retried)\n`);
         }
       } finally {
         await ctx.close();

@@ -13,7 +13,10 @@
     KEYS[2] dataset in-flight zset (member rid, score expiry ms)
     KEYS[3] dataset done set        (a sample committed meanwhile, e.g. by a worker that took
             over its batch, is not sent again)
-    KEYS[4..] endpoint lease zsets, in the caller's order of preference
+    KEYS[4] the dataset queue's BullMQ meta hash: its field `paused` (set by `Queue.pause()`,
+            which `tokenmill pause`, the dashboard and Bull Board all call) stops every new
+            request of the dataset at once, across every worker
+    KEYS[5..] endpoint lease zsets, in the caller's order of preference
     (the key count varies with the endpoints, so the caller passes it first)
     ARGV[1] rid
     ARGV[2] lease ttl (ms)
@@ -28,11 +31,12 @@
     ARGV[8] sample id
 
   Output:
-    >= 1  the 1-based index (into KEYS[4..]) of the endpoint whose lease was taken
+    >= 1  the 1-based index (into KEYS[5..]) of the endpoint whose lease was taken
     -1    every endpoint is at its lease cap: wait for a slot
     -2    the budget is met: send nothing more for this dataset
     -3    the budget is reserved by requests in flight: wait for them
     -4    the sample is already committed: send nothing
+    -5    the dataset is paused: send nothing until it is resumed
 ]]
 local statsKey = KEYS[1]
 local inflightKey = KEYS[2]
@@ -47,6 +51,10 @@ local sampleId = ARGV[8]
 
 if sampleId and redis.call('SISMEMBER', KEYS[3], sampleId) == 1 then
   return -4
+end
+
+if redis.call('HEXISTS', KEYS[4], 'paused') == 1 then
+  return -5
 end
 
 local t = redis.call('TIME')
@@ -83,7 +91,7 @@ end
 
 local best = -1
 local bestLoad = cap
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   local key = KEYS[i]
   -- An endpoint with a prompt on probation takes nothing else until the probation ends.
   if redis.call('EXISTS', key .. ':probation') == 0 then
@@ -104,4 +112,4 @@ if probation then
 end
 redis.call('ZADD', KEYS[best], now + ttl, rid)
 redis.call('ZADD', inflightKey, now + ttl, rid)
-return best - 3
+return best - 4

@@ -4,7 +4,7 @@ import type { Sample } from '../../shared/index.js';
 export type SampleOutcome =
   | { kind: 'committed'; completionTokens: number }
   | { kind: 'duplicate' }
-  | { kind: 'failed'; reason: string }
+  | { kind: 'failed'; reason: string; status?: number | undefined; attempts?: number }
   | { kind: 'skipped-budget' }
   | { kind: 'handed-back' };
 
@@ -18,4 +18,8 @@ export interface SampleRequest {
   attemptsSpent: number;
   /** The batch job (its lock token) this sample came with; lets a lost batch be withdrawn. */
   owner?: string;
+  /** The id of the batch job, written into a failure record (Bull Board's Retry of that job claims it). */
+  jobId?: string;
+  /** Told when an attempt fails and the sample will be sent again (for the job's log). */
+  onAttemptFailed?: (attempt: number, message: string) => void;
 }

@@ -43,6 +43,9 @@ export interface DispatcherOptions {
 /** Crashes a sample must have been in flight for before it is sent on probation. */
 const CRASHES_BEFORE_PROBATION = 2;
 
+/** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
+const PAUSED_RECHECK_MS = 250;
+
 
 /**
  * Keeps requests in flight continuously (DESIGN invariants 2, 3, 6, 7): the moment one request
@@ -75,7 +78,7 @@ export class Dispatcher {
   private stopping = false;
   private idleWaiters: (() => void)[] = [];
   private demandWaiters: (() => void)[] = [];
-  /** Datasets whose budget is reserved by requests in flight (their samples wait). */
+  /** Datasets whose budget is reserved by requests in flight, or paused (their samples wait). */
   private blockedDatasets = new Set<string>();
   private readonly failures: FailureHandler;
 
@@ -133,7 +136,7 @@ export class Dispatcher {
     return !this.stopping && this.running.size + this.ready < this.options.concurrencyPerEndpoint * this.options.pool.all.length + reserve;
   }
 
-  /** Whether the dataset's budget is reserved by requests in flight (fetching more of it is pointless). */
+  /** Whether the dataset's budget is reserved by requests in flight, or it is paused (fetching more of it is pointless). */
   isBlocked(dataset: string): boolean {
     return this.blockedDatasets.has(dataset);
   }
@@ -269,10 +272,11 @@ export class Dispatcher {
       let code: number;
       try {
         code = await redis.acquireRequest(
-          3 + leaseKeys.length,
+          4 + leaseKeys.length,
           keys.stats(dataset),
           keys.inflight(dataset),
           keys.done(dataset),
+          keys.queueMeta(dataset),
           ...leaseKeys,
           rid,
           this.leaseTtlMs,
@@ -312,6 +316,12 @@ export class Dispatcher {
         case 'budget-reserved':
           blocked.add(dataset);
           retryInMs = Math.min(retryInMs, 200);
+          break;
+        case 'paused':
+          // Paused (tokenmill pause, the dashboard or Bull Board): its samples wait here, the
+          // others go on. One acquire per pass looks again, so a resume is seen within this.
+          blocked.add(dataset);
+          retryInMs = Math.min(retryInMs, PAUSED_RECHECK_MS);
           break;
         case 'already-done':
           // Committed by another worker meanwhile (it took over this batch after a stall).

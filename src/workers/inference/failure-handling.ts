@@ -94,6 +94,7 @@ export class FailureHandler {
         req.attemptsSpent = spent;
         if (spent < req.maxAttempts) {
           log.warn({ err: e, attempt: spent }, 'request failed; will retry');
+          req.onAttemptFailed?.(spent, errorMessage(e));
           this.requeue(task, 'back', Date.now() + this.ctx.retryDelayMs * 2 ** (spent - 1));
           return;
         }
@@ -125,6 +126,7 @@ export class FailureHandler {
       req.attemptsSpent = spent;
       if (spent < req.maxAttempts) {
         this.ctx.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, attempt: spent }, 'the server crashed while this prompt was on probation; attempt charged');
+        req.onAttemptFailed?.(spent, 'the server dropped the connection while this prompt was on probation (sent alone)');
         this.requeue(task, 'back', Date.now() + this.ctx.retryDelayMs * 2 ** (spent - 1));
         return;
       }
@@ -141,6 +143,6 @@ export class FailureHandler {
     await recordFailure(this.ctx.redis, this.ctx.keys, req, { ...info, reason });
     if (task.crashes > 0) await this.ctx.redis.hdel(this.ctx.keys.crashes(req.dataset), req.sample.id);
     this.ctx.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason }, 'sample failed');
-    this.ctx.queue.settle(task, { kind: 'failed', reason });
+    this.ctx.queue.settle(task, { kind: 'failed', reason, status: info.status, attempts: info.attempts });
   }
 }

@@ -1,10 +1,15 @@
 import {
   GenerateBatchPayloadSchema,
+  batchSamples,
   parsePayload,
+  type BatchProgress,
+  type GenerateBatchPayload,
   type GenerateBatchResult,
   type Logger,
+  type Sample,
 } from '../../shared/index.js';
 import type { SampleOutcome, SampleRequest } from './dispatcher.js';
+import type { FailureRecord } from './failure-records.js';
 
 /** What the generation processor needs from the outside world. */
 export interface GenerateBatchDeps {
@@ -12,27 +17,64 @@ export interface GenerateBatchDeps {
   isDone(dataset: string, ids: readonly string[]): Promise<boolean[]>;
   /** Attempts already spent per sample id (0 when none). */
   attemptsSpent(dataset: string, ids: readonly string[]): Promise<number[]>;
+  /** The failure record of each sample id, if it has one. */
+  failures(dataset: string, ids: readonly string[]): Promise<(FailureRecord | undefined)[]>;
+  /** Claims failed samples for this (retried) job: one claim-failed-3.lua code per id. */
+  claimFailed(dataset: string, ids: readonly string[]): Promise<number[]>;
+  /** Drops this job's claims of samples that ended skipped (release-claims-1.lua). */
+  releaseClaims(dataset: string, ids: readonly string[]): Promise<void>;
   /** Runs one sample to its end (commit, failure, skip or hand-back). */
   submit(req: SampleRequest): Promise<SampleOutcome>;
+  /** The batch job's id: failure records name it, and only its retry claims them. */
+  jobId?: string;
+  /** Told as samples settle (the caller throttles it). */
+  progress?(p: BatchProgress): void;
+  /** A line for the job's log: one per failed or retried prompt. */
+  log?(line: string): void;
   logger: Logger;
+}
+
+/** A prompt that ended failed in this job, with its failure record. */
+export interface BatchFailure {
+  sample: Sample;
+  record: FailureRecord;
 }
 
 export interface GenerateBatchOutcome extends GenerateBatchResult {
   /** Samples handed back by a stopping worker: the job must go back to the queue. */
   handedBack: number;
+  /** Failed prompts whose record still names this job: the job ends failed, carrying them. */
+  failures: BatchFailure[];
+  /** The parsed payload (the job's data is rebuilt from it when the job fails). */
+  payload: GenerateBatchPayload;
+  samples: Sample[];
 }
+
+const who = (s: Sample): string => `line ${s.line} (id ${s.id})`;
 
 /**
  * Processes one batch of prompts: samples already committed are not sent again (DESIGN
  * invariant 6); the rest are handed to the dispatcher all at once, which keeps the endpoint
- * saturated across batch boundaries. One bad prompt fails alone: the batch still commits the others.
+ * saturated across batch boundaries. One bad prompt fails alone: the batch still commits the
+ * others, and its failed prompts are returned so the job can end failed, carrying only them.
+ *
+ * A job that ended failed and was retried (`retryOfFailed`) claims its prompts' failure
+ * records first (claim-failed-3.lua) and sends only those it claimed, with fresh attempts; a
+ * prompt committed or given back another way meanwhile is not sent again. A first delivery
+ * never re-sends a prompt that has a failure record: its attempts are spent.
  */
 export async function processGenerateBatch(data: unknown, deps: GenerateBatchDeps): Promise<GenerateBatchOutcome> {
   const payload = parsePayload(GenerateBatchPayloadSchema, data, 'generate batch');
-  const { dataset, samples } = payload;
+  const { dataset } = payload;
+  const samples = batchSamples(payload);
   const ids = samples.map((s) => s.id);
-  const [done, spent] = await Promise.all([deps.isDone(dataset, ids), deps.attemptsSpent(dataset, ids)]);
-
+  const retry = payload.retryOfFailed === true && deps.jobId !== undefined;
+  // One round trip for a first delivery; a retry reads attempts after its claim resets them.
+  const [done, records, spentAll] = await Promise.all([
+    deps.isDone(dataset, ids),
+    retry ? Promise.resolve([]) : deps.failures(dataset, ids),
+    retry ? Promise.resolve([]) : deps.attemptsSpent(dataset, ids),
+  ]);
   const result: GenerateBatchOutcome = {
     committed: 0,
     duplicates: 0,
@@ -41,44 +83,100 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
     skippedByBudget: 0,
     outputTokens: 0,
     handedBack: 0,
+    failures: [],
+    payload,
+    samples,
   };
+  let notResent = 0;
+  const progress = (): void =>
+    deps.progress?.({ committed: result.committed + result.duplicates + result.alreadyDone, failed: result.failed, skipped: result.skippedByBudget + notResent, size: samples.length });
+
+  // Which samples to send: not committed, and either claimed (a retried failed job) or without a failure record.
+  const send = new Array<boolean>(samples.length).fill(false);
+  const open = samples.map((_, i) => i).filter((i) => done[i] !== true);
+  result.alreadyDone = samples.length - open.length;
+  const openIds = open.map((i) => ids[i] ?? '');
+  if (retry) {
+    const codes = openIds.length === 0 ? [] : await deps.claimFailed(dataset, openIds);
+    open.forEach((i, k) => {
+      const s = samples[i];
+      if (s === undefined) return;
+      const code = codes[k];
+      if (code === 1) {
+        send[i] = true;
+        deps.log?.(`${who(s)}: sent again with fresh attempts (retry of a failed prompt)`);
+      } else if (code === 0) {
+        result.alreadyDone += 1;
+      } else {
+        notResent += 1;
+        deps.log?.(`${who(s)}: not sent again: ${code === -1 ? 'no failure recorded any more (retried another way, or skipped)' : 'its failure belongs to another job'}`);
+      }
+    });
+  } else {
+    for (const i of open) {
+      if (records[i] === undefined) send[i] = true;
+      else result.failed += 1; // failed in an earlier delivery of this job: its attempts are spent
+    }
+  }
+  progress();
+
+  const sendIdx = samples.map((_, i) => i).filter((i) => send[i]);
+  const spent = !retry ? sendIdx.map((i) => spentAll[i] ?? 0) : sendIdx.length === 0 ? [] : await deps.attemptsSpent(dataset, sendIdx.map((i) => ids[i] ?? ''));
   const outcomes = await Promise.all(
-    samples.map((sample, i) => {
-      if (done[i] === true) return Promise.resolve<SampleOutcome | 'already-done'>('already-done');
-      return deps.submit({
+    sendIdx.map(async (i, k) => {
+      const sample = samples[i] as Sample;
+      const o = await deps.submit({
         dataset,
         sample,
         sampling: payload.sampling,
         maxAttempts: payload.maxAttempts,
         priorExpectedTokens: payload.priorExpectedTokens,
-        attemptsSpent: spent[i] ?? 0,
+        attemptsSpent: spent[k] ?? 0,
+        ...(deps.jobId === undefined ? {} : { jobId: deps.jobId }),
+        onAttemptFailed: (attempt, message) => deps.log?.(`${who(sample)}: attempt ${attempt} of ${payload.maxAttempts} failed, will retry: ${message}`),
       });
+      count(result, o);
+      if (o.kind === 'failed') deps.log?.(`${who(sample)}: failed${o.status === undefined ? '' : ` (HTTP ${o.status})`}${o.attempts === undefined ? '' : ` after ${o.attempts} attempt(s)`}: ${o.reason}`);
+      progress();
+      return { sample, o };
     }),
   );
-  for (const o of outcomes) {
-    if (o === 'already-done') {
-      result.alreadyDone += 1;
-      continue;
-    }
-    switch (o.kind) {
-      case 'committed':
-        result.committed += 1;
-        result.outputTokens += o.completionTokens;
-        break;
-      case 'duplicate':
-        result.duplicates += 1;
-        break;
-      case 'failed':
-        result.failed += 1;
-        break;
-      case 'skipped-budget':
-        result.skippedByBudget += 1;
-        break;
-      case 'handed-back':
-        result.handedBack += 1;
-        break;
-    }
+
+  if (retry) {
+    const skipped = outcomes.filter((x) => x.o.kind === 'skipped-budget').map((x) => x.sample.id);
+    if (skipped.length > 0) await deps.releaseClaims(dataset, skipped);
   }
-  deps.logger.debug({ dataset, batchId: payload.batchId, ...result }, 'batch done');
+  if (result.failed > 0 && result.handedBack === 0 && deps.jobId !== undefined) {
+    // The failed prompts whose record still names this job (retry-failed may have given some
+    // back to the producer meanwhile): the job ends failed, carrying exactly these.
+    const records = await deps.failures(dataset, ids);
+    samples.forEach((sample, i) => {
+      const record = records[i];
+      if (record !== undefined && record.job === deps.jobId && record.retrying !== true) result.failures.push({ sample, record });
+    });
+  }
+  deps.logger.debug({ dataset, batchId: payload.batchId, committed: result.committed, failed: result.failed, skipped: result.skippedByBudget, handedBack: result.handedBack }, 'batch done');
   return result;
 }
+
+function count(result: GenerateBatchOutcome, o: SampleOutcome): void {
+  switch (o.kind) {
+    case 'committed':
+      result.committed += 1;
+      result.outputTokens += o.completionTokens;
+      break;
+    case 'duplicate':
+      result.duplicates += 1;
+      break;
+    case 'failed':
+      result.failed += 1;
+      break;
+    case 'skipped-budget':
+      result.skippedByBudget += 1;
+      break;
+    case 'handed-back':
+      result.handedBack += 1;
+      break;
+  }
+}
+

@@ -64,7 +64,10 @@ export interface FailureInfo {
   leaseKey: string;
 }
 
-/** Records a sample as failed (fail-sample.lua), unless it was committed meanwhile. */
+/**
+ * Records a sample as failed (fail-sample.lua), unless it was committed meanwhile. The record
+ * names the batch job (`job`): a retry of that job, and only that job, claims it again.
+ */
 export async function recordFailure(redis: ScriptedRedis, keys: RunKeys, req: SampleRequest, info: FailureInfo): Promise<void> {
   const failure = JSON.stringify({
     reason: info.reason,
@@ -72,6 +75,7 @@ export async function recordFailure(redis: ScriptedRedis, keys: RunKeys, req: Sa
     attempts: info.attempts,
     endpoint: info.endpoint,
     line: req.sample.line,
+    ...(req.jobId === undefined ? {} : { job: req.jobId }),
     ts: new Date().toISOString(),
   });
   await redis.failSample(

@@ -8,6 +8,7 @@ import {
   AppError,
   closeRedisConnection,
   createRedisConnection,
+  encodeBatchPayload,
   generateQueueName,
   logger as componentLogger,
   withScripts,
@@ -15,9 +16,11 @@ import {
   type Logger,
   type ScriptedRedis,
 } from '../../shared/index.js';
+import { BatchReporter } from './batch-report.js';
 import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
 import { EndpointPool } from './endpoint-pool.js';
-import { processGenerateBatch } from './processor.js';
+import { failedJobReason, parseFailureRecord } from './failure-records.js';
+import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
 
 export interface InferenceWorkerOptions {
   redisUrl: string;
@@ -53,6 +56,8 @@ interface HeldBatch {
   worker: Worker;
   /** Its lock lapsed and another worker may hold it now: this process records nothing for it. */
   lost: boolean;
+  /** Called once when the batch is lost. */
+  onLost?: () => void;
 }
 
 /**
@@ -222,6 +227,7 @@ export class InferenceWorker {
           // new holder sends them); those in flight finish and commit once.
           if (ok === 0 && !held.lost) {
             held.lost = true;
+            held.onLost?.();
             clearInterval(renew);
             const withdrawn = this.dispatcher?.withdraw(token) ?? 0;
             this.log.info({ dataset, jobId: job.id, withdrawn }, 'batch lock lost to another worker after a stall; its waiting samples are left to that worker');
@@ -240,15 +246,25 @@ export class InferenceWorker {
     if (redis === undefined || dispatcher === undefined) throw new AppError('inference worker not started');
     const keys = this.options.keys;
     const log = this.log.child({ queue: job.queueName, jobId: job.id, dataset });
-    let outcome;
+    const jobId = String(job.id);
+    const report = new BatchReporter(job, log);
+    held.onLost = () => report.close();
+    let outcome: GenerateBatchOutcome;
     try {
       outcome = await processGenerateBatch(job.data, {
         isDone: async (ds, ids) => (await redis.smismember(keys.done(ds), ...ids)).map((x) => x === 1),
         attemptsSpent: async (ds, ids) => (await redis.hmget(keys.attempts(ds), ...ids)).map((x) => Number(x ?? 0)),
+        failures: async (ds, ids) => (await redis.hmget(keys.failed(ds), ...ids)).map(parseFailureRecord),
+        claimFailed: async (ds, ids) => (await redis.claimFailed(keys.done(ds), keys.failed(ds), keys.attempts(ds), jobId, ...ids)).map(Number),
+        releaseClaims: async (ds, ids) => void (await redis.releaseClaims(keys.failed(ds), jobId, ...ids)),
         submit: (req) => dispatcher.submit({ ...req, owner: token }),
+        jobId,
+        progress: (p) => report.progress(p),
+        log: (line) => report.line(line),
         logger: log,
       });
     } catch (e: unknown) {
+      await report.flush();
       if (held.lost) return;
       // A payload that does not parse is unrecoverable; anything else is retried by BullMQ.
       const err = e instanceof AppError && !e.retryable ? new UnrecoverableError(e.message) : e instanceof Error ? e : new Error(String(e));
@@ -256,6 +272,7 @@ export class InferenceWorker {
       await job.moveToFailed(err, token, false);
       return;
     }
+    await report.flush();
     // Another worker holds the job now: it records the outcome.
     if (held.lost) return;
     if (outcome.handedBack > 0) {
@@ -265,9 +282,28 @@ export class InferenceWorker {
       await job.moveToWait(token);
       return;
     }
-    const { handedBack: _h, ...result } = outcome;
-    void _h;
-    await job.moveToCompleted(result, token, false);
+    const { committed, duplicates, alreadyDone, failed, skippedByBudget, outputTokens } = outcome;
+    if (outcome.failures.length > 0) {
+      await this.fail(held, outcome);
+      return;
+    }
+    await job.moveToCompleted({ committed, duplicates, alreadyDone, failed, skippedByBudget, outputTokens }, token, false);
+  }
+
+  /**
+   * Ends a batch job failed, carrying only its failed prompts: Bull Board lists it under
+   * failed with each prompt's line, id, status and reason, and its Retry (or `retry-failed`)
+   * sends exactly those prompts again. The data is trimmed after the job is failed, so a
+   * crash in between never sends a failed prompt again unasked (a retry of the untrimmed job
+   * finds their records and fails it again, trimmed).
+   */
+  private async fail(held: HeldBatch, outcome: GenerateBatchOutcome): Promise<void> {
+    const { job, token } = held;
+    const reason = failedJobReason(job.name, outcome.samples.length, outcome.failures);
+    await job.moveToFailed(new UnrecoverableError(reason), token, false);
+    const { dataset, batchId, sampling, maxAttempts, priorExpectedTokens } = outcome.payload;
+    await job.updateData(encodeBatchPayload({ dataset, batchId, sampling, maxAttempts, priorExpectedTokens, retryOfFailed: true }, outcome.failures.map((f) => f.sample)));
+    this.log.warn({ queue: job.queueName, jobId: job.id, dataset, failed: outcome.failures.length }, 'batch ended with failed prompts: its job is failed, carrying them for a retry');
   }
 
   /**
