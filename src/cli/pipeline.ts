@@ -9,6 +9,7 @@ import {
   createRedisConnection,
   generateQueueName,
   logger,
+  tokenizerLoadOptions,
   type Config,
   type RunKeys,
 } from '../shared/index.js';
@@ -199,6 +200,7 @@ export async function startPostprocess(ctx: RunContext, options: PostprocessOpti
       redisUrl: ctx.redisUrl,
       keys,
       tokenizerPath: config.tokenizer.path,
+      tokenizer: tokenizerLoadOptions(config),
       keepTruncated: config.postprocess.keepTruncated,
     });
     await worker.start();

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { AppError, formatRunStatus, logger, readRunStatus, StallWatchdog } from '../../shared/index.js';
+import { tokenizerLoadOptions } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../workers/postprocess/worker.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
@@ -149,6 +150,7 @@ async function runPostprocessWorker(ctx: RunContext): Promise<void> {
     redisUrl: ctx.redisUrl,
     keys: ctx.keys,
     tokenizerPath: ctx.config.tokenizer.path,
+    tokenizer: tokenizerLoadOptions(ctx.config),
     keepTruncated: ctx.config.postprocess.keepTruncated,
   });
   const signal = onceSignalled();

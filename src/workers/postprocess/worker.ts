@@ -11,6 +11,7 @@ import {
   loadTokenizer,
   logger as componentLogger,
   type ChatTokenizer,
+  type TokenizerLoadOptions,
   type Logger,
   type MergeJobResult,
   type RunKeys,
@@ -28,12 +29,16 @@ export interface PostprocessWorkerOptions {
   keys: RunKeys;
   /** Folder of the target's tokenizer (`config.tokenizer.path`). */
   tokenizerPath: string;
+  /** How to load it (`tokenizerLoadOptions(config)`: kind, pattern, preset, servers); default auto-detected. */
+  tokenizer?: TokenizerLoadOptions;
   /** `config.postprocess.keepTruncated`. */
   keepTruncated: boolean;
   /** Queues to serve; default both. */
   stages?: readonly PostprocessStage[];
   /** Tokenize jobs run at once by this process. Default 2 (they are mostly CPU). */
   tokenizeConcurrency?: number;
+  /** Threads of one tokenize job over a large conversation dataset (`config.postprocess.tokenizeThreads`); default one per core. */
+  tokenizeThreads?: number;
   /** BullMQ lock of a job, renewed while it runs; a killed worker's job is retried after about this long. */
   lockDurationMs?: number;
   stalledIntervalMs?: number;
@@ -111,12 +116,15 @@ export class PostprocessWorker {
   }
 
   private loadTokenizer(): Promise<ChatTokenizer> {
-    this.tokenizer ??= loadTokenizer(this.options.tokenizerPath);
+    this.tokenizer ??= loadTokenizer(this.options.tokenizerPath, this.options.tokenizer);
     return this.tokenizer;
   }
 
   private tokenizeContext(): Promise<TokenizeContext> {
-    this.context ??= this.loadTokenizer().then((t) => createTokenizeContext(t, { keepTruncated: this.options.keepTruncated }));
+    // With server-side tokenization, the few ids the template's format needs are fetched here, once.
+    this.context ??= this.loadTokenizer().then((t) =>
+      t.withServerTokens(() => createTokenizeContext(t, { keepTruncated: this.options.keepTruncated })),
+    );
     return this.context;
   }
 
@@ -132,6 +140,7 @@ export class PostprocessWorker {
     try {
       const result = await processTokenize(job.data, {
         tokenizeContext: () => this.tokenizeContext(),
+        ...(this.options.tokenizeThreads === undefined ? {} : { tokenizeThreads: this.options.tokenizeThreads }),
         setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
         logger: this.log.child({ queue: job.queueName, jobId: job.id }),
       });
@@ -162,7 +171,7 @@ export class PostprocessWorker {
         childResults: async () => Object.values(await job.getChildrenValues()),
         setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
         roundCompleted: () => recordRoundEnd(redis, keys, flowId, 'completed'),
-        decode: (ids) => tokenizer.decode(ids),
+        ...(tokenizer.encoderKind === 'server' ? {} : { decode: (ids: number[]) => tokenizer.decode(ids) }),
         logger: this.log.child({ queue: job.queueName, jobId: job.id }),
       });
     } catch (e: unknown) {
