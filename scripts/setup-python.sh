@@ -7,8 +7,11 @@
 #   datasets3  .venv-datasets3  scripts/requirements-datasets3.txt  `datasets` 3.6, the last
 #                                                                   before 4.0, for the
 #                                                                   compatibility tests
+#   trainer    .venv            scripts/requirements-trainer.txt    main + torch (pinned), for
+#                                                                   the reference trainer
+#                                                                   (`npm run setup:trainer`)
 #
-#   bash scripts/setup-python.sh [main|datasets3]...   (no argument: both)
+#   bash scripts/setup-python.sh [main|datasets3|trainer]...   (no argument: main and datasets3)
 #
 # Idempotent: an environment built from its current requirements file whose packages import is
 # left as it is. Concurrent runs (two test files at once) serialize on a lock file; the second
@@ -25,6 +28,7 @@ LOCK="${TMPDIR:-/tmp}/tokenmill-venv-$(printf %s "$ROOT" | sha256sum | cut -c1-1
 declare -A ENVS=(
   [main]=".venv|scripts/requirements.txt|transformers datasets tokenizers jinja2 pyarrow"
   [datasets3]=".venv-datasets3|scripts/requirements-datasets3.txt|datasets pyarrow"
+  [trainer]=".venv|scripts/requirements-trainer.txt|torch datasets pyarrow"
 )
 
 # Builds one environment unless it is ready.
@@ -38,9 +42,16 @@ setup() {
   IFS='|' read -r venv req modules <<<"$spec"
   venv="$ROOT/$venv"
   req="$ROOT/$req"
+  # `trainer` shares .venv with `main`: each keeps its own stamp, so neither rebuilds the other.
+  # Its requirements file includes main's (`-r requirements.txt`), so its stamp covers both.
   local py="$venv/bin/python" stamp="$venv/.requirements.sha256"
   local want imports
-  want="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [ "$1" = trainer ]; then
+    stamp="$venv/.requirements-trainer.sha256"
+    want="$(cat "$req" "$(dirname "$req")/requirements.txt" | sha256sum | cut -d' ' -f1)"
+  else
+    want="$(sha256sum "$req" | cut -d' ' -f1)"
+  fi
   imports="import ${modules// /, }"
   if [ -x "$py" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$imports" >/dev/null 2>&1; then
     return 0

@@ -127,21 +127,70 @@ export const DatasetConfigSchema = z
 /** One dataset entry of the config (paths resolved once loaded). */
 export type DatasetConfig = z.infer<typeof DatasetConfigSchema>;
 
+/** A `train.progressRegex`: a valid regular expression with at least one of its named groups. */
+const progressRegex = () =>
+  z
+    .string({ error: 'expected a regular expression (a string)' })
+    .min(1, { error: 'expected a regular expression, not an empty string' })
+    .superRefine((s, ctx) => {
+      let re: RegExp;
+      try {
+        re = new RegExp(s);
+      } catch (e: unknown) {
+        ctx.addIssue({ code: 'custom', message: `expected a valid regular expression: ${e instanceof Error ? e.message : String(e)}` });
+        return;
+      }
+      const groups = ['step', 'total', 'loss'].filter((g) => re.source.includes(`(?<${g}>`));
+      if (groups.length === 0) ctx.addIssue({ code: 'custom', message: 'expected named groups: at least one of (?<step>…), (?<total>…), (?<loss>…)' });
+    });
+
 /** Settings of the train stage. */
 export const TrainConfigSchema = z.strictObject({
   command: z
     .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (a command and its arguments)' })
     .min(1, { error: 'expected a command and its arguments' })
     .describe(
-      'Training command and its arguments, run without a shell; `{dataset}` in an argument is replaced with the post-processed dataset folder.',
+      'Training command and its arguments, run without a shell, in its own process group, from the config file\'s folder. Placeholders in an argument: `{dataset}` (the training dataset folder), `{output}` (the attempt\'s `checkpoints/` folder), `{checkpoint}` (the checkpoint resumed from; empty when starting from scratch), `{gpus}` (the number of GPUs assigned; `CUDA_VISIBLE_DEVICES` names them).',
     ),
   gpus: nonNegativeInt().default(1).describe('GPUs the training command needs; 0 runs it on CPU.'),
   minFreeGpuMemMiB: nonNegativeInt()
     .default(20000)
-    .describe('Training starts only when each of those GPUs has at least this much free memory (MiB).'),
+    .describe('Training starts only when each of those GPUs has at least this much free memory (MiB); until then the job waits, and `status` says why.'),
   mode: z
     .enum(['from-scratch', 'resume'])
-    .describe('`from-scratch` starts a new training run; `resume` continues from the last checkpoint. No default: the choice is explicit.'),
+    .describe(
+      '`from-scratch` starts a new training run; `resume` continues from the newest checkpoint of the latest attempt. No default: the choice is explicit (`tokenmill train --from-scratch|--resume` overrides it). Either way each attempt gets its own folder `<output.dir>/<run>/train/<attempt>/`; no checkpoint is ever deleted.',
+    ),
+  resumeArgs: z
+    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (arguments)' })
+    .default(['--resume', '{checkpoint}'])
+    .describe('Arguments appended to `command` when resuming (placeholders as in `command`). Resuming is refused unless `{checkpoint}` appears in `command` or here.'),
+  python: z
+    .string({ error: 'expected a path to a Python interpreter' })
+    .min(1, { error: 'expected a path to a Python interpreter' })
+    .optional()
+    .describe(
+      'Python interpreter whose environment is fingerprinted (Python, torch, CUDA, package versions): a path (relative to the config file) or a name on the PATH. Omitted = the command\'s first word when it is a Python interpreter, else `python3` on the PATH.',
+    ),
+  allowEnvChange: z
+    .boolean({ error: 'expected true or false' })
+    .default(false)
+    .describe('Start even when the environment fingerprint differs from the last successful train run\'s (the difference is still shown and logged). `--allow-env-change` does the same for one run.'),
+  autoResume: z
+    .boolean({ error: 'expected true or false' })
+    .default(false)
+    .describe('When a train worker dies, resume its job from the newest checkpoint on another worker; otherwise the job fails, saying so.'),
+  progressRegex: progressRegex()
+    .optional()
+    .describe(
+      'Regular expression (JavaScript syntax) with named groups `step`, `total` and/or `loss`, matched against each output line. Omitted = `step N/M` and `loss X` anywhere in a line.',
+    ),
+  cancelGraceMs: positiveInt()
+    .default(30_000)
+    .describe('`tokenmill train --cancel` sends SIGTERM to the command\'s process group, then SIGKILL after this long (ms).'),
+  preflightPollMs: positiveInt()
+    .default(30_000)
+    .describe('How often a job waiting for GPU memory checks again (ms).'),
 });
 
 /** The train section of the config. */
@@ -521,6 +570,7 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
       ...parsed.postprocess,
       target: parsed.postprocess.target === undefined ? join(outputDir, parsed.run, 'train-dataset') : abs(parsed.postprocess.target),
     },
+    ...(parsed.train?.python?.includes('/') === true ? { train: { ...parsed.train, python: abs(parsed.train.python) } } : {}),
     source,
   };
 }

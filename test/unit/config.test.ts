@@ -94,6 +94,11 @@ describe('loadConfig: valid configs', () => {
       gpus: 0,
       minFreeGpuMemMiB: 1024,
       mode: 'resume',
+      resumeArgs: ['--resume', '{checkpoint}'],
+      allowEnvChange: false,
+      autoResume: false,
+      cancelGraceMs: 30_000,
+      preflightPollMs: 30_000,
     });
     expect(runDir(c)).toBe(join(resolve(fixtures, '../out'), 'full-run.1'));
   });

@@ -9,6 +9,7 @@ import { onceSignalled, openRunContext, type RunContext } from '../run-context.j
 import type { SinkCrashPoint } from '../../producers/results-sink.js';
 import { dropContextOf } from '../../workers/postprocess/drop-summary.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
+import { runTrainWorker } from './train.js';
 
 interface RunOptions {
   config: string;
@@ -131,9 +132,11 @@ export function registerGenerationCommands(program: Command): void {
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--role <role>', 'inference | postprocess | train', 'inference')
-    .action(async (opts: { config: string; role: string }) => {
+    .option('--gpus <list>', 'train role: GPU indices this worker may use, e.g. 0,1 (default: all that nvidia-smi lists)')
+    .action(async (opts: { config: string; role: string; gpus?: string }) => {
       if (opts.role === 'train') {
-        throw new AppError('worker --role train: the train stage is not available in this version (roles: inference, postprocess)');
+        await withRun(opts.config, (ctx) => runTrainWorker(ctx, opts.gpus));
+        return;
       }
       if (opts.role === 'postprocess') {
         await withRun(opts.config, runPostprocessWorker);

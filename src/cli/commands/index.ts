@@ -7,6 +7,7 @@ import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
 import { registerPostprocessCommands } from './postprocess.js';
 import { registerStatusCommands } from './status.js';
+import { registerTrainCommand } from './train.js';
 
 /** Adds every verb to the program. Each verb lives in its own file in this folder. */
 export function registerCommands(program: Command): void {
@@ -16,6 +17,7 @@ export function registerCommands(program: Command): void {
   registerPostprocessCommands(program);
   registerExportCommand(program);
   registerStatusCommands(program);
+  registerTrainCommand(program);
   registerDemoCommand(program);
   registerDashboardCommand(program);
 }

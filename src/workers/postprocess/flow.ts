@@ -26,6 +26,7 @@ import type { Redis } from 'ioredis';
 import {
   AppError,
   CancelledError,
+  DEFAULT_PYTHON,
   MERGE_QUEUE,
   MergePayloadSchema,
   MergeJobResultSchema,
@@ -41,7 +42,9 @@ import {
   type MergeJobResult,
   type RunKeys,
   type TokenizeSourceKind,
+  type TrainPayload,
 } from '../../shared/index.js';
+import { trainPayloadOf, withTrainParent } from '../train/train-jobs.js';
 import type { PhaseState, PostprocessPhase } from './processor.js';
 
 /** Invalid lines tolerated in a conversation dataset (user data); generation records allow none. */
@@ -62,6 +65,10 @@ export interface PostprocessPlan {
   target: string;
   shardSizeMiB: number;
   datasets: PostprocessDatasetPlan[];
+  /** `postprocess.verifyWithPython`: the merge loads the merged dataset with this Python before the swap. */
+  verifyWithPython?: { python: string };
+  /** With `train` configured: the round's train job, the parent of its merge. */
+  train?: TrainPayload;
 }
 
 async function isDir(p: string): Promise<boolean> {
@@ -88,7 +95,9 @@ export async function planPostprocess(config: Config, runDir: string): Promise<P
     if (!(await readdir(dir)).some((n) => n.endsWith('.jsonl') && !n.startsWith('.'))) continue;
     datasets.push({ name: ds.name, kind: 'generations', source: dir });
   }
-  return { run: config.run, runDir, target: config.postprocess.target, shardSizeMiB: config.postprocess.shardSizeMiB, datasets };
+  const train = config.train === undefined ? {} : { train: trainPayloadOf(config, runDir, { origin: 'flow' }) };
+  const verify = config.postprocess.verifyWithPython ? { verifyWithPython: { python: config.postprocess.python ?? DEFAULT_PYTHON } } : {};
+  return { run: config.run, runDir, target: config.postprocess.target, shardSizeMiB: config.postprocess.shardSizeMiB, datasets, ...train, ...verify };
 }
 
 /** `<run>-pp-<n>`: the flow id (and merge job id) of round `n`. */
@@ -111,7 +120,7 @@ export function stagedDirOf(runDir: string, flowId: string, dataset: string): st
   return path.join(roundStagingDir(runDir, flowId), dataset);
 }
 
-/** The flow of a round: the merge parent and its tokenize children, payloads checked. */
+/** The flow of a round: the merge parent and its tokenize children (under a train job when configured), payloads checked. */
 export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: string): FlowJob {
   const children: FlowJob[] = plan.datasets.map((d) => ({
     name: `tokenize ${d.name}`,
@@ -132,17 +141,19 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
     ),
     opts: { ...tokenizeJobOptions, jobId: tokenizeJobId(flowId, d.name), failParentOnFailure: true },
   }));
-  return {
+  const merge: FlowJob = {
     name: 'merge',
     queueName: MERGE_QUEUE,
     data: parsePayload(
       MergePayloadSchema,
-      { flowId, target: plan.target, runDir: plan.runDir, shardSizeMiB: plan.shardSizeMiB, mergeKey },
+      { flowId, target: plan.target, runDir: plan.runDir, shardSizeMiB: plan.shardSizeMiB, mergeKey, verifyWithPython: plan.verifyWithPython },
       'merge',
     ),
     opts: { ...mergeJobOptions, jobId: flowId },
     children,
   };
+  // train ◀ merge ◀ tokenize(<dataset>)… when `train` is configured.
+  return plan.train === undefined ? merge : withTrainParent(merge, plan.train, flowId);
 }
 
 /**

@@ -1,0 +1,33 @@
+import { AppError } from '../../shared/index.js';
+
+/** Values of the command's placeholders. */
+export interface CommandValues {
+  dataset: string;
+  output: string;
+  /** The checkpoint resumed from; null when starting from scratch. */
+  checkpoint: string | null;
+  /** GPUs assigned (their count is `{gpus}`). */
+  gpus: readonly number[];
+}
+
+const PLACEHOLDER = /\{(dataset|output|checkpoint|gpus)\}/g;
+
+/**
+ * The argv to run: `command` (+ `resumeArgs` when resuming) with `{dataset}`, `{output}`,
+ * `{checkpoint}` and `{gpus}` replaced. Resuming is refused when no argument carries
+ * `{checkpoint}`: the command would silently start from scratch.
+ */
+export function buildArgv(command: readonly string[], resumeArgs: readonly string[], values: CommandValues): string[] {
+  const argv = values.checkpoint === null ? [...command] : [...command, ...resumeArgs];
+  if (values.checkpoint !== null && !argv.some((a) => a.includes('{checkpoint}'))) {
+    throw new AppError('resume: neither train.command nor train.resumeArgs has "{checkpoint}", so the command would not know what to resume from; add it (e.g. resumeArgs: [--resume, "{checkpoint}"])');
+  }
+  return argv.map((a) =>
+    a.replace(PLACEHOLDER, (_m, name: string) => {
+      if (name === 'dataset') return values.dataset;
+      if (name === 'output') return values.output;
+      if (name === 'checkpoint') return values.checkpoint ?? '';
+      return String(values.gpus.length);
+    }),
+  );
+}

@@ -1,0 +1,118 @@
+import { spawn } from 'node:child_process';
+import { basename } from 'node:path';
+import type { GpuInfo } from './gpus.js';
+
+/** The trainer environment recorded before a training starts. */
+export interface EnvFingerprint {
+  /** Interpreter probed, and its version (null when it could not run). */
+  pythonPath: string;
+  python: string | null;
+  /** CUDA version torch was built with (`torch.version.cuda`); null without torch or CUDA. */
+  cuda: string | null;
+  /** NVIDIA driver (from nvidia-smi); null without a GPU. */
+  driver: string | null;
+  /** Names of the GPUs assigned, in order. */
+  gpus: string[];
+  /** Versions of the packages that matter, those installed. */
+  packages: Record<string, string>;
+  /** Set when the interpreter could not be probed. */
+  problem?: string;
+}
+
+/** Distributions whose versions are recorded when installed. */
+export const FINGERPRINT_PACKAGES = [
+  'torch',
+  'transformers',
+  'datasets',
+  'accelerate',
+  'deepspeed',
+  'flash-attn',
+  'flash_attn',
+  'sglang',
+  'specforge',
+  'triton',
+  'numpy',
+  'pyarrow',
+] as const;
+
+// Reads versions from package metadata (no import, except torch for its CUDA version).
+const PROBE = `
+import json, sys
+from importlib import metadata
+out = {"python": sys.version.split()[0], "packages": {}, "cuda": None}
+for name in sys.argv[1:]:
+    try:
+        out["packages"][name.replace("_", "-")] = metadata.version(name)
+    except Exception:
+        pass
+if "torch" in out["packages"]:
+    try:
+        import torch
+        out["cuda"] = torch.version.cuda
+    except Exception as e:
+        out["torch_error"] = str(e)[:200]
+print(json.dumps(out))
+`;
+
+/** The interpreter to fingerprint: `train.python`, else the command's own Python, else python3. */
+export function pythonOf(command: readonly string[], python?: string): string {
+  if (python !== undefined) return python;
+  const first = command[0] ?? '';
+  return /^python(\d+(\.\d+)*)?$/.test(basename(first)) ? first : 'python3';
+}
+
+function runProbe(python: string, cwd: string, timeoutMs: number): Promise<{ ok: true; value: { python: string; packages: Record<string, string>; cuda: string | null } } | { ok: false; problem: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(python, ['-c', PROBE, ...FINGERPRINT_PACKAGES], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on('data', (b: Buffer) => out.push(b));
+    child.stderr.on('data', (b: Buffer) => err.push(b));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      resolve({ ok: false, problem: `${python} could not run: ${e.message}` });
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      const text = Buffer.concat(out).toString('utf8').trim();
+      try {
+        if (code !== 0) throw new Error(Buffer.concat(err).toString('utf8').trim().split('\n').at(-1) ?? `exit ${code}`);
+        resolve({ ok: true, value: JSON.parse(text.split('\n').at(-1) ?? '') as { python: string; packages: Record<string, string>; cuda: string | null } });
+      } catch (e: unknown) {
+        resolve({ ok: false, problem: `${python} could not be probed: ${e instanceof Error ? e.message : String(e)}` });
+      }
+    });
+  });
+}
+
+/** Records the environment a training command runs in: Python, packages, CUDA, driver, GPU names. */
+export async function collectFingerprint(opts: { command: readonly string[]; python?: string; cwd: string; gpus: readonly GpuInfo[]; driver: string | null; timeoutMs?: number }): Promise<EnvFingerprint> {
+  const pythonPath = pythonOf(opts.command, opts.python);
+  const probe = await runProbe(pythonPath, opts.cwd, opts.timeoutMs ?? 60_000);
+  const base = { pythonPath, driver: opts.driver, gpus: opts.gpus.map((g) => g.name) };
+  if (!probe.ok) return { ...base, python: null, cuda: null, packages: {}, problem: probe.problem };
+  const packages = Object.fromEntries(Object.entries(probe.value.packages).sort(([a], [b]) => a.localeCompare(b)));
+  return { ...base, python: probe.value.python, cuda: probe.value.cuda ?? null, packages };
+}
+
+/**
+ * What differs between the last good fingerprint and this one, as `what: before → now`
+ * (`torch: 2.4.0 → 2.5.1`, `flash-attn: (none) → 2.6.3`). The interpreter's path is not
+ * compared (the same environment may sit at another path on another node); its version is.
+ */
+export function fingerprintChanges(before: EnvFingerprint, now: EnvFingerprint): string[] {
+  const show = (v: string | null | undefined): string => (v === null || v === undefined || v === '' ? '(none)' : v);
+  const out: string[] = [];
+  const cmp = (what: string, a: string | null | undefined, b: string | null | undefined): void => {
+    if (show(a) !== show(b)) out.push(`${what}: ${show(a)} → ${show(b)}`);
+  };
+  cmp('python', before.python, now.python);
+  cmp('CUDA', before.cuda, now.cuda);
+  cmp('driver', before.driver, now.driver);
+  const models = (f: EnvFingerprint): string => [...new Set(f.gpus)].sort().join(', ');
+  cmp('GPUs', models(before), models(now));
+  const names = [...new Set([...Object.keys(before.packages), ...Object.keys(now.packages)])].sort();
+  for (const n of names) cmp(n, before.packages[n], now.packages[n]);
+  return out;
+}

@@ -1,0 +1,197 @@
+import { Job, Queue, type FlowJob } from 'bullmq';
+import type { Redis } from 'ioredis';
+import {
+  AppError,
+  CancelledError,
+  TRAIN_QUEUE,
+  TrainKeys,
+  TrainPayloadSchema,
+  TrainResultSchema,
+  parsePayload,
+  readTrainStatus,
+  trainJobOptions,
+  type Config,
+  type RunKeys,
+  type TrainMode,
+  type TrainPayload,
+  type TrainResult,
+  type TrainStatus,
+} from '../../shared/index.js';
+
+/**
+ * Train jobs: the payload made from the config, the `train` parent that a post-process round's
+ * merge job gets when `train` is configured, `tokenmill train`'s own jobs, waiting for one, and
+ * cancelling.
+ */
+
+/** Choices made when a train job is queued (the CLI's flags; the config's otherwise). */
+export interface TrainChoice {
+  mode?: TrainMode;
+  checkpoint?: string;
+  allowEnvChange?: boolean;
+  /** A round's flow id, or `cli`. */
+  origin: string;
+}
+
+/** The train payload for `config`; throws when the config has no `train` section. */
+export function trainPayloadOf(config: Config, runDir: string, choice: TrainChoice): TrainPayload {
+  const t = config.train;
+  if (t === undefined) throw new AppError('train: the config has no `train` section (train.command, train.mode, …)');
+  return parsePayload(
+    TrainPayloadSchema,
+    {
+      run: config.run,
+      runDir,
+      dataset: config.postprocess.target,
+      mode: choice.mode ?? t.mode,
+      ...(choice.checkpoint === undefined ? {} : { checkpoint: choice.checkpoint }),
+      command: t.command,
+      resumeArgs: t.resumeArgs,
+      cwd: config.source.baseDir,
+      gpus: t.gpus,
+      minFreeGpuMemMiB: t.minFreeGpuMemMiB,
+      ...(t.python === undefined ? {} : { python: t.python }),
+      allowEnvChange: choice.allowEnvChange === true || t.allowEnvChange,
+      autoResume: t.autoResume,
+      ...(t.progressRegex === undefined ? {} : { progressRegex: t.progressRegex }),
+      cancelGraceMs: t.cancelGraceMs,
+      preflightPollMs: t.preflightPollMs,
+      origin: choice.origin,
+    },
+    'train',
+  );
+}
+
+/** The train job id of a post-process round. */
+export function roundTrainJobId(flowId: string): string {
+  return `${flowId}-train`;
+}
+
+/**
+ * A round's flow with training behind it: `train ◀ merge ◀ tokenize(<dataset>)…`. The merge
+ * fails its train parent when it fails (the training never waits for a merge that will not come).
+ */
+export function withTrainParent(merge: FlowJob, payload: TrainPayload, flowId: string): FlowJob {
+  return {
+    name: 'train',
+    queueName: TRAIN_QUEUE,
+    data: parsePayload(TrainPayloadSchema, { ...payload, origin: flowId }, 'train'),
+    opts: { ...trainJobOptions, jobId: roundTrainJobId(flowId) },
+    children: [{ ...merge, opts: { ...merge.opts, failParentOnFailure: true } }],
+  };
+}
+
+/**
+ * Writes fields of the run's train status for job `jobId` (and the `train` phase). With
+ * `reset`, the status is started afresh for that job; otherwise a job that no longer owns
+ * the status (a newer one took it) writes nothing.
+ */
+export async function writeStatus(
+  redis: Redis,
+  keys: RunKeys,
+  jobId: string,
+  fields: Record<string, string | number>,
+  phase?: 'pending' | 'in_progress' | 'completed' | 'failed',
+  reset = false,
+): Promise<void> {
+  const key = new TrainKeys(keys).status();
+  if (!reset && (await redis.hget(key, 'jobId')) !== jobId) return;
+  const m = redis.multi();
+  if (reset) m.del(key);
+  m.hset(key, { ...fields, jobId, updatedAt: new Date().toISOString() });
+  if (phase !== undefined) m.hset(keys.phases(), 'train', phase);
+  await m.exec();
+}
+
+/** Queues a train job for `tokenmill train` (`<run>-train-<n>`); its status starts as `queued`. */
+export async function queueTrainJob(redis: Redis, keys: RunKeys, payload: TrainPayload): Promise<string> {
+  const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  try {
+    const n = await redis.incr(new TrainKeys(keys).counter());
+    const jobId = `${payload.run}-train-${n}`;
+    await writeStatus(redis, keys, jobId, { state: 'queued', mode: payload.mode }, 'pending', true);
+    await queue.add('train', parsePayload(TrainPayloadSchema, payload, 'train'), { ...trainJobOptions, jobId });
+    return jobId;
+  } finally {
+    await queue.close();
+  }
+}
+
+/** How a train job ended. */
+export type TrainOutcomeSeen = { status: 'completed'; result: TrainResult } | { status: 'failed'; reason: string };
+
+/**
+ * Waits for train job `jobId` to finish, calling `onStatus` whenever the run's train status
+ * changes (progress, waiting reason).
+ */
+export async function waitForTrainJob(
+  redis: Redis,
+  keys: RunKeys,
+  jobId: string,
+  opts: { pollMs?: number; signal?: AbortSignal; onStatus?: (s: TrainStatus) => void } = {},
+): Promise<TrainOutcomeSeen> {
+  const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  let lastSeen = '';
+  try {
+    for (;;) {
+      if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for train job ${jobId}`);
+      const status = await readTrainStatus(redis, keys);
+      if (status !== null && status.jobId === jobId && opts.onStatus !== undefined) {
+        const key = JSON.stringify([status.state, status.step, status.loss, status.waiting, status.attempt]);
+        if (key !== lastSeen) {
+          lastSeen = key;
+          opts.onStatus(status);
+        }
+      }
+      const job = await Job.fromId(queue, jobId);
+      if (job === undefined) throw new AppError(`train job ${jobId} is not in Redis (removed, or another Redis?)`);
+      const state = await job.getState();
+      if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job.returnvalue) };
+      if (state === 'failed') return { status: 'failed', reason: job.failedReason || 'failed' };
+      await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
+    }
+  } finally {
+    await queue.close();
+  }
+}
+
+/** What `tokenmill train --cancel` did to each unfinished train job. */
+export interface CancelledJob {
+  jobId: string;
+  state: string;
+  action: 'removed' | 'signalled';
+}
+
+/**
+ * Cancels the run's unfinished train jobs: a queued or delayed one is removed; a running one
+ * (or one still waiting for its merge) is flagged, and its worker stops the command's process
+ * group (SIGTERM, then SIGKILL after `train.cancelGraceMs`).
+ */
+export async function cancelTrainJobs(redis: Redis, keys: RunKeys): Promise<CancelledJob[]> {
+  const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  const tk = new TrainKeys(keys);
+  const out: CancelledJob[] = [];
+  try {
+    const jobs = await queue.getJobs(['active', 'waiting', 'delayed', 'prioritized', 'waiting-children']);
+    for (const job of jobs) {
+      const jobId = job.id;
+      if (jobId === undefined) continue;
+      const state = await job.getState();
+      await redis.set(tk.cancel(jobId), '1', 'EX', 7 * 24 * 3600);
+      if (state === 'waiting' || state === 'delayed' || state === 'prioritized') {
+        try {
+          await job.remove();
+          await writeStatus(redis, keys, jobId, { state: 'cancelled', reason: 'cancelled by `tokenmill train --cancel` before it started' }, 'failed');
+          out.push({ jobId, state, action: 'removed' });
+          continue;
+        } catch {
+          // taken by a worker meanwhile: the flag stops it
+        }
+      }
+      out.push({ jobId, state, action: 'signalled' });
+    }
+    return out;
+  } finally {
+    await queue.close();
+  }
+}
