@@ -12,6 +12,7 @@ import {
   tokenizerLoadOptions,
   type Config,
   type RunKeys,
+  WorkerHeartbeat,
 } from '../shared/index.js';
 import { InferenceWorker } from '../workers/inference/worker.js';
 import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, type RoundOutcome } from '../workers/postprocess/flow.js';
@@ -127,6 +128,13 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
     }
   }
 
+  // Heartbeats: `status` and the dashboard list this process under each role it plays.
+  const heartbeats = [
+    ...(options.produce ? [new WorkerHeartbeat({ redis: ctx.redis, keys, role: 'producer' })] : []),
+    ...(worker === undefined ? [] : [new WorkerHeartbeat({ redis: ctx.redis, keys, role: 'inference', inFlight: () => worker?.inFlight ?? 0 })]),
+  ];
+  for (const h of heartbeats) await h.start();
+
   const finishing = (async () => {
     if (producer === undefined) return new Promise<void>(() => undefined); // a worker runs until stopped
     await producer.done();
@@ -146,6 +154,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       // Order: stop taking work (worker, which lets requests in flight finish or hands them
       // back), then the producer, then the sinks (after they wrote what is committed), then Redis.
       await worker?.stop(config.workers.shutdownGraceMs);
+      for (const h of heartbeats) await h.stop();
       await producer?.stop();
       for (const s of sinks) await s.stop();
       for (const c of conns) await closeRedisConnection(c);

@@ -1,10 +1,11 @@
-import { describeEndpointHealth, readRunStatus, type RunStatus } from '../shared/index.js';
+import { formatEndpointHealth, formatEta, readRunStatus, type RunStatus } from '../shared/index.js';
 import type { RunContext } from './run-context.js';
 
 /**
- * One progress line: datasets completed, tokens, requests in flight, tok/s, failures; then why
- * nothing moves, when that is so: no endpoint healthy ("waiting: 0/1 endpoints healthy") or a
- * dataset stalled.
+ * One progress line: datasets completed, tokens, requests in flight, tok/s, failures, the ETA
+ * range and endpoint health ("endpoints 2/2 healthy"); then why nothing moves, when that is so:
+ * no endpoint healthy ("waiting: 0/1 endpoints healthy (… connect ECONNREFUSED …)") or a dataset
+ * stalled.
  */
 export function formatProgressLine(s: RunStatus, elapsedSec: number, nowMs = Date.now()): string {
   const gen = s.datasets.filter((d) => d.tokenBudget !== null);
@@ -14,9 +15,16 @@ export function formatProgressLine(s: RunStatus, elapsedSec: number, nowMs = Dat
   const rate = gen.reduce((a, d) => a + d.tokensPerSec, 0);
   const failed = gen.reduce((a, d) => a + d.failed, 0);
   let line = `[${elapsedSec}s] generate: ${done}/${gen.length} datasets completed, ${tokens.toLocaleString('en-US')} tokens, ${inFlight} in flight, ${Math.round(rate).toLocaleString('en-US')} tok/s${failed > 0 ? `, ${failed} failed` : ''}`;
-  const generating = gen.some((d) => d.status === 'in_progress' || d.status === 'pending');
+  const active = gen.filter((d) => d.status === 'in_progress' || d.status === 'pending');
+  const generating = active.length > 0;
+  // The run ends with its slowest dataset: the range of the latest ETAs, once every one is known.
+  if (generating && active.every((d) => d.etaSeconds.low !== null)) {
+    line += `, ETA ${formatEta({ low: Math.max(...active.map((d) => d.etaSeconds.low ?? 0)), high: Math.max(...active.map((d) => d.etaSeconds.high ?? d.etaSeconds.low ?? 0)) })}`;
+  }
   // Only what workers reported: before the first report, "no healthy endpoint" would be a guess.
-  if (generating && s.endpoints.reported > 0 && s.endpoints.healthy === 0) line += `; waiting: ${describeEndpointHealth(s.endpoints)}`;
+  const health = formatEndpointHealth(s.endpoints);
+  if (health !== null && s.endpoints.healthy > 0) line += `, endpoints ${health}`;
+  else if (generating && health !== null) line += `; ${health}`;
   for (const d of gen) {
     if (d.stalled !== null) line += `; STALLED: ${d.name} for ${Math.round((nowMs - d.stalled.sinceMs) / 1000)}s (${d.stalled.reason}; a bug, see the log)`;
   }

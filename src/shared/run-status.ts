@@ -1,13 +1,23 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from './config.js';
-import { describeEndpointHealth, readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
+import { readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
 import { generateQueueName } from './queues.js';
+import type { EndpointRequestStats } from './request-stats.js';
 import type { RunKeys } from './run-keys.js';
+import { readPhaseDetails } from './run-phases.js';
 import { readStalls } from './stall-watchdog.js';
+import { readTrainStatus, trainPhaseDetail, type TrainStatus } from './train-status.js';
+import { readWorkers, sumEndpointRequests, type WorkerInfo } from './worker-registry.js';
+
+export { formatRunStatus, runStatusWarnings, formatEta, formatEndpointHealth } from './run-status-format.js';
 
 /** Status of a dataset or a phase, as `status --json` prints it. */
 export type ProgressStatus = 'pending' | 'in_progress' | 'completed' | 'failed' | 'paused';
+
+/** BullMQ job states counted per dataset queue. */
+export const JOB_STATES = ['waiting', 'active', 'delayed', 'prioritized', 'waiting-children', 'failed', 'completed'] as const;
+export type JobState = (typeof JOB_STATES)[number];
 
 export interface DatasetStatus {
   name: string;
@@ -27,6 +37,10 @@ export interface DatasetStatus {
   /** Time left at the fastest and slowest recent rate; null while unknown. */
   etaSeconds: { low: number | null; high: number | null };
   status: ProgressStatus;
+  /** Whether the dataset's queue is paused (also while completed). */
+  paused: boolean;
+  /** Batch jobs of the dataset's queue by state; empty for a dataset without prompts. */
+  jobs: Partial<Record<JobState, number>>;
   /**
    * Set while the stall watchdog (in the producer) finds the dataset stalled: prompts pending,
    * nothing in flight and an endpoint healthy for longer than `workers.stallAfterMs`.
@@ -37,7 +51,14 @@ export interface DatasetStatus {
 export interface PhaseStatus {
   name: 'prepare' | 'generate' | 'tokenize' | 'merge' | 'train';
   status: ProgressStatus;
+  /** False for a stage this version or config does not run (train). */
+  configured: boolean;
+  /** The numbers that prove the phase's state ("1,200 prompts read, 3 rejected"); '' when none yet. */
+  detail: string;
 }
+
+/** One configured endpoint's requests, summed over the live inference workers. */
+export type EndpointRequests = EndpointRequestStats;
 
 export interface RunStatus {
   run: string;
@@ -45,6 +66,12 @@ export interface RunStatus {
   datasets: DatasetStatus[];
   /** SGLang endpoints' health as the live inference workers report it. */
   endpoints: EndpointHealthSummary;
+  /** Per configured endpoint: in flight, recent latency, errors, as the live inference workers report them. */
+  endpointRequests: EndpointRequests[];
+  /** Live processes of the run (producer, inference and post-process workers), from their heartbeats. */
+  workers: WorkerInfo[];
+  /** The run's latest train job: state, attempt, progress, why it waits, environment fingerprint; null before any. */
+  train?: TrainStatus | null;
 }
 
 /** Width of the commit-rate buckets written by commit-sample.lua. */
@@ -54,27 +81,30 @@ export const RATE_BUCKETS_KEPT = 30;
 /** Buckets the tokens/s figure averages over (the last minute). */
 const RATE_WINDOW_BUCKETS = 6;
 
+type StatusConfig = Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> };
+
 /**
  * Reads a run's progress from Redis: per dataset records, tokens, budget, in flight, failed,
- * skipped, tok/s and an ETA range, and the pipeline's phases as a checklist.
+ * skipped, tok/s, an ETA range and its queue's jobs by state; the pipeline's phases as a
+ * checklist with their numbers; the endpoints' health and requests; the live workers.
  */
-export async function readRunStatus(
-  redis: Redis,
-  keys: RunKeys,
-  config: Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> },
-  nowMs = Date.now(),
-): Promise<RunStatus> {
+export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusConfig, nowMs = Date.now()): Promise<RunStatus> {
   const datasets: DatasetStatus[] = [];
-  const [endpoints, stalls] = await Promise.all([readEndpointHealth(redis, keys, config.sglang?.endpoints ?? [], nowMs), readStalls(redis, keys, nowMs)]);
+  const [endpoints, stalls, workers] = await Promise.all([
+    readEndpointHealth(redis, keys, config.sglang?.endpoints ?? [], nowMs),
+    readStalls(redis, keys, nowMs),
+    readWorkers(redis, keys, nowMs),
+  ]);
   for (const ds of config.datasets) {
-    const [stats, inFlight, failed, skipped, rate, paused] = await Promise.all([
+    const [stats, inFlight, failed, skipped, rate, queue] = await Promise.all([
       redis.hgetall(keys.stats(ds.name)),
       redis.zcount(keys.inflight(ds.name), nowMs, '+inf'),
       redis.hlen(keys.failed(ds.name)),
       redis.scard(keys.skipped(ds.name)),
       redis.hgetall(keys.rate(ds.name)),
-      isQueuePaused(redis, keys, ds.name),
+      ds.prompts === undefined ? Promise.resolve({ paused: false, jobs: {} }) : queueState(redis, keys, ds.name),
     ]);
+    const paused = queue.paused;
     const records = Number(stats.records ?? 0);
     const outputTokens = Number(stats.outputTokens ?? 0);
     const tokenBudget = ds.tokenBudget ?? null;
@@ -98,6 +128,8 @@ export async function readRunStatus(
       tokensPerSec,
       etaSeconds: status === 'completed' ? { low: 0, high: 0 } : eta,
       status,
+      paused,
+      jobs: queue.jobs,
       stalled: stallOf(stalls.get(ds.name), status),
     });
   }
@@ -111,22 +143,30 @@ export async function readRunStatus(
         : gen.some((d) => d.status === 'paused')
           ? 'paused'
           : 'pending';
-  const phase = (name: PhaseStatus['name'], fallback: ProgressStatus): PhaseStatus => ({
-    name,
-    status: (phaseState[name] as ProgressStatus | undefined) ?? fallback,
-  });
+  const stateOf = (name: PhaseStatus['name'], fallback: ProgressStatus): ProgressStatus => (phaseState[name] as ProgressStatus | undefined) ?? fallback;
+  const prepared = Object.keys(await redis.hgetall(keys.stats(config.datasets[0]?.name ?? ''))).length > 0;
+  const details = await readPhaseDetails(redis, keys, config, gen);
+  const requests = sumEndpointRequests(workers);
+  const train = await readTrainStatus(redis, keys);
   return {
     run: config.run,
     phases: [
-      phase('prepare', Object.keys(await redis.hgetall(keys.stats(config.datasets[0]?.name ?? ''))).length > 0 ? 'completed' : 'pending'),
-      { name: 'generate', status: generate },
-      phase('tokenize', 'pending'),
-      phase('merge', 'pending'),
-      phase('train', 'pending'),
+      { name: 'prepare', status: stateOf('prepare', prepared ? 'completed' : 'pending'), configured: true, detail: details.prepare },
+      { name: 'generate', status: generate, configured: gen.length > 0, detail: details.generate },
+      { name: 'tokenize', status: stateOf('tokenize', 'pending'), configured: true, detail: details.tokenize },
+      { name: 'merge', status: stateOf('merge', 'pending'), configured: true, detail: details.merge },
+      { name: 'train', status: stateOf('train', 'pending'), configured: train !== null, detail: train === null ? 'not configured' : trainPhaseDetail(train) },
     ],
     datasets,
     endpoints,
+    endpointRequests: (config.sglang?.endpoints ?? []).map((url) => requests.get(url.replace(/\/+$/, '')) ?? emptyRequests(url)),
+    workers,
+    train,
   };
+}
+
+function emptyRequests(url: string): EndpointRequests {
+  return { url, inFlight: 0, requests: 0, latencyBuckets: [], latencySumSeconds: 0, latencyCount: 0, errors: {}, recentLatencyMs: null };
 }
 
 /** A live stall record counts only while the dataset is still being generated. */
@@ -135,25 +175,12 @@ function stallOf(record: { sinceMs: number; reason: string } | undefined, status
   return { sinceMs: record.sinceMs, reason: record.reason };
 }
 
-/**
- * Warning lines for a run that is not moving: each stalled dataset, and no healthy endpoint
- * while datasets still have prompts to generate. Empty when all is well.
- */
-export function runStatusWarnings(status: RunStatus, nowMs = Date.now()): string[] {
-  const lines: string[] = [];
-  for (const d of status.datasets) {
-    if (d.stalled === null) continue;
-    lines.push(`! ${d.name} stalled for ${fmtDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`);
-  }
-  const generating = status.datasets.some((d) => d.status === 'in_progress' || d.status === 'pending');
-  if (generating && status.endpoints.total > 0 && status.endpoints.healthy === 0) lines.push(`waiting: ${describeEndpointHealth(status.endpoints)}`);
-  return lines;
-}
-
-async function isQueuePaused(redis: Redis, keys: RunKeys, dataset: string): Promise<boolean> {
+/** Whether a dataset's queue is paused, and its jobs by state. */
+async function queueState(redis: Redis, keys: RunKeys, dataset: string): Promise<{ paused: boolean; jobs: DatasetStatus['jobs'] }> {
   const queue = new Queue(generateQueueName(dataset), { connection: redis, prefix: keys.bullPrefix });
   try {
-    return await queue.isPaused();
+    const [paused, jobs] = await Promise.all([queue.isPaused(), queue.getJobCounts(...JOB_STATES)]);
+    return { paused, jobs };
   } finally {
     await queue.close();
   }
@@ -201,41 +228,3 @@ function rateAndEta(rate: Record<string, string>, nowMs: number, remaining: numb
   return { tokensPerSec, eta: { low: Math.round(remaining / fastest), high: Math.round(remaining / slowest) } };
 }
 
-function fmtInt(n: number): string {
-  return n.toLocaleString('en-US');
-}
-
-function fmtDuration(s: number | null): string {
-  if (s === null) return '?';
-  if (s < 60) return `${Math.round(s)}s`;
-  if (s < 3600) return `${Math.round(s / 60)}m`;
-  return `${(s / 3600).toFixed(1)}h`;
-}
-
-/** The status as a readable table, with the phases as a checklist. */
-export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
-  const mark: Record<ProgressStatus, string> = { completed: '[x]', in_progress: '[~]', pending: '[ ]', failed: '[!]', paused: '[=]' };
-  const lines = [`run ${status.run}`, `phases: ${status.phases.map((p) => `${mark[p.status]} ${p.name}`).join('  ')}`];
-  if (status.endpoints.reported > 0) lines.push(`endpoints: ${describeEndpointHealth(status.endpoints)}`);
-  lines.push('');
-  const header = ['dataset', 'status', 'tokens / budget', '%', 'records', 'in flight', 'failed', 'skipped', 'rejected', 'tok/s', 'ETA'];
-  const rows = status.datasets.map((d) => [
-    d.name,
-    d.status,
-    d.tokenBudget === null ? fmtInt(d.outputTokens) : `${fmtInt(d.outputTokens)} / ${fmtInt(d.tokenBudget)}`,
-    d.tokenBudget === null || d.tokenBudget === 0 ? '' : `${Math.min(999, Math.floor((100 * d.outputTokens) / d.tokenBudget))}%`,
-    fmtInt(d.records),
-    fmtInt(d.inFlight),
-    fmtInt(d.failed),
-    fmtInt(d.skipped),
-    fmtInt(d.rejected),
-    fmtInt(Math.round(d.tokensPerSec)),
-    d.status === 'completed' ? '-' : d.etaSeconds.low === null ? '?' : `${fmtDuration(d.etaSeconds.low)}–${fmtDuration(d.etaSeconds.high)}`,
-  ]);
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const fmt = (r: string[]): string => r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
-  lines.push(fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt));
-  const warnings = runStatusWarnings(status, nowMs);
-  if (warnings.length > 0) lines.push('', ...warnings);
-  return lines.join('\n');
-}

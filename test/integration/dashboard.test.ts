@@ -81,7 +81,7 @@ describe('dashboard: auth', () => {
   });
 
   it('refuses every other route without the token, or with a wrong one', async () => {
-    for (const path of ['/', '/api/status', '/api/queues', '/static/favicon-32x32.png', '/queue/generate-alpha']) {
+    for (const path of ['/', '/api/status', '/queues/api/queues', '/queues/static/favicon-32x32.png', '/queues/queue/generate-alpha']) {
       const none = await get(path);
       expect(none.status, path).toBe(401);
       expect(none.headers.get('www-authenticate'), path).toMatch(/^Basic /);
@@ -107,6 +107,85 @@ describe('dashboard: auth', () => {
   });
 });
 
+/** Every route behind the token, with what a request with the token must get. */
+const ROUTES: { method: 'GET' | 'POST'; path: string; what: string; type?: RegExp }[] = [
+  { method: 'GET', path: '/', what: 'pipeline page', type: /^text\/html/ },
+  { method: 'GET', path: '/index.html', what: 'pipeline page by name', type: /^text\/html/ },
+  { method: 'GET', path: '/app.js', what: 'page script (asset)', type: /javascript/ },
+  { method: 'GET', path: '/style.css', what: 'page style (asset)', type: /^text\/css/ },
+  { method: 'GET', path: '/api/status', what: 'status JSON', type: /^application\/json/ },
+  { method: 'GET', path: '/api/history', what: 'throughput history', type: /^application\/json/ },
+  { method: 'GET', path: '/api/events', what: 'live updates (SSE)', type: /^text\/event-stream/ },
+  { method: 'GET', path: '/metrics', what: 'Prometheus metrics', type: /^text\/plain/ },
+  { method: 'GET', path: '/queues', what: 'Bull Board UI', type: /^text\/html/ },
+  { method: 'GET', path: '/queues/api/queues', what: 'Bull Board API', type: /^application\/json/ },
+  { method: 'GET', path: '/queues/static/favicon-32x32.png', what: 'Bull Board asset', type: /^image\/png/ },
+  { method: 'POST', path: '/api/datasets/alpha/resume', what: 'dataset action', type: /^application\/json/ },
+];
+
+describe('dashboard: every route but /healthz needs the token', () => {
+  for (const route of ROUTES) {
+    it(`${route.method} ${route.path} (${route.what}): 401 without the token, 2xx with it`, async () => {
+      const url = new URL(route.path, dashboard.url);
+      const body = route.method === 'POST' ? '{}' : undefined;
+      const json: Record<string, string> = route.method === 'POST' ? { 'content-type': 'application/json' } : {};
+      const none = await fetch(url, { method: route.method, headers: json, ...(body === undefined ? {} : { body }) });
+      expect(none.status).toBe(401);
+      expect(await none.text()).toBe('unauthorized');
+      const wrong = await fetch(url, { method: route.method, headers: { ...json, authorization: 'Bearer not-the-token-at-all' }, ...(body === undefined ? {} : { body }) });
+      expect(wrong.status).toBe(401);
+      const abort = new AbortController();
+      const ok = await fetch(url, { method: route.method, headers: { ...json, ...basic('tokenmill', TOKEN) }, signal: abort.signal, ...(body === undefined ? {} : { body }) });
+      expect(ok.status, `${route.method} ${route.path}`).toBeGreaterThanOrEqual(200);
+      expect(ok.status).toBeLessThan(300);
+      if (route.type !== undefined) expect(ok.headers.get('content-type') ?? '').toMatch(route.type);
+      abort.abort(); // the event stream never ends on its own
+    });
+  }
+
+  it('keeps the token out of the page and its assets', async () => {
+    for (const path of ['/', '/app.js', '/style.css']) {
+      const text = await (await get(path, bearer)).text();
+      expect(text.length, path).toBeGreaterThan(100);
+      expect(text, path).not.toContain(TOKEN);
+    }
+    const page = await (await get('/', bearer)).text();
+    expect(page).toContain('href="queues"');
+  });
+
+  it('changes the run only by POST, and only from its own origin', async () => {
+    const action = new URL('/api/datasets/alpha/pause', dashboard.url);
+    const viaGet = await fetch(action, { headers: bearer });
+    expect(viaGet.status).toBe(405);
+    expect(viaGet.headers.get('allow')).toBe('POST');
+    expect(await alpha.isPaused()).toBe(false);
+    // A form or script of another site cannot use credentials the browser holds.
+    const crossSite = await fetch(action, { method: 'POST', headers: { ...bearer, origin: 'http://evil.example', 'content-type': 'application/json' }, body: '{}' });
+    expect(crossSite.status).toBe(403);
+    const fetchSite = await fetch(action, { method: 'POST', headers: { ...bearer, 'sec-fetch-site': 'cross-site' }, body: '{}' });
+    expect(fetchSite.status).toBe(403);
+    expect(await alpha.isPaused()).toBe(false);
+    const unknown = await fetch(new URL('/api/datasets/nope/pause', dashboard.url), { method: 'POST', headers: bearer });
+    expect(unknown.status).toBe(404);
+    expect(((await unknown.json()) as { error: string }).error).toMatch(/no generation dataset "nope".*alpha/);
+    const sameOrigin = await fetch(action, { method: 'POST', headers: { ...bearer, origin: new URL(dashboard.url).origin } });
+    expect(sameOrigin.status).toBe(200);
+    expect(await alpha.isPaused()).toBe(true);
+    const resume = await fetch(new URL('/api/datasets/alpha/resume', dashboard.url), { method: 'POST', headers: bearer });
+    expect(await resume.json()).toEqual({ dataset: 'alpha', action: 'resume' });
+    expect(await alpha.isPaused()).toBe(false);
+  });
+
+  it('refuses to listen beyond loopback without a configured token', async () => {
+    await expect(startDashboard({ redis: redis.connection(), keys, config, host: '0.0.0.0', port: 0, logger: quietLogger() })).rejects.toThrow(
+      /refusing to listen on 0\.0\.0\.0 .*without a configured token; set dashboard\.token .* or the DASHBOARD_TOKEN/,
+    );
+    // With a token it does (and ::1 / localhost never need one).
+    const open = await startDashboard({ redis: redis.connection(), keys, config, host: '0.0.0.0', port: 0, token: TOKEN, logger: quietLogger() });
+    await open.stop();
+  });
+});
+
 describe('dashboard: API', () => {
   it('GET /api/status returns the run status', async () => {
     const res = await get('/api/status', bearer);
@@ -118,7 +197,7 @@ describe('dashboard: API', () => {
   });
 
   it("Bull Board lists the run's queues with the jobs' counts", async () => {
-    const res = await get('/api/queues', bearer);
+    const res = await get('/queues/api/queues', bearer);
     expect(res.status).toBe(200);
     const body = (await res.json()) as BoardQueues;
     expect(body.queues.map((q) => q.name).sort()).toEqual(['generate-alpha', 'merge', 'tokenize']);
@@ -127,13 +206,13 @@ describe('dashboard: API', () => {
   });
 
   it("pausing a dataset's queue in Bull Board pauses the dataset; retrying its failed jobs requeues them", async () => {
-    const pause = await fetch(new URL('/api/queues/generate-alpha/pause', dashboard.url), { method: 'PUT', headers: bearer });
+    const pause = await fetch(new URL('/queues/api/queues/generate-alpha/pause', dashboard.url), { method: 'PUT', headers: bearer });
     expect(pause.status).toBe(200);
     expect(await alpha.isPaused()).toBe(true);
     const status = (await (await get('/api/status', bearer)).json()) as RunStatus;
     expect(status.datasets[0]?.status).toBe('paused');
 
-    const retry = await fetch(new URL('/api/queues/generate-alpha/retry/failed', dashboard.url), { method: 'PUT', headers: bearer });
+    const retry = await fetch(new URL('/queues/api/queues/generate-alpha/retry/failed', dashboard.url), { method: 'PUT', headers: bearer });
     expect(retry.status).toBe(200);
     const counts = await alpha.getJobCounts('failed', 'waiting');
     expect(counts).toEqual({ failed: 0, waiting: 2 });
@@ -152,7 +231,7 @@ describe.skipIf(!existsSync(CHROMIUM))('dashboard: in a browser', () => {
     try {
       const context = await browser.newContext({ httpCredentials: { username: 'tokenmill', password: TOKEN } });
       const page = await context.newPage();
-      const response = await page.goto(dashboard.url);
+      const response = await page.goto(new URL('/queues', dashboard.url).href);
       expect(response?.status()).toBe(200);
       await page.getByText('generate-alpha').first().waitFor({ state: 'visible', timeout: 30_000 });
       expect(await page.content()).toContain('generate-alpha');
@@ -179,6 +258,18 @@ describe.skipIf(!existsSync(CHROMIUM))('dashboard: in a browser', () => {
 });
 
 describe('tokenmill dashboard (CLI)', () => {
+  it('refuses a non-loopback --host without a configured token, naming what to set', async () => {
+    const configPath = writeConfig(tmp.dir, {
+      run: 'dash',
+      redis: { url: redis.url, prefix: redis.prefix },
+      datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1_000 }],
+      output: { dir: 'out' },
+    }, 'cli-open.yaml');
+    const cli = spawnCli(['dashboard', '-c', configPath, '--host', '0.0.0.0', '--port', '0']);
+    expect(await cli.exited).not.toBe(0);
+    expect(cli.output()).toMatch(/refusing to listen on 0\.0\.0\.0 .*DASHBOARD_TOKEN/);
+  });
+
   it('prints the URL and a generated token once, serves, and stops on SIGTERM', async () => {
     const configPath = writeConfig(tmp.dir, {
       run: 'dash',
@@ -195,8 +286,8 @@ describe('tokenmill dashboard (CLI)', () => {
     expect(token.length).toBeGreaterThanOrEqual(24);
     expect(cli.output().split(token)).toHaveLength(2);
     expect((await fetch(new URL('/healthz', url))).status).toBe(200);
-    expect((await fetch(new URL('/api/queues', url))).status).toBe(401);
-    const res = await fetch(new URL('/api/queues', url), { headers: { authorization: `Bearer ${token}` } });
+    expect((await fetch(new URL('/queues/api/queues', url))).status).toBe(401);
+    const res = await fetch(new URL('/queues/api/queues', url), { headers: { authorization: `Bearer ${token}` } });
     expect(((await res.json()) as BoardQueues).queues.map((q) => q.name)).toContain('generate-alpha');
     cli.child.kill('SIGTERM');
     expect(await cli.exited).toBe(0);

@@ -20,6 +20,8 @@ function dataset(o: Partial<DatasetStatus> = {}): DatasetStatus {
     tokensPerSec: 0,
     etaSeconds: { low: null, high: null },
     status: 'in_progress',
+    paused: false,
+    jobs: {},
     stalled: null,
     ...o,
   };
@@ -35,7 +37,7 @@ function endpoints(up: boolean | null, reason: string | null = null): EndpointHe
 }
 
 function status(d: DatasetStatus, e: EndpointHealthSummary): RunStatus {
-  return { run: 'r', phases: [{ name: 'generate', status: 'in_progress' }], datasets: [d], endpoints: e };
+  return { run: 'r', phases: [{ name: 'generate', status: 'in_progress', configured: true, detail: '' }], datasets: [d], endpoints: e, endpointRequests: [], workers: [] };
 }
 
 const stalled = { sinceMs: NOW - 125_000, reason: '3 batch job(s) pending (0 waiting, 3 active), 0 requests in flight, 1/1 endpoints healthy' };
@@ -48,7 +50,7 @@ describe('status warnings', () => {
     expect(table.split('\n').at(-1)).toBe(`! B1_glaive stalled for 2m: ${stalled.reason} — a bug; see the producer's log`);
     expect(table).toMatch(/^endpoints: 1\/1 endpoints healthy$/m);
     expect(formatProgressLine(s, 600, NOW)).toBe(
-      `[600s] generate: 0/1 datasets completed, 5,000 tokens, 0 in flight, 0 tok/s; STALLED: B1_glaive for 125s (${stalled.reason}; a bug, see the log)`,
+      `[600s] generate: 0/1 datasets completed, 5,000 tokens, 0 in flight, 0 tok/s, endpoints 1/1 healthy; STALLED: B1_glaive for 125s (${stalled.reason}; a bug, see the log)`,
     );
   });
 
@@ -69,7 +71,11 @@ describe('status warnings', () => {
     expect(runStatusWarnings(status(dataset({ inFlight: 16, tokensPerSec: 900 }), endpoints(true)), NOW)).toEqual([]);
     expect(runStatusWarnings(status(dataset({ status: 'completed' }), endpoints(false, 'down')), NOW)).toEqual([]);
     expect(formatProgressLine(status(dataset({ inFlight: 16, tokensPerSec: 900 }), endpoints(true)), 5, NOW)).toBe(
-      '[5s] generate: 0/1 datasets completed, 5,000 tokens, 16 in flight, 900 tok/s',
+      '[5s] generate: 0/1 datasets completed, 5,000 tokens, 16 in flight, 900 tok/s, endpoints 1/1 healthy',
+    );
+    // With a known ETA per dataset, the line shows the range of the slowest one.
+    expect(formatProgressLine(status(dataset({ inFlight: 16, tokensPerSec: 900, etaSeconds: { low: 100, high: 300 } }), endpoints(true)), 5, NOW)).toBe(
+      '[5s] generate: 0/1 datasets completed, 5,000 tokens, 16 in flight, 900 tok/s, ETA 2m–5m, endpoints 1/1 healthy',
     );
   });
 });

@@ -15,11 +15,14 @@ function parsePort(text: string): number {
   return port;
 }
 
-/** `dashboard`: Bull Board over the run's queues and `GET /api/status`, until SIGINT / SIGTERM. */
+/**
+ * `dashboard`: the pipeline page, Bull Board over the run's queues, `/api/status` and
+ * `/metrics`, until SIGINT / SIGTERM. A non-loopback `--host` needs a configured token.
+ */
 export function registerDashboardCommand(program: Command): void {
   program
     .command('dashboard')
-    .description('serve Bull Board over the run\'s queues (inspect, pause a dataset, retry failed jobs) and its status as JSON, behind a token')
+    .description('serve the run\'s pipeline page (live progress, endpoints, workers, pause / resume / retry per dataset), Bull Board over its queues at /queues, its status as JSON and Prometheus metrics at /metrics, behind a token')
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--host <host>', 'address to listen on (default: dashboard.host of the config, 127.0.0.1)')
     .option('--port <port>', 'TCP port (default: dashboard.port of the config, 3000)')

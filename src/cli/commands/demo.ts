@@ -2,9 +2,10 @@ import { rm } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
-import { loadConfig, runDir, type ConfigInput } from '../../shared/index.js';
+import { AppError, loadConfig, runDir, type ConfigInput } from '../../shared/index.js';
 import { startSimulator } from '../../sim/index.js';
-import { openRunContextFor } from '../run-context.js';
+import { DASHBOARD_USER, startDashboard, type Dashboard } from '../../dashboard/server.js';
+import { onceSignalled, openRunContextFor, type RunContext } from '../run-context.js';
 import { runPipeline } from './generation.js';
 
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
@@ -27,6 +28,8 @@ interface DemoOptions {
   fresh?: boolean;
   timeScale: string;
   json?: boolean;
+  dashboard?: boolean;
+  dashboardPort: string;
 }
 
 /** The demo config: embedded Redis, the simulator at `endpoint`, the bundled tokenizer. */
@@ -57,6 +60,8 @@ export function registerDemoCommand(program: Command): void {
     .option('--fresh', 'delete the previous demo run first (otherwise the demo resumes it)')
     .option('--time-scale <n>', 'how much faster than real time the simulated GPU runs', '25')
     .option('--json', 'print the final status as JSON')
+    .option('--dashboard', 'serve the dashboard (pipeline page, Bull Board, metrics) on 127.0.0.1 during the demo and keep it open at the end until Ctrl-C')
+    .option('--dashboard-port <port>', 'port of --dashboard (0: any free port)', '3000')
     .action(async (opts: DemoOptions) => {
       const outDir = resolve(opts.out);
       const sim = await startSimulator({ port: 0, timeScale: Number(opts.timeScale), maxRunningRequests: 64, seed: 7 });
@@ -65,14 +70,41 @@ export function registerDemoCommand(program: Command): void {
         if (opts.fresh === true) await rm(runDir(config), { recursive: true, force: true });
         process.stderr.write(`tokenmill demo: simulator at ${sim.url}, output in ${runDir(config)}\n`);
         const ctx = await openRunContextFor(config);
+        let dashboard: Dashboard | undefined;
         try {
+          if (opts.dashboard === true) dashboard = await demoDashboard(ctx, opts.dashboardPort);
           // Generate, then tokenize and merge; prints the status table and the validation report.
           await runPipeline(ctx, { progressMs: 3_000, ...(opts.json === undefined ? {} : { json: opts.json }) });
+          if (dashboard !== undefined) {
+            process.stderr.write(`tokenmill demo: finished; the dashboard stays open at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token}); Ctrl-C to stop\n`);
+            await onceSignalled();
+          }
         } finally {
+          // The dashboard (HTTP server, its queues), then Redis.
+          await dashboard?.stop();
           await ctx.close();
         }
       } finally {
         await sim.stop();
       }
     });
+}
+
+/**
+ * The demo's dashboard on 127.0.0.1 with a token made up now (the demo has no config to hold
+ * one); on a busy port, any free one. Prints the URL and the token.
+ */
+async function demoDashboard(ctx: RunContext, portText: string): Promise<Dashboard> {
+  const port = Number(portText);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new AppError(`--dashboard-port: expected a TCP port (0-65535), got "${portText}"`);
+  const options = { redis: ctx.redis, keys: ctx.keys, config: ctx.config, host: '127.0.0.1' };
+  let dashboard: Dashboard;
+  try {
+    dashboard = await startDashboard({ ...options, port });
+  } catch (e: unknown) {
+    if ((e as { code?: unknown }).code !== 'EADDRINUSE') throw e;
+    dashboard = await startDashboard({ ...options, port: 0 });
+  }
+  process.stderr.write(`tokenmill demo: dashboard at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token})\n`);
+  return dashboard;
 }

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { AppError, formatRunStatus, logger, readRunStatus, StallWatchdog } from '../../shared/index.js';
+import { AppError, formatRunStatus, logger, readRunStatus, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
 import { tokenizerLoadOptions } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../workers/postprocess/worker.js';
@@ -157,13 +157,16 @@ async function runPostprocessWorker(ctx: RunContext): Promise<void> {
     keepTruncated: ctx.config.postprocess.keepTruncated,
   });
   const signal = onceSignalled();
+  const heartbeat = new WorkerHeartbeat({ redis: ctx.redis, keys: ctx.keys, role: 'postprocess' });
   await worker.start();
+  await heartbeat.start();
   process.stderr.write('tokenmill: post-processing worker ready (queues tokenize, merge); stop it with SIGTERM\n');
   try {
     await signal;
   } finally {
-    // The worker (its running jobs finish), then the run's Redis (closed by the caller).
+    // The worker (its running jobs finish), its heartbeat, then the run's Redis (closed by the caller).
     await worker.stop();
+    await heartbeat.stop();
   }
 }
 

@@ -20,6 +20,7 @@ import {
   errorMessage,
 } from '../errors.js';
 import { type Logger, logger as componentLogger } from '../logger.js';
+import { recordGenerationRequest, recordRequestStarted } from '../request-stats.js';
 import {
   EndpointMisconfiguredError,
   SglangResponseFormatError,
@@ -355,8 +356,12 @@ export class SglangClient {
     rid: string;
   }): Promise<RawResponse> {
     this.generationsInFlight += 1;
+    // Per-endpoint latency and errors for the dashboard and /metrics (request-stats.ts).
+    const startedMs = Date.now();
+    recordRequestStarted(this.endpoint);
+    let res: RawResponse | undefined;
     try {
-      const res = await this.send({
+      res = await this.send({
         pool: this.pool,
         method: 'POST',
         path: options.path,
@@ -373,7 +378,14 @@ export class SglangClient {
       }
       if (error !== null) throw error;
       return res;
+    } catch (e: unknown) {
+      if (res === undefined) {
+        const failure = e instanceof CancelledError ? 'cancelled' : e instanceof TimeoutError ? 'timeout' : 'connection';
+        recordGenerationRequest(this.endpoint, { failure }, Date.now() - startedMs);
+      }
+      throw e;
     } finally {
+      if (res !== undefined) recordGenerationRequest(this.endpoint, { status: res.status }, Date.now() - startedMs);
       this.generationsInFlight -= 1;
     }
   }

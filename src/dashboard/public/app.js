@@ -1,0 +1,212 @@
+// The pipeline page: renders the run's status from the dashboard's event stream (falling back to
+// polling /api/status), and sends per-dataset actions by POST. No token lives here: the browser
+// sends the basic-auth credentials it asked for when the page was opened.
+'use strict';
+
+const $ = (sel) => document.querySelector(sel);
+const fmt = (n) => Math.round(n).toLocaleString('en-US');
+const samples = [];
+let lastStatus = null;
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('data-')) e.setAttribute(k, v);
+    else e[k] = v;
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return '?';
+  if (s < 60) return `${Math.round(s)}s`;
+  if (s < 3600) return `${Math.round(s / 60)}m`;
+  return `${(s / 3600).toFixed(1)}h`;
+}
+
+function eta(d) {
+  if (d.status === 'completed') return '-';
+  if (d.etaSeconds.low === null) return '?';
+  const lo = duration(d.etaSeconds.low);
+  const hi = duration(d.etaSeconds.high ?? d.etaSeconds.low);
+  return lo === hi ? lo : `${lo}–${hi}`;
+}
+
+function setConnection(state, text) {
+  const c = $('#connection');
+  c.dataset.state = state;
+  c.textContent = text;
+}
+
+function renderPhases(phases) {
+  $('#phases').replaceChildren(
+    ...phases.map((p) =>
+      el('li', { 'data-phase': p.name, 'data-status': p.status, 'data-configured': String(p.configured) },
+        el('b', {}, p.name),
+        el('small', {}, p.configured ? `${p.status.replace('_', ' ')}${p.detail ? ` · ${p.detail}` : ''}` : 'not configured')),
+    ),
+  );
+}
+
+function bar(d) {
+  if (d.tokenBudget === null) return el('span', {}, fmt(d.outputTokens));
+  const pct = d.tokenBudget === 0 ? 100 : Math.min(100, (100 * d.outputTokens) / d.tokenBudget);
+  const b = el('div', { class: 'bar', title: `${pct.toFixed(1)}%` }, el('i', {}), el('span', {}, `${fmt(d.outputTokens)} / ${fmt(d.tokenBudget)}`));
+  b.firstChild.style.width = `${pct}%`;
+  return b;
+}
+
+function actionButton(dataset, action, label) {
+  const b = el('button', { type: 'button', 'data-action': action, 'data-dataset': dataset }, label);
+  b.addEventListener('click', () => void act(dataset, action, b));
+  return b;
+}
+
+function renderDatasets(datasets) {
+  const rows = datasets.map((d) => {
+    const generation = d.tokenBudget !== null || Object.keys(d.jobs || {}).length > 0;
+    const cells = [
+      el('td', { 'data-field': 'name' }, d.name),
+      el('td', { class: `text status-${d.status}`, 'data-field': 'status' }, d.status.replace('_', ' ') + (d.stalled ? ' (STALLED)' : '')),
+      el('td', { 'data-field': 'tokens' }, bar(d)),
+      el('td', { 'data-field': 'records' }, fmt(d.records)),
+      el('td', { 'data-field': 'tokensPerSec' }, fmt(d.tokensPerSec)),
+      el('td', { 'data-field': 'eta' }, eta(d)),
+      el('td', { 'data-field': 'inFlight' }, fmt(d.inFlight)),
+      el('td', { 'data-field': 'failed' }, fmt(d.failed)),
+      el('td', { 'data-field': 'skipped' }, fmt(d.skipped)),
+      el('td', { 'data-field': 'paused' }, d.paused ? 'yes' : 'no'),
+      el('td', { 'data-field': 'actions' },
+        ...(generation
+          ? [d.paused ? actionButton(d.name, 'resume', 'Resume') : actionButton(d.name, 'pause', 'Pause'), ...(d.failed > 0 ? [actionButton(d.name, 'retry-failed', `Retry ${fmt(d.failed)} failed`)] : [])]
+          : [])),
+    ];
+    return el('tr', { 'data-dataset': d.name, 'data-status': d.status }, ...cells);
+  });
+  $('#datasets tbody').replaceChildren(...rows);
+}
+
+function renderEndpoints(status) {
+  const h = status.endpoints;
+  $('#endpoint-summary').textContent =
+    h.reported === 0 ? `${h.total} configured; no inference worker reporting yet` : `${h.healthy}/${h.total} healthy`;
+  const requests = new Map((status.endpointRequests || []).map((r) => [r.url, r]));
+  $('#endpoints tbody').replaceChildren(
+    ...h.endpoints.map((e) => {
+      const r = requests.get(e.url) || { inFlight: 0, errors: {}, recentLatencyMs: null };
+      const health = e.up === null ? 'unknown' : e.up ? 'healthy' : `down: ${e.reason || '?'}`;
+      const errors = Object.entries(r.errors).map(([k, v]) => `${k}×${v}`).join(' ') || '0';
+      const latency = r.recentLatencyMs ? `${duration(r.recentLatencyMs.p50 / 1000)} / ${duration(r.recentLatencyMs.p95 / 1000)}` : '-';
+      return el('tr', { 'data-endpoint': e.url },
+        el('td', {}, e.url),
+        el('td', { class: `text ${e.up === true ? 'up' : e.up === false ? 'down' : ''}` }, health),
+        el('td', {}, fmt(r.inFlight)),
+        el('td', {}, latency),
+        el('td', {}, errors));
+    }),
+  );
+}
+
+function renderWorkers(workers, nowMs) {
+  const rows = workers.map((w) =>
+    el('tr', { 'data-role': w.role },
+      el('td', {}, w.role), el('td', { class: 'text' }, w.host), el('td', {}, w.pid),
+      el('td', {}, duration((nowMs - w.startedMs) / 1000)), el('td', {}, w.role === 'inference' ? fmt(w.inFlight) : '-')));
+  if (rows.length === 0) rows.push(el('tr', {}, el('td', { colSpan: 5 }, 'no live worker')));
+  $('#workers tbody').replaceChildren(...rows);
+}
+
+function renderChart() {
+  const svg = $('#chart-svg');
+  const points = [];
+  for (let i = 1; i < samples.length; i++) {
+    const a = samples[i - 1];
+    const b = samples[i];
+    const dt = (b.t - a.t) / 1000;
+    if (dt <= 0) continue;
+    let d = 0;
+    for (const [name, tokens] of Object.entries(b.tokens)) d += Math.max(0, tokens - (a.tokens[name] ?? tokens));
+    points.push([b.t, d / dt]);
+  }
+  if (points.length < 2) {
+    svg.replaceChildren();
+    $('#chart-legend').textContent = 'collecting samples (one every 10 s)…';
+    return;
+  }
+  const end = points[points.length - 1][0];
+  const start = end - 3600_000;
+  const max = Math.max(1, ...points.map((p) => p[1]));
+  const line = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
+  line.setAttribute('points', points.filter((p) => p[0] >= start).map(([t, v]) => `${((t - start) / 3600_000) * 800},${160 - (v / max) * 150}`).join(' '));
+  svg.replaceChildren(line);
+  $('#chart-legend').textContent = `now ${fmt(points[points.length - 1][1])} tok/s · peak ${fmt(max)} tok/s · ${points.length} samples`;
+}
+
+function render(update) {
+  const status = update.status;
+  lastStatus = status;
+  $('#run').textContent = status.run;
+  document.title = `tokenmill · ${status.run}`;
+  renderPhases(status.phases);
+  renderDatasets(status.datasets);
+  renderEndpoints(status);
+  renderWorkers(status.workers || [], update.readAtMs);
+  if (update.sample) {
+    samples.push(update.sample);
+    while (samples.length > 0 && samples[0].t < update.sample.t - 3600_000) samples.shift();
+    renderChart();
+  }
+  const when = new Date(update.readAtMs);
+  $('#updated').textContent = when.toLocaleTimeString();
+  $('#updated').dataset.readAt = String(update.readAtMs);
+}
+
+async function act(dataset, action, button) {
+  button.disabled = true;
+  try {
+    const res = await fetch(`api/datasets/${encodeURIComponent(dataset)}/${action}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{}',
+    });
+    const body = await res.json().catch(() => ({}));
+    $('#action-result').textContent = res.ok
+      ? `${dataset}: ${action}${body.retried !== undefined ? ` (${body.retried} prompt(s) sent again)` : ''} done`
+      : `${dataset}: ${action} failed: ${body.error || res.status}`;
+    await poll();
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function poll() {
+  const res = await fetch('api/status', { cache: 'no-store' });
+  if (!res.ok) throw new Error(`GET api/status answered ${res.status}`);
+  render({ kind: 'status', status: await res.json(), sample: null, readAtMs: Date.now() });
+}
+
+function connect() {
+  const events = new EventSource('api/events');
+  events.addEventListener('history', (e) => {
+    samples.splice(0, samples.length, ...JSON.parse(e.data).samples);
+    renderChart();
+  });
+  events.addEventListener('status', (e) => {
+    setConnection('live', 'live');
+    render(JSON.parse(e.data));
+  });
+  events.addEventListener('error', (e) => {
+    // A server-sent "error" event carries data: the dashboard cannot read Redis.
+    if (e.data) {
+      const u = JSON.parse(e.data);
+      setConnection('error', `${u.message} (since ${new Date(u.sinceMs).toLocaleTimeString()}; showing the last status)`);
+      return;
+    }
+    // The stream itself broke: EventSource reconnects on its own; say so meanwhile.
+    setConnection('lost', `connection to the dashboard lost; reconnecting…${lastStatus ? ' (showing the last status)' : ''}`);
+  });
+}
+
+connect();

@@ -1,0 +1,95 @@
+/**
+ * The numbers behind each phase of the pipeline checklist: prompts read for prepare, records
+ * and tokens for generate, rows and tokens of the last post-process round for tokenize and
+ * merge (from its merge job's result).
+ */
+import { Job, Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { Config } from './config.js';
+import { MERGE_QUEUE, type MergeJobResult } from './queues.js';
+import type { RunKeys } from './run-keys.js';
+
+/** What {@link readPhaseDetails} needs of each generation dataset's status. */
+interface GenerationCounts {
+  name: string;
+  records: number;
+  outputTokens: number;
+  tokenBudget: number | null;
+  failed: number;
+  skipped: number;
+}
+
+/** One line of numbers per phase; '' where there is nothing yet. */
+export interface PhaseDetails {
+  prepare: string;
+  generate: string;
+  tokenize: string;
+  merge: string;
+}
+
+function n(x: number): string {
+  return x.toLocaleString('en-US');
+}
+
+/** Reads the numbers of each phase (a few round trips; the merge job only once a round ran). */
+export async function readPhaseDetails(
+  redis: Redis,
+  keys: RunKeys,
+  config: Pick<Config, 'datasets'>,
+  generation: readonly GenerationCounts[],
+): Promise<PhaseDetails> {
+  let prompts = 0;
+  let rejected = 0;
+  let counted = 0;
+  for (const ds of config.datasets.filter((d) => d.prompts !== undefined)) {
+    const [p, r] = await redis.hmget(keys.stats(ds.name), 'prompts', 'rejected');
+    if (p !== null) counted += 1;
+    prompts += Number(p ?? 0);
+    rejected += Number(r ?? 0);
+  }
+  const prepare = counted === 0 ? '' : `${n(prompts)} prompts read, ${n(rejected)} rejected`;
+
+  const records = generation.reduce((a, d) => a + d.records, 0);
+  const tokens = generation.reduce((a, d) => a + d.outputTokens, 0);
+  const budget = generation.every((d) => d.tokenBudget !== null) ? generation.reduce((a, d) => a + (d.tokenBudget ?? 0), 0) : null;
+  const failed = generation.reduce((a, d) => a + d.failed, 0);
+  const skipped = generation.reduce((a, d) => a + d.skipped, 0);
+  const generate =
+    generation.length === 0
+      ? 'no dataset with prompts'
+      : `${n(records)} records, ${n(tokens)}${budget === null ? '' : ` / ${n(budget)}`} output tokens, ${n(failed)} failed, ${n(skipped)} skipped`;
+
+  const round = await redis.hgetall(keys.postprocess());
+  let tokenize = '';
+  let merge = '';
+  if (round.flowId !== undefined && round.flowId !== '') {
+    const result = await mergeResult(redis, keys, round.flowId);
+    const label = `round ${round.round ?? '?'}`;
+    if (result === undefined) {
+      tokenize = `${label} ${round.status ?? 'in_progress'}${round.reason ? `: ${round.reason}` : ''}`;
+      merge = tokenize;
+    } else {
+      const rows = result.datasets.reduce((a, d) => a + d.rows, 0);
+      const tok = result.datasets.reduce((a, d) => a + d.tokens, 0);
+      const dropped = result.datasets.reduce((a, d) => a + d.droppedTruncated + d.droppedAborted + d.droppedEmpty + d.droppedUnsupervised + d.invalid, 0);
+      tokenize = `${label}: ${n(rows)} rows, ${n(tok)} tokens from ${result.datasets.length} datasets, ${n(dropped)} dropped`;
+      merge =
+        result.report === null
+          ? `${label}: ${result.status}`
+          : `${label}: ${n(result.report.rows)} rows, ${n(result.report.tokens)} tokens in ${n(result.report.shards)} shards (${n(result.report.newRows)} new)`;
+    }
+  }
+  return { prepare, generate, tokenize, merge };
+}
+
+/** The merge job's result of round `flowId`, once it completed. */
+async function mergeResult(redis: Redis, keys: RunKeys, flowId: string): Promise<MergeJobResult | undefined> {
+  const queue = new Queue(MERGE_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  try {
+    const job = await Job.fromId<unknown, MergeJobResult>(queue, flowId);
+    const r = job?.returnvalue as MergeJobResult | null | undefined;
+    return r !== null && r !== undefined && Array.isArray(r.datasets) ? r : undefined;
+  } finally {
+    await queue.close();
+  }
+}
