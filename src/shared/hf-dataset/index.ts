@@ -3,4 +3,5 @@ export * from './schema.js';
 export * from './writer.js';
 export * from './reader.js';
 export * from './merge.js';
+export { DEFAULT_PYTHON, pythonVerifier, type PythonVerifier } from './merge-verify-python.js';
 export { linkOrCopy, writeFileAtomic, type LinkMethod } from './fs.js';

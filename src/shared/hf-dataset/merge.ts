@@ -50,6 +50,7 @@ import { acquireLock } from './merge-lock.js';
 import { sampleKeyProblem } from './merge-sample-key.js';
 import { planMergeColumns, planSource, sortStateKeys, stageNewShards } from './merge-stage.js';
 import { validateMerged } from './merge-validate.js';
+import { pythonVerifierFor } from './merge-verify-python.js';
 import { readDatasetMeta, readShardSchema, scanShard, type DatasetMeta, type ShardScan } from './reader.js';
 import { columnsOfSchema, columnsString, newDatasetInfo, sameColumns, type ColumnSpec, type DatasetState } from './schema.js';
 import { newFingerprint, removeEmptyDir } from './writer.js';
@@ -91,6 +92,8 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
   const target = path.resolve(opts.target);
   const mergeId = newMergeId();
   const mlog = log().child({ target, mergeId });
+  // postprocess.verifyWithPython: the interpreter is checked before anything else is done.
+  const python = await pythonVerifierFor(opts);
   const release = await acquireLock(target);
   let staging: string | undefined;
   try {
@@ -196,6 +199,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       opts,
       started,
     });
+    if (report.ok) await python?.check(staging, report);
     const reportPath = path.join(opts.runDir, `merge-report-${mergeId}.json`);
     await ensureDir(opts.runDir);
     await writeFileAtomic(reportPath, jsonText(report));

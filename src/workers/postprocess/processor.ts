@@ -270,6 +270,7 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
       })),
     };
     if (deps.decode !== undefined) opts.decode = deps.decode;
+    if (p.verifyWithPython !== undefined) opts.verifyWithPython = p.verifyWithPython;
     let merged: Awaited<ReturnType<typeof mergeIntoTarget>>;
     try {
       merged = await merge(opts);
