@@ -6,6 +6,7 @@ import path from 'node:path';
 import { AppError } from '../errors.js';
 import { logger } from '../logger.js';
 import type { EndOfTurnCount } from './merge-end-of-turn.js';
+import type { SourceOffsets } from './merge-offsets.js';
 import type { HfRow, HfTokenTypes } from './schema.js';
 import type { RowSource } from './writer.js';
 
@@ -72,12 +73,6 @@ export interface MergeOptions extends HfTokenTypes {
    */
   verifyMerged?: (mergedDir: string) => Promise<string[]>;
   /**
-   * `postprocess.verifyWithPython`: load the merged folder with this interpreter's `datasets`
-   * (`load_from_disk`) before the swap, and refuse the swap when it fails or sees other rows or
-   * columns (merge-verify-python.ts). The interpreter is checked at the start of the merge.
-   */
-  verifyWithPython?: { python: string };
-  /**
    * Names the new rows (e.g. `<run>/<dataset>/<tokenize job id>`). When a merge with this key
    * is in effect in the target's history, nothing is merged and that merge's report comes back
    * with `alreadyMerged: true`, so a merge job retried after a crash that followed its commit
@@ -94,6 +89,11 @@ export interface MergeOptions extends HfTokenTypes {
    * end-of-turn supervision is logged and named in the report's warnings (merge-end-of-turn.ts).
    */
   endOfTurn?: readonly EndOfTurnCount[];
+  /**
+   * How far the tokenize jobs of these rows read each dataset's generation files; recorded with
+   * the merged version (merge-offsets.ts), for the updates read against the current version.
+   */
+  tokenizeOffsets?: readonly SourceOffsets[];
   crashAt?: MergeCrashPoint;
   /** Randomness for sampling (tests pass a seeded one). */
   random?: () => number;

@@ -6,8 +6,9 @@ import path from 'node:path';
 import { errorMessage } from '../errors.js';
 import type { MergeOptions, MergeReport, MergeSample } from './merge-common.js';
 import type { NewPart } from './merge-stage.js';
-import { batchRowReader, readDatasetMeta, readShardSchema, scanShard, type ShardScan } from './reader.js';
-import { columnsOfSchema, columnsString, sameColumns, type ColumnSpec } from './schema.js';
+import { ShardKeyCollector } from './merge-index.js';
+import { batchRowReader, readDatasetMeta, scanShard, type ShardScan } from './reader.js';
+import { columnsString, sameColumns, type ColumnSpec } from './schema.js';
 import type { RowRecord } from './writer.js';
 
 export interface ValidateInput {
@@ -20,6 +21,8 @@ export interface ValidateInput {
   oldShards: string[];
   oldScans: ShardScan[];
   newPart: NewPart;
+  /** Filled with each new shard's scan and sample keys (for its index file). */
+  newScans?: Map<string, { scan: ShardScan; collector: ShardKeyCollector }>;
   warnings: string[];
   opts: MergeOptions;
   started: number;
@@ -34,8 +37,8 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     problems.push(`state.json lists ${meta.shards.length} shards, expected the ${v.oldShards.length} old ones then ${newPart.files.length} new ones`);
   }
 
-  // Old shards: a hard link is the same file that was read before the merge, so its scan
-  // stands; a copy is read again and must match.
+  // Old shards: a hard link is the same file that the index describes (the index checked its
+  // size and time), so its counts and columns stand; a copy is read again and must match.
   let oldRows = 0;
   let oldTokens = 0;
   let oldSupervised = 0;
@@ -46,8 +49,7 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     oldSupervised += before.supervisedTokens;
     const [a, b] = await Promise.all([stat(path.join(v.target, s)), stat(path.join(staging, s))]);
     if (a.ino === b.ino && a.dev === b.dev) {
-      const cols = columnsOfSchema(await readShardSchema(path.join(staging, s)));
-      if (!sameColumns(cols, v.columns)) problems.push(`${s}: schema (${columnsString(cols)}) differs from (${columnsString(v.columns)})`);
+      if (!sameColumns(before.columns, v.columns)) problems.push(`${s}: schema (${columnsString(before.columns)}) differs from (${columnsString(v.columns)})`);
       continue;
     }
     const again = await scanShard(path.join(staging, s));
@@ -65,7 +67,9 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
   let newSupervisedRead = 0;
   for (const f of newPart.files) {
     const base = newRowsRead;
+    const collector = new ShardKeyCollector();
     const scan = await scanShard(path.join(staging, f), (batch, cols, firstRow) => {
+      collector.addBatch(batch);
       let read: ((i: number) => RowRecord) | undefined;
       for (let i = 0; i < batch.numRows; i++) {
         const idx = base + firstRow + i;
@@ -74,6 +78,7 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
         readBack.set(idx, read(i));
       }
     });
+    v.newScans?.set(f, { scan, collector });
     problems.push(...scan.problems);
     if (!sameColumns(scan.columns, v.columns)) problems.push(`${f}: schema (${columnsString(scan.columns)}) differs from (${columnsString(v.columns)})`);
     newRowsRead += scan.rows;

@@ -27,7 +27,10 @@
 // The parts: merge-common.ts (types, control folders), merge-lock.ts, merge-journal.ts (history
 // and repair), merge-stage.ts (schema plan, new shards), merge-validate.ts (the report),
 // merge-rollback.ts; merge-sample-key.ts (targets whose rows cannot be matched are refused) and
-// merge-end-of-turn.ts (rows without end-of-turn supervision are reported).
+// merge-end-of-turn.ts (rows without end-of-turn supervision are reported); merge-index.ts and
+// merge-new-index.ts (the id index beside the dataset: a merge reads the index, never the old
+// shards, and refuses a new row the target already holds); merge-offsets.ts (how far each
+// dataset's generation files were read, committed with the version they lead to).
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 
@@ -50,8 +53,9 @@ import { acquireLock } from './merge-lock.js';
 import { sampleKeyProblem } from './merge-sample-key.js';
 import { planMergeColumns, planSource, sortStateKeys, stageNewShards } from './merge-stage.js';
 import { validateMerged } from './merge-validate.js';
-import { pythonVerifierFor } from './merge-verify-python.js';
-import { readDatasetMeta, readShardSchema, scanShard, type DatasetMeta, type ShardScan } from './reader.js';
+import { DatasetIndex, type ShardKeyCollector } from './merge-index.js';
+import { moveExtraFiles, stageIndexAndOffsets } from './merge-commit-files.js';
+import { readDatasetMeta, readShardSchema, type DatasetMeta, type ShardScan } from './reader.js';
 import { columnsOfSchema, columnsString, newDatasetInfo, sameColumns, type ColumnSpec, type DatasetState } from './schema.js';
 import { newFingerprint, removeEmptyDir } from './writer.js';
 
@@ -71,6 +75,20 @@ export { MAX_WITHOUT_END_OF_TURN_FRACTION, endOfTurnFindings, type EndOfTurnCoun
 export { repairTarget } from './merge-journal.js';
 export { SAMPLE_KEY_COLUMNS, assertSampleKeyedTarget, sampleKeyProblem } from './merge-sample-key.js';
 export { planMergeColumns } from './merge-stage.js';
+export { DatasetIndex, KeyFilter, indexFileOf, sampleKey, type ShardIndexHeader } from './merge-index.js';
+export {
+  DatasetOffsetsSchema,
+  GenerationFileOffsetSchema,
+  SourceOffsetsSchema,
+  commitOffsetsWithoutMerge,
+  offsetsOfState,
+  readCommittedOffsets,
+  stateKey,
+  type CommittedOffsets,
+  type DatasetOffsets,
+  type GenerationFileOffset,
+  type SourceOffsets,
+} from './merge-offsets.js';
 export { listMerges, rollbackTarget, type RollbackOptions, type RollbackResult } from './merge-rollback.js';
 
 
@@ -92,10 +110,9 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
   const target = path.resolve(opts.target);
   const mergeId = newMergeId();
   const mlog = log().child({ target, mergeId });
-  // postprocess.verifyWithPython: the interpreter is checked before anything else is done.
-  const python = await pythonVerifierFor(opts);
   const release = await acquireLock(target);
   let staging: string | undefined;
+  let oldIndex: DatasetIndex | undefined;
   try {
     const repaired = await repairLocked(target);
     if (opts.mergeKey !== undefined) {
@@ -131,13 +148,15 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       columns = plan.columns;
       dropped = plan.dropped;
       if (dropped.length > 0) warnings.push(`columns the target does not have were left out: ${dropped.join(', ')}`);
-      for (const s of old.shards) {
-        const scan = await scanShard(path.join(target, s));
-        if (!sameColumns(scan.columns, columns)) {
-          throw new DatasetMergeError(`cannot merge: the target's shard ${s} has columns (${columnsString(scan.columns)}) but ${firstShard} has (${columnsString(columns)})`);
+      // The old shards' counts, columns and keys come from the index (built once from a shard
+      // that has none); the shards themselves are not read.
+      oldIndex = await DatasetIndex.open(target, old.shards, { persist: true });
+      for (const { shard: s, header: h } of oldIndex.shards) {
+        if (!sameColumns(h.columns, columns)) {
+          throw new DatasetMergeError(`cannot merge: the target's shard ${s} has columns (${columnsString(h.columns)}) but ${firstShard} has (${columnsString(columns)})`);
         }
-        warnings.push(...scan.problems);
-        oldScans.push(scan);
+        warnings.push(...h.problems);
+        oldScans.push({ file: path.join(target, s), columns: h.columns, rows: h.rows, tokens: h.tokens, supervisedTokens: h.supervisedTokens, batches: 0, problems: h.problems });
       }
     } else {
       columns = source.columns;
@@ -185,6 +204,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
     await crashPoint(opts.crashAt, 'after-link');
 
     // -- 3. validate the staged folder and write the report
+    const newScans = new Map<string, { scan: ShardScan; collector: ShardKeyCollector }>();
     const report = await validateMerged({
       staging,
       target,
@@ -195,11 +215,12 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       oldShards,
       oldScans,
       newPart: { ...newPart, linked: linked + newPart.linked, copied: copied + newPart.copied },
+      newScans,
       warnings,
       opts,
       started,
     });
-    if (report.ok) await python?.check(staging, report);
+    const extraFiles = await stageIndexAndOffsets(staging, target, old, newPart.files, newScans, oldIndex, nextStateText, opts, report);
     const reportPath = path.join(opts.runDir, `merge-report-${mergeId}.json`);
     await ensureDir(opts.runDir);
     await writeFileAtomic(reportPath, jsonText(report));
@@ -219,7 +240,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       createdAt: report.createdAt,
       previousState: old?.stateText ?? null,
       nextState: nextStateText,
-      addedFiles: newPart.files,
+      addedFiles: [...newPart.files, ...extraFiles],
       mergeKey: opts.mergeKey ?? null,
       report,
       reportPath,
@@ -249,6 +270,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       await writeFileAtomic(path.join(historyDir(target), await nextHistoryName(target, mergeId)), jsonText(record));
       await crashPoint(opts.crashAt, 'after-journal');
       for (const f of newPart.files) await rename(path.join(staging, f), path.join(target, f));
+      await moveExtraFiles(staging, target, extraFiles);
       // load_from_disk needs dataset_info.json; a target without one gets the merged folder's
       // (it matches the old shards' schema too, so the old state stays loadable).
       if (old?.infoText === undefined) await rename(path.join(staging, 'dataset_info.json'), path.join(target, 'dataset_info.json'));
@@ -263,6 +285,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
     );
     return { report, reportPath, repaired, alreadyMerged: false };
   } finally {
+    await oldIndex?.close();
     if (staging !== undefined) {
       await rm(staging, { recursive: true, force: true }).catch((e: unknown) => {
         mlog.warn({ err: e, staging }, 'could not remove the staging folder; the next merge removes it');

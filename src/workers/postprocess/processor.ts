@@ -7,14 +7,27 @@
  * Which rows a round adds: every row of the sources that the training dataset does not hold yet,
  * by sample key (`dataset` + `id` columns of the target). So a round after new generations
  * appends only the new rows, a round with nothing new merges nothing, and a round after a
- * `rollback` adds back the rows the rollback removed. Reading the target's ids costs one read of
- * its shards per dataset, the same order as the merge itself (which scans the old shards).
+ * `rollback` adds back the rows the rollback removed.
+ *
+ * What a round costs grows with the new data only: the target's sample keys are looked up in the
+ * id index kept beside it (16 bytes a row in memory, never its shards), and a generations folder
+ * is read from where the last merged round stopped (offsets committed with the target's version,
+ * so a rollback or a crash before the swap makes the next round read those lines again). A
+ * tokenize job returns its offsets with its result (`sourceOffsets`); the merge commits them.
  */
 import { rm, rmdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 
 import {
+  DatasetIndex,
   DatasetMergeError,
+  SourceOffsetsSchema,
+  commitOffsetsWithoutMerge,
+  offsetsOfState,
+  readDatasetMeta,
+  stateKey,
+  type DatasetOffsets,
+  type SourceOffsets,
   MergePayloadSchema,
   MergeJobResultSchema,
   PayloadError,
@@ -49,6 +62,8 @@ import {
   type TokenizeContext,
   type TokenizedRow,
 } from './tokenize.js';
+import { fileOffset, planResume, tokenizeSettings, type FileStart } from './generation-offsets.js';
+import { listGenerationFiles } from './tokenize-records.js';
 
 /** A phase of the pipeline checklist that post-processing moves (`keys.phases()`). */
 export type PostprocessPhase = 'tokenize' | 'merge';
@@ -131,34 +146,97 @@ export async function mergedSampleIds(target: string, dataset: string): Promise<
   return ids;
 }
 
+/** The sample keys of the training dataset as it is, looked up in its id index. */
+export interface MergedKeys {
+  /** The version's key (see `stateKey`); null when there is no target yet. */
+  basis: string | null;
+  /** state.json of that version, when there is one. */
+  stateText: string | undefined;
+  has(dataset: string, id: string): Promise<boolean>;
+  close(): Promise<void>;
+}
+
 /**
- * Tokenizes one dataset of a post-process round: reads its generation records (or its
- * conversation file), leaves out rows the training dataset already holds, and writes the rest as
- * a `datasets` folder at `stagedDir` (replacing what an earlier attempt left there). Fails —
- * unrecoverably, with a message naming the source — when the source cannot be read or has more
- * invalid lines than `maxInvalidFraction` allows; the staged folder is then removed.
+ * Opens the id index of the training dataset at `target` for lookups (an index file that is
+ * missing or stale is rebuilt in memory from its shard, with a log line; the merge writes it).
+ * A target without `id` and `dataset` columns is refused ({@link assertSampleKeyedTarget}).
  */
-export async function processTokenize(data: unknown, deps: TokenizeDeps): Promise<TokenizeResult> {
+export async function openMergedKeys(target: string): Promise<MergedKeys> {
+  if (!(await hasState(target))) {
+    return { basis: null, stateText: undefined, has: () => Promise.resolve(false), close: () => Promise.resolve() };
+  }
+  await assertSampleKeyedTarget(target);
+  const meta = await readDatasetMeta(target);
+  const index = await DatasetIndex.open(target, meta.shards, { persist: false });
+  try {
+    const filter = await index.memoryFilter();
+    return { basis: stateKey(meta.stateText), stateText: meta.stateText, has: (dataset, id) => filter.has(dataset, id), close: () => index.close() };
+  } catch (e: unknown) {
+    await index.close();
+    throw e;
+  }
+}
+
+/** What a tokenize job returns: its result, and for generation records how far it read. */
+export type TokenizeJobResult = TokenizeResult & { sourceOffsets?: SourceOffsets };
+
+/** Where each generation file of a dataset starts, from the offsets committed with `merged`'s version. */
+async function resumeOf(p: TokenizePayload, merged: MergedKeys, ctx: TokenizeContext, log: Logger): Promise<Map<string, FileStart>> {
+  const committed = merged.stateText === undefined ? undefined : await offsetsOfState(p.target, merged.stateText);
+  const plan = await planResume(await listGenerationFiles(p.source), committed?.datasets[p.dataset], tokenizeSettings(ctx));
+  if (plan.fullRead !== undefined) {
+    log.info({ source: p.source, reason: plan.fullRead }, 'reading every generation line of the dataset (no usable offsets)');
+  } else {
+    log.info({ source: p.source, files: plan.starts.size }, 'reading only the generation lines written since the last merged round');
+  }
+  return plan.starts;
+}
+
+/**
+ * Tokenizes one dataset of a post-process round: reads its generation records (only the lines
+ * not yet read into the training dataset) or its conversation file, leaves out rows the
+ * training dataset already holds, and writes the rest as a `datasets` folder at `stagedDir`
+ * (replacing what an earlier attempt left there). Fails — unrecoverably, with a message naming
+ * the source — when the source cannot be read or has more invalid lines than
+ * `maxInvalidFraction` allows; the staged folder is then removed.
+ */
+export async function processTokenize(data: unknown, deps: TokenizeDeps): Promise<TokenizeJobResult> {
   const p: TokenizePayload = parsePayload(TokenizePayloadSchema, data, 'tokenize');
   const started = Date.now();
   const log = deps.logger.child({ dataset: p.dataset, flowId: p.flowId });
   await deps.setPhase('tokenize', 'in_progress');
   const ctx = await deps.tokenizeContext();
-  const merged = await mergedSampleIds(p.target, p.dataset);
+  const merged = await openMergedKeys(p.target);
+  try {
+    return await tokenizeAgainst(p, merged, ctx, log, started);
+  } finally {
+    await merged.close();
+  }
+}
+
+async function tokenizeAgainst(
+  p: TokenizePayload,
+  merged: MergedKeys,
+  ctx: TokenizeContext,
+  log: Logger,
+  started: number,
+): Promise<TokenizeJobResult> {
+  const resume = p.kind === 'generations' ? await resumeOf(p, merged, ctx, log) : undefined;
+  const positions = new Map<string, FileStart>();
 
   const genStats: GenerationTokenizeStats = emptyGenerationStats();
   const convStats: ConversationTokenizeStats = emptyConversationStats();
   const stats = p.kind === 'generations' ? genStats : convStats;
   const source: AsyncGenerator<TokenizedRow, unknown> =
     p.kind === 'generations'
-      ? rowsFromGenerations(p.source, { ctx, dataset: p.dataset, stats: genStats, logger: log })
+      ? rowsFromGenerations(p.source, { ctx, dataset: p.dataset, stats: genStats, logger: log, resume, positions })
       : rowsFromConversations(p.source, { ctx, dataset: p.dataset, stats: convStats, logger: log });
   let alreadyMerged = 0;
   async function* fresh(): AsyncGenerator<HfRow> {
     for await (const row of source) {
       // Any invalid line is fatal when none is allowed: stop reading at once.
       if (p.maxInvalidFraction === 0 && stats.invalid > 0) break;
-      if (merged.has(row.id)) {
+      if (await merged.has(row.dataset, row.id)) {
         alreadyMerged += 1;
         continue;
       }
@@ -173,7 +251,7 @@ export async function processTokenize(data: unknown, deps: TokenizeDeps): Promis
     await rm(p.stagedDir, { recursive: true, force: true });
     throw invalid;
   }
-  const result: TokenizeResult = {
+  const result: TokenizeJobResult = {
     dataset: p.dataset,
     kind: p.kind,
     stagedDir: p.stagedDir,
@@ -193,6 +271,13 @@ export async function processTokenize(data: unknown, deps: TokenizeDeps): Promis
     invalidExamples: stats.invalidExamples.slice(0, 5),
     durationMs: Date.now() - started,
   };
+  if (p.kind === 'generations') {
+    const files: DatasetOffsets['files'] = {};
+    for (const [name, end] of [...positions.entries()].sort(([a], [b]) => (a < b ? -1 : 1))) {
+      files[name] = await fileOffset(path.join(p.source, name), end);
+    }
+    result.sourceOffsets = { dataset: p.dataset, basis: merged.basis, offsets: { source: p.source, settings: tokenizeSettings(ctx), files } };
+  }
   log.info(
     { rows: result.rows, tokens: result.tokens, alreadyMerged, invalid: result.invalid, stagedDir: p.stagedDir },
     'dataset tokenized',
@@ -224,6 +309,19 @@ export function summarizeReport(report: MergeReport, reportPath: string): MergeR
   };
 }
 
+/** The offsets the round's tokenize jobs returned beside their results (generation datasets). */
+function sourceOffsetsOf(values: readonly unknown[], log: Logger): SourceOffsets[] {
+  const out: SourceOffsets[] = [];
+  for (const v of values) {
+    const raw = typeof v === 'object' && v !== null ? (v as { sourceOffsets?: unknown }).sourceOffsets : undefined;
+    if (raw === undefined) continue;
+    const parsed = SourceOffsetsSchema.safeParse(raw);
+    if (parsed.success) out.push(parsed.data);
+    else log.warn({ issues: parsed.error.issues.slice(0, 3) }, 'a tokenize job returned offsets that do not parse: its lines are read again next round');
+  }
+  return out;
+}
+
 /** Every row of the staged folders, in order. */
 async function* stagedRows(dirs: readonly string[]): AsyncGenerator<HfRow> {
   for (const dir of dirs) {
@@ -243,9 +341,11 @@ async function* stagedRows(dirs: readonly string[]): AsyncGenerator<HfRow> {
 export async function processMerge(data: unknown, deps: MergeDeps): Promise<MergeJobResult> {
   const p: MergePayload = parsePayload(MergePayloadSchema, data, 'merge');
   const log = deps.logger.child({ flowId: p.flowId });
-  const datasets = (await deps.childResults())
+  const values = await deps.childResults();
+  const datasets = values
     .map((v, i) => parsePayload(TokenizeResultSchema, v, `merge: result of tokenize job ${i + 1}`))
     .sort((a, b) => (a.dataset < b.dataset ? -1 : a.dataset > b.dataset ? 1 : 0));
+  const offsets = sourceOffsetsOf(values, log);
   await deps.setPhase('tokenize', 'completed');
   await deps.setPhase('merge', 'in_progress');
 
@@ -253,6 +353,10 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
   let result: MergeJobResult;
   if (withRows.length === 0) {
     log.info({ datasets: datasets.length }, 'nothing new to merge');
+    // The lines read made no row the target lacks: the next round need not read them again.
+    if (offsets.length > 0 && (await commitOffsetsWithoutMerge(p.target, offsets))) {
+      log.info({ datasets: offsets.map((o) => o.dataset) }, 'tokenize offsets recorded');
+    }
     result = { flowId: p.flowId, status: 'nothing-new', datasets, report: null };
   } else {
     const merge = deps.merge ?? mergeIntoTarget;
@@ -263,6 +367,7 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
       shardSizeMiB: p.shardSizeMiB,
       mergeKey: p.mergeKey,
       requireSampleKey: true,
+      tokenizeOffsets: offsets,
       endOfTurn: withRows.map((d) => ({
         dataset: d.dataset,
         stoppedRows: d.rows + d.alreadyMerged - d.keptTruncated,

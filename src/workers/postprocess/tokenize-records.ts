@@ -12,7 +12,8 @@ import {
   type Logger,
 } from '../../shared/index.js';
 import type { TokenizeContext, TokenizedRow } from './tokenize-context.js';
-import { isRecord, jsonLines, noteInvalid, type InvalidLine } from './tokenize-lines.js';
+import { linesFrom, type FileStart } from './generation-offsets.js';
+import { isRecord, noteInvalid, type InvalidLine } from './tokenize-lines.js';
 
 /** One line of `<run>/<dataset>/generations/*.jsonl` (the keys this step reads; others ignored). */
 export interface GenerationRecord {
@@ -169,6 +170,13 @@ export interface RowsFromGenerationsOptions {
   /** Counters to fill in place (also the generator's return value). */
   stats?: GenerationTokenizeStats;
   logger?: Logger;
+  /**
+   * Where to start reading each file, by file name (from the offsets of the last round, see
+   * generation-offsets.ts); files not in it are read from the start.
+   */
+  resume?: ReadonlyMap<string, FileStart>;
+  /** Filled with where each file's complete lines end once read, by file name. */
+  positions?: Map<string, FileStart>;
 }
 
 /** The `*.jsonl` files of a generations folder, by name. Throws an `EnvironmentError` if it is no folder. */
@@ -189,9 +197,10 @@ export async function listGenerationFiles(dir: string): Promise<string[]> {
 /**
  * Streams the rows of one dataset's generations folder (`<run>/<dataset>/generations`): its
  * `*.jsonl` files in name order, line by line, so files of any size take constant memory
- * (besides the set of ids seen). A sample id seen before in the folder is skipped (the first
- * wins). Invalid lines are counted and skipped, never fatal. Returns the counters, which are
- * also kept up to date in `opts.stats` when given.
+ * (besides the set of ids seen). With `opts.resume`, each file is read from where the last
+ * round stopped (a file that has not grown since is not opened). A sample id seen before in the
+ * lines read is skipped (the first wins). Invalid lines are counted and skipped, never fatal.
+ * Returns the counters, which are also kept up to date in `opts.stats` when given.
  */
 export async function* rowsFromGenerations(
   dir: string,
@@ -202,8 +211,21 @@ export async function* rowsFromGenerations(
   const vocabSize = opts.ctx.tokenizer.vocabSize;
   const seen = new Set<string>();
   for (const file of await listGenerationFiles(dir)) {
+    const name = path.basename(file);
+    const start = opts.resume?.get(name) ?? { bytes: 0, lines: 0 };
+    if (start.bytes > 0 && (await stat(file)).size === start.bytes) {
+      opts.positions?.set(name, start);
+      continue;
+    }
     stats.files += 1;
-    for await (const { line, text } of jsonLines(file)) {
+    const reader = linesFrom(file, start);
+    for (;;) {
+      const next = await reader.next();
+      if (next.done === true) {
+        opts.positions?.set(name, next.value);
+        break;
+      }
+      const { line, text } = next.value;
       stats.lines += 1;
       let record: GenerationRecord;
       try {
