@@ -73,6 +73,12 @@ export interface MergeOptions extends HfTokenTypes {
    */
   verifyMerged?: (mergedDir: string) => Promise<string[]>;
   /**
+   * `postprocess.verifyWithPython`: load the merged folder with this interpreter's `datasets`
+   * (`load_from_disk`) before the swap, and refuse the swap when it fails or sees other rows or
+   * columns (merge-verify-python.ts). The interpreter is checked at the start of the merge.
+   */
+  verifyWithPython?: { python: string };
+  /**
    * Names the new rows (e.g. `<run>/<dataset>/<tokenize job id>`). When a merge with this key
    * is in effect in the target's history, nothing is merged and that merge's report comes back
    * with `alreadyMerged: true`, so a merge job retried after a crash that followed its commit

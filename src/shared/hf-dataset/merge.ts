@@ -53,6 +53,7 @@ import { acquireLock } from './merge-lock.js';
 import { sampleKeyProblem } from './merge-sample-key.js';
 import { planMergeColumns, planSource, sortStateKeys, stageNewShards } from './merge-stage.js';
 import { validateMerged } from './merge-validate.js';
+import { pythonVerifierFor } from './merge-verify-python.js';
 import { DatasetIndex, type ShardKeyCollector } from './merge-index.js';
 import { moveExtraFiles, stageIndexAndOffsets } from './merge-commit-files.js';
 import { readDatasetMeta, readShardSchema, type DatasetMeta, type ShardScan } from './reader.js';
@@ -110,6 +111,8 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
   const target = path.resolve(opts.target);
   const mergeId = newMergeId();
   const mlog = log().child({ target, mergeId });
+  // postprocess.verifyWithPython: the interpreter is checked before anything else is done.
+  const python = await pythonVerifierFor(opts);
   const release = await acquireLock(target);
   let staging: string | undefined;
   let oldIndex: DatasetIndex | undefined;
@@ -220,6 +223,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       opts,
       started,
     });
+    if (report.ok) await python?.check(staging, report);
     const extraFiles = await stageIndexAndOffsets(staging, target, old, newPart.files, newScans, oldIndex, nextStateText, opts, report);
     const reportPath = path.join(opts.runDir, `merge-report-${mergeId}.json`);
     await ensureDir(opts.runDir);
