@@ -1,5 +1,5 @@
 // Python string semantics for chat templates rendered with @huggingface/jinja.
-import { Environment } from '@huggingface/jinja';
+import { Environment, Interpreter } from '@huggingface/jinja';
 import { AppError } from './errors.js';
 
 /** What Python's `str.strip()` removes without an argument (`str.isspace()`). */
@@ -21,11 +21,18 @@ function pythonStrip(value: string, chars: unknown, left: boolean, right: boolea
 
 let installed = false;
 
+/** The slice of @huggingface/jinja's interpreter that the `trim` filter goes through. */
+interface FilterApplier {
+  applyFilter(operand: unknown, filterNode: { type?: string; value?: unknown }, environment: unknown): unknown;
+}
+
 /**
  * @huggingface/jinja (0.5.11) implements `str.strip/lstrip/rstrip` as JS `trim`, ignoring the
  * `chars` argument; Qwen3's template calls `content.lstrip('\n')` and `reasoning.strip('\n')`.
- * Gives them Python's semantics, once per process, so rendered prompts match transformers.
- * Remove once the engine honours the argument.
+ * Its `trim` filter is JS `trim()` too, which strips what Python's does not (U+FEFF) and keeps
+ * what Python strips (U+0085, U+001C..U+001F); Llama 3 and Gemma 3 write every message as
+ * `content | trim`. Gives all four Python's semantics (Jinja's `trim` is `str.strip()`), once
+ * per process, so rendered prompts match transformers. Remove once the engine does this itself.
  */
 export function installPythonStrip(): void {
   if (installed) return;
@@ -53,5 +60,14 @@ export function installPythonStrip(): void {
       return map;
     },
   });
+  const interpreter = Interpreter.prototype as unknown as FilterApplier;
+  const applyFilter = interpreter.applyFilter;
+  if (typeof applyFilter !== 'function') throw new AppError('@huggingface/jinja changed: Interpreter.applyFilter not found; tokenmill cannot give trim Python semantics');
+  interpreter.applyFilter = function (this: FilterApplier, operand, filterNode, environment): unknown {
+    if (filterNode.type === 'Identifier' && filterNode.value === 'trim' && operand instanceof StringValue) {
+      return new StringValue(pythonStrip((operand as { value: string }).value, undefined, true, true));
+    }
+    return applyFilter.call(this, operand, filterNode, environment);
+  };
   installed = true;
 }

@@ -1,37 +1,51 @@
-"""Reference rows for the tokenize step, computed with Python transformers.
+"""Reference rows for the tokenize step, computed with Python transformers and SpecForge's rule.
 
-Reads one JSON object on stdin:
+Reads one JSON object on stdin, a job or {"jobs": [job, ...]} (one per tokenizer, answered as
+{"jobs": [result, ...]}); a job is
     {"tokenizer_dir": str,
+     "specforge": {"header", "turn_end", "eot_token", "ignore": [str]} | null,
      "conversations": [{"messages": [...], "tools": [...] | null, "kwargs": {...} | null}],
-     "generations":   [{"messages": [...], "kwargs": {...} | null, "output_ids": [int, ...]}]}
-and writes one JSON object on stdout:
+     "generations":   [{"messages": [...], "kwargs": {...} | null, "output_ids": [int, ...]}],
+     "records":       [{"messages": [...], "tools": [...] | null, "kwargs": {...} | null}
+                       | {"conversation": <index into conversations>}]}
+and its result, written as one JSON object on stdout, is
     {"versions": {...},
      "formats": {<kwargs as compact sorted JSON>: {"header", "ignorable", "turn_end", "eot_id", "suffix_ids"}},
      "conversations": [{"text", "input_ids", "loss_mask"} | {"error": str}],
-     "generations": [{"prompt_ids", "content", "input_ids", "loss_mask"} | {"error": str}]}
+     "generations": [{"prompt_ids", "content", "input_ids", "loss_mask"} | {"error": str}],
+     "records": [{"text", "prompt_ids", "output_ids", "input_ids", "loss_mask"} | {"error": str}]}
 
-The masking rule is implemented here on its own, from its description, not from the
-TypeScript code:
+Everything here is implemented on its own, from the descriptions below, not from the TypeScript
+code.
 
-1. The template's assistant-turn format is found by rendering probe conversations:
-   header = longest common prefix of (generation prompt, text before the answer in a last
-   assistant turn, text before the answer in an earlier assistant turn); ignorable prefixes =
-   what those two hold past the header; turn end = the text after the answer in the last turn,
-   which must start with a special added token (the end-of-turn token); suffix ids = the ids
-   after the last end-of-turn token in the encoding of [user, assistant].
-2. A conversation is rendered with apply_chat_template(tokenize=False,
-   add_generation_prompt=False) and encoded with tokenizer(text, add_special_tokens=False,
-   return_offsets_mapping=True).
-3. Supervised character spans: SpecForge's GeneralParser regex
-   re.escape(header) + r"([\\s\\S]*?(?:" + re.escape(turn_end) + r"|\\Z))"
-   over the rendered text, each span's leading ignorable prefix removed.
-4. A token is supervised when its offset range overlaps a span: start < span_end and
-   end > span_start.
+The assistant-turn format is SpecForge's registered template when "specforge" is given
+(specforge/data/template.py: assistant_header, end_of_turn_token, ignore_token); otherwise it is
+found by rendering probe conversations: header = longest common prefix of (generation prompt,
+text before the answer in a last assistant turn, text before the answer in an earlier assistant
+turn); ignorable = what those two hold past the header; turn end = the text after the answer in
+the last turn, which must start with a special added token (the end-of-turn token). The suffix
+ids are always the ids after the last end-of-turn token in the encoding of [user, assistant].
+
+A conversation is rendered with apply_chat_template(tokenize=False, add_generation_prompt=False)
+and encoded with tokenizer(text, add_special_tokens=False). The loss mask is SpecForge's
+GeneralParser.parse rule (specforge/data/parse.py):
+1. spans: every match of re.escape(header) + r"([\\s\\S]*?(?:" + re.escape(turn_end) + r"|$))"
+   (re.DOTALL) over the text; note that `$` also matches before a final newline;
+2. for each span, the tokens from len(encode(text[:span_start])) to len(encode(text[:span_end]))
+   (encodings of the text's prefixes, add_special_tokens=False) are set to 1;
+3. then, for every occurrence of each ignore string anywhere in the text, the tokens from
+   len(encode(text[:start])) to len(encode(text[:end])) are set back to 0.
 
 For a generation case, the prompt is apply_chat_template(messages, tokenize=True,
 add_generation_prompt=True), the content is tokenizer.decode(output_ids[:-1]) (the output
 without its end-of-turn token), and the row is the rule above applied to messages + [assistant
 content].
+
+For a record case (a conversation that ends with an assistant turn), the pipeline's record is
+simulated: the prompt is the conversation without its last turn, rendered with
+add_generation_prompt=True and encoded (tokenize=True); the rest of the full rendering must
+start where the prompt ends, and the model's output is that rest up to and including its last
+end-of-turn token, encoded; the reference row is the full rendering with the mask above.
 """
 
 import json
@@ -59,6 +73,10 @@ def render(tok, messages, generation_prompt, kwargs, tools=None):
     return tok.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
     )
+
+
+def encode(tok, text):
+    return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 def derive_format(tok, kwargs):
@@ -89,51 +107,101 @@ def derive_format(tok, kwargs):
     assert candidates, f"turn end {after!r} starts with no special token"
     eot = max(candidates, key=lambda t: len(t.content))
     eot_id = tok.convert_tokens_to_ids(eot.content)
-    ids = tok(f1, add_special_tokens=False)["input_ids"]
+    ids = encode(tok, f1)
     last_eot = len(ids) - 1 - ids[::-1].index(eot_id)
     return {
         "header": header,
         "ignorable": ignorable,
         "turn_end": after,
         "eot_id": eot_id,
+        "eot_token": eot.content,
         "suffix_ids": ids[last_eot + 1:],
     }
 
 
-def supervised_spans(text, fmt):
-    pattern = re.compile(re.escape(fmt["header"]) + r"([\s\S]*?(?:" + re.escape(fmt["turn_end"]) + r"|\Z))")
-    spans = []
-    for match in pattern.finditer(text):
-        start, end = match.start(1), match.end(1)
-        for prefix in fmt["ignorable"]:
-            if text.startswith(prefix, start) and start + len(prefix) <= end:
-                start += len(prefix)
+def specforge_mask(tok, text, fmt, n):
+    """SpecForge's GeneralParser mask over the n ids of text (see the module comment)."""
+    pattern = re.escape(fmt["header"]) + r"([\s\S]*?(?:" + re.escape(fmt["turn_end"]) + r"|$))"
+    spans = [(m.start(1), m.end(1)) for m in re.finditer(pattern, text, re.DOTALL)]
+    ignored = []
+    for ignore in fmt["ignorable"]:
+        start = 0
+        while True:
+            at = text.find(ignore, start)
+            if at < 0:
                 break
-        if start < end:
-            spans.append((start, end))
-    return spans
+            ignored.append((at, at + len(ignore)))
+            start = at + len(ignore)
+    # len(encode(text[:c])) for every boundary, encoded in one batch.
+    cuts = sorted({c for span in spans + ignored for c in span})
+    lengths = [len(ids) for ids in tok([text[:c] for c in cuts], add_special_tokens=False)["input_ids"]] if cuts else []
+    count = dict(zip(cuts, lengths))
+    mask = [0] * n
+    for (a, b), value in [(span, 1) for span in spans] + [(span, 0) for span in ignored]:
+        for i in range(min(count[a], n), min(count[b], n)):
+            mask[i] = value
+    return mask
 
 
 def masked_row(tok, text, fmt):
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    spans = supervised_spans(text, fmt)
-    mask = []
-    for token_start, token_end in enc["offset_mapping"]:
-        hit = any(token_start < span_end and token_end > span_start for span_start, span_end in spans)
-        mask.append(1 if hit else 0)
-    return list(enc["input_ids"]), mask
+    ids = encode(tok, text)
+    return ids, specforge_mask(tok, text, fmt, len(ids))
 
 
-def main() -> None:
-    request = json.load(sys.stdin)
+def record_row(tok, case, fmt, full=None):
+    """The record case's reference; `full` is the conversation's own result when already computed."""
+    messages = case["messages"]
+    kwargs = case.get("kwargs") or {}
+    tools = case.get("tools")
+    if not messages or messages[-1]["role"] != "assistant":
+        raise ValueError("the conversation does not end with an assistant turn")
+    if full is not None and "error" in full:
+        raise ValueError(full["error"])
+    prompt_text = render(tok, messages[:-1], True, kwargs, tools=tools)
+    prompt_ids = ids_of(
+        tok.apply_chat_template(messages[:-1], tools=tools, tokenize=True, add_generation_prompt=True, **kwargs)
+    )
+    text = full["text"] if full is not None else render(tok, messages, False, kwargs, tools=tools)
+    if not text.startswith(prompt_text):
+        raise ValueError("NotAPrefix: the full rendering does not start with the generation prompt")
+    rest = text[len(prompt_text):]
+    at = rest.rfind(fmt["eot_token"])
+    if at < 0:
+        raise ValueError("NoEndOfTurn: the last turn has no end-of-turn token")
+    output_text = rest[: at + len(fmt["eot_token"])]
+    if full is not None:
+        input_ids, mask = full["input_ids"], full["loss_mask"]
+    else:
+        input_ids, mask = masked_row(tok, text, fmt)
+    return {
+        "text": text,
+        "prompt_ids": prompt_ids,
+        "output_ids": encode(tok, output_text),
+        "after_output": rest[at + len(fmt["eot_token"]):],
+        "input_ids": input_ids,
+        "loss_mask": mask,
+    }
+
+
+def run_job(request):
     tok = AutoTokenizer.from_pretrained(request["tokenizer_dir"], local_files_only=True)
+    given = request.get("specforge")
     formats = {}
 
     def format_for(kwargs):
         key = json.dumps(kwargs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         if key not in formats:
             formats[key] = derive_format(tok, kwargs)
-        return formats[key]
+        derived = formats[key]
+        if given is None:
+            return derived
+        return {
+            "header": given["header"],
+            "turn_end": given["turn_end"],
+            "ignorable": given["ignore"],
+            "eot_token": given["eot_token"],
+            "eot_id": tok.convert_tokens_to_ids(given["eot_token"]),
+        }
 
     format_for({})
     conversations = []
@@ -162,16 +230,33 @@ def main() -> None:
         except Exception as e:  # reported per case
             generations.append({"error": f"{type(e).__name__}: {e}"})
 
-    json.dump(
-        {
-            "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
-            "formats": formats,
-            "conversations": conversations,
-            "generations": generations,
-        },
-        sys.stdout,
-        ensure_ascii=False,
-    )
+    records = []
+    for case in request.get("records", []):
+        try:
+            full = None
+            if "conversation" in case:  # the same conversation as conversations[i]: reuse its row
+                full = conversations[case["conversation"]]
+                case = request["conversations"][case["conversation"]]
+            records.append(record_row(tok, case, format_for(case.get("kwargs") or {}), full))
+        except Exception as e:  # reported per case
+            records.append({"error": f"{type(e).__name__}: {e}"})
+
+    return {
+        "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+        "formats": formats,
+        "conversations": conversations,
+        "generations": generations,
+        "records": records,
+    }
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    if "jobs" in request:
+        result = {"jobs": [run_job(job) for job in request["jobs"]]}
+    else:
+        result = run_job(request)
+    json.dump(result, sys.stdout, ensure_ascii=False)
 
 
 if __name__ == "__main__":

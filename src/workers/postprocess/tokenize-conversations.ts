@@ -13,7 +13,7 @@ import {
 } from '../../shared/index.js';
 import { CONVERSATION_FINISH_REASON, type TokenizeContext, type TokenizedRow } from './tokenize-context.js';
 import { isRecord, jsonLines, noteInvalid, type InvalidLine } from './tokenize-lines.js';
-import { findSupervisedSpans, maskFromSpans, type CharSpan } from './tokenize-mask.js';
+import { findSupervisedSpans, specForgeMask, type CharSpan } from './tokenize-mask.js';
 
 
 /** One conversation of a conversation dataset, normalized. */
@@ -60,8 +60,10 @@ export interface TokenizedConversation {
 }
 
 /**
- * Renders `conv` once, encodes it once and masks it by the rule of the module comment. Throws a
- * `PayloadError` when the template rejects the conversation.
+ * Renders `conv` once, encodes it once and masks it by SpecForge's rule (tokenize-mask.ts):
+ * the spans the template's assistant-turn format finds in the rendered text, by prefix-encoding
+ * lengths, with the template's ignorable text (Qwen3's empty think block) unsupervised wherever
+ * it appears. Throws a `PayloadError` when the template rejects the conversation.
  */
 export function tokenizeConversation(conv: ConversationRecord, ctx: TokenizeContext): TokenizedConversation {
   const { tokenizer, format } = ctx;
@@ -72,7 +74,7 @@ export function tokenizeConversation(conv: ConversationRecord, ctx: TokenizeCont
   });
   const ids = tokenizer.encode(text);
   const spans = findSupervisedSpans(text, format);
-  return { text, input_ids: ids, loss_mask: maskFromSpans(tokenizer, text, ids, spans), spans };
+  return { text, input_ids: ids, loss_mask: specForgeMask(tokenizer, text, ids, spans, format.ignorablePrefixes), spans };
 }
 
 /** The training row of one conversation ({@link tokenizeConversation}), in dataset `dataset`. */
@@ -129,8 +131,134 @@ export interface RowsFromConversationsOptions {
 }
 
 /**
- * Streams the rows of a conversation dataset (JSONL), line by line. Same id rule, dedupe and
- * handling of invalid lines as {@link rowsFromGenerations}.
+ * What one line of a conversation dataset gives, before the in-order accounting of
+ * {@link ConversationTally}: computed on its own for each line, so that lines can be tokenized
+ * anywhere (this thread or a tokenize thread, tokenize-pool.ts) with the same result.
+ */
+export type ConversationLineOutcome =
+  /** Not a conversation record (bad JSON, bad shape): invalid, and no id to dedupe on. */
+  | { kind: 'unparsed'; reason: string }
+  /** A record whose id `isKnownId` reported as seen: not tokenized, a duplicate. */
+  | { kind: 'repeated'; id: string }
+  /** A record whose tokenization failed (the template rejected it): invalid unless a duplicate. */
+  | { kind: 'failed'; id: string; reason: string }
+  | {
+      kind: 'tokenized';
+      id: string;
+      input_ids: number[];
+      loss_mask: number[];
+      /** Tokens with mask 1. */
+      supervised: number;
+      /** Supervised spans ≠ assistant messages (see {@link ConversationTokenizeStats.spanCountMismatch}). */
+      spanCountMismatch: boolean;
+    };
+
+function invalidReason(e: unknown): string {
+  return e instanceof SyntaxError ? `invalid JSON: ${e.message}` : errorMessage(e);
+}
+
+/**
+ * Parses and tokenizes one line (`text`, not blank) of a conversation dataset; a record whose
+ * id `isKnownId` says was seen before is not tokenized. Never throws.
+ */
+export function conversationLineOutcome(
+  text: string,
+  ctx: TokenizeContext,
+  isKnownId?: (id: string) => boolean,
+): ConversationLineOutcome {
+  let conv: ConversationRecord;
+  try {
+    conv = parseConversationRecord(JSON.parse(text));
+  } catch (e: unknown) {
+    return { kind: 'unparsed', reason: invalidReason(e) };
+  }
+  if (isKnownId?.(conv.id) === true) return { kind: 'repeated', id: conv.id };
+  let tokenized: TokenizedConversation;
+  try {
+    tokenized = tokenizeConversation(conv, ctx);
+  } catch (e: unknown) {
+    return { kind: 'failed', id: conv.id, reason: invalidReason(e) };
+  }
+  let supervised = 0;
+  for (const m of tokenized.loss_mask) supervised += m;
+  let assistants = 0;
+  for (const m of conv.messages) if (m.role === 'assistant') assistants += 1;
+  return {
+    kind: 'tokenized',
+    id: conv.id,
+    input_ids: tokenized.input_ids,
+    loss_mask: tokenized.loss_mask,
+    supervised,
+    spanCountMismatch: tokenized.spans.length !== assistants,
+  };
+}
+
+/**
+ * The in-order accounting of a conversation dataset's lines: counters, dedupe by id (the first
+ * line of an id wins, even when its tokenization fails), invalid lines, conversations without
+ * supervision. Feed it every non-blank line's outcome in file order.
+ */
+export class ConversationTally {
+  readonly #seen = new Set<string>();
+  /** Whether a line with this id was counted already (its next lines are duplicates). */
+  readonly has = (id: string): boolean => this.#seen.has(id);
+
+  constructor(
+    readonly stats: ConversationTokenizeStats,
+    private readonly file: string,
+    private readonly dataset: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** Counts line `line`'s outcome; returns its row when the row is kept. */
+  add(line: number, outcome: ConversationLineOutcome): TokenizedRow | undefined {
+    const stats = this.stats;
+    stats.lines += 1;
+    if (outcome.kind === 'unparsed') {
+      noteInvalid(stats, this.log, { file: this.file, line, reason: outcome.reason });
+      return undefined;
+    }
+    if (outcome.kind === 'repeated' || this.#seen.has(outcome.id)) {
+      stats.duplicates += 1;
+      return undefined;
+    }
+    this.#seen.add(outcome.id);
+    if (outcome.kind === 'failed') {
+      noteInvalid(stats, this.log, { file: this.file, line, reason: outcome.reason });
+      return undefined;
+    }
+    if (outcome.supervised === 0) {
+      stats.droppedUnsupervised += 1;
+      return undefined;
+    }
+    if (outcome.spanCountMismatch) stats.spanCountMismatch += 1;
+    stats.kept += 1;
+    stats.tokens += outcome.input_ids.length;
+    stats.supervisedTokens += outcome.supervised;
+    return {
+      id: outcome.id,
+      dataset: this.dataset,
+      input_ids: outcome.input_ids,
+      loss_mask: outcome.loss_mask,
+      num_tokens: outcome.input_ids.length,
+      finish_reason: CONVERSATION_FINISH_REASON,
+    };
+  }
+}
+
+/** Throws an `EnvironmentError` when the conversation file cannot be read. */
+export async function assertConversationFile(file: string): Promise<void> {
+  try {
+    await stat(file);
+  } catch (e: unknown) {
+    throw new EnvironmentError(`conversation file ${file} cannot be read: ${errorMessage(e)}`, { cause: e });
+  }
+}
+
+/**
+ * Streams the rows of a conversation dataset (JSONL), line by line, on this thread. Same id
+ * rule, dedupe and handling of invalid lines as {@link rowsFromGenerations}. Large files:
+ * `rowsFromConversationsPooled` (tokenize-pool.ts) gives the same rows on every core.
  */
 export async function* rowsFromConversations(
   file: string,
@@ -138,48 +266,11 @@ export async function* rowsFromConversations(
 ): AsyncGenerator<TokenizedRow, ConversationTokenizeStats, undefined> {
   const stats = opts.stats ?? emptyConversationStats();
   const log = opts.logger ?? componentLogger('tokenize', { dataset: opts.dataset, file });
-  const seen = new Set<string>();
-  try {
-    await stat(file);
-  } catch (e: unknown) {
-    throw new EnvironmentError(`conversation file ${file} cannot be read: ${errorMessage(e)}`, { cause: e });
-  }
+  await assertConversationFile(file);
+  const tally = new ConversationTally(stats, file, opts.dataset, log);
   for await (const { line, text } of jsonLines(file)) {
-    stats.lines += 1;
-    let tokenized: TokenizedConversation;
-    let conv: ConversationRecord;
-    try {
-      conv = parseConversationRecord(JSON.parse(text));
-      if (seen.has(conv.id)) {
-        stats.duplicates += 1;
-        continue;
-      }
-      seen.add(conv.id);
-      tokenized = tokenizeConversation(conv, opts.ctx);
-    } catch (e: unknown) {
-      noteInvalid(stats, log, { file, line, reason: e instanceof SyntaxError ? `invalid JSON: ${e.message}` : errorMessage(e) });
-      continue;
-    }
-    let supervised = 0;
-    for (const m of tokenized.loss_mask) supervised += m;
-    if (supervised === 0) {
-      stats.droppedUnsupervised += 1;
-      continue;
-    }
-    const assistants = conv.messages.filter((m) => m.role === 'assistant').length;
-    if (tokenized.spans.length !== assistants) stats.spanCountMismatch += 1;
-    stats.kept += 1;
-    stats.tokens += tokenized.input_ids.length;
-    stats.supervisedTokens += supervised;
-    yield {
-      id: conv.id,
-      dataset: opts.dataset,
-      input_ids: tokenized.input_ids,
-      loss_mask: tokenized.loss_mask,
-      num_tokens: tokenized.input_ids.length,
-      finish_reason: CONVERSATION_FINISH_REASON,
-    };
+    const row = tally.add(line, conversationLineOutcome(text, opts.ctx, tally.has));
+    if (row !== undefined) yield row;
   }
   return stats;
 }
-

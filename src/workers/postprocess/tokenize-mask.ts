@@ -1,15 +1,30 @@
 /**
  * The loss mask of a rendered conversation: which characters are the assistant's, and which
- * tokens cover them. See `conversationToRow` in tokenize.ts for the rule as a whole.
+ * tokens they make supervised. See `conversationToRow` in tokenize.ts for the rule as a whole.
  *
- * Tokens are mapped to the text through their bytes: the tokenizers tokenmill supports are
- * byte-level BPE (Qwen, DeepSeek, Llama 3), whose every token is a run of UTF-8 bytes of the
- * (normalized) input, and whose added tokens (`<|im_end|>`) are their own text. The ids of a
- * whole conversation, encoded once, are laid end to end and checked byte for byte against the
- * text — as is, or NFC-normalized when the tokenizer normalizes (Qwen's does) — so a token's
- * byte range is exact, never guessed. A tokenizer whose tokens do not lay out the text
- * (SentencePiece without byte fallback, lowercasing normalizers) is refused with an
- * {@link EnvironmentError} rather than given an approximate mask.
+ * The mask is SpecForge's (`GeneralParser.parse`, specforge/data/parse.py), token for token:
+ * for each supervised span `[start, end)` of characters ({@link findSupervisedSpans}), the
+ * tokens from `len(encode(text[:start]))` to `len(encode(text[:end]))` are 1; then, for every
+ * occurrence of an ignorable string anywhere in the text (Qwen3's empty
+ * `<think>\n\n</think>\n\n`, SpecForge's `ignore_token`), the tokens from
+ * `len(encode(text[:a]))` to `len(encode(text[:b]))` are set back to 0 ({@link specForgeMask}).
+ * Token positions come from encodings of the text's prefixes, not from where tokens fall in the
+ * text. Where the two differ, SpecForge's rule wins, and that is a choice, not an accident: a
+ * token that straddles a span start (Qwen's pre-tokenizer merges the header's `\n` with a
+ * newline that opens the content into one `\n\n\n` token) is 0, because encoding the text up to
+ * the span start ends with the header's own `\n`; and a token that straddles a span end
+ * stays 1.
+ *
+ * The prefix encodings are not computed from scratch: a tokenizer splits its input at added
+ * tokens (`<|im_end|>`, `<start_of_turn>`, Gemma's `\n`) before anything else and encodes the
+ * pieces in between on their own, so `len(encode(text[:c]))` is the number of ids up to the last
+ * added token that ends at or before `c`, plus the length of the encoding of the few characters
+ * from there to `c`. Added tokens are found in the text leftmost-longest, as the tokenizer
+ * matches them, and checked against the ids; where they do not line up, the prefixes are
+ * encoded whole (slow, same result).
+ *
+ * {@link maskFromSpans} is the older rule on the bytes each token spells (1 on every token that
+ * covers a byte of a span), kept for byte-level tokenizers that need a byte layout.
  */
 import { EnvironmentError, type ChatTokenizer } from '../../shared/index.js';
 import type { AssistantTurnFormat } from './tokenize-template.js';
@@ -22,26 +37,28 @@ export interface CharSpan {
 
 /**
  * The supervised character ranges of `text`, a conversation rendered by the template that
- * `format` describes, in order, disjoint:
- *
- * scanning left to right, each occurrence of `format.header` opens a span right after it; the
- * span runs through the first `format.turnEnd` after that (the end-of-turn token and what the
- * template writes after it, e.g. `<|im_end|>\n`), inclusive, or to the end of the text when
- * there is none; the scan resumes after the span. When the span starts with one of
- * `format.ignorablePrefixes` (Qwen3's empty `<think>\n\n</think>\n\n`), that prefix is left out.
- * This is SpecForge's `GeneralParser` pattern (`header([\s\S]*?(?:end_of_turn|\Z))`) with its
- * `ignore_token` applied only where the template puts it, right after the header.
+ * `format` describes, in order, disjoint: SpecForge's `GeneralParser` pattern
+ * `header([\s\S]*?(?:turn_end|$))`, i.e. scanning left to right, each occurrence of
+ * `format.header` opens a span right after it; the span runs through the first `format.turnEnd`
+ * after that (the end-of-turn token and what the template writes after it, e.g. `<|im_end|>\n`),
+ * inclusive, or, when there is none, to the end of the text less a final `\n` (Python's `$`
+ * also matches before a newline that ends the string); the scan resumes after the span. When the
+ * span starts with one of `format.ignorablePrefixes`, the span starts after it (the same tokens
+ * as SpecForge's zeroing of its `ignore_token`, which {@link specForgeMask} also applies
+ * everywhere else).
  */
 export function findSupervisedSpans(text: string, format: AssistantTurnFormat): CharSpan[] {
   const spans: CharSpan[] = [];
   const { header, turnEnd, ignorablePrefixes } = format;
+  const textEnd = text.endsWith('\n') ? text.length - 1 : text.length;
   let cursor = 0;
   for (;;) {
     const at = text.indexOf(header, cursor);
     if (at < 0) break;
     let start = at + header.length;
     const close = text.indexOf(turnEnd, start);
-    const end = close < 0 ? text.length : close + turnEnd.length;
+    const end = close < 0 ? Math.max(start, textEnd) : close + turnEnd.length;
+    cursor = end;
     for (const prefix of ignorablePrefixes) {
       if (start + prefix.length <= end && text.startsWith(prefix, start)) {
         start += prefix.length;
@@ -49,9 +66,172 @@ export function findSupervisedSpans(text: string, format: AssistantTurnFormat): 
       }
     }
     if (start < end) spans.push({ start, end });
-    cursor = end;
   }
   return spans;
+}
+
+/** A node of the trie of added-token texts, by UTF-16 code unit. */
+interface TrieNode {
+  next: Map<number, TrieNode>;
+  /** The id of the added token that ends here, if one does. */
+  id: number;
+}
+
+/** One added token found in a text. */
+interface AddedMatch {
+  start: number;
+  end: number;
+  id: number;
+}
+
+/** The tokenizer's added tokens (ids outside its ordinary vocabulary), to find them in text. */
+class AddedTokens {
+  readonly #root: TrieNode = { next: new Map(), id: -1 };
+  readonly #isAdded: Uint8Array;
+
+  constructor(tokenizer: ChatTokenizer) {
+    this.#isAdded = new Uint8Array(tokenizer.vocabSize).fill(1);
+    for (const r of tokenizer.ordinaryTokenIdRanges) this.#isAdded.fill(0, r.start, r.end);
+    for (let id = 0; id < tokenizer.vocabSize; id++) {
+      if (this.#isAdded[id] !== 1) continue;
+      const text = tokenizer.idToToken(id);
+      if (text === undefined || text === '') {
+        this.#isAdded[id] = 0;
+        continue;
+      }
+      let node = this.#root;
+      for (let i = 0; i < text.length; i++) {
+        const c = text.charCodeAt(i);
+        let child = node.next.get(c);
+        if (child === undefined) {
+          child = { next: new Map(), id: -1 };
+          node.next.set(c, child);
+        }
+        node = child;
+      }
+      node.id = id;
+    }
+  }
+
+  isAdded(id: number): boolean {
+    return this.#isAdded[id] === 1;
+  }
+
+  /** The added tokens of `text`, leftmost-longest, not overlapping. */
+  find(text: string): AddedMatch[] {
+    const out: AddedMatch[] = [];
+    const root = this.#root.next;
+    let i = 0;
+    while (i < text.length) {
+      let node = root.get(text.charCodeAt(i));
+      if (node === undefined) {
+        i++;
+        continue;
+      }
+      let best = -1;
+      let bestEnd = i;
+      let j = i + 1;
+      for (;;) {
+        if (node.id >= 0) {
+          best = node.id;
+          bestEnd = j;
+        }
+        if (j >= text.length) break;
+        const child: TrieNode | undefined = node.next.get(text.charCodeAt(j));
+        if (child === undefined) break;
+        node = child;
+        j++;
+      }
+      if (best >= 0) {
+        out.push({ start: i, end: bestEnd, id: best });
+        i = bestEnd;
+      } else {
+        i++;
+      }
+    }
+    return out;
+  }
+}
+
+const addedTables = new WeakMap<ChatTokenizer, AddedTokens>();
+
+function addedTokens(tokenizer: ChatTokenizer): AddedTokens {
+  let table = addedTables.get(tokenizer);
+  if (table === undefined) {
+    table = new AddedTokens(tokenizer);
+    addedTables.set(tokenizer, table);
+  }
+  return table;
+}
+
+/**
+ * `c => len(tokenizer.encode(text.slice(0, c)))` for `text` whose encoding is `ids`, computed
+ * from the added tokens (see the module comment), memoized.
+ */
+export function prefixTokenCounter(tokenizer: ChatTokenizer, text: string, ids: readonly number[]): (c: number) => number {
+  const table = addedTokens(tokenizer);
+  const matches = table.find(text);
+  const positions: number[] = [];
+  for (let i = 0; i < ids.length; i++) if (table.isAdded(ids[i] ?? -1)) positions.push(i);
+  let aligned = positions.length === matches.length;
+  for (let k = 0; aligned && k < matches.length; k++) aligned = ids[positions[k] ?? -1] === matches[k]?.id;
+  const memo = new Map<number, number>();
+  return (c: number): number => {
+    const known = memo.get(c);
+    if (known !== undefined) return known;
+    let count: number;
+    if (!aligned) {
+      count = c <= 0 ? 0 : tokenizer.encode(text.slice(0, c)).length;
+    } else {
+      // The last added token that ends at or before c.
+      let lo = 0;
+      let hi = matches.length - 1;
+      let k = -1;
+      while (lo <= hi) {
+        const mid = (lo + hi) >> 1;
+        if ((matches[mid]?.end ?? Infinity) <= c) {
+          k = mid;
+          lo = mid + 1;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      const from = k < 0 ? 0 : (matches[k]?.end ?? 0);
+      const before = k < 0 ? 0 : (positions[k] ?? 0) + 1;
+      count = before + (c > from ? tokenizer.encode(text.slice(from, c)).length : 0);
+    }
+    memo.set(c, count);
+    return count;
+  };
+}
+
+/**
+ * SpecForge's loss mask over `ids`, the encoding of `text` in one piece (see the module
+ * comment): 1 on the tokens of each span in `spans`, by prefix-encoding lengths, then 0 on the
+ * tokens of every occurrence of each `ignorable` string in the text.
+ */
+export function specForgeMask(
+  tokenizer: ChatTokenizer,
+  text: string,
+  ids: readonly number[],
+  spans: readonly CharSpan[],
+  ignorable: readonly string[] = [],
+): number[] {
+  const n = ids.length;
+  const mask = new Array<number>(n).fill(0);
+  if (spans.length === 0) return mask;
+  const count = prefixTokenCounter(tokenizer, text, ids);
+  const set = (from: number, to: number, value: number): void => {
+    const a = Math.min(count(from), n);
+    const b = Math.min(count(to), n);
+    for (let i = a; i < b; i++) mask[i] = value;
+  };
+  for (const s of spans) set(s.start, s.end, 1);
+  for (const ignore of ignorable) {
+    if (ignore === '') continue;
+    for (let at = text.indexOf(ignore); at >= 0; at = text.indexOf(ignore, at + ignore.length)) set(at, at + ignore.length, 0);
+  }
+  return mask;
 }
 
 /** GPT-2's byte-level alphabet: the character that stands for each byte, inverted. */

@@ -79,6 +79,24 @@ export type RecordOutcome =
   | { status: 'dropped'; reason: DropReason };
 
 /**
+ * Sets to 0 the mask of every run of `output` (which starts at `offset` in the row) that spells
+ * one of the template's ignorable strings (Qwen3's empty `<think>\n\n</think>\n\n`, which a
+ * model in non-thinking mode writes itself): SpecForge's `ignore_token` rule, which a conversation
+ * row gets from tokenize-mask.ts, applied to the ids the model generated.
+ */
+function unsuperviseIgnorable(output: readonly number[], offset: number, ignorable: readonly (readonly number[])[], mask: number[]): void {
+  for (const seq of ignorable) {
+    const first = seq[0];
+    if (first === undefined) continue;
+    for (let i = output.indexOf(first); i >= 0 && i + seq.length <= output.length; i = output.indexOf(first, i + 1)) {
+      let k = 1;
+      while (k < seq.length && output[i + k] === seq[k]) k++;
+      if (k === seq.length) mask.fill(0, offset + i, offset + i + seq.length);
+    }
+  }
+}
+
+/**
  * The training row of one generation record (see the module comment for the rule by finish
  * reason). `dataset` defaults to the record's own. Pure; the record is assumed checked by
  * {@link parseGenerationRecord}.
@@ -108,6 +126,7 @@ export function recordToRow(record: GenerationRecord, ctx: TokenizeContext, data
     inputIds[i] = id;
     lossMask[i++] = 1;
   }
+  unsuperviseIgnorable(output, prompt.length, ctx.format.ignorableIds, lossMask);
   const name = dataset ?? record.dataset;
   if (name === undefined) throw new PayloadError(`record ${record.id} names no dataset`);
   return {
@@ -257,7 +276,7 @@ export async function* rowsFromGenerations(
       if (row.finish_reason === 'length') stats.keptTruncated += 1;
       else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
       stats.tokens += row.num_tokens;
-      stats.supervisedTokens += row.num_tokens - record.prompt_ids.length;
+      for (const m of row.loss_mask) stats.supervisedTokens += m;
       yield row;
     }
   }
