@@ -211,6 +211,7 @@ export async function startPostprocess(ctx: RunContext, options: PostprocessOpti
       tokenizerPath: config.tokenizer.path,
       tokenizer: tokenizerLoadOptions(config),
       keepTruncated: config.postprocess.keepTruncated,
+      tokenizeThreads: config.postprocess.tokenizeThreads,
     });
     await worker.start();
   }

@@ -155,6 +155,7 @@ async function runPostprocessWorker(ctx: RunContext): Promise<void> {
     tokenizerPath: ctx.config.tokenizer.path,
     tokenizer: tokenizerLoadOptions(ctx.config),
     keepTruncated: ctx.config.postprocess.keepTruncated,
+    tokenizeThreads: ctx.config.postprocess.tokenizeThreads,
   });
   const signal = onceSignalled();
   const heartbeat = new WorkerHeartbeat({ redis: ctx.redis, keys: ctx.keys, role: 'postprocess' });

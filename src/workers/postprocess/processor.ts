@@ -55,13 +55,13 @@ import type { z } from 'zod';
 import {
   emptyConversationStats,
   emptyGenerationStats,
-  rowsFromConversations,
   rowsFromGenerations,
   type ConversationTokenizeStats,
   type GenerationTokenizeStats,
   type TokenizeContext,
   type TokenizedRow,
 } from './tokenize.js';
+import { rowsFromConversationsPooled } from './tokenize-pool.js';
 import { fileOffset, planResume, tokenizeSettings, type FileStart } from './generation-offsets.js';
 import { listGenerationFiles } from './tokenize-records.js';
 
@@ -73,6 +73,8 @@ export type PhaseState = 'pending' | 'in_progress' | 'completed' | 'failed';
 export interface TokenizeDeps {
   /** The tokenize context of the target's tokenizer (loaded once per process). */
   tokenizeContext(): Promise<TokenizeContext>;
+  /** Threads that tokenize a large conversation dataset (`postprocess.tokenizeThreads`); default one per core. */
+  tokenizeThreads?: number;
   setPhase(phase: PostprocessPhase, state: PhaseState): Promise<void>;
   logger: Logger;
 }
@@ -208,7 +210,7 @@ export async function processTokenize(data: unknown, deps: TokenizeDeps): Promis
   const ctx = await deps.tokenizeContext();
   const merged = await openMergedKeys(p.target);
   try {
-    return await tokenizeAgainst(p, merged, ctx, log, started);
+    return await tokenizeAgainst(p, merged, ctx, log, started, deps.tokenizeThreads);
   } finally {
     await merged.close();
   }
@@ -220,6 +222,7 @@ async function tokenizeAgainst(
   ctx: TokenizeContext,
   log: Logger,
   started: number,
+  threads: number | undefined,
 ): Promise<TokenizeJobResult> {
   const resume = p.kind === 'generations' ? await resumeOf(p, merged, ctx, log) : undefined;
   const positions = new Map<string, FileStart>();
@@ -230,7 +233,7 @@ async function tokenizeAgainst(
   const source: AsyncGenerator<TokenizedRow, unknown> =
     p.kind === 'generations'
       ? rowsFromGenerations(p.source, { ctx, dataset: p.dataset, stats: genStats, logger: log, resume, positions })
-      : rowsFromConversations(p.source, { ctx, dataset: p.dataset, stats: convStats, logger: log });
+      : rowsFromConversationsPooled(p.source, { ctx, dataset: p.dataset, stats: convStats, logger: log, threads });
   let alreadyMerged = 0;
   async function* fresh(): AsyncGenerator<HfRow> {
     for await (const row of source) {
