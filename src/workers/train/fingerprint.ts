@@ -35,10 +35,11 @@ export const FINGERPRINT_PACKAGES = [
   'pyarrow',
 ] as const;
 
-// Reads versions from package metadata (no import, except torch for its CUDA version).
+// Reads versions from package metadata, and torch's CUDA version from torch/version.py, without
+// importing anything (importing torch takes seconds).
 const PROBE = `
-import json, sys
-from importlib import metadata
+import json, os, re, sys
+from importlib import metadata, util
 out = {"python": sys.version.split()[0], "packages": {}, "cuda": None}
 for name in sys.argv[1:]:
     try:
@@ -47,8 +48,13 @@ for name in sys.argv[1:]:
         pass
 if "torch" in out["packages"]:
     try:
-        import torch
-        out["cuda"] = torch.version.cuda
+        spec = util.find_spec("torch")
+        for d in spec.submodule_search_locations or []:
+            p = os.path.join(d, "version.py")
+            if os.path.exists(p):
+                m = re.search(r"^cuda\\b[^=]*=\\s*(\\S+)", open(p).read(), re.M)
+                v = m.group(1).strip(chr(39) + chr(34)) if m else "None"
+                out["cuda"] = None if v == "None" else v
     except Exception as e:
         out["torch_error"] = str(e)[:200]
 print(json.dumps(out))
