@@ -5,7 +5,7 @@ import {
   PayloadError,
   EnvironmentError,
   loadConfig,
-  loadTokenizer,
+  loadConfiguredTokenizer,
   runDir,
   type Config,
 } from '../../shared/index.js';
@@ -64,8 +64,9 @@ export function chooseDatasets(config: Config, names: readonly string[] | undefi
 }
 
 async function exportSpecForge(config: Config, chosen: Config['datasets'], out: string): Promise<ExportResult> {
-  const tokenizer = await loadTokenizer(config.tokenizer.path);
-  const ctx = createTokenizeContext(tokenizer, { keepTruncated: config.postprocess.keepTruncated });
+  const tokenizer = await loadConfiguredTokenizer(config);
+  // With server-side tokenization, the few ids the template's format needs are fetched here, once.
+  const ctx = await tokenizer.withServerTokens(() => createTokenizeContext(tokenizer, { keepTruncated: config.postprocess.keepTruncated }));
   const skipped: { dataset: string; reason: string }[] = [];
   const datasets: SpecForgeExportStats[] = [];
   const writer = await AtomicJsonlWriter.open(out);
