@@ -228,6 +228,9 @@ describe('export --format specforge | jsonl', () => {
     const rowsOut = path.join(tmp.dir, 'export', 'rows.jsonl');
     const rows = await inProcess(['export', '-c', configPath, '--format', 'jsonl', '--out', rowsOut]);
     expect(rows).toContain(`exported ${PROMPTS - leftOut} of ${PROMPTS - leftOut} rows`);
+    const chosen = await inProcess(['export', '-c', configPath, '--format', 'jsonl', '--dataset', DATASET, '--out', path.join(tmp.dir, 'export', 'b1.jsonl'), '--json']);
+    expect(JSON.parse(chosen)).toMatchObject({ exported: PROMPTS - leftOut, byDataset: { [DATASET]: PROMPTS - leftOut } });
+    expect(readFileSync(path.join(tmp.dir, 'export', 'b1.jsonl'), 'utf8')).toBe(readFileSync(rowsOut, 'utf8'));
 
     const py = await runPythonJson<PyReport>('export_parity.py', [], {
       tokenizer_dir: bundledTokenizerPath(),
