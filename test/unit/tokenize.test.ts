@@ -296,8 +296,9 @@ describe('conversation masks', () => {
     ]);
   });
 
-  it('supervises a token that straddles the header and the content', () => {
+  it('leaves unsupervised a token that straddles the header and the content, as SpecForge does', () => {
     // An earlier turn is rendered as header + content; "\n" + "\n\nX" pre-tokenizes to one "\n\n\n" token.
+    // SpecForge's mask starts at len(encode(text up to the content)), which ends with the header's "\n": after that token.
     const t = tokenizeConversation(
       { id: 'c', messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: '\n\nX' }, { role: 'user', content: 'b' }] },
       qctx,
@@ -305,7 +306,8 @@ describe('conversation masks', () => {
     const i = t.input_ids.indexOf(qwen.encode('\n\n\n')[0] ?? -1);
     expect(i).toBeGreaterThan(0);
     expect(qwen.decode([t.input_ids[i - 1] ?? -1])).toBe('assistant');
-    expect(t.loss_mask[i]).toBe(1);
+    expect(t.loss_mask[i]).toBe(0);
+    expect(t.loss_mask[i + 1]).toBe(1);
   });
 
   it('aligns tokens with text that NFC normalization changes', () => {

@@ -12,6 +12,7 @@ import {
   type Logger,
 } from '../../shared/index.js';
 import type { TokenizeContext, TokenizedRow } from './tokenize-context.js';
+import type { AssistantTurnFormat } from './tokenize-template.js';
 import { linesFrom, type FileStart } from './generation-offsets.js';
 import { isRecord, noteInvalid, type InvalidLine } from './tokenize-lines.js';
 
@@ -78,6 +79,18 @@ export type RecordOutcome =
     }
   | { status: 'dropped'; reason: DropReason };
 
+const ignorableIdCache = new WeakMap<AssistantTurnFormat, readonly (readonly number[])[]>();
+
+/** The ids of each of the template's ignorable strings, encoded on their own, once per format. */
+function ignorableIds(ctx: TokenizeContext): readonly (readonly number[])[] {
+  let ids = ignorableIdCache.get(ctx.format);
+  if (ids === undefined) {
+    ids = ctx.format.ignorablePrefixes.map((p) => ctx.tokenizer.encode(p));
+    ignorableIdCache.set(ctx.format, ids);
+  }
+  return ids;
+}
+
 /**
  * Sets to 0 the mask of every run of `output` (which starts at `offset` in the row) that spells
  * one of the template's ignorable strings (Qwen3's empty `<think>\n\n</think>\n\n`, which a
@@ -126,7 +139,7 @@ export function recordToRow(record: GenerationRecord, ctx: TokenizeContext, data
     inputIds[i] = id;
     lossMask[i++] = 1;
   }
-  unsuperviseIgnorable(output, prompt.length, ctx.format.ignorableIds, lossMask);
+  unsuperviseIgnorable(output, prompt.length, ignorableIds(ctx), lossMask);
   const name = dataset ?? record.dataset;
   if (name === undefined) throw new PayloadError(`record ${record.id} names no dataset`);
   return {

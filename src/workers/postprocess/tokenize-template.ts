@@ -37,8 +37,6 @@ export interface AssistantTurnFormat {
    * `<think>\n\n</think>\n\n`), longest first; not the model's output, so never supervised.
    */
   readonly ignorablePrefixes: readonly string[];
-  /** The ids of each of {@link ignorablePrefixes}, encoded on their own, in the same order. */
-  readonly ignorableIds: readonly (readonly number[])[];
   /** Text that closes an assistant turn: the end-of-turn token and what follows it, e.g. `<|im_end|>\n`. */
   readonly turnEnd: string;
   /** The end-of-turn token that closes an assistant turn (151645 `<|im_end|>` for Qwen3). */
@@ -150,6 +148,5 @@ export function deriveAssistantTurnFormat(tokenizer: ChatTokenizer, opts: TurnFo
         'the text the template writes after it',
     );
   }
-  const ignorableIds = ignorablePrefixes.map((p) => tokenizer.encode(p));
-  return { header, ignorablePrefixes, ignorableIds, turnEnd: after, endOfTurnTokenId, endOfTurnText, suffixIds };
+  return { header, ignorablePrefixes, turnEnd: after, endOfTurnTokenId, endOfTurnText, suffixIds };
 }
