@@ -11,6 +11,14 @@
  * - **`/tokenize` probe**: where the server has `/tokenize` (it answers 200), a fixed text is
  *   tokenized here and there; different ids are refused, naming the endpoint, the tokenizer
  *   folder and the first id that differs.
+ *
+ * With server-side tokenization (`tokenizer.kind: server`) the ids are the server's, but the
+ * chat template is rendered here, so the template is what is checked, on every endpoint (all
+ * must answer): a probe conversation rendered here and tokenized there (`/tokenize {prompt}`)
+ * must give the ids of the server's own rendering (`/tokenize {messages}`, where the server
+ * takes that form; a warning says when it does not), and each special token the rendering holds,
+ * and each end-of-turn token, must come back from `/tokenize` as its one id of
+ * `tokenizer_config.json`. Conversation datasets are refused (see `checkTokenizerKindFits`).
  */
 import path from 'node:path';
 
@@ -21,11 +29,14 @@ import {
   EnvironmentError,
   SglangClient,
   bundledTokenizerPath,
+  checkTokenizerKindFits,
   errorMessage,
-  loadTokenizer,
+  loadConfiguredTokenizer,
   logger,
+  type ChatMessage,
   type ChatTokenizer,
   type Config,
+  type ServerTokenizeClient,
 } from '../shared/index.js';
 
 /** Text tokenized on both sides by the probe: Latin, digits, punctuation, Han, emoji, code. */
@@ -117,14 +128,72 @@ export function checkTokenizerAgainst(tokenizer: ChatTokenizer, bundled: boolean
   }
 }
 
+/** The conversation server-side tokenization is probed with: system, user, assistant, user. */
+export const SERVER_PROBE_CONVERSATION: readonly ChatMessage[] = [
+  { role: 'system', content: 'tokenmill probe: system message.' },
+  { role: 'user', content: 'tokenmill probe: Hello, world! 12345 你好，世界 🙂' },
+  { role: 'assistant', content: 'tokenmill probe answer: def f(x): return x**2' },
+  { role: 'user', content: 'tokenmill probe: and once more?' },
+];
+
 /**
- * Loads `config.tokenizer.path` and checks it against every endpoint that answers; throws an
- * {@link EnvironmentError} on a mismatch, before anything is produced.
+ * Checks the local chat template against `endpoint` for server-side tokenization (see the
+ * module comment). Throws an {@link EnvironmentError} naming the endpoint and the first
+ * differing position or the token that does not come back as its id.
+ */
+export async function checkServerTokenizer(tokenizer: ChatTokenizer, client: ServerTokenizeClient, endpoint: string): Promise<void> {
+  const rendered = tokenizer.applyChatTemplate(SERVER_PROBE_CONVERSATION, { addGenerationPrompt: true });
+  const [local] = await client.tokenize([rendered], endpoint);
+  const special = new Set<number>(tokenizer.endOfTurnTokenIds);
+  for (const id of tokenizer.specialTokenIds) {
+    const text = tokenizer.idToToken(id);
+    if (text !== undefined && text !== '' && rendered.includes(text)) special.add(id);
+  }
+  const ids = [...special].sort((a, b) => a - b);
+  const texts = ids.map((id) => tokenizer.idToToken(id) ?? '');
+  const single = await client.tokenize(texts, endpoint);
+  ids.forEach((id, i) => {
+    const got = single[i] ?? [];
+    if (got.length !== 1 || got[0] !== id) {
+      throw new EnvironmentError(
+        `${endpoint}/tokenize gives the special token ${JSON.stringify(texts[i])} as ${JSON.stringify(got)}, not its id ${id} in ` +
+          `${tokenizer.dir}/tokenizer_config.json: the tokenizer folder (tokenizer.path) is not the served model's`,
+      );
+    }
+  });
+  const served = await client.tokenizeMessages(endpoint, SERVER_PROBE_CONVERSATION);
+  if (served === undefined) {
+    logger('tokenizer-check').warn(
+      { endpoint, tokenizer: tokenizer.dir },
+      `${endpoint}/tokenize does not take {messages}: the chat template in ${tokenizer.dir} could not be compared with the server's own (special tokens were checked)`,
+    );
+    return;
+  }
+  const at = firstDifference(local ?? [], served);
+  if (at >= 0) {
+    throw new EnvironmentError(
+      `the chat template in ${tokenizer.dir} (tokenizer.path) renders a probe conversation differently from ${endpoint}'s own: ` +
+        `${endpoint}/tokenize of the local rendering and of {messages} differ from token ${at} on ` +
+        `(local ${String(local?.[at] ?? 'end')}, server ${String(served[at] ?? 'end')}). Set tokenizer.path to the served model's tokenizer folder`,
+    );
+  }
+}
+
+/**
+ * Loads the tokenizer as `config.tokenizer` says and checks it against every endpoint that
+ * answers (with server-side tokenization: every endpoint); throws an {@link EnvironmentError}
+ * on a mismatch, before anything is produced.
  */
 export async function loadRunTokenizer(config: Config): Promise<ChatTokenizer> {
-  const tokenizer = await loadTokenizer(config.tokenizer.path);
+  checkTokenizerKindFits(config);
+  const tokenizer = await loadConfiguredTokenizer(config);
   const bundled = path.resolve(config.tokenizer.path) === path.resolve(bundledTokenizerPath());
   const facts = await Promise.all(config.sglang.endpoints.map((endpoint) => endpointFacts(config, endpoint)));
-  for (const f of facts) checkTokenizerAgainst(tokenizer, bundled, f);
+  const client = tokenizer.serverClient;
+  for (const f of facts) {
+    if (client === undefined) checkTokenizerAgainst(tokenizer, bundled, f);
+    else checkTokenizerAgainst(tokenizer, bundled, { ...f, probeIds: undefined });
+  }
+  if (client !== undefined) for (const endpoint of client.endpoints) await checkServerTokenizer(tokenizer, client, endpoint);
   return tokenizer;
 }

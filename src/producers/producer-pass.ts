@@ -86,6 +86,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
     if (candidates.length === 0) return true;
     const ids = candidates.map((c) => c.id);
     const [done, failed] = await Promise.all([redis.smismember(keys.done(ds.name), ...ids), redis.hmget(keys.failed(ds.name), ...ids)]);
+    const toSend: PromptRecord[] = [];
     for (const [i, c] of candidates.entries()) {
       if (done[i] === 1 || failed[i] !== null) {
         result.valid += 1;
@@ -99,12 +100,17 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       }
       result.valid += 1;
       if (c.line <= ctx.fromLine) continue;
-      const sample = await toSample(ctx, parsed.record, reject);
+      toSend.push(parsed.record);
+    }
+    candidates = [];
+    // All of the chunk's prompts at once: with server-side tokenization, batched requests.
+    const encoded = await ctx.tokenizer.encodePrompts(toSend.map((rec) => rec.messages));
+    for (const [i, rec] of toSend.entries()) {
+      const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
       if (sample === undefined) continue;
       batch.push(sample);
       if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
     }
-    candidates = [];
     return true;
   };
   try {
@@ -130,14 +136,17 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
   }
 }
 
-async function toSample(ctx: PassContext, rec: PromptRecord, reject: (r: RejectedLine) => Promise<void>): Promise<Sample | undefined> {
-  let promptIds: number[];
-  try {
-    promptIds = ctx.tokenizer.encodePrompt(rec.messages);
-  } catch (e: unknown) {
-    await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `cannot render the chat template: ${e instanceof Error ? e.message : String(e)}` });
+async function toSample(
+  ctx: PassContext,
+  rec: PromptRecord,
+  encoded: number[] | Error,
+  reject: (r: RejectedLine) => Promise<void>,
+): Promise<Sample | undefined> {
+  if (encoded instanceof Error) {
+    await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `cannot render the chat template: ${encoded.message}` });
     return undefined;
   }
+  const promptIds = encoded;
   const ctxLen = ctx.contextLength;
   if (ctxLen !== undefined && promptIds.length >= ctxLen) {
     await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `prompt has ${promptIds.length} tokens; the model's context length is ${ctxLen}` });

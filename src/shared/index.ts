@@ -6,7 +6,7 @@ export * from './config.js';
 export * from './redis/index.js';
 export * from './sglang/index.js';
 export * from './tokenizer.js';
-export { loadConfiguredTokenizer, tokenizerLoadOptions, type TokenizerKind, type TokenizerLoadOptions, type TokenizerPreset, type TokenizerConfigSource } from './tokenizer-load.js';
+export { checkTokenizerKindFits, loadConfiguredTokenizer, tokenizerLoadOptions, type TokenizerKind, type TokenizerLoadOptions, type TokenizerPreset, type TokenizerConfigSource } from './tokenizer-load.js';
 export { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './tokenizer-encoder.js';
 export { ServerTokenizeClient, type ServerTokenizeOptions } from './tokenizer-server-client.js';
 export { ServerEncoder } from './tokenizer-server.js';

@@ -24,6 +24,8 @@ import { END_OF_TURN_PROBE_ANSWER, deriveEndOfTurnTokenIds } from './end-of-turn
 import { AppError, EnvironmentError, PayloadError, errorMessage } from './errors.js';
 import { templatesFromConfig, tokenContent, type TokenizerConfigJson } from './tokenizer-config.js';
 import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './tokenizer-encoder.js';
+import { ServerEncoder } from './tokenizer-server.js';
+import type { ServerTokenizeClient } from './tokenizer-server-client.js';
 
 /** Roles a chat message may have. */
 export const ChatRoleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
@@ -259,6 +261,11 @@ export class ChatTokenizer {
     return this.#encoder.encode(text);
   }
 
+  /** The server client, with server-side tokenization (`tokenizer.kind: server`); else undefined. */
+  get serverClient(): ServerTokenizeClient | undefined {
+    return this.#encoder instanceof ServerEncoder ? this.#encoder.client : undefined;
+  }
+
   /** The encoding engine's kind: `huggingface`, `tiktoken` or `server`. */
   get encoderKind(): EncoderKind {
     return this.#encoder.kind;
@@ -278,12 +285,12 @@ export class ChatTokenizer {
    * runs again, until it completes; `fn` must be deterministic. Other encoders run it once.
    */
   async withServerTokens<T>(fn: () => T): Promise<T> {
-    const encoder = this.#encoder as TokenEncoder & { fetchMissing?: (need: ServerTokensNeeded) => Promise<void> };
+    const encoder = this.#encoder;
     for (let round = 0; ; round++) {
       try {
         return fn();
       } catch (e: unknown) {
-        if (!(e instanceof ServerTokensNeeded) || encoder.fetchMissing === undefined || round >= SERVER_TOKEN_ROUNDS) throw e;
+        if (!(e instanceof ServerTokensNeeded) || !(encoder instanceof ServerEncoder) || round >= SERVER_TOKEN_ROUNDS) throw e;
         await encoder.fetchMissing(e);
       }
     }
@@ -375,6 +382,28 @@ export class ChatTokenizer {
   /** The prompt's ids: `encode(applyChatTemplate(messages, { addGenerationPrompt: true, ... }))`. */
   encodePrompt(messages: readonly ChatMessage[], opts: EncodePromptOptions = {}): number[] {
     return this.encode(this.applyChatTemplate(messages, { ...opts, addGenerationPrompt: true }));
+  }
+
+  /**
+   * The prompt ids of many conversations ({@link encodePrompt} each), in order; an entry is the
+   * error of a conversation the template rejects. With server-side tokenization the rendered
+   * prompts are tokenized by the server in batches (tokenizer-server.ts); a server failure that
+   * retries do not cure rejects the whole call.
+   */
+  async encodePrompts(conversations: readonly (readonly ChatMessage[])[], opts: EncodePromptOptions = {}): Promise<(number[] | Error)[]> {
+    const rendered = conversations.map((messages): string | Error => {
+      try {
+        return this.applyChatTemplate(messages, { ...opts, addGenerationPrompt: true });
+      } catch (e: unknown) {
+        return e instanceof Error ? e : new Error(String(e));
+      }
+    });
+    const encoder = this.#encoder;
+    if (!(encoder instanceof ServerEncoder)) return rendered.map((r) => (r instanceof Error ? r : encoder.encode(r)));
+    const texts = rendered.filter((r): r is string => typeof r === 'string');
+    const ids = await encoder.encodeMany(texts);
+    let k = 0;
+    return rendered.map((r) => (r instanceof Error ? r : (ids[k++] ?? [])));
   }
 
   #selectTemplate(withTools: boolean): Template {

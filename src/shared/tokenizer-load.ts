@@ -16,7 +16,7 @@
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 
-import { AppError, EnvironmentError, errorMessage } from './errors.js';
+import { AppError, ConfigError, EnvironmentError, errorMessage } from './errors.js';
 import { ChatTokenizer } from './tokenizer-chat.js';
 import { readRankFile } from './tokenizer-bpe.js';
 import { collectAddedTokens, isRecord, templatesFromConfig, tokenContent, type AddedTokenEntry, type TokenizerConfigJson } from './tokenizer-config.js';
@@ -74,6 +74,31 @@ export function tokenizerLoadOptions(config: TokenizerConfigSource): TokenizerLo
     opts.server = { endpoints: config.sglang.endpoints, ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }) };
   }
   return opts;
+}
+
+/**
+ * Refuses what server-side tokenization cannot do exactly: conversation datasets, whose loss
+ * mask needs the tokenizer locally (prefix encodings, token bytes). Throws a {@link ConfigError}
+ * naming each such dataset and what to set instead.
+ */
+export function checkTokenizerKindFits(config: {
+  tokenizer: { kind: TokenizerKind };
+  datasets: readonly { name: string; conversations?: string | undefined }[];
+}): void {
+  if (config.tokenizer.kind !== 'server') return;
+  const issues = config.datasets.flatMap((d, i) =>
+    d.conversations === undefined
+      ? []
+      : [
+          {
+            path: `datasets[${i}].conversations`,
+            message:
+              `dataset "${d.name}" is a conversation dataset, which tokenizer.kind server cannot tokenize exactly (its loss mask needs the ` +
+              'tokenizer here); use a local tokenizer: tokenizer.kind huggingface (tokenizer.json) or tiktoken (a rank file)',
+          },
+        ],
+  );
+  if (issues.length > 0) throw new ConfigError(issues);
 }
 
 /** Loads `config.tokenizer.path` as the config says (see {@link tokenizerLoadOptions}). */

@@ -89,10 +89,10 @@ export class ServerTokenizeClient {
   }
 
   /** Runs `call` on the endpoints in turn, retrying transient failures (see the module comment). */
-  async #withRetries<T>(route: string, call: (endpoint: string) => Promise<T>): Promise<T> {
+  async #withRetries<T>(route: string, call: (endpoint: string) => Promise<T>, only?: string): Promise<T> {
     let last: unknown;
     for (let attempt = 0; attempt < this.#attempts; attempt++) {
-      const endpoint = this.#endpoints[this.#next++ % this.#endpoints.length] ?? '';
+      const endpoint = only ?? this.#endpoints[this.#next++ % this.#endpoints.length] ?? '';
       try {
         return await call(endpoint);
       } catch (e: unknown) {
@@ -104,13 +104,13 @@ export class ServerTokenizeClient {
       }
     }
     throw new UnavailableError(
-      `server-side tokenization: ${route} failed ${this.#attempts} times on ${this.#endpoints.join(', ')}; last: ${errorMessage(last)}`,
+      `server-side tokenization: ${route} failed ${this.#attempts} times on ${only ?? this.#endpoints.join(', ')}; last: ${errorMessage(last)}`,
       { cause: last },
     );
   }
 
-  /** The ids of each text, without added BOS/EOS, in one request. */
-  async tokenize(texts: readonly string[]): Promise<number[][]> {
+  /** The ids of each text, without added BOS/EOS, in one request (to `only`, else the next endpoint). */
+  async tokenize(texts: readonly string[], only?: string): Promise<number[][]> {
     if (texts.length === 0) return [];
     return this.#withRetries('/tokenize', async (endpoint) => {
       const body = await this.post(endpoint, '/tokenize', { prompt: texts.length === 1 ? texts[0] : texts, add_special_tokens: false });
@@ -120,7 +120,7 @@ export class ServerTokenizeClient {
         throw new Refused(`${endpoint}/tokenize answered without ${texts.length} id lists: ${JSON.stringify(body).slice(0, 200)}`, 200);
       }
       return lists;
-    });
+    }, only);
   }
 
   /**

@@ -17,6 +17,9 @@ import type { ServerTokenizeClient } from './tokenizer-server-client.js';
 
 /** Texts remembered with their ids; dropped whole past this (only probes and special tokens are expected). */
 const MEMO_LIMIT = 10_000;
+/** Texts per `/tokenize` request, and requests in flight at once, when many texts are tokenized. */
+const TEXTS_PER_REQUEST = 64;
+const REQUESTS_IN_FLIGHT = 4;
 
 /** A {@link TokenEncoder} whose ids come from the server (see the module comment). */
 export class ServerEncoder implements TokenEncoder {
@@ -81,6 +84,26 @@ export class ServerEncoder implements TokenEncoder {
 
   tokenBytes(): Uint8Array | undefined {
     return undefined;
+  }
+
+  /**
+   * The ids of many texts (prompts), in order: requests of {@link TEXTS_PER_REQUEST} texts,
+   * {@link REQUESTS_IN_FLIGHT} at a time, each retried on transient failures by the client.
+   * Rejects when a request keeps failing or is refused. Nothing is remembered.
+   */
+  async encodeMany(texts: readonly string[]): Promise<number[][]> {
+    const out = new Array<number[]>(texts.length);
+    let next = 0;
+    const lane = async (): Promise<void> => {
+      while (next < texts.length) {
+        const from = next;
+        next = Math.min(texts.length, next + TEXTS_PER_REQUEST);
+        const ids = await this.client.tokenize(texts.slice(from, next));
+        ids.forEach((list, i) => (out[from + i] = list));
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(REQUESTS_IN_FLIGHT, Math.ceil(texts.length / TEXTS_PER_REQUEST)) }, lane));
+    return out;
   }
 
   /** Fetches what `need` names from the server and remembers it. */

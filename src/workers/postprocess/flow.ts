@@ -33,6 +33,7 @@ import {
   ProcessLock,
   TOKENIZE_QUEUE,
   TokenizePayloadSchema,
+  checkTokenizerKindFits,
   logger as componentLogger,
   mergeJobOptions,
   parsePayload,
@@ -84,6 +85,7 @@ async function isDir(p: string): Promise<boolean> {
  * generation dataset with a `<runDir>/<dataset>/generations` folder holding a `*.jsonl` file.
  */
 export async function planPostprocess(config: Config, runDir: string): Promise<PostprocessPlan> {
+  checkTokenizerKindFits(config);
   const datasets: PostprocessDatasetPlan[] = [];
   for (const ds of config.datasets) {
     if (ds.conversations !== undefined) {
