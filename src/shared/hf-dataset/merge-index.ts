@@ -224,7 +224,7 @@ export async function shardIndexBytes(dir: string, shard: string, scan: ShardSca
       version: 1,
       shard,
       bytes: st.size,
-      mtimeMs: Math.floor(st.mtimeMs),
+      mtimeMs: st.mtimeMs,
       rows: scan.rows,
       tokens: scan.tokens,
       supervisedTokens: scan.supervisedTokens,
@@ -278,7 +278,8 @@ export async function openShardIndex(dir: string, shard: string, opts: { persist
     else {
       const layout = parseLayout(head, file);
       const h = layout.header;
-      if (h.shard === shard && Array.isArray(h.columns) && h.bytes === st.size && h.mtimeMs === Math.floor(st.mtimeMs)) {
+      // Within a millisecond: a time set back by utimes (ms resolution) comes back rounded.
+      if (h.shard === shard && Array.isArray(h.columns) && h.bytes === st.size && Math.abs(h.mtimeMs - st.mtimeMs) < 1) {
         const size = (await stat(file)).size;
         if (size === layout.blobStart + (await blobLength(file, layout))) {
           return { shard, header: h, rebuilt: false, layout, bytes: await fileBytes(file) };
