@@ -1,6 +1,6 @@
 // Parity of the tokenize step with Python transformers, for two real tokenizers (Qwen3 and
 // DeepSeek-V3). One Python process per tokenizer (test/python/tokenize_parity.py) computes, with
-// its own implementation of the masking rule on transformers' offset mapping:
+// its own implementation of SpecForge's masking rule (prefix-encoding lengths) on transformers:
 // - the rows of a seeded corpus of 200+ conversations (test/fixtures/conversations), which the
 //   TypeScript side must match id for id and mask bit for mask bit;
 // - for generation-style records (prompt_ids from the generation prompt, output_ids = the

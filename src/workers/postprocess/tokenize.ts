@@ -35,25 +35,27 @@
  * ## Conversations ({@link conversationToRow})
  * The whole conversation is rendered once with the chat template (`add_generation_prompt`
  * false) and encoded once (`add_special_tokens` false, literal special-token text becomes the
- * special token, as in transformers). The loss mask is 1 exactly on the tokens that cover at
- * least one character of a supervised span, where the supervised spans are found in the
+ * special token, as in transformers). The loss mask is SpecForge's (`GeneralParser`, see
+ * tokenize-mask.ts): 1 on the tokens from `len(encode(text[:start]))` to
+ * `len(encode(text[:end]))` of each supervised span, where the supervised spans are found in the
  * rendered text from the template's own {@link AssistantTurnFormat} (derived by rendering probe
  * conversations, see tokenize-template.ts):
  * - each occurrence of the assistant header (`<|im_start|>assistant\n`) opens a span just after
  *   it; the span runs through the first turn end after that (`<|im_end|>\n`: the end-of-turn
  *   token and what the template writes after it), inclusive, or to the end of the text;
- * - an ignorable prefix that the template inserts right after the header of a turn without
- *   reasoning (Qwen3's empty `<think>\n\n</think>\n\n`) is not supervised;
+ * - the template's ignorable text (Qwen3's empty `<think>\n\n</think>\n\n`, which it inserts
+ *   after the header of a turn without reasoning) is not supervised, wherever it appears;
  * - everything else — system, user and tool turns, assistant headers, the BOS — is 0.
  * So for Qwen the supervised tokens of a turn are its reasoning block when present, the
- * content, tool calls, `<|im_end|>` and `\n`. A token that straddles a span boundary (Qwen's
- * pre-tokenizer can merge the header's `\n` with a leading newline of the content) is 1.
+ * content, tool calls, `<|im_end|>` and `\n`. A token that straddles a span start (Qwen's
+ * pre-tokenizer can merge the header's `\n` with a leading newline of the content) is 0, as in
+ * SpecForge.
  * The rule works on the rendered text, as SpecForge's `GeneralParser` does, so: assistant
  * content holding the literal turn end (`<|im_end|>\n`) ends its span there; text in any turn
  * holding the literal header opens a span; and templates that write no header before an
  * assistant turn (DeepSeek-V3 after tool outputs) leave that turn unsupervised. The parity test
- * (test/integration/tokenize-python.test.ts) checks ids and mask against an independent
- * Python implementation on transformers' offsets.
+ * (test/integration/tokenize-python.test.ts, test/integration/model-parity.test.ts) checks ids
+ * and mask against an independent Python implementation of SpecForge's rule on transformers.
  */
 export { deriveAssistantTurnFormat, type AssistantTurnFormat, type TurnFormatOptions } from './tokenize-template.js';
 export { findSupervisedSpans, maskFromSpans, type CharSpan } from './tokenize-mask.js';
