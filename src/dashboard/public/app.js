@@ -26,6 +26,10 @@ function duration(s) {
   return `${(s / 3600).toFixed(1)}h`;
 }
 
+function ms(n) {
+  return n < 1000 ? `${Math.round(n)} ms` : n < 60_000 ? `${(n / 1000).toFixed(1)} s` : duration(n / 1000);
+}
+
 function eta(d) {
   if (d.status === 'completed') return '-';
   if (d.etaSeconds.low === null) return '?';
@@ -98,7 +102,7 @@ function renderEndpoints(status) {
       const r = requests.get(e.url) || { inFlight: 0, errors: {}, recentLatencyMs: null };
       const health = e.up === null ? 'unknown' : e.up ? 'healthy' : `down: ${e.reason || '?'}`;
       const errors = Object.entries(r.errors).map(([k, v]) => `${k}×${v}`).join(' ') || '0';
-      const latency = r.recentLatencyMs ? `${duration(r.recentLatencyMs.p50 / 1000)} / ${duration(r.recentLatencyMs.p95 / 1000)}` : '-';
+      const latency = r.recentLatencyMs ? `${ms(r.recentLatencyMs.p50)} / ${ms(r.recentLatencyMs.p95)}` : '-';
       return el('tr', { 'data-endpoint': e.url },
         el('td', {}, e.url),
         el('td', { class: `text ${e.up === true ? 'up' : e.up === false ? 'down' : ''}` }, health),
@@ -135,13 +139,16 @@ function renderChart() {
     $('#chart-legend').textContent = 'collecting samples (one every 10 s)…';
     return;
   }
+  // The last hour, or less while the dashboard has been up for less.
   const end = points[points.length - 1][0];
-  const start = end - 3600_000;
-  const max = Math.max(1, ...points.map((p) => p[1]));
+  const start = Math.max(end - 3600_000, samples[0].t);
+  const span = Math.max(1, end - start);
+  const shown = points.filter((p) => p[0] >= start);
+  const max = Math.max(1, ...shown.map((p) => p[1]));
   const line = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
-  line.setAttribute('points', points.filter((p) => p[0] >= start).map(([t, v]) => `${((t - start) / 3600_000) * 800},${160 - (v / max) * 150}`).join(' '));
+  line.setAttribute('points', shown.map(([t, v]) => `${((t - start) / span) * 800},${160 - (v / max) * 150}`).join(' '));
   svg.replaceChildren(line);
-  $('#chart-legend').textContent = `now ${fmt(points[points.length - 1][1])} tok/s · peak ${fmt(max)} tok/s · ${points.length} samples`;
+  $('#chart-legend').textContent = `committed output tokens/s over the last ${duration(span / 1000)}: now ${fmt(shown[shown.length - 1][1])} · peak ${fmt(max)} · 0 at the bottom`;
 }
 
 function render(update) {
