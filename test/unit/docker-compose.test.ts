@@ -513,6 +513,8 @@ describe('docker-compose.yml', () => {
     const train = service('train-worker');
     expect(gpuDevices(train)).toHaveLength(1);
     expect(train.build !== undefined && typeof train.build !== 'string' ? train.build.target : undefined).toBe('train');
+    expect(argv(train.command)).toEqual(['worker', '-c', '/config/tokenmill.yaml', '--role', 'train', '--gpus', 'all']);
+    expect(argv(loadCompose(composeText, { TRAIN_GPUS: '4,5' }).services['train-worker']?.command).slice(-2)).toEqual(['--gpus', '4,5']);
     const dashboard = service('dashboard');
     expect(Object.keys(environment(dashboard))).toContain('DASHBOARD_TOKEN');
     expect(dashboard.ports).toEqual(['127.0.0.1:3000:3000']);

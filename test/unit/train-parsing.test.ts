@@ -22,6 +22,7 @@ describe('nvidia-smi and preflight', () => {
     expect(parseNvidiaSmi('3, Tesla T4, 15360, 15000, 535.1\n')).toEqual([{ index: 3, name: 'Tesla T4', totalMiB: 15_360, freeMiB: 15_000, driver: '535.1' }]);
     expect(() => parseNvidiaSmi('0, X, lots, 1 MiB, 1')).toThrow(/line 1: expected a size in MiB, got "lots"/);
     expect(parseGpuList('0, 2,2')).toEqual([0, 2]);
+    expect(parseGpuList('all')).toBeUndefined();
     expect(() => parseGpuList('0;1')).toThrow(/--gpus: expected GPU indices/);
   });
 

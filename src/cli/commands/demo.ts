@@ -7,6 +7,7 @@ import { startSimulator } from '../../sim/index.js';
 import { DASHBOARD_USER, startDashboard, type Dashboard } from '../../dashboard/server.js';
 import { onceSignalled, openRunContextFor, type RunContext } from '../run-context.js';
 import { runPipeline } from './generation.js';
+import { demoTrainerPython, finishDemoTraining, withDemoTraining } from '../demo-train.js';
 
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
 const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
@@ -66,7 +67,9 @@ export function registerDemoCommand(program: Command): void {
       const outDir = resolve(opts.out);
       const sim = await startSimulator({ port: 0, timeScale: Number(opts.timeScale), maxRunningRequests: 64, seed: 7 });
       try {
-        const config = loadConfig({ object: demoConfig(sim.url, outDir), baseDir: packageRoot });
+        // With the trainer environment (`npm run setup:trainer`), the demo ends with a short CPU training.
+        const trainPython = demoTrainerPython(packageRoot);
+        const config = loadConfig({ object: withDemoTraining(demoConfig(sim.url, outDir), trainPython), baseDir: packageRoot });
         if (opts.fresh === true) await rm(runDir(config), { recursive: true, force: true });
         process.stderr.write(`tokenmill demo: simulator at ${sim.url}, output in ${runDir(config)}\n`);
         const ctx = await openRunContextFor(config);
@@ -75,6 +78,7 @@ export function registerDemoCommand(program: Command): void {
           if (opts.dashboard === true) dashboard = await demoDashboard(ctx, opts.dashboardPort);
           // Generate, then tokenize and merge; prints the status table and the validation report.
           await runPipeline(ctx, { progressMs: 3_000, ...(opts.json === undefined ? {} : { json: opts.json }) });
+          if (!(await finishDemoTraining(ctx, trainPython, { ...(opts.json === undefined ? {} : { json: opts.json }) }))) process.exitCode = 1;
           if (dashboard !== undefined) {
             process.stderr.write(`tokenmill demo: finished; the dashboard stays open at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token}); Ctrl-C to stop\n`);
             await onceSignalled();

@@ -91,7 +91,7 @@ export function registerTrainCommand(program: Command): void {
     .option('--allow-env-change', 'start even if the environment differs from the last successful run\'s')
     .option('--cancel', 'cancel the run\'s unfinished train jobs (SIGTERM to the command\'s process group, SIGKILL after train.cancelGraceMs)')
     .option('--no-worker', 'only queue the job and wait: train workers elsewhere run it')
-    .option('--gpus <list>', 'GPU indices this process\'s worker may use, e.g. 0,1 (default: all)')
+    .option('--gpus <list>', 'GPU indices this process\'s worker may use, e.g. 0,1, or all (default: all)')
     .option('--json', 'print the result as JSON')
     .action(async (opts: TrainOptions) => {
       const ctx = await openRunContext(opts.config);
@@ -114,7 +114,8 @@ export function registerTrainCommand(program: Command): void {
         const jobId = await queueTrainJob(ctx.redis, ctx.keys, payload);
         const chosenBy = mode === undefined ? 'train.mode' : opts.fromScratch === true ? '--from-scratch' : '--resume';
         process.stderr.write(`tokenmill: train job ${jobId} queued: ${payload.mode} (${chosenBy})${payload.checkpoint === undefined ? '' : ` from ${payload.checkpoint}`}\n`);
-        const outcome = await runTrainJob(ctx, jobId, { worker: opts.worker !== false, ...(opts.gpus === undefined ? {} : { gpus: parseGpuList(opts.gpus) }) });
+        const gpus = opts.gpus === undefined ? undefined : parseGpuList(opts.gpus);
+        const outcome = await runTrainJob(ctx, jobId, { worker: opts.worker !== false, ...(gpus === undefined ? {} : { gpus }) });
         if (outcome === 'signalled') {
           process.stderr.write(`tokenmill: stopped waiting; train job ${jobId} stays queued for train workers (cancel it with \`tokenmill train --cancel\`)\n`);
           process.exitCode = 130;
@@ -130,16 +131,17 @@ export function registerTrainCommand(program: Command): void {
 
 /** `worker --role train [--gpus 0,1]`: serves the run's train queue until a signal. */
 export async function runTrainWorker(ctx: RunContext, gpus?: string): Promise<void> {
+  const allowed = gpus === undefined ? undefined : parseGpuList(gpus);
   const worker = new TrainWorker({
     redisUrl: ctx.redisUrl,
     keys: ctx.keys,
-    ...(gpus === undefined ? {} : { gpus: parseGpuList(gpus) }),
+    ...(allowed === undefined ? {} : { gpus: allowed }),
     lockDurationMs: ctx.config.workers.lockDurationMs,
     stalledIntervalMs: ctx.config.workers.stalledIntervalMs,
   });
   const signal = onceSignalled();
   await worker.start();
-  process.stderr.write(`tokenmill: train worker ready (queue train${gpus === undefined ? '' : `, GPUs ${gpus}`}); stop it with SIGTERM\n`);
+  process.stderr.write(`tokenmill: train worker ready (queue train, GPUs ${allowed === undefined ? 'all' : allowed.join(',')}); stop it with SIGTERM\n`);
   try {
     await signal;
   } finally {

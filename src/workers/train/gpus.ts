@@ -78,12 +78,13 @@ export function probeGpus(command = 'nvidia-smi', timeoutMs = 20_000): Promise<G
   });
 }
 
-/** Parses `--gpus 0,1,3`; throws a clear error on anything else. */
-export function parseGpuList(text: string): number[] {
+/** Parses `--gpus 0,1,3` (`all`: undefined, every GPU); throws a clear error on anything else. */
+export function parseGpuList(text: string): number[] | undefined {
+  if (text.trim() === 'all') return undefined;
   const parts = text.split(',').map((s) => s.trim());
   const out: number[] = [];
   for (const p of parts) {
-    if (!/^\d+$/.test(p)) throw new EnvironmentError(`--gpus: expected GPU indices separated by commas (e.g. 0,1), got "${text}"`);
+    if (!/^\d+$/.test(p)) throw new EnvironmentError(`--gpus: expected GPU indices separated by commas (e.g. 0,1) or all, got "${text}"`);
     out.push(Number(p));
   }
   return [...new Set(out)];
