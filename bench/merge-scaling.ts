@@ -60,6 +60,8 @@ function* rows(prefix: string, n: number, tokens: number): Generator<HfRow> {
 /** What the merge child reports. */
 interface ChildReport {
   mergeMs: number;
+  /** CPU time (user + system) of the child during the merge call. */
+  mergeCpuMs: number;
   maxRssBytes: number;
   heapUsedMaxBytes: number;
   oldRows: number;
@@ -75,6 +77,7 @@ async function childMain(target: string, staged: string, runDir: string): Promis
     heapMax = Math.max(heapMax, process.memoryUsage().heapUsed);
   }, 20);
   const t0 = performance.now();
+  const cpu0 = process.cpuUsage();
   const ds = await readHfDataset(staged);
   const result = await mergeIntoTarget({
     target,
@@ -84,10 +87,12 @@ async function childMain(target: string, staged: string, runDir: string): Promis
     requireSampleKey: true,
   });
   const mergeMs = performance.now() - t0;
+  const cpu = process.cpuUsage(cpu0);
   clearInterval(sampler);
   heapMax = Math.max(heapMax, process.memoryUsage().heapUsed);
   const report: ChildReport = {
     mergeMs,
+    mergeCpuMs: (cpu.user + cpu.system) / 1000,
     maxRssBytes: process.resourceUsage().maxRSS * 1024,
     heapUsedMaxBytes: heapMax,
     oldRows: result.report.oldRows,
@@ -163,6 +168,7 @@ export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): 
     const ms = { big: median(runs.big.map((x) => x.mergeMs)), small: median(runs.small.map((x) => x.mergeMs)) };
     const rss = { big: Math.max(...runs.big.map((x) => x.maxRssBytes)), small: Math.max(...runs.small.map((x) => x.maxRssBytes)) };
     const ratio = ms.big / ms.small;
+    const cpuMs = { big: median(runs.big.map((x) => x.mergeCpuMs)), small: median(runs.small.map((x) => x.mergeCpuMs)) };
     const rssDiff = rss.big - rss.small;
     const targetsMet: BenchResult['targets'] = [
       {
@@ -191,10 +197,16 @@ export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): 
         mergeMs: { big: runs.big.map((x) => round(x.mergeMs, 1)), small: runs.small.map((x) => round(x.mergeMs, 1)) },
         medianMergeMs: { big: round(ms.big, 1), small: round(ms.small, 1) },
         timeRatio: round(ratio, 3),
+        mergeCpuMs: { big: runs.big.map((x) => round(x.mergeCpuMs, 1)), small: runs.small.map((x) => round(x.mergeCpuMs, 1)) },
+        cpuRatio: round(cpuMs.big / cpuMs.small, 3),
         maxRssBytes: { big: runs.big.map((x) => x.maxRssBytes), small: runs.small.map((x) => x.maxRssBytes) },
         heapUsedMaxBytes: { big: runs.big.map((x) => x.heapUsedMaxBytes), small: runs.small.map((x) => x.heapUsedMaxBytes) },
       },
-      summary: [line('small'), line('big'), `median merge ${(ms.big / 1000).toFixed(2)} s vs ${(ms.small / 1000).toFixed(2)} s: ratio ${ratio.toFixed(2)}; peak RSS ${fmtBytes(rss.big)} vs ${fmtBytes(rss.small)}`],
+      summary: [
+        line('small'),
+        line('big'),
+        `median merge ${(ms.big / 1000).toFixed(2)} s vs ${(ms.small / 1000).toFixed(2)} s: ratio ${ratio.toFixed(2)} (CPU ${(cpuMs.big / 1000).toFixed(2)} s vs ${(cpuMs.small / 1000).toFixed(2)} s: ${(cpuMs.big / cpuMs.small).toFixed(2)}); peak RSS ${fmtBytes(rss.big)} vs ${fmtBytes(rss.small)}`,
+      ],
       wallS: (performance.now() - started) / 1000,
     };
   } finally {

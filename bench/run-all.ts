@@ -1,6 +1,7 @@
-// Runs the generation benchmarks one after the other and writes bench/results/latest.json.
+// Runs the benchmarks one after the other and writes bench/results/latest.json.
 //   npm run bench                       every benchmark
 //   npm run bench -- budget-overshoot   only the ones named
+//   BENCH_RESULTS_FILE=merge-scaling.json npm run bench -- merge-scaling   into another file of bench/results
 // Exit status: 0 when every target was met, 1 when one was missed, 2 when a benchmark failed.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -10,9 +11,11 @@ import { fileURLToPath } from 'node:url';
 import { budgetOvershoot } from './budget-overshoot.js';
 import { gpuSaturation } from './gpu-saturation.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
+import { mergeScaling } from './merge-scaling.js';
 import { producerMemory } from './producer-memory.js';
 import { redisMemory } from './redis-memory.js';
 import { throughputCeiling } from './throughput-ceiling.js';
+import { tokenizeThroughput } from './tokenize-throughput.js';
 
 const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'gpu-saturation': () => gpuSaturation(),
@@ -20,6 +23,8 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'redis-memory': () => redisMemory(),
   'throughput-ceiling': () => throughputCeiling(),
   'producer-memory': () => producerMemory(),
+  'tokenize-throughput': () => tokenizeThroughput(),
+  'merge-scaling': () => mergeScaling(),
 };
 
 /** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */
@@ -90,7 +95,12 @@ async function main(): Promise<number> {
   };
   const dir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'results');
   mkdirSync(dir, { recursive: true });
-  const file = path.join(dir, 'latest.json');
+  const name = process.env['BENCH_RESULTS_FILE'] ?? 'latest.json';
+  if (!/^[\w.-]+\.json$/.test(name)) {
+    process.stderr.write(`BENCH_RESULTS_FILE must be a file name ending in .json, got ${JSON.stringify(name)}\n`);
+    return 2;
+  }
+  const file = path.join(dir, name);
   writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
   const missed = results.flatMap((r) => r.targets.filter((t) => !t.met).map((t) => `${r.name}: ${t.what} (required ${t.required}, measured ${t.measured})`));
   process.stdout.write(`results written to ${path.relative(process.cwd(), file)}\n`);
