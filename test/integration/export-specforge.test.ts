@@ -225,6 +225,18 @@ describe('export --format specforge | jsonl', () => {
     const sorted = (file: string): string[] => readFileSync(file, 'utf8').trim().split('\n').sort();
     expect(sorted(partOut)).toEqual(sorted(sfOut));
 
+    // With postprocess.keepTruncated, the truncated generations are rows, so they are exported too.
+    const truncWriter = await AtomicJsonlWriter.open(path.join(tmp.dir, 'export', 'with-truncated.jsonl'));
+    const truncStats = await exportSpecForgeDataset({
+      dataset: DATASET,
+      promptsFile: path.join(tmp.dir, 'prompts.jsonl'),
+      generationsDir: path.join(tmp.dir, 'out', run, DATASET, 'generations'),
+      ctx: createTokenizeContext(await loadTokenizer(bundledTokenizerPath()), { keepTruncated: true }),
+      writer: truncWriter,
+    });
+    await truncWriter.abort();
+    expect(truncStats).toMatchObject({ exported: PROMPTS - 3, keptTruncated: 8, droppedTruncated: 0, droppedAborted: 2, droppedEmpty: 1 });
+
     const rowsOut = path.join(tmp.dir, 'export', 'rows.jsonl');
     const rows = await inProcess(['export', '-c', configPath, '--format', 'jsonl', '--out', rowsOut]);
     expect(rows).toContain(`exported ${PROMPTS - leftOut} of ${PROMPTS - leftOut} rows`);
