@@ -9,12 +9,16 @@
 //   <target>/.tokenmill/history/    one record per merge: the state.json before and after it and
 //                                   the files it added (what rollback and repair need)
 //   <target>/.tokenmill/staging/    the merged dataset being built (removed after each merge)
+//   <target>/.tokenmill/index/      one sample-key index file per shard (merge-index.ts)
+//   <target>/.tokenmill/offsets/    how far generation files were read, per version (merge-offsets.ts)
 //   <target>.lock                   held while a merge, rollback or repair runs
 //
 // A merge (1) checks that the new rows fit the target's schema, (2) builds the complete merged
 // dataset in a staging folder: old shards as hard links, new shards written (or linked from a
-// staged folder), state.json listing old then new, (3) validates it, (4) writes the history
-// record, moves the new shards into the target under names its state.json does not list, and
+// staged folder), state.json listing old then new, (3) validates it (the old shards' counts come
+// from the index; only new shards are read) and checks each new row's key against the index,
+// (4) writes the history record, moves the new shards with their index files and the offsets
+// file into the target under names its state.json does not list, and
 // (5) replaces state.json with one rename. `load_from_disk` reads only the shards state.json
 // lists, so before step 5 the target is the old dataset and after it the new one; a crash at
 // any step leaves one of the two. The first merge, with no target yet, builds the folder as a
