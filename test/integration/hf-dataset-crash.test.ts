@@ -181,7 +181,9 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
       const listed = state._data_files.map((f) => f.filename).sort();
       const present = (await readdir(c.target)).filter((n) => n !== 'state.json' && n !== 'dataset_info.json' && n !== '.tokenmill').sort();
       expect(present, c.name).toEqual(listed);
-      expect(await readdir(path.join(c.target, '.tokenmill')), c.name).toEqual(['history']);
+      expect((await readdir(path.join(c.target, '.tokenmill'))).sort(), c.name).toEqual(['history', 'index']);
+      // The id index: one file per listed shard; those of an undone merge went with its shards.
+      expect((await readdir(path.join(c.target, '.tokenmill', 'index'))).sort(), c.name).toEqual(listed.map((f) => `${f}.keys`));
     }
     const siblings = (await readdir(root)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'));
     expect(siblings).toEqual([]);
