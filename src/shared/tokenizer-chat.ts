@@ -18,43 +18,14 @@
  */
 import { Template } from '@huggingface/jinja';
 import { installPythonStrip } from './jinja-python-strip.js';
-import { z } from 'zod';
 
 import { END_OF_TURN_PROBE_ANSWER, deriveEndOfTurnTokenIds } from './end-of-turn.js';
 import { AppError, EnvironmentError, PayloadError, errorMessage } from './errors.js';
 import { templatesFromConfig, tokenContent, type TokenizerConfigJson } from './tokenizer-config.js';
+import { deepSortKeys, normalizeMessage, type ApplyChatTemplateOptions, type ChatMessage, type EncodePromptOptions } from './tokenizer-messages.js';
 import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './tokenizer-encoder.js';
 import { ServerEncoder } from './tokenizer-server.js';
 import type { ServerTokenizeClient } from './tokenizer-server-client.js';
-
-/** Roles a chat message may have. */
-export const ChatRoleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
-export type ChatRole = z.infer<typeof ChatRoleSchema>;
-
-/** One chat message, in the OpenAI / Hugging Face chat shape. */
-export const ChatMessageSchema = z.object({
-  role: ChatRoleSchema,
-  content: z.string(),
-  /** The assistant's reasoning, for templates that render it (Qwen3's `<think>` block). */
-  reasoning_content: z.string().optional(),
-  tool_calls: z.array(z.unknown()).optional(),
-  name: z.string().optional(),
-  tool_call_id: z.string().optional(),
-});
-export type ChatMessage = z.infer<typeof ChatMessageSchema>;
-
-/** Options of {@link ChatTokenizer.applyChatTemplate}. */
-export interface ApplyChatTemplateOptions {
-  /** Append the assistant header so that the model's answer follows. */
-  addGenerationPrompt: boolean;
-  /** Tool (function) JSON schemas, passed to the template as `tools`. */
-  tools?: unknown[];
-  /** Extra template variables (e.g. `{ enable_thinking: false }`); they override the special tokens. */
-  templateKwargs?: Record<string, unknown>;
-}
-
-/** Options of {@link ChatTokenizer.encodePrompt}: the generation prompt is always added. */
-export type EncodePromptOptions = Omit<ApplyChatTemplateOptions, 'addGenerationPrompt'>;
 
 /** A half-open range of token ids: `start <= id < end`. */
 export interface TokenIdRange {
@@ -72,9 +43,6 @@ const NAMED_SPECIAL_TOKENS = [
   'cls_token',
   'mask_token',
 ] as const;
-
-/** Reasoning fields transformers aliases onto each other before rendering. */
-const REASONING_FIELDS = ['reasoning_content', 'thinking', 'reasoning'] as const;
 
 /** Rounds of fetching from the server that {@link ChatTokenizer.withServerTokens} allows. */
 const SERVER_TOKEN_ROUNDS = 32;
@@ -423,39 +391,5 @@ export class ChatTokenizer {
     }
     return chosen;
   }
-}
-
-/**
- * Mirrors transformers: drop keys whose value is null/undefined, then alias the reasoning
- * fields (`thinking` first, the message's own keys, then `reasoning_content`).
- */
-function normalizeMessage(message: ChatMessage): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [key, value] of Object.entries(message)) {
-    if (value !== undefined && value !== null) out[key] = value;
-  }
-  let reasoning: unknown;
-  for (const key of REASONING_FIELDS) {
-    if (out[key] !== undefined) {
-      reasoning = out[key];
-      break;
-    }
-  }
-  if (reasoning === undefined) return out;
-  return { thinking: reasoning, ...out, reasoning_content: reasoning };
-}
-
-/** Objects with their keys sorted, recursively (Kimi's `deep_sort_dict` of the tools). */
-function deepSortKeys(value: unknown): unknown {
-  if (Array.isArray(value)) return value.map(deepSortKeys);
-  if (value !== null && typeof value === 'object') {
-    const obj = value as Record<string, unknown>;
-    return Object.fromEntries(
-      Object.keys(obj)
-        .sort()
-        .map((k) => [k, deepSortKeys(obj[k])]),
-    );
-  }
-  return value;
 }
 

@@ -7,6 +7,14 @@ import { createRequire } from 'node:module';
 import path from 'node:path';
 
 export * from './tokenizer-chat.js';
+export {
+  ChatMessageSchema,
+  ChatRoleSchema,
+  type ApplyChatTemplateOptions,
+  type ChatMessage,
+  type ChatRole,
+  type EncodePromptOptions,
+} from './tokenizer-messages.js';
 export { loadTokenizer } from './tokenizer-load.js';
 
 /**
