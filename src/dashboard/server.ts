@@ -11,7 +11,7 @@ import { ExpressAdapter } from '@bull-board/express';
 import { Queue } from 'bullmq';
 import express, { type Request, type Response } from 'express';
 import type { Redis } from 'ioredis';
-import { MERGE_QUEUE, TOKENIZE_QUEUE, generateQueueName, logger as componentLogger, type Config, type Logger, type RunKeys } from '../shared/index.js';
+import { MERGE_QUEUE, TOKENIZE_QUEUE, TRAIN_QUEUE, generateQueueName, logger as componentLogger, type Config, type Logger, type RunKeys } from '../shared/index.js';
 import { apiRoutes } from './api-routes.js';
 import { checkExposure, requireToken, sameOriginWrites } from './auth.js';
 import { LiveStatus } from './live-status.js';
@@ -49,9 +49,10 @@ export interface Dashboard {
   stop(): Promise<void>;
 }
 
-/** The queues Bull Board shows: one per generation dataset, then tokenize and merge. */
-export function dashboardQueueNames(config: Pick<Config, 'datasets'>): string[] {
-  return [...config.datasets.filter((d) => d.prompts !== undefined).map((d) => generateQueueName(d.name)), TOKENIZE_QUEUE, MERGE_QUEUE];
+/** The queues Bull Board shows: one per generation dataset, then tokenize and merge, then train when configured. */
+export function dashboardQueueNames(config: Pick<Config, 'datasets'> & { train?: unknown }): string[] {
+  const train = config.train === undefined ? [] : [TRAIN_QUEUE];
+  return [...config.datasets.filter((d) => d.prompts !== undefined).map((d) => generateQueueName(d.name)), TOKENIZE_QUEUE, MERGE_QUEUE, ...train];
 }
 
 /** Starts the dashboard's HTTP server; resolves once it listens. */

@@ -1,6 +1,7 @@
 // The train stage's pure parts: nvidia-smi parsing, GPU choice, progress lines, CUDA OOM lines,
 // fingerprint differences and the command's placeholders.
 import { describe, expect, it } from 'vitest';
+import { dashboardQueueNames } from '../../src/dashboard/server.js';
 import { buildArgv } from '../../src/workers/train/command.js';
 import { fingerprintChanges, pythonOf, type EnvFingerprint } from '../../src/workers/train/fingerprint.js';
 import { parseGpuList, parseNvidiaSmi, type GpuInfo } from '../../src/workers/train/gpus.js';
@@ -109,5 +110,13 @@ describe('fingerprint and command', () => {
     expect(buildArgv(['t', '--data={dataset}', '{output}', '--n', '{gpus}', '{checkpoint}'], ['--resume', '{checkpoint}'], values)).toEqual(['t', '--data=/d', '/o', '--n', '2', '']);
     expect(buildArgv(['t'], ['--resume', '{checkpoint}'], { ...values, checkpoint: '/c/step-5' })).toEqual(['t', '--resume', '/c/step-5']);
     expect(() => buildArgv(['t'], [], { ...values, checkpoint: '/c' })).toThrow(/neither train\.command nor train\.resumeArgs has "\{checkpoint\}"/);
+  });
+});
+
+describe('Bull Board', () => {
+  it('shows the train queue when train is configured', () => {
+    const datasets = [{ name: 'a', prompts: '/a.jsonl' }] as Parameters<typeof dashboardQueueNames>[0]['datasets'];
+    expect(dashboardQueueNames({ datasets })).toEqual(['generate-a', 'tokenize', 'merge']);
+    expect(dashboardQueueNames({ datasets, train: { command: ['t'] } })).toEqual(['generate-a', 'tokenize', 'merge', 'train']);
   });
 });
