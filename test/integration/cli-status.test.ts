@@ -4,6 +4,7 @@ import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import type { RunStatus } from '../../src/shared/index.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { loopbackPort, startFaultProxy } from '../helpers/fault-proxy.js';
 
 let redis: TestRedis;
 let sim: SimulatorHandle;
@@ -103,6 +104,54 @@ describe('CLI: status, pause, resume, retry-failed', () => {
     const status = JSON.parse((await cli(['status', '-c', configPath, '--json'])).trim().split('\n').at(-1) ?? '{}') as RunStatus;
     expect(status.datasets.find((d) => d.name === 'beta')).toMatchObject({ records: 19, failed: 1 });
   });
+
+  it('status lists the live workers by role (host, pid, uptime) and their endpoint health; a stopped worker drops out', async () => {
+    const worker = spawnCli(['worker', '-c', configPath, '--role', 'inference']);
+    const pid = worker.child.pid ?? -1;
+    const line = new RegExp(`^  inference\\s+\\S+:${pid}  up \\d+s, 0 in flight$`, 'm');
+    const out = (await waitFor(async () => {
+      const o = await cli(['status', '-c', configPath]);
+      return line.test(o) && /^endpoints: 1\/1 endpoints healthy$/m.test(o) ? o : undefined;
+    }, 'the worker in status', 30_000, 250)) as string;
+    expect(out).toMatch(/^workers: 1 inference$/m);
+    const json = JSON.parse((await cli(['status', '-c', configPath, '--json'])).trim().split('\n').at(-1) ?? '{}') as RunStatus;
+    expect(json.workers).toEqual([expect.objectContaining({ role: 'inference', pid, inFlight: 0 })]);
+    worker.child.kill('SIGTERM');
+    expect(await worker.exited).toBe(0);
+    // A clean stop withdraws the heartbeat at once.
+    expect(await cli(['status', '-c', configPath])).not.toMatch(/^workers:/m);
+  }, 60_000);
+
+  it('status --watch shows a note while Redis is unreachable, keeps the last figures, and recovers by itself', async () => {
+    const proxy = await startFaultProxy({ target: { host: '127.0.0.1', port: loopbackPort(redis.url) } });
+    try {
+      const cfg = writeConfig(tmp.dir, {
+        run: 'cli',
+        redis: { url: proxy.url('redis'), prefix: redis.prefix },
+        sglang: { endpoints: [sim.url] },
+        datasets: [
+          { name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
+          { name: 'beta', prompts: 'beta.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
+        ],
+        output: { dir: 'out' },
+      }, 'watch.yaml');
+      const watch = spawnCli(['status', '-c', cfg, '--watch']);
+      const screens = (): string[] => watch.output().split('\x1b[2J\x1b[H');
+      await waitFor(() => screens().some((s) => /alpha\s+completed/.test(s)), 'the first table', 30_000, 100);
+      await proxy.setMode('refuse');
+      const blip = (await waitFor(() => screens().find((s) => s.startsWith('! Redis unreachable for')), 'the note', 20_000, 100)) as string;
+      expect(blip).toMatch(/^! Redis unreachable for \d+s \(.+\); retrying — the figures below are from the last read\n\nrun cli/);
+      expect(blip).toMatch(/alpha\s+completed/);
+      expect(watch.child.exitCode).toBeNull();
+      await proxy.setMode('pass');
+      const noted = screens().length;
+      await waitFor(() => screens().slice(noted).some((s) => s.startsWith('run cli') && /alpha\s+completed/.test(s)), 'a fresh table without the note', 30_000, 100);
+      watch.child.kill('SIGINT');
+      expect(await watch.exited).toBe(0);
+    } finally {
+      await proxy.close();
+    }
+  }, 90_000);
 
   it('a bad config names the file, line and path', async () => {
     const bad = writeConfig(tmp.dir, { datasets: [{ name: 'x', prompts: 'alpha.jsonl', tokenBudget: -5 }] } as never, 'bad.yaml');
