@@ -2,7 +2,8 @@
 // round (offsets committed with the training dataset's version), and stays exact when those
 // offsets cannot be trusted:
 // - a second round reads only the lines appended to a part file and the lines of a new part;
-//   a round with nothing new reads nothing;
+//   a round with nothing new reads nothing; a last line without its newline is read again once
+//   complete;
 // - a merge killed before its swap leaves the old offsets: the next round reads those lines
 //   again and merges each row once; a merge killed after its swap leaves nothing to read again;
 // - a generations folder rewritten (a part shorter, or different bytes) is read in full, with a
@@ -87,6 +88,21 @@ describe('incremental tokenize', () => {
     appendRecords(s.runDir, 'A', 0, [first[1]!, ...recs('A', ['a-2'])]);
     const r2 = await fullRound(s);
     expect(r2.results[0]).toMatchObject({ lines: 2, rows: 1, alreadyMerged: 1 });
+    expect(await targetKeys(s.target)).toEqual(['A/a-0', 'A/a-1', 'A/a-2']);
+  });
+
+  it('a last line without its newline is read, and read again once complete (offsets stop at complete lines)', async () => {
+    const s = setup('torn');
+    const part0 = appendRecords(s.runDir, 'A', 0, recs('A', ['a-0']));
+    writeFileSync(part0, JSON.stringify(recs('A', ['a-1'])[0]), { flag: 'a' });
+    const r1 = await fullRound(s);
+    expect(r1.results[0]).toMatchObject({ lines: 2, rows: 2 });
+    expect((await readCommittedOffsets(s.target)).datasets['A']?.files['part-00000.jsonl']?.lines).toBe(1);
+    writeFileSync(part0, '\n', { flag: 'a' });
+    appendRecords(s.runDir, 'A', 0, recs('A', ['a-2']));
+    const r2 = await fullRound(s);
+    expect(r2.results[0]).toMatchObject({ lines: 2, rows: 1, alreadyMerged: 1 });
+    expect((await readCommittedOffsets(s.target)).datasets['A']?.files['part-00000.jsonl']?.lines).toBe(3);
     expect(await targetKeys(s.target)).toEqual(['A/a-0', 'A/a-1', 'A/a-2']);
   });
 

@@ -67,6 +67,9 @@ export async function repairLocked(target: string): Promise<string[]> {
   await removeEmptyDir(stagingRoot(target));
   for (const name of await removeTempFiles(target)) actions.push(`removed temporary file ${name}`);
   for (const name of await removeTempFiles(historyDir(target))) actions.push(`removed temporary file ${CONTROL_DIR}/history/${name}`);
+  for (const sub of ['index', 'offsets']) {
+    for (const name of await removeTempFiles(path.join(controlDir(target), sub))) actions.push(`removed temporary file ${CONTROL_DIR}/${sub}/${name}`);
+  }
 
   // The last history record must describe the current state; if the current state is the one
   // before it, that merge never committed (or was rolled back): remove what it added.
