@@ -156,10 +156,10 @@ beforeAll(async () => {
     'tokenize_parity.py',
     [],
     {
+      conversations,
       jobs: MODELS.map((spec) => ({
         tokenizer_dir: folderOf(spec.pkg),
         specforge: spec.specforge,
-        conversations,
         records: RECORD_CASES.map((i) => ({ conversation: i })),
       })),
     },
@@ -233,8 +233,11 @@ MODELS.forEach((spec, m) => {
       let compared = 0;
       let rejected = 0;
       recordCases.forEach((c, i) => {
-        const ref = py.records[i];
-        if (ref === undefined) throw new Error(`record ${i} missing`);
+        const rec = py.records[i];
+        const full = py.conversations[RECORD_CASES[i] ?? -1];
+        if (rec === undefined || full === undefined) throw new Error(`record ${i} missing`);
+        // The row of the full rendering is the conversation's own.
+        const ref: PyRecord = rec.error === undefined ? { ...rec, input_ids: full.input_ids, loss_mask: full.loss_mask } : rec;
         const history = c.messages.slice(0, -1);
         let promptIds: number[] | undefined;
         let tsError: string | undefined;

@@ -1,7 +1,8 @@
 """Reference rows for the tokenize step, computed with Python transformers and SpecForge's rule.
 
-Reads one JSON object on stdin, a job or {"jobs": [job, ...]} (one per tokenizer, answered as
-{"jobs": [result, ...]}); a job is
+Reads one JSON object on stdin, a job or {"jobs": [job, ...], "conversations": [...]} (one job
+per tokenizer, answered as {"jobs": [result, ...]}; the top-level conversations are every job's
+that has none of its own); a job is
     {"tokenizer_dir": str,
      "specforge": {"header", "turn_end", "eot_token", "ignore": [str]} | null,
      "conversations": [{"messages": [...], "tools": [...] | null, "kwargs": {...} | null}],
@@ -13,7 +14,8 @@ and its result, written as one JSON object on stdout, is
      "formats": {<kwargs as compact sorted JSON>: {"header", "ignorable", "turn_end", "eot_id", "suffix_ids"}},
      "conversations": [{"text", "input_ids", "loss_mask"} | {"error": str}],
      "generations": [{"prompt_ids", "content", "input_ids", "loss_mask"} | {"error": str}],
-     "records": [{"text", "prompt_ids", "output_ids", "input_ids", "loss_mask"} | {"error": str}]}
+     "records": [{"prompt_ids", "output_ids", "after_output", ["text", "input_ids", "loss_mask"]} | {"error": str}]}
+(a record given as a conversation's index has no row of its own: it is that conversation's).
 
 Everything here is implemented on its own, from the descriptions below, not from the TypeScript
 code.
@@ -169,18 +171,15 @@ def record_row(tok, case, fmt, full=None):
     if at < 0:
         raise ValueError("NoEndOfTurn: the last turn has no end-of-turn token")
     output_text = rest[: at + len(fmt["eot_token"])]
-    if full is not None:
-        input_ids, mask = full["input_ids"], full["loss_mask"]
-    else:
-        input_ids, mask = masked_row(tok, text, fmt)
-    return {
-        "text": text,
+    result = {
         "prompt_ids": prompt_ids,
         "output_ids": encode(tok, output_text),
         "after_output": rest[at + len(fmt["eot_token"]):],
-        "input_ids": input_ids,
-        "loss_mask": mask,
     }
+    if full is None:  # else the row is the conversation's, already in the answer
+        result["input_ids"], result["loss_mask"] = masked_row(tok, text, fmt)
+        result["text"] = text
+    return result
 
 
 def run_job(request):
@@ -253,10 +252,13 @@ def run_job(request):
 def main() -> None:
     request = json.load(sys.stdin)
     if "jobs" in request:
-        result = {"jobs": [run_job(job) for job in request["jobs"]]}
+        shared = request.get("conversations")
+        jobs = [job if "conversations" in job or shared is None else {**job, "conversations": shared} for job in request["jobs"]]
+        result = {"jobs": [run_job(job) for job in jobs]}
     else:
         result = run_job(request)
-    json.dump(result, sys.stdout, ensure_ascii=False)
+    # json.dumps uses the C encoder; json.dump to a stream does not.
+    sys.stdout.write(json.dumps(result, ensure_ascii=False, separators=(",", ":")))
 
 
 if __name__ == "__main__":
