@@ -42,8 +42,11 @@ export function requireToken(token: string, log: Logger): RequestHandler {
       next();
       return;
     }
-    // The path only: never headers (the token) or the query string.
-    log.warn({ method: req.method, path: req.path, ip: req.ip }, 'dashboard request without a valid token');
+    // The path only: never headers (the token) or the query string. A browser's first request
+    // carries no credentials (it asks for them on the 401): only a wrong token is worth a warning.
+    const entry = { method: req.method, path: req.path, ip: req.ip };
+    if (req.headers.authorization === undefined) log.debug(entry, 'dashboard request without credentials');
+    else log.warn(entry, 'dashboard request with a wrong token');
     res.set('WWW-Authenticate', `Basic realm="tokenmill", charset="UTF-8"`).status(401).type('text/plain').send('unauthorized');
   };
 }

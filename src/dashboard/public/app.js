@@ -84,7 +84,10 @@ function renderDatasets(datasets) {
       el('td', { 'data-field': 'paused' }, d.paused ? 'yes' : 'no'),
       el('td', { 'data-field': 'actions' },
         ...(generation
-          ? [d.paused ? actionButton(d.name, 'resume', 'Resume') : actionButton(d.name, 'pause', 'Pause'), ...(d.failed > 0 ? [actionButton(d.name, 'retry-failed', `Retry ${fmt(d.failed)} failed`)] : [])]
+          ? [
+              ...(d.paused ? [actionButton(d.name, 'resume', 'Resume')] : d.status === 'completed' ? [] : [actionButton(d.name, 'pause', 'Pause')]),
+              ...(d.failed > 0 ? [actionButton(d.name, 'retry-failed', `Retry ${fmt(d.failed)} failed`)] : []),
+            ]
           : [])),
     ];
     return el('tr', { 'data-dataset': d.name, 'data-status': d.status }, ...cells);
@@ -95,7 +98,7 @@ function renderDatasets(datasets) {
 function renderEndpoints(status) {
   const h = status.endpoints;
   $('#endpoint-summary').textContent =
-    h.reported === 0 ? `${h.total} configured; no inference worker reporting yet` : `${h.healthy}/${h.total} healthy`;
+    h.reported === 0 ? `${h.total} configured; no inference worker reporting` : `${h.healthy}/${h.total} healthy`;
   const requests = new Map((status.endpointRequests || []).map((r) => [r.url, r]));
   $('#endpoints tbody').replaceChildren(
     ...h.endpoints.map((e) => {
