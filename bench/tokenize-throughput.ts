@@ -141,6 +141,7 @@ export async function tokenizeThroughput(options: Partial<TokenizeThroughputOpti
   const fromCli = conversationsFromCommandLine();
   const o: TokenizeThroughputOptions = { ...DEFAULT_TOKENIZE_THROUGHPUT, ...(fromCli === undefined ? {} : { conversations: fromCli }), ...options };
   const started = performance.now();
+  const loadBefore = os.loadavg().map((x) => round(x, 2));
   const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-bench-tokenize-'));
   try {
     const file = path.join(dir, 'conversations.jsonl');
@@ -221,7 +222,7 @@ export async function tokenizeThroughput(options: Partial<TokenizeThroughputOpti
     mkdirSync(resultsDir, { recursive: true });
     writeFileSync(
       path.join(resultsDir, 'tokenize-throughput.json'),
-      `${JSON.stringify({ at: new Date().toISOString(), loadAverage: os.loadavg().map((x) => round(x, 2)), cpuModel: os.cpus()[0]?.model, ...result }, null, 2)}\n`,
+      `${JSON.stringify({ at: new Date().toISOString(), loadAverageBefore: loadBefore, loadAverageAfter: os.loadavg().map((x) => round(x, 2)), cpuModel: os.cpus()[0]?.model, ...result }, null, 2)}\n`,
     );
     return result;
   } finally {

@@ -10,6 +10,8 @@ import type { TokenizeContext } from './tokenize-context.js';
 /** `workerData` of a tokenize thread: how to build the same tokenize context as the main thread. */
 export interface ThreadInit {
   tokenizerDir: string;
+  /** The main thread's encoder (`tokenizer.kind` as resolved). */
+  kind: 'huggingface' | 'tiktoken';
   keepTruncated: boolean;
   templateKwargs?: Record<string, unknown>;
   /** The main thread's {@link contextFingerprint}; the thread refuses to start on another. */

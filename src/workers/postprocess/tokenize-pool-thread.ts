@@ -28,7 +28,7 @@ async function main(): Promise<void> {
   const reply = (message: ThreadReply, transfer: ArrayBuffer[] = []): void => port.postMessage(message, transfer);
   let ctx: TokenizeContext;
   try {
-    const tokenizer = await loadTokenizer(init.tokenizerDir);
+    const tokenizer = await loadTokenizer(init.tokenizerDir, { kind: init.kind });
     ctx = createTokenizeContext(tokenizer, {
       keepTruncated: init.keepTruncated,
       ...(init.templateKwargs === undefined ? {} : { templateKwargs: init.templateKwargs }),

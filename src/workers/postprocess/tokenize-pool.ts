@@ -8,7 +8,8 @@
  * Memory is bounded: at most `2 × threads` batches are out (sent, or done and not yet
  * yielded); the file is read no further until the oldest is yielded. A thread that stops
  * (crash, out of memory) fails the read with an error naming the file and the lines it held.
- * Small files, one thread, and tokenizers a thread cannot load the same way (checked with a
+ * Small files, one thread, server-side tokenization, and tokenizers a thread cannot load the
+ * same way (a setting only the main thread knows, such as `tokenizer.pattern`: checked with a
  * probe on start) take the one-thread path.
  */
 import { stat } from 'node:fs/promises';
@@ -98,9 +99,13 @@ export class TokenizePool {
    * `opts.ctx`'s); rejects when a thread cannot start.
    */
   static async start(opts: TokenizePoolOptions): Promise<TokenizePool | { unusable: string }> {
+    const kind = opts.ctx.tokenizer.encoderKind;
+    // Server-side tokenization gives no local ids to conversation datasets.
+    if (kind === 'server') return { unusable: 'tokenizer.kind server' };
     const pool = new TokenizePool(opts);
     const init: ThreadInit = {
       tokenizerDir: opts.ctx.tokenizer.dir,
+      kind,
       keepTruncated: opts.ctx.keepTruncated,
       fingerprint: contextFingerprint(opts.ctx),
     };
