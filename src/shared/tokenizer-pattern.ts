@@ -18,9 +18,13 @@
  * - `(?P<name>` becomes `(?<name>`, `\x{..}` / `\U........` become `\u{..}`, characters the
  *   `v` flag reserves are escaped.
  *
- * What has no exact JavaScript equivalent (possessive quantifiers, atomic groups, other inline
- * flags, symmetric difference `~~`, backreferences, `\b` / `\B`) is refused with a
- * {@link ConfigError}-free {@link EnvironmentError} naming the construct and its offset.
+ * - possessive quantifiers (`\p{L}++`, as in tiktoken's `cl100k_base`) and atomic groups
+ *   (`(?>...)`) become the atomic idiom `(?=(?<aN>X))\k<aN>`: the lookahead matches greedily
+ *   once, and the backreference consumes exactly that, with no backtracking into it.
+ *
+ * What has no exact JavaScript equivalent (other inline flags, symmetric difference `~~`,
+ * backreferences, `\b` / `\B`) is refused with an {@link EnvironmentError} naming the
+ * construct and its offset.
  */
 import { EnvironmentError } from './errors.js';
 
@@ -77,6 +81,12 @@ class PatternConverter {
   /** Depth of `(?i:` groups we are in, and the group depth at which each was opened. */
   readonly #caseless: number[] = [];
   #depth = 0;
+  /** Output offset where each open group starts, and whether it is atomic. */
+  readonly #groups: { start: number; atomic: boolean }[] = [];
+  /** Output offset where the last complete atom starts (what a quantifier applies to). */
+  #atomStart = -1;
+  #atomics = 0;
+  #out = '';
 
   constructor(
     private readonly src: string,
@@ -95,59 +105,87 @@ class PatternConverter {
   }
 
   convert(): string {
-    let out = '';
     const s = this.src;
     while (this.#i < s.length) {
       const c = s[this.#i] as string;
       if (c === '\\') {
-        out += this.escape(false);
+        this.atom(this.escape(false));
       } else if (c === '[') {
-        out += this.klass();
+        this.atom(this.klass());
       } else if (c === '(') {
-        out += this.groupOpen();
+        const open = this.groupOpen();
+        this.#groups.push({ start: this.#out.length, atomic: open === '(?>' });
+        this.#out += open === '(?>' ? '(?:' : open;
+        this.#atomStart = -1;
       } else if (c === ')') {
         this.#i++;
         if (this.#caseless.at(-1) === this.#depth) this.#caseless.pop();
         this.#depth--;
-        out += ')';
+        const group = this.#groups.pop();
+        if (group === undefined) this.fail('an unbalanced parenthesis');
+        this.#out += ')';
+        if (group.atomic) this.#out = this.#out.slice(0, group.start) + this.atomic(this.#out.slice(group.start));
+        this.#atomStart = group.start;
       } else if (c === '|' || c === '^' || c === '$') {
         this.#i++;
-        out += c;
+        this.#out += c;
+        this.#atomStart = -1;
       } else if (c === '.') {
         this.#i++;
-        out += '[^\\n]';
+        this.atom('[^\\n]');
       } else if (c === '{') {
         const m = /^\{(\d+)(,(\d*))?\}/.exec(s.slice(this.#i));
         if (m === null) {
           this.#i++;
-          out += '\\{';
+          this.atom('\\{');
         } else {
           this.#i += m[0].length;
-          out += m[0];
-          this.checkPossessive();
+          this.quantifier(m[0]);
         }
       } else if (c === '}') {
         this.#i++;
-        out += '\\}';
+        this.atom('\\}');
       } else if (c === '*' || c === '+' || c === '?') {
         this.#i++;
-        out += c;
-        this.checkPossessive();
+        this.quantifier(c);
       } else {
         const cp = s.codePointAt(this.#i) ?? 0;
         const ch = String.fromCodePoint(cp);
         this.#i += ch.length;
-        out += this.literal(ch);
+        this.atom(this.literal(ch));
       }
     }
     if (this.#depth !== 0) this.fail('an unbalanced parenthesis');
-    return out;
+    return this.#out;
   }
 
-  /** After a quantifier: a lazy `?` is fine, a possessive `+` is refused. */
-  checkPossessive(): void {
+  atom(source: string): void {
+    this.#atomStart = this.#out.length;
+    this.#out += source;
+  }
+
+  /** `X` matched atomically (see the module comment). */
+  atomic(x: string): string {
+    const name = `a${this.#atomics++}`;
+    return `(?=(?<${name}>${x}))\\k<${name}>`;
+  }
+
+  /** A quantifier after the last atom; a possessive one (`*+`, `++`, `?+`, `{n,m}+`) makes it atomic. */
+  quantifier(q: string): void {
+    const at = this.#atomStart;
+    if (at < 0) this.fail(`a quantifier "${q}" with nothing to repeat`);
     const next = this.src[this.#i];
-    if (next === '+') this.fail('a possessive quantifier');
+    if (next === '+') {
+      this.#i++;
+      const repeated = this.#out.slice(at) + q;
+      this.#out = this.#out.slice(0, at) + this.atomic(repeated);
+    } else if (next === '?') {
+      this.#i++;
+      this.#out += `${q}?`;
+    } else {
+      this.#out += q;
+    }
+    this.#atomStart = -1;
   }
 
   literal(ch: string): string {
@@ -178,7 +216,10 @@ class PatternConverter {
       this.#caseless.push(this.#depth);
       return '(?:';
     }
-    if (rest.startsWith('(?>')) this.fail('an atomic group "(?>"');
+    if (rest.startsWith('(?>')) {
+      this.#i += 3;
+      return '(?>';
+    }
     if (rest.startsWith('(?')) this.fail(`the group or flag syntax "${/^\(\?[^:)]*[:)]?/.exec(rest)?.[0] ?? '(?'}"`);
     this.#i++;
     return '(';

@@ -1,15 +1,16 @@
 // Parity of tokenmill's tiktoken encoder with Python `tiktoken` loading the same local rank file
 // (o200k_base, written from js-tiktoken's shipped ranks): ids and decoded text, on multilingual
-// text, code, whitespace and special tokens, with o200k's own split pattern and with the Kimi
-// K2 family's (loaded from the Kimi-like tokenizer folder, so detection, the preset's pattern and
-// its special-token layout are checked too). One Python process for the whole file.
+// text, code, whitespace and special tokens, with three split patterns: o200k's own, cl100k_base's
+// (possessive quantifiers) and the Kimi K2 family's (loaded from the Kimi-like tokenizer folder,
+// so detection, the preset's pattern and its special-token layout are checked too). One Python
+// process for the whole file.
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { readRankFile } from '../../src/shared/tokenizer-bpe.js';
+import { readRankFile, type RankTable } from '../../src/shared/tokenizer-bpe.js';
 import { KIMI_K2_PATTERN, O200K_PATTERN } from '../../src/shared/tokenizer-pattern.js';
 import { TiktokenEncoder } from '../../src/shared/tokenizer-tiktoken.js';
 import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer.js';
@@ -79,9 +80,14 @@ function randomTexts(count: number, seed: number): string[] {
 
 const TEXTS = [...FIXED_TEXTS, ...randomTexts(300, 7)];
 
+/** tiktoken's cl100k_base pattern: possessive quantifiers and `$`. */
+const CL100K_PATTERN =
+  "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|\\s*[\\r\\n]|\\s+(?!\\S)|\\s";
+
 let tmp: string;
 let report: PyReport;
 let o200k: TiktokenEncoder;
+let o200kTable: RankTable;
 let kimi: ChatTokenizer;
 let kimiSpecials: Record<string, number>;
 
@@ -90,6 +96,7 @@ beforeAll(async () => {
   const rankFile = await writeO200kRankFile(path.join(tmp, 'o200k_base.tiktoken'));
   const kimiDir = await makeKimiLikeTokenizer(path.join(tmp, 'kimi-like'));
   const ranks = await readRankFile(rankFile);
+  o200kTable = ranks;
   const o200kSpecials = o200kRanks().specialTokens;
   o200k = new TiktokenEncoder({
     ranks,
@@ -107,6 +114,7 @@ beforeAll(async () => {
     cases: [
       { name: 'o200k', pat_str: O200K_PATTERN, special_tokens: o200kSpecials, texts: TEXTS },
       { name: 'kimi', pat_str: KIMI_K2_PATTERN, special_tokens: kimiSpecials, texts: TEXTS },
+      { name: 'cl100k-pattern', pat_str: CL100K_PATTERN, special_tokens: o200kSpecials, texts: TEXTS },
     ],
   });
 }, 180_000);
@@ -143,6 +151,18 @@ describe('tiktoken encoder against Python tiktoken on the same rank file', () =>
     expect(TEXTS.some((t) => o200k.encode(t).includes(199_999))).toBe(true);
   });
 
+  it("encodes like tiktoken with cl100k_base's pattern (possessive quantifiers)", () => {
+    const cl = new TiktokenEncoder({
+      ranks: o200kTable,
+      pattern: CL100K_PATTERN,
+      patternSource: 'cl100k',
+      specialTokens: Object.entries(o200kRanks().specialTokens).map(([content, id]) => ({ content, id, special: true })),
+    });
+    const py = report.cases.find((c) => c.name === 'cl100k-pattern');
+    const diffs = TEXTS.map((text, i) => difference(text, cl.encode(text), py?.ids[i] ?? [])).filter((d) => d !== '');
+    expect(diffs).toEqual([]);
+  });
+
   it('encodes like tiktoken with the Kimi K2 pattern and special tokens (the Kimi-like folder)', () => {
     expect(kimi.encoderKind).toBe('tiktoken');
     expect(kimiSpecials['<|im_end|>']).toBe(200_000);
@@ -158,11 +178,11 @@ describe('tiktoken encoder against Python tiktoken on the same rank file', () =>
     expect(diffs).toEqual([]);
   });
 
-  it('the two patterns tokenize part of the corpus differently, so each case tests its own pattern', () => {
+  it('the patterns tokenize part of the corpus differently, so each case tests its own pattern', () => {
     const py = (name: string): number[][] => report.cases.find((c) => c.name === name)?.ids ?? [];
-    const [a, b] = [py('o200k'), py('kimi')];
     const plain = TEXTS.flatMap((t, i) => (t.includes('<|') || t.includes('[EOS]') ? [] : [i]));
-    const differing = plain.filter((i) => JSON.stringify(a[i]) !== JSON.stringify(b[i]));
-    expect(differing.length).toBeGreaterThanOrEqual(2);
+    const differing = (a: number[][], b: number[][]): number => plain.filter((i) => JSON.stringify(a[i]) !== JSON.stringify(b[i])).length;
+    expect(differing(py('o200k'), py('kimi'))).toBeGreaterThanOrEqual(2);
+    expect(differing(py('o200k'), py('cl100k-pattern'))).toBeGreaterThanOrEqual(2);
   });
 });

@@ -102,6 +102,15 @@ describe('split pattern conversion', () => {
     expect(pieces('.+', 'a\rb\nc')).toEqual(['a\rb', 'c']);
   });
 
+  it('matches possessive quantifiers and atomic groups without backtracking into them', () => {
+    // a++ takes every a, so "a++a" never matches; a greedy a+ would give back one.
+    expect(pieces('a++a|a', 'aaa')).toEqual(['a', 'a', 'a']);
+    expect(pieces('a+a|a', 'aaa')).toEqual(['aaa']);
+    expect(pieces('(?>a+)b|a', 'aaab')).toEqual(['aaab']);
+    expect(pieces('(?>a|ab)c|.', 'abc')).toEqual(['a', 'b', 'c']);
+    expect(pieces('\\p{N}{1,3}+', '12345')).toEqual(['123', '45']);
+  });
+
   it('turns class intersection and subtraction into v-flag classes', () => {
     expect(convertSplitPattern('[\\p{L}\\p{M}&&[^\\p{Han}]]', 't')).toBe('[[\\p{L}\\p{M}]&&[^\\p{sc=Han}]]');
     expect(pieces('[\\p{L}--[a-c]]+', 'abcdef')).toEqual(['def']);
@@ -109,8 +118,8 @@ describe('split pattern conversion', () => {
   });
 
   it('refuses what has no exact equivalent, naming the construct and its offset', () => {
-    expect(() => convertSplitPattern('\\p{L}++', 'tokenizer.pattern')).toThrow(/tokenizer\.pattern: .*possessive quantifier at offset 6/);
-    expect(() => convertSplitPattern('(?>a)', 'p')).toThrow(/atomic group/);
+    expect(() => convertSplitPattern('\\bx', 'tokenizer.pattern')).toThrow(/tokenizer\.pattern: the split pattern uses the escape "\\b" at offset 0/);
+    expect(() => convertSplitPattern('+a', 'p')).toThrow(/nothing to repeat/);
     expect(() => convertSplitPattern('(?x)a', 'p')).toThrow(/"\(\?x\)"/);
     expect(() => convertSplitPattern('\\p{NoSuchProperty}', 'p')).toThrow(/NoSuchProperty/);
     expect(() => convertSplitPattern('[a~~b]', 'p')).toThrow(/symmetric difference/);
@@ -184,7 +193,7 @@ describe('loading a tiktoken folder', () => {
   it('refuses a folder without a pattern, with several rank files, or without a rank file', async () => {
     const noPattern = await folder('no-pattern', { 'x.tiktoken': tinyRanks([]), 'tokenizer_config.json': config() });
     await expect(loadTokenizer(noPattern)).rejects.toThrow(/no split pattern; set tokenizer\.pattern/);
-    await expect(loadTokenizer(noPattern, { pattern: '\\p{L}++' })).rejects.toThrow(/tokenizer\.pattern: .*possessive/);
+    await expect(loadTokenizer(noPattern, { pattern: '\\bx' })).rejects.toThrow(/tokenizer\.pattern: .*"\\b"/);
     const withPattern = await loadTokenizer(noPattern, { pattern: '\\p{L}+|\\s+|\\p{N}+|[^\\s\\p{L}\\p{N}]+' });
     expect(withPattern.encode('[EOS]a')).toEqual([258, 97]);
     const two = await folder('two', { 'a.tiktoken': tinyRanks([]), 'b.tiktoken': tinyRanks([]), 'tokenizer_config.json': config() });
