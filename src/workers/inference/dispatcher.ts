@@ -292,6 +292,8 @@ export class Dispatcher {
       }
       const outcome = decodeAcquire(code);
       if (outcome.kind === 'acquired') {
+        // Resumed (or its budget freed): its samples count as ready again.
+        this.blockedDatasets.delete(dataset);
         const endpoint = healthy[outcome.endpointIndex];
         const leaseKey = leaseKeys[outcome.endpointIndex];
         if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${healthy.length}`);
@@ -320,7 +322,13 @@ export class Dispatcher {
         case 'paused':
           // Paused (tokenmill pause, the dashboard or Bull Board): its samples wait here, the
           // others go on. One acquire per pass looks again, so a resume is seen within this.
+          // Published at once (a pass cut short by a full endpoint would not): its samples no
+          // longer count as ready, so the worker fetches other datasets' batches to fill the slots.
           blocked.add(dataset);
+          if (!this.blockedDatasets.has(dataset)) {
+            this.blockedDatasets.add(dataset);
+            this.signalDemand();
+          }
           retryInMs = Math.min(retryInMs, PAUSED_RECHECK_MS);
           break;
         case 'already-done':
