@@ -166,7 +166,23 @@ export class InfoRoutes {
     let result: { tokens: number[] | number[][]; count: number | number[] };
     try {
       if (Array.isArray(body.messages)) {
-        const parsed = parseChat({ messages: body.messages, max_tokens: 0 }, this.s.chatContext());
+        // The chat template applied here, with the generation prompt unless add_generation_prompt is false.
+        const chat = this.s.chatContext();
+        const ctx: typeof chat =
+          body.add_generation_prompt === false
+            ? {
+                ...chat,
+                render: (messages, tools, templateKwargs) => {
+                  try {
+                    return this.s.tok.encode(this.s.tok.applyChatTemplate(messages, { addGenerationPrompt: false, tools, templateKwargs }));
+                  } catch (e: unknown) {
+                    throw new SimValueError(errorMessage(e));
+                  }
+                },
+              }
+            : chat;
+        const request = { messages: body.messages, max_tokens: 0, tools: body.tools, chat_template_kwargs: body.chat_template_kwargs };
+        const parsed = parseChat(request, ctx);
         result = { tokens: parsed.item.inputIds, count: parsed.item.inputIds.length };
       } else if (typeof body.prompt === 'string') {
         const tokens = this.s.encodeText(body.prompt, addSpecial);

@@ -106,6 +106,20 @@ describe('server-side tokenization', () => {
     expect(recordToRow(record, ctx, 'B1')).toEqual(recordToRow(record, localCtx, 'B1'));
   });
 
+  it("the simulator's /tokenize {messages} applies the template, with the generation prompt unless told not to", async () => {
+    const client = new ServerTokenizeClient({ endpoints: [sim.url] });
+    const messages: ChatMessage[] = [
+      { role: 'user', content: 'Hi' },
+      { role: 'assistant', content: 'Hello' },
+    ];
+    const tools = [{ type: 'function', function: { name: 'f' } }];
+    const withPrompt = (await client.post(sim.url, '/tokenize', { messages, tools })) as { tokens: number[] };
+    expect(withPrompt.tokens).toEqual(local.encodePrompt(messages, { tools }));
+    const without = (await client.post(sim.url, '/tokenize', { messages, add_generation_prompt: false })) as { tokens: number[] };
+    expect(without.tokens).toEqual(local.encode(local.applyChatTemplate(messages, { addGenerationPrompt: false })));
+    expect(without.tokens.length).toBeLessThan(local.encodePrompt(messages).length);
+  });
+
   it('the start-up probe accepts the server of the same tokenizer and template', async () => {
     const client = remote.serverClient;
     if (client === undefined) throw new Error('no server client');
