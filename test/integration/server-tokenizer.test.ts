@@ -12,6 +12,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError, UnavailableError } from '../../src/shared/errors.js';
+import { readDatasetMeta } from '../../src/shared/hf-dataset/reader.js';
 import { checkTokenizerKindFits, loadTokenizer } from '../../src/shared/tokenizer-load.js';
 import { ServerTokenizeClient } from '../../src/shared/tokenizer-server-client.js';
 import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer.js';
@@ -178,5 +179,8 @@ describe('server-side tokenization', () => {
       const prompt = prompts.find((x) => x.id === r.id)?.prompt ?? '';
       expect(r.prompt_ids).toEqual(local.encodePrompt([{ role: 'user', content: prompt }]));
     }
+    // Post-processing ran with the server's ids too: the training dataset was written.
+    const meta = await readDatasetMeta(path.join(tmp, 'out', run, 'train-dataset'));
+    expect(meta.shards.length).toBeGreaterThan(0);
   }, 90_000);
 });
