@@ -144,13 +144,42 @@ const progressRegex = () =>
       if (groups.length === 0) ctx.addIssue({ code: 'custom', message: 'expected named groups: at least one of (?<step>…), (?<total>…), (?<loss>…)' });
     });
 
+const trainCommand = () =>
+  z
+    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (a command and its arguments)' })
+    .min(1, { error: 'expected a command and its arguments' });
+
+/** One step of a chain of GPU steps (`train.steps`). */
+export const TrainStepSchema = z.strictObject({
+  name: name().describe('Step name, unique in the chain: names its folder `<attempt>/<name>/` and its job.'),
+  command: trainCommand().describe(
+    'The step\'s command and its arguments (placeholders as in `train.command`, `{output}` being the step\'s `output/` folder, plus `{output:<step>}`: the output folder of an earlier step of the same chain).',
+  ),
+  gpus: nonNegativeInt().optional().describe('GPUs the step needs. Omitted = `train.gpus`.'),
+  minFreeGpuMemMiB: nonNegativeInt().optional().describe('Free memory each of its GPUs needs (MiB). Omitted = `train.minFreeGpuMemMiB`.'),
+  minFreeDiskGiB: z
+    .number({ error: 'expected a number >= 0 (GiB)' })
+    .min(0, { error: 'expected a number >= 0 (GiB)' })
+    .default(0)
+    .describe('Free disk space (GiB) the run folder\'s file system needs before the step starts (hidden states can take terabytes); until then it waits.'),
+});
+
+/** A step of `train.steps`. */
+export type TrainStep = z.infer<typeof TrainStepSchema>;
+
 /** Settings of the train stage. */
 export const TrainConfigSchema = z.strictObject({
-  command: z
-    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (a command and its arguments)' })
-    .min(1, { error: 'expected a command and its arguments' })
+  command: trainCommand()
+    .optional()
     .describe(
-      'Training command and its arguments, run without a shell, in its own process group, from the config file\'s folder. Placeholders in an argument: `{dataset}` (the training dataset folder), `{output}` (the attempt\'s `checkpoints/` folder), `{checkpoint}` (the checkpoint resumed from; empty when starting from scratch), `{gpus}` (the number of GPUs assigned; `CUDA_VISIBLE_DEVICES` names them).',
+      'Training command and its arguments, run without a shell, in its own process group, from the config file\'s folder. Placeholders in an argument: `{dataset}` (the training dataset folder), `{output}` (the attempt\'s `checkpoints/` folder), `{checkpoint}` (the checkpoint resumed from; empty when starting from scratch), `{gpus}` (the number of GPUs assigned; `CUDA_VISIBLE_DEVICES` names them). Exactly one of `command` / `steps`.',
+    ),
+  steps: z
+    .array(TrainStepSchema, { error: 'expected a list of steps' })
+    .min(1, { error: 'expected at least one step' })
+    .optional()
+    .describe(
+      'A chain of GPU steps instead of one command (e.g. hidden-state extraction, then training): each step is its own train job with its own preflight, fingerprint and log, in `<output.dir>/<run>/train/<attempt>/<step>/`; a failed step stops the chain, and `--resume` reruns the chain from that step without redoing finished ones. Exactly one of `command` / `steps`.',
     ),
   gpus: nonNegativeInt().default(1).describe('GPUs the training command needs; 0 runs it on CPU.'),
   minFreeGpuMemMiB: nonNegativeInt()
@@ -191,7 +220,25 @@ export const TrainConfigSchema = z.strictObject({
   preflightPollMs: positiveInt()
     .default(30_000)
     .describe('How often a job waiting for GPU memory checks again (ms).'),
-});
+}).superRefine(
+  (t, ctx) => {
+    if (typeof t !== 'object' || t === null || Array.isArray(t)) return;
+    const has = (v: unknown): boolean => v !== undefined && v !== null;
+    if (has(t.command) === has(t.steps)) {
+      ctx.addIssue({ code: 'custom', message: `expected exactly one of "command" or "steps", got ${has(t.command) ? 'both' : 'neither'}` });
+    }
+    if (Array.isArray(t.steps)) {
+      const seen = new Set<string>();
+      t.steps.forEach((step: unknown, i: number) => {
+        const n = typeof step === 'object' && step !== null ? (step as { name?: unknown }).name : undefined;
+        if (typeof n !== 'string') return;
+        if (seen.has(n)) ctx.addIssue({ code: 'custom', path: ['steps', i, 'name'], message: `expected a unique step name, got "${n}" again` });
+        seen.add(n);
+      });
+    }
+  },
+  { when: () => true },
+);
 
 /** The train section of the config. */
 export type TrainConfig = z.infer<typeof TrainConfigSchema>;

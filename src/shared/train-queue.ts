@@ -11,6 +11,16 @@ import type { RunKeys } from './run-keys.js';
 export const TrainModeSchema = z.enum(['from-scratch', 'resume']);
 export type TrainMode = z.infer<typeof TrainModeSchema>;
 
+/** One step of a chain as its job sees it. */
+export const TrainStepPayloadSchema = z.object({
+  name: z.string().min(1),
+  command: z.array(z.string()).min(1),
+  gpus: z.number().int().nonnegative(),
+  minFreeGpuMemMiB: z.number().int().nonnegative(),
+  minFreeDiskGiB: z.number().nonnegative(),
+});
+export type TrainStepPayload = z.infer<typeof TrainStepPayloadSchema>;
+
 /**
  * Payload of a train job: everything the worker needs, taken from the config when the job was
  * queued (Bull Board shows it), so a worker runs exactly what was asked.
@@ -39,6 +49,12 @@ export const TrainPayloadSchema = z.object({
   preflightPollMs: z.number().int().positive(),
   /** Who queued it: a post-process round's flow (its id), or `tokenmill train`. */
   origin: z.string().min(1),
+  /** Free disk space (GiB) the run folder needs before it starts. */
+  minFreeDiskGiB: z.number().nonnegative().default(0),
+  /** `train.steps`: the whole chain; each step's job has its own command, GPUs and limits above. */
+  steps: z.array(TrainStepPayloadSchema).min(1).optional(),
+  /** This job's step in `steps` (a chain's jobs only). */
+  stepIndex: z.number().int().nonnegative().optional(),
 });
 export type TrainPayload = z.infer<typeof TrainPayloadSchema>;
 
@@ -69,6 +85,8 @@ export const TrainResultSchema = z.object({
   gpus: z.array(z.number().int()),
   durationMs: z.number().nonnegative(),
   reason: z.string().optional(),
+  /** A chain step's name. */
+  step: z.string().optional(),
 });
 export type TrainResult = z.infer<typeof TrainResultSchema>;
 

@@ -18,6 +18,8 @@ export interface TrainStatus {
   jobId: string;
   state: TrainState;
   mode: string | null;
+  /** A chain's step running now (`extract (1/2)`); null for a single command. */
+  chainStep: string | null;
   /** Attempt folder name (`0003`) and path. */
   attempt: string | null;
   attemptDir: string | null;
@@ -70,6 +72,7 @@ export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<Trai
     jobId: h.jobId,
     state: (h.state as TrainState | undefined) ?? 'queued',
     mode: str(h.mode),
+    chainStep: str(h.chainStep),
     attempt: str(h.attempt),
     attemptDir: str(h.attemptDir),
     checkpoint: str(h.checkpoint),
@@ -111,6 +114,7 @@ export function formatTrainStatus(t: TrainStatus | null): string[] {
   const head = [`train ${t.jobId}: ${t.state}`];
   if (t.mode !== null) head.push(t.mode);
   if (t.attempt !== null) head.push(`attempt ${t.attempt}`);
+  if (t.chainStep !== null) head.push(`step ${t.chainStep}`);
   if (t.gpus.length > 0) head.push(`GPUs ${t.gpus.join(',')}`);
   const lines = [head.join(', ')];
   const progress = formatTrainProgress(t);
@@ -127,7 +131,7 @@ export function formatTrainStatus(t: TrainStatus | null): string[] {
  */
 export function trainPhaseDetail(t: TrainStatus | null): string {
   if (t === null) return '';
-  const at = t.attempt === null ? '' : `attempt ${t.attempt}, `;
+  const at = `${t.attempt === null ? '' : `attempt ${t.attempt}, `}${t.chainStep === null ? '' : `step ${t.chainStep}, `}`;
   if (t.state === 'waiting') return `waiting — ${t.waiting ?? ''}`;
   const progress = formatTrainProgress(t);
   if (t.state === 'running') return `${at}${progress === '' ? 'running' : progress}`;

@@ -18,7 +18,7 @@ interface TrainOptions {
 
 /** A train status change as one line for people. */
 export function trainStatusLine(s: TrainStatus): string {
-  const at = s.attempt === null ? '' : ` attempt ${s.attempt}`;
+  const at = `${s.attempt === null ? '' : ` attempt ${s.attempt}`}${s.chainStep === null ? '' : ` step ${s.chainStep}`}`;
   if (s.state === 'waiting') return `train${at}: waiting — ${s.waiting ?? ''}`;
   if (s.state === 'running') {
     const p = formatTrainProgress(s);

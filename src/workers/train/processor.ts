@@ -13,6 +13,7 @@ import {
   type TrainState,
 } from '../../shared/index.js';
 import { createAttempt, listCheckpoints, resolveResumeCheckpoint } from './attempts.js';
+import { doneInfo, freeDiskGiB, markStepDone, placeChainStep, withStepOutputs, type ChainStepPlace } from './chain.js';
 import { buildArgv } from './command.js';
 import { collectFingerprint, fingerprintChanges, type EnvFingerprint } from './fingerprint.js';
 import type { GpuInfo, GpuProbe } from './gpus.js';
@@ -45,8 +46,8 @@ export interface TrainDeps {
   /** Appends a line to the job's log in Bull Board (the caller bounds it). */
   jobLog(line: string): void;
   reportProgress(p: TrainProgress): Promise<void>;
-  /** For a round's train job: its merge's status (`nothing-new` skips training). */
-  mergeStatus(): Promise<string | undefined>;
+  /** The return value of the job's child: a round's merge, or a chain's previous step. */
+  childResult(): Promise<unknown>;
   /** Aborted when the worker stops (SIGTERM): the command is stopped too. */
   shutdown: AbortSignal;
   logger: Logger;
@@ -85,14 +86,21 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
   const started = Date.now();
   if (await deps.isCancelled()) throw new TrainCancelledError('cancelled by `tokenmill train --cancel` before it started');
 
-  if (p.origin !== 'cli') {
-    const merged = await deps.mergeStatus();
-    if (merged === 'nothing-new') {
-      const reason = 'the post-process round merged nothing new; training not started (run `tokenmill train` to train anyway)';
-      await deps.setStatus({ state: 'skipped', reason, mode: p.mode });
-      return { kind: 'done', result: { status: 'skipped', attempt: null, attemptDir: null, mode: p.mode, checkpoint: null, lastCheckpoint: null, progress: null, firstLoss: null, lastLoss: null, gpus: [], durationMs: Date.now() - started, reason } };
-    }
+  const index = p.stepIndex ?? 0;
+  const stepName = p.steps?.[index]?.name;
+  const skipped = (reason: string, attemptDir: string | null = null): TrainOutcome => ({
+    kind: 'done',
+    result: { status: 'skipped', attempt: attemptDir === null ? null : path.basename(attemptDir), attemptDir, mode: p.mode, checkpoint: null, lastCheckpoint: null, progress: null, firstLoss: null, lastLoss: null, gpus: [], durationMs: Date.now() - started, reason, ...(stepName === undefined ? {} : { step: stepName }) },
+  });
+  const child = p.origin !== 'cli' || index > 0 ? ((await deps.childResult()) as { status?: unknown; attemptDir?: unknown } | undefined) : undefined;
+  const nothingNew = index === 0 ? child?.status === 'nothing-new' : child?.status === 'skipped' && child.attemptDir === null;
+  if (nothingNew) {
+    const reason = 'the post-process round merged nothing new; training not started (run `tokenmill train` to train anyway)';
+    await deps.setStatus({ state: 'skipped', reason, mode: p.mode });
+    return skipped(reason);
   }
+  const previousStep = index > 0 ? { attemptDir: typeof child?.attemptDir === 'string' ? child.attemptDir : null } : null;
+  if (stepName !== undefined) await deps.setStatus({ chainStep: `${stepName} (${index + 1}/${p.steps?.length ?? 1})` });
 
   // 1. A worker that ran this job before and is gone.
   let mode = p.mode;
@@ -105,6 +113,9 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
       log.warn({ pgid: prev.pid }, 'killed the process group left by the dead train worker');
     }
     const who = `the train worker ${prev.worker ?? '(unknown)'} running attempt ${prev.attempt ?? '(unknown)'} died`;
+    if (!p.autoResume && p.steps !== undefined) {
+      throw new AppError(`${who}; not resumed because train.autoResume is false — \`tokenmill train --resume\` reruns the chain from step ${stepName ?? ''}`);
+    }
     if (!p.autoResume) {
       let newest = '';
       try {
@@ -115,9 +126,20 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
       throw new AppError(`${who}; not resumed because train.autoResume is false${newest} — continue with \`tokenmill train --resume\``);
     }
     mode = 'resume';
-    checkpoint = await resolveResumeCheckpoint(p.runDir);
-    deps.jobLog(`${who}; resuming from ${checkpoint} (train.autoResume)`);
+    if (p.steps === undefined) checkpoint = await resolveResumeCheckpoint(p.runDir);
+    deps.jobLog(`${who}; ${p.steps === undefined ? `resuming from ${checkpoint ?? ''}` : `running step ${stepName ?? ''} again`} (train.autoResume)`);
     log.warn({ checkpoint }, `${who}; resuming (train.autoResume)`);
+  }
+
+  // A chain step: where it runs; a step finished in an earlier run is not redone.
+  let place: ChainStepPlace | null = null;
+  if (p.steps !== undefined && (index > 0 || mode === 'resume')) {
+    place = await placeChainStep({ ...p, mode }, previousStep, deps.jobId);
+    if (place.done) {
+      const reason = `step ${stepName ?? ''} finished in an earlier run of attempt ${place.attempt} (${await doneInfo(place)}); not redone`;
+      deps.jobLog(reason);
+      return { kind: 'done', result: { ...(skipped(reason, place.attemptDir) as { kind: 'done'; result: TrainResult }).result, status: 'completed' } };
+    }
   }
 
   // 2. Preflight: enough GPUs with enough free memory, or wait.
@@ -129,6 +151,14 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     return { kind: 'wait', reason: verdict.reason };
   }
   const assigned = verdict.assigned;
+  if (p.minFreeDiskGiB > 0) {
+    const disk = await freeDiskGiB(p.runDir);
+    if (disk.freeGiB < p.minFreeDiskGiB) {
+      const reason = `disk ${disk.path}: ${disk.freeGiB.toFixed(1)} GiB free, ${p.minFreeDiskGiB} GiB needed${stepName === undefined ? '' : ` by step ${stepName}`}`;
+      await deps.setStatus({ state: 'waiting', waiting: reason, preflight: seenJson, worker: deps.workerId, mode }, 'pending');
+      return { kind: 'wait', reason };
+    }
+  }
 
   // 3. Environment fingerprint against the last good run's.
   const fp = await collectFingerprint({ command: p.command, ...(p.python === undefined ? {} : { python: p.python }), cwd: p.cwd, gpus: assigned, driver: verdict.seen[0]?.driver ?? probe.gpus[0]?.driver ?? null });
@@ -147,13 +177,23 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
   }
 
   // 4. What to run, then a new attempt folder (earlier ones are never touched).
-  if (mode === 'resume') checkpoint = await resolveResumeCheckpoint(p.runDir, checkpoint);
-  const argvOf = (output: string): string[] =>
-    buildArgv(p.command, p.resumeArgs, { dataset: p.dataset, output, checkpoint: mode === 'resume' ? (checkpoint ?? null) : null, gpus: assigned.map((g) => g.index) });
-  argvOf(''); // refuse a resume without {checkpoint} before an attempt folder is made
-  const attempt = await createAttempt(p.runDir, { jobId: deps.jobId, mode, resumedFrom: mode === 'resume' ? (checkpoint ?? null) : null });
-  const argv = argvOf(attempt.checkpoints);
-  await writeFile(path.join(attempt.dir, 'environment.json'), `${JSON.stringify({ ...fp, preflight: verdict.seen, assignedGpus: assigned.map((g) => g.index), changes }, null, 2)}\n`);
+  let attempt: { attempt: string; dir: string; checkpoints: string; log: string };
+  let argv: string[];
+  if (p.steps !== undefined) {
+    // A chain step reruns whole: it has no checkpoint of its own to resume.
+    place ??= await placeChainStep({ ...p, mode }, previousStep, deps.jobId);
+    attempt = { attempt: place.attempt, dir: place.attemptDir, checkpoints: place.output, log: place.log };
+    argv = withStepOutputs(buildArgv(p.command, [], { dataset: p.dataset, output: place.output, checkpoint: null, gpus: assigned.map((g) => g.index) }), p, place.attemptDir);
+    checkpoint = undefined;
+  } else {
+    if (mode === 'resume') checkpoint = await resolveResumeCheckpoint(p.runDir, checkpoint);
+    const argvOf = (output: string): string[] =>
+      buildArgv(p.command, p.resumeArgs, { dataset: p.dataset, output, checkpoint: mode === 'resume' ? (checkpoint ?? null) : null, gpus: assigned.map((g) => g.index) });
+    argvOf(''); // refuse a resume without {checkpoint} before an attempt folder is made
+    attempt = await createAttempt(p.runDir, { jobId: deps.jobId, mode, resumedFrom: mode === 'resume' ? (checkpoint ?? null) : null });
+    argv = argvOf(attempt.checkpoints);
+  }
+  await writeFile(path.join(place?.stepDir ?? attempt.dir, 'environment.json'), `${JSON.stringify({ ...fp, preflight: verdict.seen, assignedGpus: assigned.map((g) => g.index), changes }, null, 2)}\n`);
 
   // 5. Run and watch.
   const tracker = p.progressRegex === undefined ? new ProgressTracker() : new ProgressTracker(new RegExp(p.progressRegex));
@@ -250,7 +290,7 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
   await reporting;
   const pr = tracker.progress;
   const lastCheckpoint = (await listCheckpoints(attempt.checkpoints)).at(-1) ?? null;
-  const where = `attempt ${attempt.attempt} (${attempt.log})`;
+  const where = `${stepName === undefined ? '' : `step ${stepName} of `}attempt ${attempt.attempt} (${attempt.log})`;
   const how = exit.spawnError ?? (exit.signal !== null ? `killed by ${exit.signal}` : `exit code ${exit.code ?? '?'}`);
 
   if (stopping === 'cancel') throw new TrainCancelledError(`cancelled by \`tokenmill train --cancel\` at step ${pr.step ?? '?'} (${where}; ${exit.killed ? 'SIGKILL after the grace period' : 'stopped on SIGTERM'})`);
@@ -266,6 +306,7 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     throw new AppError(`the training command failed (${how}) in ${where}${tail === '' ? '' : `: ${tail}`}`);
   }
   await deps.saveGoodEnv(fp);
+  if (place !== null) await markStepDone(place, { jobId: deps.jobId, argv, progress: pr });
   const result: TrainResult = {
     status: 'completed',
     attempt: attempt.attempt,
@@ -278,6 +319,7 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     lastLoss: pr.loss,
     gpus: assigned.map((g) => g.index),
     durationMs: Date.now() - started,
+    ...(stepName === undefined ? {} : { step: stepName }),
   };
   await deps.setStatus({ state: 'completed', finishedAt: new Date().toISOString() }, 'completed');
   log.info({ attempt: attempt.attempt, progress: pr }, 'training completed');

@@ -1,4 +1,4 @@
-import { Job, Queue, type FlowJob } from 'bullmq';
+import { FlowProducer, Job, Queue, type FlowJob } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
   AppError,
@@ -9,7 +9,6 @@ import {
   TrainResultSchema,
   parsePayload,
   readTrainStatus,
-  trainJobOptions,
   type Config,
   type RunKeys,
   type TrainMode,
@@ -17,6 +16,7 @@ import {
   type TrainResult,
   type TrainStatus,
 } from '../../shared/index.js';
+import { trainFlow } from './chain.js';
 
 /**
  * Train jobs: the payload made from the config, the `train` parent that a post-process round's
@@ -45,8 +45,19 @@ export function trainPayloadOf(config: Config, runDir: string, choice: TrainChoi
       dataset: config.postprocess.target,
       mode: choice.mode ?? t.mode,
       ...(choice.checkpoint === undefined ? {} : { checkpoint: choice.checkpoint }),
-      command: t.command,
+      command: t.command ?? t.steps?.[0]?.command,
       resumeArgs: t.resumeArgs,
+      ...(t.steps === undefined
+        ? {}
+        : {
+            steps: t.steps.map((s) => ({
+              name: s.name,
+              command: s.command,
+              gpus: s.gpus ?? t.gpus,
+              minFreeGpuMemMiB: s.minFreeGpuMemMiB ?? t.minFreeGpuMemMiB,
+              minFreeDiskGiB: s.minFreeDiskGiB,
+            })),
+          }),
       cwd: config.source.baseDir,
       gpus: t.gpus,
       minFreeGpuMemMiB: t.minFreeGpuMemMiB,
@@ -72,13 +83,7 @@ export function roundTrainJobId(flowId: string): string {
  * fails its train parent when it fails (the training never waits for a merge that will not come).
  */
 export function withTrainParent(merge: FlowJob, payload: TrainPayload, flowId: string): FlowJob {
-  return {
-    name: 'train',
-    queueName: TRAIN_QUEUE,
-    data: parsePayload(TrainPayloadSchema, { ...payload, origin: flowId }, 'train'),
-    opts: { ...trainJobOptions, jobId: roundTrainJobId(flowId) },
-    children: [{ ...merge, opts: { ...merge.opts, failParentOnFailure: true } }],
-  };
+  return trainFlow(parsePayload(TrainPayloadSchema, { ...payload, origin: flowId }, 'train'), roundTrainJobId(flowId), merge);
 }
 
 /**
@@ -105,15 +110,15 @@ export async function writeStatus(
 
 /** Queues a train job for `tokenmill train` (`<run>-train-<n>`); its status starts as `queued`. */
 export async function queueTrainJob(redis: Redis, keys: RunKeys, payload: TrainPayload): Promise<string> {
-  const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  const flows = new FlowProducer({ connection: redis, prefix: keys.bullPrefix });
   try {
     const n = await redis.incr(new TrainKeys(keys).counter());
     const jobId = `${payload.run}-train-${n}`;
     await writeStatus(redis, keys, jobId, { state: 'queued', mode: payload.mode }, 'pending', true);
-    await queue.add('train', parsePayload(TrainPayloadSchema, payload, 'train'), { ...trainJobOptions, jobId });
+    await flows.add(trainFlow(parsePayload(TrainPayloadSchema, payload, 'train'), jobId));
     return jobId;
   } finally {
-    await queue.close();
+    await flows.close();
   }
 }
 
@@ -136,7 +141,8 @@ export async function waitForTrainJob(
     for (;;) {
       if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for train job ${jobId}`);
       const status = await readTrainStatus(redis, keys);
-      if (status !== null && status.jobId === jobId && opts.onStatus !== undefined) {
+      const ours = status !== null && (status.jobId === jobId || status.jobId.startsWith(`${jobId}-`));
+      if (status !== null && ours && opts.onStatus !== undefined) {
         const key = JSON.stringify([status.state, status.step, status.loss, status.waiting, status.attempt]);
         if (key !== lastSeen) {
           lastSeen = key;
@@ -147,7 +153,12 @@ export async function waitForTrainJob(
       if (job === undefined) throw new AppError(`train job ${jobId} is not in Redis (removed, or another Redis?)`);
       const state = await job.getState();
       if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job.returnvalue) };
-      if (state === 'failed') return { status: 'failed', reason: job.failedReason || 'failed' };
+      if (state === 'failed') {
+        // A chain fails at the step that failed: its reason, not the parent's "child failed".
+        const latest = await readTrainStatus(redis, keys);
+        const own = latest !== null && latest.jobId.startsWith(`${jobId}-`) && latest.reason !== null ? `${latest.jobId}: ${latest.reason}` : null;
+        return { status: 'failed', reason: own ?? (job.failedReason || 'failed') };
+      }
       await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
     }
   } finally {

@@ -110,11 +110,7 @@ export class TrainWorker {
           logChain = logChain.then(() => job.log(text)).catch(() => undefined);
         },
         reportProgress: (p) => job.updateProgress(p),
-        mergeStatus: async () => {
-          const values = Object.values(await job.getChildrenValues()) as { status?: unknown }[];
-          const s = values[0]?.status;
-          return typeof s === 'string' ? s : undefined;
-        },
+        childResult: async () => Object.values(await job.getChildrenValues())[0],
         shutdown: this.shutdown.signal,
         logger: log,
       });
