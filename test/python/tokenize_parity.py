@@ -3,7 +3,7 @@
 Reads one JSON object on stdin, a job or {"jobs": [job, ...], "conversations": [...]} (one job
 per tokenizer, answered as {"jobs": [result, ...]}; the top-level conversations are every job's
 that has none of its own); a job is
-    {"tokenizer_dir": str,
+    {"tokenizer_dir": str, "kwargs": {...} | null (for every case without its own),
      "specforge": {"header", "turn_end", "eot_token", "ignore": [str]} | null,
      "conversations": [{"messages": [...], "tools": [...] | null, "kwargs": {...} | null}],
      "generations":   [{"messages": [...], "kwargs": {...} | null, "output_ids": [int, ...]}],
@@ -150,10 +150,10 @@ def masked_row(tok, text, fmt):
     return ids, specforge_mask(tok, text, fmt, len(ids))
 
 
-def record_row(tok, case, fmt, full=None):
+def record_row(tok, case, fmt, full=None, default_kwargs=None):
     """The record case's reference; `full` is the conversation's own result when already computed."""
     messages = case["messages"]
-    kwargs = case.get("kwargs") or {}
+    kwargs = case.get("kwargs") or default_kwargs or {}
     tools = case.get("tools")
     if not messages or messages[-1]["role"] != "assistant":
         raise ValueError("the conversation does not end with an assistant turn")
@@ -202,10 +202,11 @@ def run_job(request):
             "eot_id": tok.convert_tokens_to_ids(given["eot_token"]),
         }
 
+    job_kwargs = request.get("kwargs") or {}  # template kwargs of every case that has none of its own
     format_for({})
     conversations = []
     for case in request.get("conversations", []):
-        kwargs = case.get("kwargs") or {}
+        kwargs = case.get("kwargs") or job_kwargs
         try:
             fmt = format_for(kwargs)
             text = render(tok, case["messages"], False, kwargs, tools=case.get("tools"))
@@ -236,7 +237,7 @@ def run_job(request):
             if "conversation" in case:  # the same conversation as conversations[i]: reuse its row
                 full = conversations[case["conversation"]]
                 case = request["conversations"][case["conversation"]]
-            records.append(record_row(tok, case, format_for(case.get("kwargs") or {}), full))
+            records.append(record_row(tok, case, format_for(case.get("kwargs") or job_kwargs), full, job_kwargs))
         except Exception as e:  # reported per case
             records.append({"error": f"{type(e).__name__}: {e}"})
 
