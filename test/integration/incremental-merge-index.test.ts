@@ -5,7 +5,8 @@
 // - a new row the target already holds refuses the merge, target unchanged;
 // - a missing index, or an index file that describes another shard, is rebuilt from the shards
 //   with a log line, and rows still go in exactly once;
-// - a target written without any index or offsets (an older tokenmill) merges exactly;
+// - a target written without any index or offsets (an older tokenmill) merges exactly, and a
+//   round with nothing new into it records its index and offsets;
 // - two datasets with the same ids stay distinct, in the index and in the target.
 import { openSync, readFileSync, readdirSync, rmSync, statSync, utimesSync, writeFileSync, copyFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
@@ -149,6 +150,21 @@ describe('the merge id index', () => {
     expect(r.merged.report).toMatchObject({ oldRows: 3, newRows: 2, rows: 5 });
     expect(await targetKeys(s.target)).toEqual(['A/a-0', 'A/a-1', 'A/a-2', 'A/a-3', 'B/a-1']);
     expect(indexFiles(s.target)).toHaveLength((await readDatasetMeta(s.target)).shards.length);
+  });
+
+  it('a round with nothing new into an older target writes its index and offsets: the next round reads nothing', async () => {
+    const s = setup('older-nothing-new');
+    const old = (id: string): HfRow => ({ id, dataset: 'A', input_ids: [1, 2, 3], loss_mask: [0, 1, 1], num_tokens: 3, finish_reason: 'stop' });
+    await writeHfDataset(s.target, [old('a-0'), old('a-1')], { shardSizeMiB: 1 });
+    appendRecords(s.runDir, 'A', 0, recs('A', ['a-0', 'a-1']));
+    const r1 = await fullRound(s);
+    expect(r1.merged.status).toBe('nothing-new');
+    expect(r1.results[0]).toMatchObject({ lines: 2, rows: 0, alreadyMerged: 2 });
+    expect(indexFiles(s.target)).toHaveLength(1);
+    const rebuilt = rebuildLogs(s.target).length;
+    const r2 = await fullRound(s);
+    expect(r2.results[0]).toMatchObject({ lines: 0, rows: 0 });
+    expect(rebuildLogs(s.target)).toHaveLength(rebuilt);
   });
 
   it('two datasets with the same ids stay distinct', async () => {

@@ -18,7 +18,9 @@ import { z } from 'zod';
 import { ensureDir, isErrno, jsonText, writeFileAtomic } from './fs.js';
 import { canonicalState, controlDir, log } from './merge-common.js';
 import { readStateText } from './merge-journal.js';
+import { DatasetIndex } from './merge-index.js';
 import { acquireLock } from './merge-lock.js';
+import { readDatasetMeta } from './reader.js';
 
 const count = z.number().int().nonnegative();
 
@@ -146,8 +148,10 @@ export async function writeOffsetsFile(dir: string, key: string, datasets: Recor
 
 /**
  * Records offsets for the current version of `target` without merging (a round that found
- * nothing new: its lines need not be read again). Takes the target's lock. Does nothing when
- * there is no target, or when no update was read against the current version.
+ * nothing new: its lines need not be read again), and writes the index files its shards lack
+ * (a target made without them), so the next round's lookups need not rebuild them. Takes the
+ * target's lock. Records nothing when there is no target, or when no update was read against
+ * the current version.
  */
 export async function commitOffsetsWithoutMerge(target: string, updates: readonly SourceOffsets[]): Promise<boolean> {
   const abs = path.resolve(target);
@@ -157,6 +161,8 @@ export async function commitOffsetsWithoutMerge(target: string, updates: readonl
     if (stateText === undefined) return false;
     const previous = await offsetsOfState(abs, stateText);
     if (!updates.some((u) => u.basis === previous.basis)) return false;
+    const index = await DatasetIndex.open(abs, (await readDatasetMeta(abs)).shards, { persist: true });
+    await index.close();
     await writeOffsetsFile(abs, previous.basis as string, nextOffsets(previous, updates));
     return true;
   } finally {
