@@ -7,6 +7,8 @@ train stage can be run end to end anywhere: on CUDA when a GPU is visible, on th
 
     python trainers/tiny_drafter.py --data DATASET --output CKPT_DIR [--steps N] [--batch-size B]
         [--lr LR] [--resume CHECKPOINT]
+    python trainers/tiny_drafter.py --extract --data DATASET --output FEATURES_DIR
+    python trainers/tiny_drafter.py --features FEATURES_DIR --data DATASET --output CKPT_DIR …
 
 What it does:
 - loads the dataset with `datasets.load_from_disk`; the drafter's vocabulary is the set of token
@@ -18,6 +20,10 @@ What it does:
 - `--resume CHECKPOINT` continues at the step after the checkpoint's, with the same batches it
   would have drawn (each step's batch is drawn from a generator seeded with the seed and step),
   so a resumed run reaches the same loss as an uninterrupted one.
+- the offline, two-step form of EAGLE-3 training in miniature: `--extract` runs a small frozen
+  "target" model over every sample and saves its hidden states (`features.pt` in `--output`);
+  `--features DIR` then trains the drafter on them (each position sees its token and the
+  target's hidden state there, and predicts the next token).
 """
 import argparse
 import json
@@ -43,6 +49,9 @@ def parse_args(argv):
     p.add_argument("--log-every", type=int, default=1, help="steps between progress lines")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    p.add_argument("--extract", action="store_true", help="save a frozen target's hidden states to --output instead of training")
+    p.add_argument("--features", default="", help="folder written by --extract: train on the target's hidden states")
+    p.add_argument("--target-d-model", type=int, default=96, help="--extract: width of the frozen target")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: 1 on the CPU, where a model this small gains nothing from more)")
     return p.parse_args(argv)
 
@@ -76,7 +85,7 @@ def load_samples(path):
     return samples
 
 
-def build_model(torch, vocab, d_model, layers, heads, seq_len):
+def build_model(torch, vocab, d_model, layers, heads, seq_len, d_features=0):
     nn = torch.nn
 
     class Drafter(nn.Module):
@@ -90,24 +99,30 @@ def build_model(torch, vocab, d_model, layers, heads, seq_len):
             self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
             self.norm = nn.LayerNorm(d_model)
             self.head = nn.Linear(d_model, vocab)
+            self.feat = nn.Linear(d_features, d_model) if d_features else None
 
-        def forward(self, x):
+        def hidden(self, x, features=None):
             t = x.shape[1]
             pos = torch.arange(t, device=x.device)
             h = self.embed(x) + self.pos(pos)[None]
+            if self.feat is not None:
+                h = h + self.feat(features)
             causal = nn.Transformer.generate_square_subsequent_mask(t, device=x.device)
-            h = self.blocks(h, mask=causal, is_causal=True)
-            return self.head(self.norm(h))
+            return self.norm(self.blocks(h, mask=causal, is_causal=True))
+
+        def forward(self, x, features=None):
+            return self.head(self.hidden(x, features))
 
     return Drafter()
 
 
-def make_batch(torch, samples, to_local, step, seed, batch_size, seq_len):
+def make_batch(torch, samples, to_local, step, seed, batch_size, seq_len, features=None):
     """The batch of `step`: windows drawn with a generator seeded by (seed, step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    xs, ys, ws = [], [], []
+    xs, ys, ws, fs = [], [], [], []
     for _ in range(batch_size):
-        ids, mask = samples[int(torch.randint(len(samples), (1,), generator=g))]
+        k = int(torch.randint(len(samples), (1,), generator=g))
+        ids, mask = samples[k]
         n = len(ids)
         start = int(torch.randint(max(1, n - seq_len), (1,), generator=g)) if n > seq_len + 1 else 0
         window = ids[start : start + seq_len + 1]
@@ -119,7 +134,33 @@ def make_batch(torch, samples, to_local, step, seed, batch_size, seq_len):
         xs.append(x + [0] * pad)
         ys.append(y + [0] * pad)
         ws.append(w + [0.0] * pad)
-    return torch.tensor(xs), torch.tensor(ys), torch.tensor(ws)
+        if features is not None:
+            f = features[k][start : start + len(x)]
+            fs.append(torch.cat([f, f.new_zeros(pad, f.shape[1])]) if pad else f)
+    batch = (torch.tensor(xs), torch.tensor(ys), torch.tensor(ws))
+    return batch + ((torch.stack(fs),) if features is not None else (None,))
+
+
+def extract(torch, args, samples):
+    """--extract: a frozen target's last hidden state at every position of every sample."""
+    vocab_ids = sorted({t for ids, _ in samples for t in ids})
+    to_local = {t: i for i, t in enumerate(vocab_ids)}
+    max_len = max(len(ids) for ids, _ in samples)
+    torch.manual_seed(1234)  # the "target" is the same model every time
+    target = build_model(torch, len(vocab_ids), args.target_d_model, 2, 4, max_len)
+    target.eval()
+    hidden = []
+    os.makedirs(args.output, exist_ok=True)
+    with torch.no_grad():
+        for i, (ids, _) in enumerate(samples, 1):
+            x = torch.tensor([[to_local[t] for t in ids]])
+            hidden.append(target.hidden(x)[0].clone())
+            if i % max(1, len(samples) // 10) == 0 or i == len(samples):
+                print(f"step {i}/{len(samples)}", flush=True)
+    path = os.path.join(args.output, "features.pt")
+    torch.save({"vocab": vocab_ids, "hidden": hidden, "d_target": args.target_d_model}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    print(f"features {path}: {len(hidden)} samples, {sum(h.shape[0] for h in hidden)} positions, width {args.target_d_model}", flush=True)
 
 
 def main(argv):
@@ -135,6 +176,18 @@ def main(argv):
     if args.threads > 0 or device == "cpu":
         torch.set_num_threads(args.threads if args.threads > 0 else 1)
     samples = load_samples(args.data)
+    if args.extract:
+        extract(torch, args, samples)
+        return
+    features = None
+    if args.features:
+        fpath = os.path.join(args.features, "features.pt")
+        if not os.path.exists(fpath):
+            fail(f"--features: {fpath} does not exist (run --extract first)")
+        feats = torch.load(fpath, map_location="cpu", weights_only=False)
+        if len(feats["hidden"]) != len(samples):
+            fail(f"--features: {fpath} has {len(feats['hidden'])} samples, the dataset {len(samples)}; extract again")
+        features = feats["hidden"]
 
     ckpt = None
     if args.resume:
@@ -145,14 +198,17 @@ def main(argv):
         cfg = ckpt["config"]
     else:
         vocab_ids = sorted({t for ids, _ in samples for t in ids})
-        cfg = {"d_model": args.d_model, "layers": args.layers, "heads": args.heads, "seq_len": args.seq_len, "seed": args.seed}
+        cfg = {"d_model": args.d_model, "layers": args.layers, "heads": args.heads, "seq_len": args.seq_len, "seed": args.seed,
+               "d_features": 0 if features is None else int(features[0].shape[1])}
+    if (features is None) != (cfg.get("d_features", 0) == 0):
+        fail("--features must be given exactly when the checkpoint was trained with features")
     to_local = {t: i for i, t in enumerate(vocab_ids)}
     unknown = sum(1 for ids, _ in samples for t in ids if t not in to_local)
     if unknown:
         fail(f"{unknown} token(s) of the dataset are not in the checkpoint's vocabulary; resume on the dataset it was trained on")
 
     torch.manual_seed(cfg["seed"])
-    model = build_model(torch, len(vocab_ids), cfg["d_model"], cfg["layers"], cfg["heads"], cfg["seq_len"]).to(device)
+    model = build_model(torch, len(vocab_ids), cfg["d_model"], cfg["layers"], cfg["heads"], cfg["seq_len"], cfg.get("d_features", 0)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start_step = 0
     if ckpt is not None:
@@ -184,9 +240,9 @@ def main(argv):
     started = time.time()
     model.train()
     for step in range(start_step + 1, args.steps + 1):
-        x, y, w = make_batch(torch, samples, to_local, step, cfg["seed"], args.batch_size, cfg["seq_len"])
+        x, y, w, f = make_batch(torch, samples, to_local, step, cfg["seed"], args.batch_size, cfg["seq_len"], features)
         x, y, w = x.to(device), y.to(device), w.to(device)
-        logits = model(x)
+        logits = model(x, None if f is None else f.to(device))
         per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
         weight = w.reshape(-1)
         loss = (per_token * weight).sum() / weight.sum().clamp(min=1.0)
