@@ -26,6 +26,7 @@ import { deepSortKeys, normalizeMessage, type ApplyChatTemplateOptions, type Cha
 import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './tokenizer-encoder.js';
 import { ServerEncoder } from './tokenizer-server.js';
 import type { ServerTokenizeClient } from './tokenizer-server-client.js';
+import type { TokenizerPreset } from './tokenizer-load.js';
 
 /** A half-open range of token ids: `start <= id < end`. */
 export interface TokenIdRange {
@@ -57,6 +58,11 @@ export class ChatTokenizer {
   readonly name: string;
   /** The folder it was loaded from. */
   readonly dir: string;
+  /**
+   * The tiktoken split pattern and preset it was loaded with, when they were given rather than
+   * found in the folder: what another thread needs to load the same tokenizer.
+   */
+  readonly tiktokenOverrides: { readonly pattern?: string; readonly preset?: TokenizerPreset };
   /**
    * Number of token ids: the highest id among the vocabulary and the added tokens, plus one
    * (what transformers' `len(tokenizer)` returns; 151669 for Qwen3). A model's embedding matrix,
@@ -106,6 +112,8 @@ export class ChatTokenizer {
     tokenizerConfig: TokenizerConfigJson;
     /** Sort the keys of tool schemas before rendering (Kimi's tokenizer does). */
     sortToolKeys?: boolean;
+    /** tiktoken: the pattern and preset given by the config (see {@link tiktokenOverrides}). */
+    tiktokenOverrides?: { pattern?: string; preset?: TokenizerPreset };
     /** Templates by name ("default", "tool_use", ...), overriding the config's `chat_template`. */
     chatTemplates?: ReadonlyMap<string, string>;
     /** `generation_config.json`, when the folder has one (its `eos_token_id` ends turns too). */
@@ -113,6 +121,7 @@ export class ChatTokenizer {
   }) {
     const { encoder, tokenizerConfig } = params;
     this.dir = params.dir;
+    this.tiktokenOverrides = params.tiktokenOverrides ?? {};
     this.name = params.name;
     this.#encoder = encoder;
     this.#sortToolKeys = params.sortToolKeys ?? false;

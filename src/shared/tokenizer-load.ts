@@ -241,6 +241,10 @@ export async function loadTokenizer(dir: string, opts: TokenizerLoadOptions = {}
       tokenizerConfig,
       chatTemplates,
       sortToolKeys: preset === 'kimi-k2' || (kind === 'server' && detectPreset(files, tokenizerConfig) === 'kimi-k2'),
+      tiktokenOverrides: {
+        ...(opts.pattern === undefined ? {} : { pattern: opts.pattern }),
+        ...(opts.preset === undefined ? {} : { preset: opts.preset }),
+      },
       ...(generationConfig === undefined ? {} : { generationConfig }),
     });
   } catch (e: unknown) {

@@ -3,7 +3,7 @@
  * a batch's line outcomes travel: token ids and masks packed in one `Int32Array` and one
  * `Uint8Array` per batch, moved (transferred), not copied.
  */
-import type { ChatMessage } from '../../shared/index.js';
+import type { ChatMessage, TokenizerPreset } from '../../shared/index.js';
 import type { ConversationLineOutcome } from './tokenize-conversations.js';
 import type { TokenizeContext } from './tokenize-context.js';
 
@@ -12,6 +12,9 @@ export interface ThreadInit {
   tokenizerDir: string;
   /** The main thread's encoder (`tokenizer.kind` as resolved). */
   kind: 'huggingface' | 'tiktoken';
+  /** `tokenizer.pattern` / `tokenizer.preset` as the main thread was given them. */
+  pattern?: string;
+  preset?: TokenizerPreset;
   keepTruncated: boolean;
   templateKwargs?: Record<string, unknown>;
   /** The main thread's {@link contextFingerprint}; the thread refuses to start on another. */

@@ -28,7 +28,11 @@ async function main(): Promise<void> {
   const reply = (message: ThreadReply, transfer: ArrayBuffer[] = []): void => port.postMessage(message, transfer);
   let ctx: TokenizeContext;
   try {
-    const tokenizer = await loadTokenizer(init.tokenizerDir, { kind: init.kind });
+    const tokenizer = await loadTokenizer(init.tokenizerDir, {
+      kind: init.kind,
+      ...(init.pattern === undefined ? {} : { pattern: init.pattern }),
+      ...(init.preset === undefined ? {} : { preset: init.preset }),
+    });
     ctx = createTokenizeContext(tokenizer, {
       keepTruncated: init.keepTruncated,
       ...(init.templateKwargs === undefined ? {} : { templateKwargs: init.templateKwargs }),

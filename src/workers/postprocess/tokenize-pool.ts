@@ -106,6 +106,7 @@ export class TokenizePool {
     const init: ThreadInit = {
       tokenizerDir: opts.ctx.tokenizer.dir,
       kind,
+      ...opts.ctx.tokenizer.tiktokenOverrides,
       keepTruncated: opts.ctx.keepTruncated,
       fingerprint: contextFingerprint(opts.ctx),
     };
