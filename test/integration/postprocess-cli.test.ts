@@ -146,10 +146,6 @@ describe('post-processing from the command line', () => {
       worker.child.kill('SIGTERM');
     }
     expect(await worker.exited, worker.output()).toBe(0);
-
-    const train = await finished(spawnCli(['worker', '-c', configPath, '--role', 'train']));
-    expect(train.code).toBe(1);
-    expect(train.out).toContain('tokenmill: worker --role train: the train stage is not available in this version');
   }, 90_000);
 });
 

@@ -182,7 +182,7 @@ describe('post-process rounds', () => {
     expect((loaded?.data['loss_mask'] ?? [])[i]).toEqual([...a1.prompt_ids.map(() => 0), ...a1.output_ids.map(() => 1), ...newline.map(() => 1)]);
 
     const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    expect(status.phases.filter((p) => p.name === 'tokenize' || p.name === 'merge')).toEqual([
+    expect(status.phases.filter((p) => p.name === 'tokenize' || p.name === 'merge').map(({ name, status }) => ({ name, status }))).toEqual([
       { name: 'tokenize', status: 'completed' },
       { name: 'merge', status: 'completed' },
     ]);
@@ -289,7 +289,7 @@ describe('a failed tokenize job', () => {
     await tokenizeQueue.close();
     await waitFor(() => !existsSync(roundStagingDir(ctx.runDir, 'bad-pp-1')), 'the failed round\'s staged rows removed', 10_000);
     const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    expect(status.phases.filter((p) => p.name === 'tokenize' || p.name === 'merge')).toEqual([
+    expect(status.phases.filter((p) => p.name === 'tokenize' || p.name === 'merge').map(({ name, status }) => ({ name, status }))).toEqual([
       { name: 'tokenize', status: 'failed' },
       { name: 'merge', status: 'failed' },
     ]);
