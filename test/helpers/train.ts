@@ -1,7 +1,7 @@
 // The train-stage tests' harness: a private Redis, a run folder, configs whose train command is
 // the fake trainer (test/fixtures/train/fake-trainer.mjs) or the reference trainer, the stand-in
 // nvidia-smi on the PATH, and in-process train workers.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import {
@@ -137,7 +137,13 @@ export function fakeTrainer(...args: string[]): string[] {
 export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
+  } catch {
+    return false;
+  }
+  // A killed process whose new parent has not reaped it yet (a zombie) still answers signal 0.
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
   } catch {
     return false;
   }
