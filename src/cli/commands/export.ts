@@ -1,9 +1,9 @@
-import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Command } from 'commander';
 import {
   PayloadError,
   EnvironmentError,
+  exists,
   loadConfig,
   loadConfiguredTokenizer,
   runDir,
@@ -30,15 +30,6 @@ interface ExportOptions {
 export type ExportResult =
   | { format: 'specforge'; out: string; exported: number; datasets: SpecForgeExportStats[]; skipped: { dataset: string; reason: string }[] }
   | ({ format: 'jsonl'; out: string; target: string } & RowsExportStats);
-
-async function exists(p: string): Promise<boolean> {
-  try {
-    await stat(p);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 function fmtInt(n: number): string {
   return n.toLocaleString('en-US');

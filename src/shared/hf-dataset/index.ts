@@ -4,4 +4,4 @@ export * from './writer.js';
 export * from './reader.js';
 export * from './merge.js';
 export { DEFAULT_PYTHON, pythonVerifier, type PythonVerifier } from './merge-verify-python.js';
-export { linkOrCopy, writeFileAtomic, type LinkMethod } from './fs.js';
+export { exists, linkOrCopy, writeFileAtomic, type LinkMethod } from './fs.js';

@@ -1,6 +1,6 @@
 import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { AppError } from '../../shared/index.js';
+import { AppError, exists } from '../../shared/index.js';
 
 /**
  * Attempt folders: every training start, from scratch or resumed, gets its own folder
@@ -90,15 +90,6 @@ function listingText(list: readonly AttemptListing[]): string {
   return list
     .map((a) => `attempt ${a.attempt} (${a.dir}): ${a.checkpoints.length === 0 ? 'no checkpoint' : `checkpoints ${a.checkpoints.map((c) => path.basename(c)).join(', ')}`}`)
     .join('; ');
-}
-
-async function exists(p: string): Promise<boolean> {
-  try {
-    await stat(p);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /**

@@ -1,7 +1,7 @@
-import { statfs, mkdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { statfs, mkdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { FlowJob } from 'bullmq';
-import { AppError, TRAIN_QUEUE, TrainPayloadSchema, parsePayload, trainJobOptions, type TrainPayload } from '../../shared/index.js';
+import { AppError, TRAIN_QUEUE, exists, TrainPayloadSchema, parsePayload, trainJobOptions, type TrainPayload } from '../../shared/index.js';
 import { createAttempt, describeAttempts, trainDir } from './attempts.js';
 
 /**
@@ -64,15 +64,6 @@ export interface ChainStepPlace {
   log: string;
   /** The step finished in an earlier run (its `done.json`). */
   done: boolean;
-}
-
-async function exists(p: string): Promise<boolean> {
-  try {
-    await stat(p);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /**
