@@ -3,10 +3,10 @@
 // when it fails or sees other rows or columns than tokenmill wrote. The interpreter is checked
 // at the start of the merge, so a missing Python or one without `datasets` fails before any
 // work, naming `postprocess.python`.
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
 import { errorMessage } from '../errors.js';
+import { runCaptured, type CapturedRun } from '../run-captured.js';
 import { DatasetMergeError, log, type MergeOptions, type MergeReport } from './merge-common.js';
 
 /** The interpreter used when `postprocess.python` is not set. */
@@ -27,32 +27,12 @@ interface PythonAnswer {
   columns?: string;
 }
 
-interface RunResult {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  stdout: string;
-  stderr: string;
-}
+type RunResult = CapturedRun;
 
 function runPython(python: string, args: readonly string[], timeoutMs: number): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(python, [SCRIPT, ...args], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, HF_DATASETS_OFFLINE: '1', PYTHONIOENCODING: 'utf-8', PYTHONDONTWRITEBYTECODE: '1' },
-    });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    child.stdout.on('data', (b: Buffer) => out.push(b));
-    child.stderr.on('data', (b: Buffer) => err.push(b));
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.on('error', (e) => {
-      clearTimeout(timer);
-      reject(e);
-    });
-    child.on('close', (code, signal) => {
-      clearTimeout(timer);
-      resolve({ code, signal, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') });
-    });
+  return runCaptured(python, [SCRIPT, ...args], {
+    timeoutMs,
+    env: { ...process.env, HF_DATASETS_OFFLINE: '1', PYTHONIOENCODING: 'utf-8', PYTHONDONTWRITEBYTECODE: '1' },
   });
 }
 

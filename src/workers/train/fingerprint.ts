@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { runCaptured, type CapturedRun } from '../../shared/run-captured.js';
 import { basename } from 'node:path';
 import type { GpuInfo } from './gpus.js';
 
@@ -67,29 +67,19 @@ export function pythonOf(command: readonly string[], python?: string): string {
   return /^python(\d+(\.\d+)*)?$/.test(basename(first)) ? first : 'python3';
 }
 
-function runProbe(python: string, cwd: string, timeoutMs: number): Promise<{ ok: true; value: { python: string; packages: Record<string, string>; cuda: string | null } } | { ok: false; problem: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(python, ['-c', PROBE, ...FINGERPRINT_PACKAGES], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    child.stdout.on('data', (b: Buffer) => out.push(b));
-    child.stderr.on('data', (b: Buffer) => err.push(b));
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.on('error', (e) => {
-      clearTimeout(timer);
-      resolve({ ok: false, problem: `${python} could not run: ${e.message}` });
-    });
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      const text = Buffer.concat(out).toString('utf8').trim();
-      try {
-        if (code !== 0) throw new Error(Buffer.concat(err).toString('utf8').trim().split('\n').at(-1) ?? `exit ${code}`);
-        resolve({ ok: true, value: JSON.parse(text.split('\n').at(-1) ?? '') as { python: string; packages: Record<string, string>; cuda: string | null } });
-      } catch (e: unknown) {
-        resolve({ ok: false, problem: `${python} could not be probed: ${e instanceof Error ? e.message : String(e)}` });
-      }
-    });
-  });
+async function runProbe(python: string, cwd: string, timeoutMs: number): Promise<{ ok: true; value: { python: string; packages: Record<string, string>; cuda: string | null } } | { ok: false; problem: string }> {
+  let run: CapturedRun;
+  try {
+    run = await runCaptured(python, ['-c', PROBE, ...FINGERPRINT_PACKAGES], { cwd, timeoutMs });
+  } catch (e: unknown) {
+    return { ok: false, problem: `${python} could not run: ${e instanceof Error ? e.message : String(e)}` };
+  }
+  try {
+    if (run.code !== 0) throw new Error(run.stderr.trim().split('\n').at(-1) ?? `exit ${run.code}`);
+    return { ok: true, value: JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '') as { python: string; packages: Record<string, string>; cuda: string | null } };
+  } catch (e: unknown) {
+    return { ok: false, problem: `${python} could not be probed: ${e instanceof Error ? e.message : String(e)}` };
+  }
 }
 
 /** Records the environment a training command runs in: Python, packages, CUDA, driver, GPU names. */

@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { runCaptured, type CapturedRun } from '../../shared/run-captured.js';
 import { AppError, EnvironmentError, type GpuMemorySeen } from '../../shared/index.js';
 
 /** One GPU as `nvidia-smi` reports it. */
@@ -50,32 +50,23 @@ export interface GpuProbe {
 }
 
 /** Runs `nvidia-smi` (from PATH); a machine without it has no GPU. */
-export function probeGpus(command = 'nvidia-smi', timeoutMs = 20_000): Promise<GpuProbe> {
-  return new Promise((resolve) => {
-    const child = spawn(command, [...NVIDIA_SMI_ARGS], { stdio: ['ignore', 'pipe', 'pipe'] });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    child.stdout.on('data', (b: Buffer) => out.push(b));
-    child.stderr.on('data', (b: Buffer) => err.push(b));
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.on('error', (e: NodeJS.ErrnoException) => {
-      clearTimeout(timer);
-      resolve({ gpus: [], problem: e.code === 'ENOENT' ? 'no GPU on this worker (nvidia-smi not found on the PATH)' : `nvidia-smi could not run: ${e.message}` });
-    });
-    child.on('close', (code, signal) => {
-      clearTimeout(timer);
-      const stderr = Buffer.concat(err).toString('utf8').trim();
-      if (code !== 0) {
-        resolve({ gpus: [], problem: `nvidia-smi failed (${signal ?? `exit ${code}`})${stderr === '' ? '' : `: ${stderr.split('\n')[0]}`}` });
-        return;
-      }
-      try {
-        resolve({ gpus: parseNvidiaSmi(Buffer.concat(out).toString('utf8')), problem: null });
-      } catch (e: unknown) {
-        resolve({ gpus: [], problem: e instanceof Error ? e.message : String(e) });
-      }
-    });
-  });
+export async function probeGpus(command = 'nvidia-smi', timeoutMs = 20_000): Promise<GpuProbe> {
+  let run: CapturedRun;
+  try {
+    run = await runCaptured(command, NVIDIA_SMI_ARGS, { timeoutMs });
+  } catch (e: unknown) {
+    const missing = (e as NodeJS.ErrnoException).code === 'ENOENT';
+    return { gpus: [], problem: missing ? 'no GPU on this worker (nvidia-smi not found on the PATH)' : `nvidia-smi could not run: ${e instanceof Error ? e.message : String(e)}` };
+  }
+  const stderr = run.stderr.trim();
+  if (run.code !== 0) {
+    return { gpus: [], problem: `nvidia-smi failed (${run.signal ?? `exit ${run.code}`})${stderr === '' ? '' : `: ${stderr.split('\n')[0]}`}` };
+  }
+  try {
+    return { gpus: parseNvidiaSmi(run.stdout), problem: null };
+  } catch (e: unknown) {
+    return { gpus: [], problem: e instanceof Error ? e.message : String(e) };
+  }
 }
 
 /** Parses `--gpus 0,1,3` (`all`: undefined, every GPU); throws a clear error on anything else. */

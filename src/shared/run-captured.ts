@@ -1,0 +1,41 @@
+/** Runs a short helper program (Python probes, nvidia-smi) and collects its output, with a deadline. */
+import { spawn } from 'node:child_process';
+
+/** How a {@link runCaptured} program ended, with its whole output. */
+export interface CapturedRun {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Runs `command args` without a shell, stdin closed, and resolves when it exits; it is killed
+ * (SIGKILL) after `timeoutMs`. Rejects with the spawn error (e.g. `ENOENT`) when it cannot start.
+ */
+export function runCaptured(
+  command: string,
+  args: readonly string[],
+  opts: { timeoutMs: number; cwd?: string; env?: NodeJS.ProcessEnv },
+): Promise<CapturedRun> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, [...args], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      ...(opts.cwd === undefined ? {} : { cwd: opts.cwd }),
+      ...(opts.env === undefined ? {} : { env: opts.env }),
+    });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on('data', (b: Buffer) => out.push(b));
+    child.stderr.on('data', (b: Buffer) => err.push(b));
+    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs);
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') });
+    });
+  });
+}
