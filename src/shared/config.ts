@@ -12,236 +12,24 @@ import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { isAlias, isMap, isScalar, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
 import { z } from 'zod';
 import { type ConfigEnv, configEnvProblems, readConfigEnv } from './config-env.js';
-import { ConfigError, type ConfigIssue } from './errors.js';
+import { configIssues, type PathSegment } from './config-issues.js';
+import { DatasetsConfigSchema } from './config-dataset.js';
+import { filePath, name, positiveInt } from './config-schema-util.js';
+import { SglangConfigSchema } from './config-sglang.js';
+import { PrepareConfigSchema } from './config-source.js';
+import { TrainConfigSchema } from './config-train.js';
+import { ConfigError } from './errors.js';
 import { bundledTokenizerPath } from './tokenizer.js';
 
 // `tokenizer.path` defaults to the bundled tokenizer; re-exported so config users find it here.
 export { bundledTokenizerPath };
 export { CONFIG_ENV_VARS, type ConfigEnv } from './config-env.js';
-
-// ---------------------------------------------------------------------------------------------
-// Schema
-// ---------------------------------------------------------------------------------------------
-
-/** Names of runs and datasets: safe as a folder name, a Redis key part and a BullMQ queue name. */
-export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
-
-const NAME_EXPECTED = 'expected a name of letters, digits, "_", "." or "-" that starts with a letter or digit';
-
-const name = () => z.string({ error: NAME_EXPECTED }).regex(NAME_PATTERN, { error: NAME_EXPECTED });
-
-const positiveInt = (what = 'a positive integer') =>
-  z.int({ error: `expected ${what}` }).positive({ error: `expected ${what}` });
-
-const nonNegativeInt = (what = 'an integer >= 0') =>
-  z.int({ error: `expected ${what}` }).nonnegative({ error: `expected ${what}` });
-
-const filePath = (what: string) =>
-  z.string({ error: `expected ${what}` }).min(1, { error: `expected ${what}, not an empty string` });
-
-/** SGLang sampling parameters; keys not listed here are passed through to SGLang unchanged. */
-export const SamplingParamsSchema = z
-  .strictObject({
-    temperature: z
-      .number({ error: 'expected a number >= 0' })
-      .min(0, { error: 'expected a number >= 0' })
-      .default(0.6)
-      .describe('Sampling temperature (0 = greedy).'),
-    top_p: z
-      .number({ error: 'expected a number in (0, 1]' })
-      .gt(0, { error: 'expected a number in (0, 1]' })
-      .max(1, { error: 'expected a number in (0, 1]' })
-      .default(0.95)
-      .describe('Nucleus sampling: keep the smallest set of tokens whose probability mass reaches top_p.'),
-    top_k: z
-      .int({ error: 'expected an integer (-1 disables top-k)' })
-      .optional()
-      .describe('Keep only the k most likely tokens; -1 disables it. Omitted = SGLang default.'),
-    min_p: z
-      .number({ error: 'expected a number in [0, 1]' })
-      .min(0, { error: 'expected a number in [0, 1]' })
-      .max(1, { error: 'expected a number in [0, 1]' })
-      .optional()
-      .describe('Drop tokens whose probability is below min_p times that of the most likely token. Omitted = SGLang default.'),
-    stop_token_ids: z
-      .array(nonNegativeInt('a token id (an integer >= 0)'), { error: 'expected a list of token ids' })
-      .optional()
-      .describe('Extra token ids that end a generation, besides the model\'s end-of-sequence token.'),
-  })
-  .catchall(z.unknown());
-
-/** A sampling-parameter object as SGLang receives it. */
-export type SamplingParams = z.infer<typeof SamplingParamsSchema>;
-
-/** One dataset: prompts to generate from, or conversations to tokenize as they are. */
-export const DatasetConfigSchema = z
-  .strictObject({
-    name: name().describe(
-      'Dataset name, unique in the config: names its queue (`generate-<name>`), its output folder and its Redis keys. Letters, digits, `_`, `.`, `-`.',
-    ),
-    prompts: filePath('a path to a JSONL file of prompts')
-      .optional()
-      .describe(
-        'JSONL file of prompts to generate from; one record a line: `{"id","messages":[…]}`, `{"id","conversations":[…]}` or `{"id","prompt"}`. Relative to the config file. Exactly one of `prompts` / `conversations`.',
-      ),
-    conversations: filePath('a path to a JSONL file of conversations')
-      .optional()
-      .describe(
-        'JSONL file of conversations already in the target model\'s distribution: tokenized only, never sent to SGLang. Relative to the config file. Exactly one of `prompts` / `conversations`.',
-      ),
-    tokenBudget: positiveInt('a positive integer (output tokens)')
-      .optional()
-      .describe('Output tokens to generate for this dataset; generation stops once it is reached. Required with `prompts`.'),
-    maxNewTokens: positiveInt()
-      .default(10240)
-      .describe('Most output tokens per request (SGLang `max_new_tokens`).'),
-    sampling: SamplingParamsSchema.prefault({}).describe(
-      'SGLang sampling parameters for this dataset. Keys not listed here are passed through to SGLang as they are.',
-    ),
-    batchSize: positiveInt().default(64).describe('Prompts per queued job.'),
-  })
-  .superRefine(
-    (d, ctx) => {
-      // Runs even when other keys of the dataset are invalid, so that every problem is reported
-      // at once; the values may therefore have any type here.
-      if (typeof d !== 'object' || d === null || Array.isArray(d)) return;
-      const has = (v: unknown): boolean => v !== undefined && v !== null;
-      const hasPrompts = has(d.prompts);
-      const hasConversations = has(d.conversations);
-      if (hasPrompts && hasConversations) {
-        ctx.addIssue({ code: 'custom', message: 'expected exactly one of "prompts" or "conversations", got both' });
-      } else if (!hasPrompts && !hasConversations) {
-        ctx.addIssue({ code: 'custom', message: 'expected exactly one of "prompts" or "conversations", got neither' });
-      }
-      if (hasPrompts && !hasConversations && d.tokenBudget === undefined) {
-        ctx.addIssue({
-          code: 'custom',
-          path: ['tokenBudget'],
-          message: 'missing: expected a positive integer (output tokens), required when "prompts" is set',
-        });
-      }
-    },
-    { when: () => true },
-  );
-
-/** One dataset entry of the config (paths resolved once loaded). */
-export type DatasetConfig = z.infer<typeof DatasetConfigSchema>;
-
-/** A `train.progressRegex`: a valid regular expression with at least one of its named groups. */
-const progressRegex = () =>
-  z
-    .string({ error: 'expected a regular expression (a string)' })
-    .min(1, { error: 'expected a regular expression, not an empty string' })
-    .superRefine((s, ctx) => {
-      let re: RegExp;
-      try {
-        re = new RegExp(s);
-      } catch (e: unknown) {
-        ctx.addIssue({ code: 'custom', message: `expected a valid regular expression: ${e instanceof Error ? e.message : String(e)}` });
-        return;
-      }
-      const groups = ['step', 'total', 'loss'].filter((g) => re.source.includes(`(?<${g}>`));
-      if (groups.length === 0) ctx.addIssue({ code: 'custom', message: 'expected named groups: at least one of (?<step>…), (?<total>…), (?<loss>…)' });
-    });
-
-const trainCommand = () =>
-  z
-    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (a command and its arguments)' })
-    .min(1, { error: 'expected a command and its arguments' });
-
-/** One step of a chain of GPU steps (`train.steps`). */
-export const TrainStepSchema = z.strictObject({
-  name: name().describe('Step name, unique in the chain: names its folder `<attempt>/<name>/` and its job.'),
-  command: trainCommand().describe(
-    'The step\'s command and its arguments (placeholders as in `train.command`, `{output}` being the step\'s `output/` folder, plus `{output:<step>}`: the output folder of an earlier step of the same chain).',
-  ),
-  gpus: nonNegativeInt().optional().describe('GPUs the step needs. Omitted = `train.gpus`.'),
-  minFreeGpuMemMiB: nonNegativeInt().optional().describe('Free memory each of its GPUs needs (MiB). Omitted = `train.minFreeGpuMemMiB`.'),
-  minFreeDiskGiB: z
-    .number({ error: 'expected a number >= 0 (GiB)' })
-    .min(0, { error: 'expected a number >= 0 (GiB)' })
-    .default(0)
-    .describe('Free disk space (GiB) the run folder\'s file system needs before the step starts (hidden states can take terabytes); until then it waits.'),
-});
-
-/** A step of `train.steps`. */
-export type TrainStep = z.infer<typeof TrainStepSchema>;
-
-/** Settings of the train stage. */
-export const TrainConfigSchema = z.strictObject({
-  command: trainCommand()
-    .optional()
-    .describe(
-      'Training command and its arguments, run without a shell, in its own process group, from the config file\'s folder. Placeholders in an argument: `{dataset}` (the training dataset folder), `{output}` (the attempt\'s `checkpoints/` folder), `{checkpoint}` (the checkpoint resumed from; empty when starting from scratch), `{gpus}` (the number of GPUs assigned; `CUDA_VISIBLE_DEVICES` names them). Exactly one of `command` / `steps`.',
-    ),
-  steps: z
-    .array(TrainStepSchema, { error: 'expected a list of steps' })
-    .min(1, { error: 'expected at least one step' })
-    .optional()
-    .describe(
-      'A chain of GPU steps instead of one command (e.g. hidden-state extraction, then training): each step is its own train job with its own preflight, fingerprint and log, in `<output.dir>/<run>/train/<attempt>/<step>/`; a failed step stops the chain, and `--resume` reruns the chain from that step without redoing finished ones. Exactly one of `command` / `steps`.',
-    ),
-  gpus: nonNegativeInt().default(1).describe('GPUs the training command needs; 0 runs it on CPU.'),
-  minFreeGpuMemMiB: nonNegativeInt()
-    .default(20000)
-    .describe('Training starts only when each of those GPUs has at least this much free memory (MiB); until then the job waits, and `status` says why.'),
-  mode: z
-    .enum(['from-scratch', 'resume'])
-    .describe(
-      '`from-scratch` starts a new training run; `resume` continues from the newest checkpoint of the latest attempt. No default: the choice is explicit (`tokenmill train --from-scratch|--resume` overrides it). Either way each attempt gets its own folder `<output.dir>/<run>/train/<attempt>/`; no checkpoint is ever deleted.',
-    ),
-  resumeArgs: z
-    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (arguments)' })
-    .default(['--resume', '{checkpoint}'])
-    .describe('Arguments appended to `command` when resuming (placeholders as in `command`). Resuming is refused unless `{checkpoint}` appears in `command` or here.'),
-  python: z
-    .string({ error: 'expected a path to a Python interpreter' })
-    .min(1, { error: 'expected a path to a Python interpreter' })
-    .optional()
-    .describe(
-      'Python interpreter whose environment is fingerprinted (Python, torch, CUDA, package versions): a path (relative to the config file) or a name on the PATH. Omitted = the command\'s first word when it is a Python interpreter, else `python3` on the PATH.',
-    ),
-  allowEnvChange: z
-    .boolean({ error: 'expected true or false' })
-    .default(false)
-    .describe('Start even when the environment fingerprint differs from the last successful train run\'s (the difference is still shown and logged). `--allow-env-change` does the same for one run.'),
-  autoResume: z
-    .boolean({ error: 'expected true or false' })
-    .default(false)
-    .describe('When a train worker dies, resume its job from the newest checkpoint on another worker; otherwise the job fails, saying so.'),
-  progressRegex: progressRegex()
-    .optional()
-    .describe(
-      'Regular expression (JavaScript syntax) with named groups `step`, `total` and/or `loss`, matched against each output line. Omitted = `step N/M` and `loss X` anywhere in a line.',
-    ),
-  cancelGraceMs: positiveInt()
-    .default(30_000)
-    .describe('`tokenmill train --cancel` sends SIGTERM to the command\'s process group, then SIGKILL after this long (ms).'),
-  preflightPollMs: positiveInt()
-    .default(30_000)
-    .describe('How often a job waiting for GPU memory checks again (ms).'),
-}).superRefine(
-  (t, ctx) => {
-    if (typeof t !== 'object' || t === null || Array.isArray(t)) return;
-    const has = (v: unknown): boolean => v !== undefined && v !== null;
-    if (has(t.command) === has(t.steps)) {
-      ctx.addIssue({ code: 'custom', message: `expected exactly one of "command" or "steps", got ${has(t.command) ? 'both' : 'neither'}` });
-    }
-    if (Array.isArray(t.steps)) {
-      const seen = new Set<string>();
-      t.steps.forEach((step: unknown, i: number) => {
-        const n = typeof step === 'object' && step !== null ? (step as { name?: unknown }).name : undefined;
-        if (typeof n !== 'string') return;
-        if (seen.has(n)) ctx.addIssue({ code: 'custom', path: ['steps', i, 'name'], message: `expected a unique step name, got "${n}" again` });
-        seen.add(n);
-      });
-    }
-  },
-  { when: () => true },
-);
-
-/** The train section of the config. */
-export type TrainConfig = z.infer<typeof TrainConfigSchema>;
+export { NAME_PATTERN } from './config-schema-util.js';
+export { DatasetConfigSchema, SamplingParamsSchema, type DatasetConfig, type SamplingParams } from './config-dataset.js';
+export { SglangConfigSchema } from './config-sglang.js';
+export { PrepareConfigSchema, PromptSourceSchema, type PromptSource } from './config-source.js';
+export { TrainConfigSchema, TrainStepSchema, type TrainConfig, type TrainStep } from './config-train.js';
+export { formatConfigPath } from './config-issues.js';
 
 /** The config file's schema, with defaults; relative paths are resolved by {@link loadConfig}. */
 export const ConfigSchema = z.strictObject({
@@ -264,45 +52,7 @@ export const ConfigSchema = z.strictObject({
     })
     .prefault({})
     .describe('Redis connection.'),
-  sglang: z
-    .strictObject({
-      endpoints: z
-        .array(z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' }), {
-          error: 'expected a list of SGLang server URLs',
-        })
-        .min(1, { error: 'expected at least one SGLang endpoint' })
-        .default(['http://127.0.0.1:30000'])
-        .describe('Base URLs of the SGLang servers serving the target model.'),
-      concurrency: positiveInt()
-        .default(150)
-        .describe('Requests in flight per endpoint, summed over all inference workers.'),
-      api: z
-        .enum(['generate', 'chat'])
-        .default('generate')
-        .describe('`generate`: POST /generate with token ids in and out; `chat`: POST /v1/chat/completions.'),
-      requestTimeoutMs: positiveInt().default(900_000).describe('Deadline of one SGLang request (ms).'),
-      healthCheckIntervalMs: positiveInt()
-        .default(2000)
-        .describe('How often each endpoint\'s health is checked (ms); requests wait while it is unhealthy.'),
-      maxAttempts: positiveInt()
-        .default(3)
-        .describe('Attempts per prompt against a healthy server before it is marked failed; outages do not count.'),
-      apiKey: z
-        .string({ error: 'expected an API key (a string)' })
-        .min(1, { error: 'expected an API key, not an empty string' })
-        .regex(/^[^\r\n]*$/, { error: 'expected an API key without line breaks' })
-        .optional()
-        .describe(
-          'API key of the SGLang servers (`--api-key`), sent as `Authorization: Bearer <key>` on every request; never logged or printed. Omitted = the `SGLANG_API_KEY` environment variable, else none.',
-        ),
-      contextLength: positiveInt()
-        .optional()
-        .describe(
-          'Context length of the target model (tokens). Longer prompts are rejected and `max_new_tokens` is capped to fit. Omitted = asked from the server (`/server_info`).',
-        ),
-    })
-    .prefault({})
-    .describe('SGLang servers and how requests are sent to them.'),
+  sglang: SglangConfigSchema,
   tokenizer: z
     .strictObject({
       path: filePath('a path to a tokenizer folder')
@@ -334,29 +84,8 @@ export const ConfigSchema = z.strictObject({
     })
     .prefault({})
     .describe('Tokenizer of the target model.'),
-  datasets: z
-    .array(DatasetConfigSchema, { error: 'expected a list of datasets' })
-    .min(1, { error: 'expected at least one dataset' })
-    .superRefine(
-      (list: unknown, ctx) => {
-        if (!Array.isArray(list)) return;
-        const seen = new Map<string, number>();
-        list.forEach((d: unknown, i: number) => {
-          const n = typeof d === 'object' && d !== null ? (d as { name?: unknown }).name : undefined;
-          if (typeof n !== 'string') return;
-          const first = seen.get(n);
-          if (first === undefined) seen.set(n, i);
-          else
-            ctx.addIssue({
-              code: 'custom',
-              path: [i, 'name'],
-              message: `expected a unique dataset name, got "${n}" again (first used by datasets[${first}])`,
-            });
-        });
-      },
-      { when: () => true },
-    )
-    .describe('Datasets to process, each with its own queue, budget and output folder.'),
+  prepare: PrepareConfigSchema,
+  datasets: DatasetsConfigSchema,
   output: z
     .strictObject({
       dir: filePath('a path to a folder')
@@ -491,8 +220,6 @@ export type LoadConfigInput =
   | { text: string; baseDir: string; file?: string }
   | { object: unknown; baseDir: string };
 
-type PathSegment = string | number;
-
 /**
  * Parses and validates a config, applies defaults and resolves relative paths against the
  * config file's folder (`baseDir`).
@@ -532,8 +259,7 @@ export function loadConfig(input: LoadConfigInput, options: { env?: ConfigEnv } 
 
   const result = ConfigSchema.safeParse(raw);
   if (!result.success) {
-    const issues = result.error.issues.flatMap((issue) => toConfigIssues(issue, raw, lineOf));
-    throw new ConfigError(sortIssues(issues), file);
+    throw new ConfigError(configIssues(ConfigSchema, result.error.issues, raw, lineOf), file);
   }
   const envValues = readConfigEnv(options.env ?? process.env);
   const envProblems = configEnvProblems(envValues);
@@ -610,6 +336,8 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
     datasets: parsed.datasets.map((d) => ({
       ...d,
       ...(d.prompts === undefined ? {} : { prompts: abs(d.prompts) }),
+      // A source without `prompts` is prepared into the run folder.
+      ...(d.source === undefined ? {} : { source: { ...d.source, path: abs(d.source.path) }, prompts: d.prompts === undefined ? join(outputDir, parsed.run, d.name, 'prompts.jsonl') : abs(d.prompts) }),
       ...(d.conversations === undefined ? {} : { conversations: abs(d.conversations) }),
     })),
     output: { dir: outputDir },
@@ -622,296 +350,3 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
   };
 }
 
-// ---------------------------------------------------------------------------------------------
-// Error messages
-// ---------------------------------------------------------------------------------------------
-
-/** `['datasets', 2, 'tokenBudget']` → `datasets[2].tokenBudget`. */
-export function formatConfigPath(path: readonly PropertyKey[]): string {
-  let out = '';
-  for (const seg of path) {
-    if (typeof seg === 'number') out += `[${seg}]`;
-    else {
-      const key = String(seg);
-      if (/^[A-Za-z_$][\w$-]*$/.test(key)) out += out === '' ? key : `.${key}`;
-      else out += `[${JSON.stringify(key)}]`;
-    }
-  }
-  return out;
-}
-
-/** The value at `path` in `root`, and whether it is there at all. */
-function valueAt(root: unknown, path: readonly PropertyKey[]): { present: boolean; value: unknown } {
-  let cur: unknown = root;
-  for (const seg of path) {
-    if (typeof cur !== 'object' || cur === null || typeof seg === 'symbol' || !Object.hasOwn(cur, seg)) {
-      return { present: false, value: undefined };
-    }
-    cur = (cur as Record<string | number, unknown>)[seg];
-  }
-  return { present: true, value: cur };
-}
-
-/** A short rendering of a value for "got …". */
-function showValue(value: unknown): string {
-  if (value === undefined) return 'nothing';
-  if (value === null) return 'null (an empty value)';
-  if (typeof value === 'string') return JSON.stringify(value.length > 60 ? `${value.slice(0, 57)}...` : value);
-  if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value);
-  if (Array.isArray(value)) return value.length === 0 ? 'an empty list' : `a list (${clip(JSON.stringify(value))})`;
-  if (value instanceof Date) return `a date (${value.toISOString()})`;
-  if (typeof value === 'object') return `a mapping (${clip(JSON.stringify(value))})`;
-  return typeof value;
-}
-
-function clip(s: string | undefined): string {
-  if (s === undefined) return '?';
-  return s.length > 60 ? `${s.slice(0, 57)}...` : s;
-}
-
-const TYPE_NAMES: Record<string, string> = {
-  string: 'a string',
-  number: 'a number',
-  int: 'an integer',
-  boolean: 'true or false',
-  array: 'a list',
-  object: 'a mapping (key: value)',
-  null: 'null',
-};
-
-/** The message for one zod issue, before "got …" is added; our schema's own messages start with "expected". */
-function expectation(issue: z.core.$ZodIssue): string {
-  if (issue.message.startsWith('expected ') || issue.message.startsWith('missing')) return issue.message;
-  switch (issue.code) {
-    case 'invalid_type':
-      return `expected ${TYPE_NAMES[issue.expected] ?? issue.expected}`;
-    case 'too_small': {
-      const min = String(issue.minimum);
-      if (issue.origin === 'array' || issue.origin === 'set') return `expected at least ${min} item${min === '1' ? '' : 's'}`;
-      if (issue.origin === 'string') return `expected at least ${min} character${min === '1' ? '' : 's'}`;
-      return `expected a number ${issue.inclusive === false ? '>' : '>='} ${min}`;
-    }
-    case 'too_big': {
-      const max = String(issue.maximum);
-      if (issue.origin === 'array' || issue.origin === 'set') return `expected at most ${max} items`;
-      if (issue.origin === 'string') return `expected at most ${max} characters`;
-      return `expected a number ${issue.inclusive === false ? '<' : '<='} ${max}`;
-    }
-    case 'invalid_value':
-      return `expected ${issue.values.length === 1 ? '' : 'one of '}${issue.values.map((v) => JSON.stringify(v)).join(', ')}`;
-    case 'invalid_format':
-      if (issue.format === 'regex' && 'pattern' in issue) return `expected a string matching ${String(issue.pattern)}`;
-      return `expected a valid ${issue.format}`;
-    case 'not_multiple_of':
-      return `expected a multiple of ${String(issue.divisor)}`;
-    case 'invalid_union':
-      return 'expected one of the allowed forms';
-    default:
-      return issue.message;
-  }
-}
-
-function toConfigIssues(
-  issue: z.core.$ZodIssue,
-  raw: unknown,
-  lineOf: ((path: readonly PathSegment[]) => number | undefined) | undefined,
-): ConfigIssue[] {
-  const segs = issue.path.filter((s): s is PathSegment => typeof s !== 'symbol');
-  const withLine = (path: readonly PathSegment[], message: string): ConfigIssue => {
-    const line = lineOf?.(path);
-    return line === undefined ? { path: formatConfigPath(path), message } : { path: formatConfigPath(path), message, line };
-  };
-
-  if (issue.code === 'unrecognized_keys') {
-    const allowed = allowedKeysAt(segs);
-    return issue.keys.map((key) => {
-      const near = allowed.length > 0 ? closest(key, allowed) : undefined;
-      const hint =
-        near !== undefined ? `did you mean "${near}"?` : allowed.length > 0 ? `allowed keys: ${allowed.join(', ')}` : undefined;
-      return withLine([...segs, key], `unknown key${hint === undefined ? '' : ` (${hint})`}`);
-    });
-  }
-
-  if (issue.code === 'custom') return [withLine(segs, issue.message)];
-
-  const { present, value } = valueAt(raw, segs);
-  const expected = expectation(issue);
-  if (!present || value === undefined) {
-    return [withLine(segs, expected.startsWith('missing') ? expected : `missing: ${expected}`)];
-  }
-  return [withLine(segs, `${expected}, got ${showValue(value)}`)];
-}
-
-function sortIssues(issues: ConfigIssue[]): ConfigIssue[] {
-  return issues
-    .map((issue, i) => ({ issue, i }))
-    .sort((a, b) => (a.issue.line ?? Infinity) - (b.issue.line ?? Infinity) || a.i - b.i)
-    .map(({ issue }) => issue);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Schema introspection (unknown-key hints)
-// ---------------------------------------------------------------------------------------------
-
-/** Unwraps optional/default/prefault/nullable/pipe layers down to the schema that parses. */
-function unwrapSchema(schema: z.core.$ZodType): z.core.$ZodType {
-  let s = schema;
-  for (;;) {
-    const def = s._zod.def as { type: string; innerType?: z.core.$ZodType; in?: z.core.$ZodType };
-    if (def.innerType !== undefined) s = def.innerType;
-    else if (def.type === 'pipe' && def.in !== undefined) s = def.in;
-    else return s;
-  }
-}
-
-function allowedKeysAt(path: readonly PathSegment[]): string[] {
-  let s: z.core.$ZodType = ConfigSchema;
-  for (const seg of path) {
-    s = unwrapSchema(s);
-    const def = s._zod.def as { type: string; shape?: Record<string, z.core.$ZodType>; element?: z.core.$ZodType };
-    if (def.type === 'object' && typeof seg === 'string' && def.shape?.[seg] !== undefined) s = def.shape[seg];
-    else if (def.type === 'array' && typeof seg === 'number' && def.element !== undefined) s = def.element;
-    else return [];
-  }
-  const def = unwrapSchema(s)._zod.def as { type: string; shape?: Record<string, unknown> };
-  return def.type === 'object' && def.shape !== undefined ? Object.keys(def.shape) : [];
-}
-
-/** The allowed key nearest to `key` by edit distance, when it is near enough to be a typo. */
-function closest(key: string, candidates: readonly string[]): string | undefined {
-  let best: string | undefined;
-  let bestDist = Infinity;
-  for (const c of candidates) {
-    const d = editDistance(key.toLowerCase(), c.toLowerCase());
-    if (d < bestDist) {
-      best = c;
-      bestDist = d;
-    }
-  }
-  return best !== undefined && bestDist <= Math.max(1, Math.floor(best.length / 3)) ? best : undefined;
-}
-
-function editDistance(a: string, b: string): number {
-  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const cur = [i];
-    for (let j = 1; j <= b.length; j++) {
-      const sub = (prev[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1);
-      cur.push(Math.min((prev[j] ?? 0) + 1, (cur[j - 1] ?? 0) + 1, sub));
-    }
-    prev = cur;
-  }
-  return prev[b.length] ?? 0;
-}
-
-// ---------------------------------------------------------------------------------------------
-// JSON Schema and the config reference
-// ---------------------------------------------------------------------------------------------
-
-/** A JSON Schema (draft 2020-12) node, as far as the reference generator reads it. */
-export interface JsonSchemaNode {
-  type?: string | string[];
-  description?: string;
-  default?: unknown;
-  properties?: Record<string, JsonSchemaNode>;
-  required?: string[];
-  items?: JsonSchemaNode;
-  additionalProperties?: boolean | JsonSchemaNode;
-  enum?: unknown[];
-  format?: string;
-  pattern?: string;
-  minimum?: number;
-  maximum?: number;
-  exclusiveMinimum?: number;
-  exclusiveMaximum?: number;
-  minItems?: number;
-  minLength?: number;
-  [key: string]: unknown;
-}
-
-/**
- * The JSON Schema of the config file (what users write, before defaults), e.g. for editor
- * completion via `# yaml-language-server: $schema=…`.
- */
-export function configJsonSchema(): JsonSchemaNode {
-  const schema = z.toJSONSchema(ConfigSchema, { io: 'input', unrepresentable: 'any' }) as JsonSchemaNode;
-  // zod marks every integer with the safe-integer bounds; they say nothing to a reader.
-  const tidy = (node: unknown): void => {
-    if (typeof node !== 'object' || node === null) return;
-    const n = node as Record<string, unknown>;
-    if (n.maximum === Number.MAX_SAFE_INTEGER) delete n.maximum;
-    if (n.minimum === Number.MIN_SAFE_INTEGER) delete n.minimum;
-    for (const v of Object.values(n)) tidy(v);
-  };
-  tidy(schema);
-  return { ...schema, title: 'tokenmill config' };
-}
-
-/** One row of the config reference. */
-export interface ConfigReferenceRow {
-  /** e.g. `datasets[].sampling.top_p` */
-  path: string;
-  type: string;
-  /** The default as JSON, `required`, or `—` for optional keys without one. */
-  default: string;
-  description: string;
-}
-
-/** Every config key (sections included), depth first, from the JSON Schema. */
-export function configReferenceRows(): ConfigReferenceRow[] {
-  const rows: ConfigReferenceRow[] = [];
-  const walk = (node: JsonSchemaNode, prefix: string): void => {
-    const required = new Set(node.required ?? []);
-    for (const [key, prop] of Object.entries(node.properties ?? {})) {
-      const path = prefix === '' ? key : `${prefix}.${key}`;
-      rows.push({
-        path,
-        type: describeType(prop),
-        default: prop.default !== undefined ? JSON.stringify(prop.default) : required.has(key) ? 'required' : '—',
-        description: prop.description ?? '',
-      });
-      if (prop.properties !== undefined) walk(prop, path);
-      if (prop.items?.properties !== undefined) walk(prop.items, `${path}[]`);
-    }
-  };
-  walk(configJsonSchema(), '');
-  return rows;
-}
-
-function describeType(node: JsonSchemaNode): string {
-  if (node.enum !== undefined) return node.enum.map((v) => JSON.stringify(v)).join(' \\| ');
-  const type = Array.isArray(node.type) ? node.type.join(' \\| ') : (node.type ?? 'any');
-  if (type === 'array') {
-    const item = node.items === undefined ? 'any' : node.items.properties !== undefined ? 'object' : describeType(node.items);
-    const min = node.minItems !== undefined && node.minItems > 0 ? `, at least ${node.minItems}` : '';
-    return `list of ${item}${min}`;
-  }
-  if (type === 'integer' || type === 'number') {
-    const lo = node.exclusiveMinimum ?? node.minimum;
-    const hi = node.exclusiveMaximum ?? node.maximum;
-    if (lo !== undefined && hi !== undefined) {
-      return `${type} in ${node.exclusiveMinimum !== undefined ? '(' : '['}${lo}, ${hi}${node.exclusiveMaximum !== undefined ? ')' : ']'}`;
-    }
-    if (lo !== undefined) return `${type} ${node.exclusiveMinimum !== undefined ? '>' : '>='} ${lo}`;
-    if (hi !== undefined) return `${type} ${node.exclusiveMaximum !== undefined ? '<' : '<='} ${hi}`;
-    return type;
-  }
-  if (type === 'string') {
-    if (node.format === 'uri') return 'URL';
-    if (node.pattern !== undefined) return `string matching \`${node.pattern}\``;
-    return 'string';
-  }
-  return type;
-}
-
-/** The config reference as a Markdown table (path, type, default, description), for the README. */
-export function configReferenceMarkdown(): string {
-  const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
-  const lines = ['| key | type | default | description |', '| --- | --- | --- | --- |'];
-  for (const r of configReferenceRows()) {
-    const def = r.default === 'required' ? '*required*' : r.default === '—' ? '—' : `\`${cell(r.default)}\``;
-    // Types already escape their own `|`.
-    lines.push(`| \`${r.path}\` | ${r.type} | ${def} | ${cell(r.description)} |`);
-  }
-  return `${lines.join('\n')}\n`;
-}

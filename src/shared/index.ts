@@ -3,6 +3,7 @@
 export * from './errors.js';
 export * from './logger.js';
 export * from './config.js';
+export * from './config-reference.js';
 export * from './redis/index.js';
 export * from './sglang/index.js';
 export * from './tokenizer.js';

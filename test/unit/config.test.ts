@@ -78,6 +78,7 @@ describe('loadConfig: valid configs', () => {
         // Keys SGLang knows but the schema does not list pass through unchanged.
         sampling: { temperature: 0.7, top_p: 0.8, top_k: 20, min_p: 0, stop_token_ids: [151645], repetition_penalty: 1.05 },
         batchSize: 32,
+        budget: 'reserve',
       },
       {
         name: 'A1_deepswekimi',
@@ -85,6 +86,7 @@ describe('loadConfig: valid configs', () => {
         maxNewTokens: 10240,
         sampling: { temperature: 0.6, top_p: 0.95 },
         batchSize: 64,
+        budget: 'reserve',
       },
     ]);
     expect(c.output.dir).toBe(resolve(fixtures, '../out'));
@@ -123,6 +125,7 @@ describe('loadConfig: valid configs', () => {
       maxNewTokens: 10240,
       sampling: { temperature: 0.6, top_p: 0.95 },
       batchSize: 64,
+      budget: 'reserve',
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
     expect(c.postprocess).toEqual({ target: join(fixtures, 'out', 'demo', 'train-dataset'), keepTruncated: false, shardSizeMiB: 500, verifyWithPython: false });
@@ -228,10 +231,25 @@ describe('loadConfig: errors name their path, say what was expected and what was
     });
     expect(issueAt(err, 'datasets[1]')).toEqual({
       path: 'datasets[1]',
-      message: 'expected exactly one of "prompts" or "conversations", got neither',
+      message: 'expected exactly one of "prompts", "source" or "conversations", got none',
       line: lineOf(text, 'name: neither'),
     });
     expect(err.issues).toHaveLength(2);
+  });
+
+  it('a source is prepared into <output.dir>/<run>/<dataset>/prompts.jsonl unless prompts names the file; it needs a budget and no conversations', () => {
+    const c = loadConfig({
+      object: { run: 'r', datasets: [{ name: 'a', source: { path: 'dl/a' }, tokenBudget: 5 }, { name: 'b', source: { path: '/x/b.parquet', format: 'sharegpt' }, prompts: 'p/b.jsonl', tokenBudget: 5 }] },
+      baseDir: '/base',
+    });
+    expect(c.datasets[0]).toMatchObject({ prompts: '/base/out/r/a/prompts.jsonl', source: { path: '/base/dl/a', format: 'auto' } });
+    expect(c.datasets[1]).toMatchObject({ prompts: '/base/p/b.jsonl', source: { path: '/x/b.parquet', format: 'sharegpt' } });
+    const err = yamlError(['datasets:', '  - name: s', '    source: {path: a.jsonl}', '    conversations: c.jsonl', '  - name: t', '    source: {path: a.jsonl, format: csv}'].join('\n'));
+    expect(err.issues.map((i) => `${i.path}: ${i.message}`)).toEqual([
+      'datasets[0]: expected "source" or "conversations", got both (a source is prepared into prompts to generate from)',
+      'datasets[1].tokenBudget: missing: expected a positive integer (output tokens), required when "source" is set',
+      'datasets[1].source.format: expected one of: auto, openai, sharegpt, alpaca, prompt, got "csv"',
+    ]);
   });
 
   it('checks the dataset rules even when the same dataset or list has other errors', () => {
@@ -410,7 +428,7 @@ describe('JSON Schema and reference', () => {
     expect(schema.$schema).toMatch(/json-schema\.org/);
     expect(schema.type).toBe('object');
     expect(Object.keys(schema.properties ?? {}).sort()).toEqual(
-      ['dashboard', 'datasets', 'output', 'postprocess', 'redis', 'run', 'sglang', 'tokenizer', 'train', 'workers'].sort(),
+      ['dashboard', 'datasets', 'output', 'postprocess', 'prepare', 'redis', 'run', 'sglang', 'tokenizer', 'train', 'workers'].sort(),
     );
     expect(schema.required).toEqual(['datasets']);
     expect(schema.additionalProperties).toBe(false);
