@@ -149,15 +149,16 @@ export async function waitForTrainJob(
           opts.onStatus(status);
         }
       }
-      const job = await Job.fromId(queue, jobId);
-      if (job === undefined) throw new AppError(`train job ${jobId} is not in Redis (removed, or another Redis?)`);
-      const state = await job.getState();
-      if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job.returnvalue) };
-      if (state === 'failed') {
+      // The state first, then the job: a job read before it finished has no result yet.
+      const state = await queue.getJobState(jobId);
+      if (state === 'unknown') throw new AppError(`train job ${jobId} is not in Redis (removed, or another Redis?)`);
+      if (state === 'completed' || state === 'failed') {
+        const job = await Job.fromId(queue, jobId);
+        if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job?.returnvalue) };
         // A chain fails at the step that failed: its reason, not the parent's "child failed".
         const latest = await readTrainStatus(redis, keys);
         const own = latest !== null && latest.jobId.startsWith(`${jobId}-`) && latest.reason !== null ? `${latest.jobId}: ${latest.reason}` : null;
-        return { status: 'failed', reason: own ?? (job.failedReason || 'failed') };
+        return { status: 'failed', reason: own ?? (job?.failedReason || 'failed') };
       }
       await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
     }
