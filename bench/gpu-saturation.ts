@@ -3,9 +3,9 @@
 // keeps busy. tokenmill (continuous dispatch, concurrency 64) is compared with a batch-and-wait
 // client (send 64, wait for all 64, send the next 64) on the same prompts, the same simulator
 // settings and the same number of completed tokens.
-import { randomBytes } from 'node:crypto';
 import { startSimulator, type SimulatorHandle } from '../src/sim/index.js';
-import { SglangClient, bundledTokenizerPath, loadTokenizer, readPromptFile } from '../src/shared/index.js';
+import { bundledTokenizerPath, loadTokenizer, readPromptFile } from '../src/shared/index.js';
+import { runBatchAndWait, type TokenizedPrompt } from './clients/batch-and-wait.js';
 import {
   benchConfig,
   delay,
@@ -166,55 +166,44 @@ async function runTokenmill(env: BenchEnv, o: GpuSaturationOptions, sigma: numbe
 }
 
 /** The batch-and-wait client of the old scripts: 64 requests, wait for all, the next 64. */
-async function runBatchAndWait(o: GpuSaturationOptions, sigma: number, promptFile: string): Promise<ClientRun> {
+async function runBatchAndWaitCase(o: GpuSaturationOptions, sigma: number, promptFile: string): Promise<ClientRun> {
   const tokenizer = await loadTokenizer(bundledTokenizerPath());
   const sim = await startSimulator(simOptions(o, sigma, 11));
-  const client = new SglangClient({ endpoint: sim.url, concurrency: o.slots, requestTimeoutMs: 600_000 });
   try {
     const counter = new TokenCounter(sim);
     // Every prompt is tokenized before the first round, so that the rounds time only the
     // send-and-wait pattern (tokenmill's producer tokenizes ahead of dispatch too).
-    const prompts: { id: string; inputIds: number[] }[] = [];
+    const prompts: TokenizedPrompt[] = [];
     for await (const line of readPromptFile(promptFile)) {
       if (line.ok) prompts.push({ id: line.record.id, inputIds: tokenizer.encodePrompt(line.record.messages) });
     }
-    let nextPrompt = 0;
-    const nextBatch = (): { id: string; inputIds: number[] }[] => {
-      const batch = prompts.slice(nextPrompt, nextPrompt + o.slots);
-      nextPrompt += batch.length;
-      return batch;
-    };
     let t0: number | undefined;
     let done: ReturnType<typeof timeOfTokens> | undefined;
-    let rounds = 0;
     let loop: ReturnType<typeof eventLoopMeter> | undefined;
     try {
-      for (;;) {
-        const batch = nextBatch();
-        if (batch.length === 0) throw new Error('baseline ran out of prompts before the target tokens');
-        if (rounds === 1) {
-          // The first round is the warm-up; the occupancy window is made of whole rounds after it.
-          counter.reset();
-          loop = eventLoopMeter();
-        }
-        const sends = Promise.all(
-          batch.map((p) =>
-            client.generate({
-              inputIds: p.inputIds,
-              samplingParams: { ...SAMPLING, max_new_tokens: o.maxNewTokens },
-              rid: `base/${p.id}#${randomBytes(4).toString('hex')}`,
-            }),
-          ),
-        );
-        if (t0 === undefined) {
+      const totals = await runBatchAndWait({
+        urls: [sim.url],
+        slots: o.slots,
+        prompts,
+        samplingParams: { ...SAMPLING, max_new_tokens: o.maxNewTokens },
+        ridPrefix: 'base',
+        onRoundSent: async () => {
+          if (t0 !== undefined) return;
           await waitUntil(() => sim.stats().requestsReceived > 0, 'the first request', 60_000, 1);
           t0 = performance.now();
           done = timeOfTokens(counter, o.targetTokens, 600_000);
-        }
-        await sends;
-        rounds += 1;
-        if (counter.tokens() >= o.targetTokens && rounds >= 2) break;
-      }
+        },
+        continueAfterRound: (rounds) => {
+          if (counter.tokens() >= o.targetTokens && rounds >= 2) return false;
+          if (rounds === 1) {
+            // The first round is the warm-up; the occupancy window is made of whole rounds after it.
+            counter.reset();
+            loop = eventLoopMeter();
+          }
+          return true;
+        },
+      });
+      if (totals.unsent === 0 && counter.tokens() < o.targetTokens) throw new Error('baseline ran out of prompts before the target tokens');
       const tEnd = await (done as ReturnType<typeof timeOfTokens>).at;
       const occ = sim.stats().occupancy;
       return {
@@ -228,7 +217,6 @@ async function runBatchAndWait(o: GpuSaturationOptions, sigma: number, promptFil
       done?.cancel();
     }
   } finally {
-    await client.close();
     await sim.stop();
   }
 }
@@ -245,7 +233,7 @@ export async function gpuSaturation(o: GpuSaturationOptions = DEFAULT_GPU_SATURA
     const targets: BenchResult['targets'] = [];
     for (const sigma of o.sigmas) {
       const tm = await runTokenmill(env, o, sigma, 'sat.jsonl');
-      const base = await runBatchAndWait(o, sigma, file);
+      const base = await runBatchAndWaitCase(o, sigma, file);
       const tmOcc = tm.meanRunning / o.slots;
       const baseOcc = base.meanRunning / o.slots;
       const c = {
