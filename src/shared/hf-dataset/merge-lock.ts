@@ -2,9 +2,11 @@
 // holder by host, PID and, where the OS tells it, the process's start time: a container
 // restarted with `init: true` gets the same PID again, so a PID alone would make the lock of the
 // process before the restart look held forever. A holder on this host whose PID no longer runs,
-// or runs with another start time, is gone and its lock is removed.
+// or runs with another start time, is gone and its lock is removed (under a breaker file, so that
+// of several processes that found the same stale lock, none removes the lock another has taken
+// in the meantime).
 import { hostname } from 'node:os';
-import { open, readFile, rm } from 'node:fs/promises';
+import { open, readFile, rm, stat } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
@@ -30,7 +32,7 @@ export async function acquireLock(target: string): Promise<() => Promise<void>> 
   const me: MergeLockHolder = { pid: process.pid, host: hostname(), since: new Date().toISOString() };
   const myStart = processStartTime(process.pid);
   if (myStart !== undefined) me.startTime = myStart;
-  for (let attempt = 0; attempt < 2; attempt++) {
+  for (let attempt = 0; attempt < 200; attempt++) {
     try {
       const fh = await open(lockPath, 'wx');
       try {
@@ -45,15 +47,18 @@ export async function acquireLock(target: string): Promise<() => Promise<void>> 
     } catch (e: unknown) {
       if (!isErrno(e, 'EEXIST')) throw e;
       let holder: MergeLockHolder = {};
+      let text = '';
       try {
-        holder = JSON.parse(await readFile(lockPath, 'utf8')) as typeof holder;
-      } catch {
+        text = await readFile(lockPath, 'utf8');
+        holder = JSON.parse(text) as typeof holder;
+      } catch (err: unknown) {
+        if (isErrno(err, 'ENOENT')) continue; // released meanwhile
         // a lock file cut short by a crash while it was written: treat as stale below
       }
       const gone = holderGone(holder, hostname());
       if (gone !== undefined) {
         log().warn({ lockPath, holder, why: gone }, 'removing a stale lock left by a process that no longer runs');
-        await rm(lockPath, { force: true });
+        if (!(await removeStale(lockPath, text))) await new Promise((r) => setTimeout(r, 5 + Math.random() * 20));
         continue;
       }
       throw new DatasetMergeError(
@@ -63,6 +68,37 @@ export async function acquireLock(target: string): Promise<() => Promise<void>> 
     }
   }
   throw new DatasetMergeError(`cannot take the lock ${lockPath}`);
+}
+
+/** A breaker older than this was left by a process that died while clearing a stale lock. */
+const BREAKER_STALE_MS = 30_000;
+
+/**
+ * Removes the stale lock whose content was `judged`, under `<lock>.break` (taken with
+ * O_EXCL): the lock is read again there and removed only if it is still that one. Nothing but
+ * a breaker holder removes a lock it does not hold, so no other process can replace it between
+ * that read and the removal. Returns false when another process holds the breaker.
+ */
+async function removeStale(lockPath: string, judged: string): Promise<boolean> {
+  const breaker = `${lockPath}.break`;
+  try {
+    await (await open(breaker, 'wx')).close();
+  } catch (e: unknown) {
+    if (!isErrno(e, 'EEXIST')) throw e;
+    const age = await stat(breaker).then((st) => Date.now() - st.mtimeMs, () => 0);
+    if (age > BREAKER_STALE_MS) await rm(breaker, { force: true });
+    return false;
+  }
+  try {
+    const now = await readFile(lockPath, 'utf8').catch((e: unknown) => {
+      if (isErrno(e, 'ENOENT')) return null;
+      throw e;
+    });
+    if (now === judged) await rm(lockPath, { force: true });
+    return true;
+  } finally {
+    await rm(breaker, { force: true });
+  }
 }
 
 /** Why the holder of a lock no longer runs, or undefined when it may still run. */
