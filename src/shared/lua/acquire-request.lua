@@ -2,14 +2,28 @@
   Decides whether one generation request may start now, and on which endpoint.
 
   Budget rule (DESIGN invariant 3): a request may start only while
-    committedTokens + inFlight * expectedTokens < tokenBudget
-  where expectedTokens is the size-biased mean completion length of the dataset's committed
-  samples (see below), floored by a prior until enough samples are committed. Endpoint rule: at most `cap` leases per endpoint,
+    committedTokens + sum over the requests in flight of E[L | L > x_i] < tokenBudget
+  where x_i is how far request i has come and E[L | L > x] its expected final length, from the
+  log-bucketed histogram of the dataset's committed lengths (`<stats>:lengths`, fields
+  c<bucket> and t<bucket>, bucket = floor(8 log2(L + 1)); written by commit-sample-9.lua;
+  budget-expectation.ts is the reference of this arithmetic). A fresh request expects the plain
+  mean. x_i is the larger of the tokens streamed so far (`<inflight>:progress`, rid -> tokens,
+  reported by workers that stream) and the time since the request started
+  (`<inflight>:start`, rid -> ms, written here) times the dataset's per-request decode rate
+  (stats rateTokens / rateMs, decayed sums kept by the commit). While the commits are fewer than
+  ARGV[5] or than the requests in flight (short completions finish first, so early commits run
+  short), every expectation is floored by the prior. Far from the budget (committed + in flight
+  x max_new_tokens below it) nothing is summed. A dataset in `budget: strict` whose stop flag is
+  set (stats budgetStopMs, by budget-progress.lua) starts nothing until its aborted requests
+  are committed; the flag is dropped when nothing of it is in flight any more and the budget is
+  still not met (their worker died before committing).
+
+  Endpoint rule: at most `cap` leases per endpoint,
   summed over every worker process; a lease is a member of the endpoint's sorted set scored
   by its expiry, so a crashed worker's leases lapse by themselves.
 
   Input:
-    KEYS[1] dataset stats hash     (fields outputTokens, outputTokensSq, records, tokenBudget)
+    KEYS[1] dataset stats hash     (fields outputTokens, records, tokenBudget, rateTokens, rateMs, budgetStopMs)
     KEYS[2] dataset in-flight zset (member rid, score expiry ms)
     KEYS[3] dataset done set        (a sample committed meanwhile, e.g. by a worker that took
             over its batch, is not sent again)
@@ -22,13 +36,14 @@
     ARGV[2] lease ttl (ms)
     ARGV[3] prior expected completion tokens
     ARGV[4] leases allowed per endpoint
-    ARGV[5] commits needed before the running mean replaces the prior
+    ARGV[5] commits needed before the observed lengths replace the prior as a floor
     ARGV[6] 1 when the request goes out on probation (its sample was in flight when the
             server dropped every connection, twice): it then needs an endpoint with no other
             probation running, and holds that endpoint's probation key (`<lease key>:probation`)
             for ARGV[7] ms, during which no other request starts there. Optional (default 0).
     ARGV[7] probation length (ms)
     ARGV[8] sample id
+    ARGV[9] max_new_tokens of the dataset's requests (optional; default twice the prior)
 
   Output:
     >= 1  the 1-based index (into KEYS[5..]) of the endpoint whose lease was taken
@@ -60,32 +75,132 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-redis.call('ZREMRANGEBYSCORE', inflightKey, '-inf', now)
+local startKey = inflightKey .. ':start'
+local progressKey = inflightKey .. ':progress'
 
-local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'outputTokensSq')
+-- Hashes get at most this many fields per call (Lua's unpack limit).
+local function chunked(cmd, key, list)
+  local out = {}
+  for i = 1, #list, 1000 do
+    local part = redis.call(cmd, key, unpack(list, i, math.min(#list, i + 999)))
+    if type(part) == 'table' then
+      for _, v in ipairs(part) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+-- Requests whose lease lapsed (a crashed worker's) release their reservation and their progress.
+local lapsed = redis.call('ZRANGEBYSCORE', inflightKey, '-inf', now)
+if #lapsed > 0 then
+  redis.call('ZREMRANGEBYSCORE', inflightKey, '-inf', now)
+  chunked('HDEL', startKey, lapsed)
+  chunked('HDEL', progressKey, lapsed)
+end
+-- Start times of requests that ended without a commit (failed, released) are swept now and then.
+if redis.call('HLEN', startKey) > 2 * redis.call('ZCARD', inflightKey) + 256 then
+  local stale = {}
+  for _, r in ipairs(redis.call('HKEYS', startKey)) do
+    if not redis.call('ZSCORE', inflightKey, r) then stale[#stale + 1] = r end
+  end
+  chunked('HDEL', startKey, stale)
+  chunked('HDEL', progressKey, stale)
+end
+
+local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'rateTokens', 'rateMs', 'budgetStopMs')
 local committed = tonumber(stats[1]) or 0
 local records = tonumber(stats[2]) or 0
 local budget = tonumber(stats[3]) or -1
-local sumSq = tonumber(stats[4]) or 0
+local rateTokens = tonumber(stats[4]) or 0
+local rateMs = tonumber(stats[5]) or 0
+local maxNew = tonumber(ARGV[9] or '') or 2 * prior
 
 if budget >= 0 then
   if committed >= budget then
     return -2
   end
   local inflight = redis.call('ZCARD', inflightKey)
-  -- A request caught in flight is, on average, a long one (the inspection paradox: its
-  -- expected length is the size-biased mean sum(L^2) / sum(L), not the plain mean). And short
-  -- completions finish first, so few commits run low: until the commits outnumber the
-  -- requests in flight (and reach minCommits), the prior is a floor.
-  local expected = prior
-  if records > 0 and committed > 0 then
-    expected = sumSq / committed
-    if records < minCommits or records < inflight then
-      expected = math.max(expected, prior)
+  if stats[6] then
+    if inflight > 0 then
+      return -3
     end
+    redis.call('HDEL', statsKey, 'budgetStopMs')
   end
-  if committed + inflight * expected >= budget then
-    return -3
+  if committed + inflight * maxNew >= budget then
+    local lengths = redis.call('HGETALL', statsKey .. ':lengths')
+    local cnt, tok, maxB = {}, {}, -1
+    for i = 1, #lengths, 2 do
+      local f = lengths[i]
+      local b = tonumber(string.sub(f, 2))
+      local v = tonumber(lengths[i + 1])
+      if string.sub(f, 1, 1) == 'c' then cnt[b] = v else tok[b] = v end
+      if b > maxB then maxB = b end
+    end
+    -- Suffix sums: lengths in buckets above b.
+    local aboveCnt, aboveTok = {}, {}
+    local c, t = 0, 0
+    for b = maxB, 0, -1 do
+      aboveCnt[b] = c
+      aboveTok[b] = t
+      c = c + (cnt[b] or 0)
+      t = t + (tok[b] or 0)
+    end
+    local log2 = math.log(2)
+    local floor = 0
+    if records < minCommits or records < inflight then
+      floor = math.min(prior, maxNew)
+    end
+    -- E[L | L > x], as conditionalMean() in budget-expectation.ts.
+    local memo = {}
+    local function expected(x)
+      local bx = math.floor(8 * math.log(x + 1) / log2)
+      local n, s = 0, 0
+      if bx < 0 then bx = 0 end
+      if bx <= maxB then
+        n = aboveCnt[bx]
+        s = aboveTok[bx]
+        local bc = cnt[bx] or 0
+        if bc > 0 then
+          local lo = 2 ^ (bx / 8) - 1
+          local hi = 2 ^ ((bx + 1) / 8) - 1
+          local share = math.min(1, math.max(0, (hi - x) / (hi - lo)))
+          local part = bc * share
+          n = n + part
+          s = s + part * math.max((tok[bx] or 0) / bc, (x + hi) / 2)
+        end
+      end
+      local e
+      if n <= 1e-9 then
+        e = math.min(maxNew, 1.25 * (x + 1))
+      else
+        e = math.min(maxNew, math.max(x, s / n))
+      end
+      return math.max(e, floor)
+    end
+    local total = committed
+    if inflight > 0 then
+      local rids = redis.call('ZRANGE', inflightKey, 0, -1)
+      local starts = chunked('HMGET', startKey, rids)
+      local streamed = {}
+      if redis.call('EXISTS', progressKey) == 1 then streamed = chunked('HMGET', progressKey, rids) end
+      local rate = 0
+      if rateMs > 0 then rate = rateTokens / rateMs end
+      for i = 1, #rids do
+        local x = tonumber(streamed[i]) or 0
+        local started = tonumber(starts[i])
+        if started and rate > 0 then x = math.max(x, (now - started) * rate) end
+        x = math.floor(math.min(x, maxNew - 1))
+        local e = memo[x]
+        if not e then
+          e = expected(x)
+          memo[x] = e
+        end
+        total = total + e
+        if total >= budget then
+          return -3
+        end
+      end
+    end
   end
 end
 
@@ -112,4 +227,5 @@ if probation then
 end
 redis.call('ZADD', KEYS[best], now + ttl, rid)
 redis.call('ZADD', inflightKey, now + ttl, rid)
+redis.call('HSET', startKey, rid, now)
 return best - 4

@@ -9,9 +9,10 @@
 
   Input:
     KEYS[1] dataset done set          (sample ids)
-    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, tokenBudget, budgetMetMs, firstCommitMs, lastCommitMs)
+    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, tokenBudget, budgetMetMs, firstCommitMs, lastCommitMs, rateTokens, rateMs;
+                                      beside it `<KEYS[2]>:lengths`, the length histogram)
     KEYS[3] dataset results stream
-    KEYS[4] dataset in-flight zset    (rid -> expiry)
+    KEYS[4] dataset in-flight zset    (rid -> expiry; beside it `<KEYS[4]>:start` and `:progress`)
     KEYS[5] endpoint lease zset       (rid -> expiry)
     KEYS[6] dataset failed hash       (sample id -> reason JSON)
     KEYS[7] dataset skipped set       (sample ids skipped by budget)
@@ -32,6 +33,10 @@ local rid = ARGV[4]
 
 redis.call('ZREM', KEYS[4], rid)
 redis.call('ZREM', KEYS[5], rid)
+-- The request's start time and streamed progress (acquire-request.lua's reservation).
+local started = redis.call('HGET', KEYS[4] .. ':start', rid)
+redis.call('HDEL', KEYS[4] .. ':start', rid)
+redis.call('HDEL', KEYS[4] .. ':progress', rid)
 
 if redis.call('SADD', KEYS[1], id) == 0 then
   return { 0, tonumber(redis.call('HGET', KEYS[2], 'outputTokens') or '0') }
@@ -48,6 +53,14 @@ if budget >= 0 and total >= budget and total - tokens < budget then
 end
 redis.call('HINCRBY', KEYS[2], 'records', 1)
 redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
+-- The length histogram and the decode rate (decayed sums) that acquire-request.lua reserves by.
+local lb = math.floor(8 * math.log(tokens + 1) / math.log(2))
+redis.call('HINCRBY', KEYS[2] .. ':lengths', 'c' .. lb, 1)
+redis.call('HINCRBY', KEYS[2] .. ':lengths', 't' .. lb, tokens)
+if started then
+  local r = redis.call('HMGET', KEYS[2], 'rateTokens', 'rateMs')
+  redis.call('HSET', KEYS[2], 'rateTokens', 0.97 * (tonumber(r[1]) or 0) + tokens, 'rateMs', 0.97 * (tonumber(r[2]) or 0) + math.max(1, now - tonumber(started)))
+end
 redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
 redis.call('HSET', KEYS[2], 'lastCommitMs', now)
 redis.call('XADD', KEYS[3], '*', 'r', ARGV[3])

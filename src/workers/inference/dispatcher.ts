@@ -286,6 +286,7 @@ export class Dispatcher {
           probation ? 1 : 0,
           this.crashProbationMs,
           task.req.sample.id,
+          task.req.sample.maxNewTokens,
         );
       } finally {
         if (task.state === 'acquiring') task.state = 'pending';
