@@ -36,6 +36,8 @@ export interface OpenedSource {
   format: SourceFormat;
   /** With `format: auto`: what the format was detected from, e.g. `columns conversations[].from/value in the first row`. */
   detectedFrom?: string;
+  /** What was chosen on the way, to report: e.g. the `train` split of a DatasetDict, or of a folder of several splits. */
+  notes?: string[];
   /** Rows in file order; read once. Memory stays bounded whatever the size of the files. */
   rows(): AsyncIterable<SourceRow>;
 }

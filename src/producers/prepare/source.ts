@@ -1,0 +1,78 @@
+/**
+ * `openSource`: a dataset's `source` opened for `tokenmill prepare`: its files listed, its
+ * format resolved (detected from the first rows for `auto`), its rows streamed as chat turns.
+ */
+import type { PromptSource } from '../../shared/config-source.js';
+import { SAMPLE_ROWS, resolveLayout, type SampleRow } from './source-detect.js';
+import { listSourceFiles, type SourceFileKind } from './source-files.js';
+import { convertRow, type SourceLayout } from './source-formats.js';
+import { readJsonRows } from './source-json.js';
+import { readJsonlRows } from './source-jsonl.js';
+import { SourceError, describeWhere, type RawRow, type RawRowReader } from './source-raw.js';
+import type { OpenedSource, SourceRow } from './source-types.js';
+
+export { SourceError } from './source-raw.js';
+
+const READERS: Readonly<Record<SourceFileKind, RawRowReader | undefined>> = {
+  jsonl: readJsonlRows,
+  json: readJsonRows,
+  parquet: undefined,
+  arrow: undefined,
+};
+
+/**
+ * Opens a source: lists its files, reads its first rows to resolve the format and returns the
+ * rows, streamed. Throws a {@link SourceError} when the source cannot be read or its format
+ * cannot be detected (naming the path, the columns seen and what to set); a row that does not
+ * fit the format is a malformed row, never an error.
+ */
+export async function openSource(source: PromptSource): Promise<OpenedSource> {
+  const listed = await listSourceFiles(source.path);
+  const read = READERS[listed.kind];
+  if (read === undefined) throw new SourceError(`${source.path}: .${listed.kind} sources are not readable yet`);
+  const describe = `source ${source.path}`;
+  const samples = await sampleRows(listed.files, read);
+  if (source.format === 'auto' && samples.ok.length === 0 && samples.bad !== undefined) {
+    throw new SourceError(`${describe}: cannot detect the format: no readable row in the first ${SAMPLE_ROWS} (${describeWhere(samples.bad.where)}: ${samples.bad.reason})`);
+  }
+  const { layout, detectedFrom } = resolveLayout(source, samples.ok, describe);
+  const files = listed.files;
+  const opened: OpenedSource = {
+    files,
+    format: layout.format,
+    rows: () => convertedRows(files, read, layout),
+  };
+  if (detectedFrom !== undefined) opened.detectedFrom = detectedFrom;
+  if (listed.notes.length > 0) opened.notes = listed.notes;
+  return opened;
+}
+
+/** The object rows among the first {@link SAMPLE_ROWS} of the files, and the first row that could not be read. */
+async function sampleRows(files: readonly string[], read: RawRowReader): Promise<{ ok: SampleRow[]; bad?: Extract<RawRow, { ok: false }> }> {
+  const ok: SampleRow[] = [];
+  let bad: Extract<RawRow, { ok: false }> | undefined;
+  let seen = 0;
+  for (const file of files) {
+    for await (const r of read(file)) {
+      if (r.ok && typeof r.value === 'object' && r.value !== null && !Array.isArray(r.value)) ok.push({ value: r.value as Record<string, unknown>, where: r.where });
+      else if (!r.ok) bad ??= r;
+      if (++seen >= SAMPLE_ROWS) break;
+    }
+    if (seen >= SAMPLE_ROWS) break;
+  }
+  return bad === undefined ? { ok } : { ok, bad };
+}
+
+async function* convertedRows(files: readonly string[], read: RawRowReader, layout: SourceLayout): AsyncGenerator<SourceRow> {
+  for (const file of files) {
+    for await (const r of read(file)) {
+      if (!r.ok) {
+        yield r;
+        continue;
+      }
+      const c = convertRow(r.value, layout);
+      if (c.ok) yield c.id === undefined ? { ok: true, messages: c.messages, where: r.where } : { ok: true, id: c.id, messages: c.messages, where: r.where };
+      else yield c.excerpt === undefined ? { ok: false, reason: c.reason, where: r.where } : { ok: false, reason: c.reason, where: r.where, excerpt: c.excerpt };
+    }
+  }
+}
