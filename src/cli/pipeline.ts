@@ -6,6 +6,7 @@ import { ResultsSink, type SinkCrashPoint } from '../producers/results-sink.js';
 import {
   AppError,
   closeRedisConnection,
+  concurrencyCeiling,
   createRedisConnection,
   generateQueueName,
   logger,
@@ -19,6 +20,7 @@ import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, 
 import { PostprocessWorker } from '../workers/postprocess/worker.js';
 import { resolveContextLength, type RunContext } from './run-context.js';
 import { loadRunTokenizer } from './tokenizer-check.js';
+import { prepareForRun } from './commands/prepare.js';
 
 export interface GenerationOptions {
   /** Run the producer and the sinks (the `produce` verb, and `run`). */
@@ -43,7 +45,7 @@ function generationDatasets(config: Config): Config['datasets'] {
 /** Default queue window: enough batches to fill every endpoint twice over, per dataset. */
 export function windowBatches(config: Config, batchSize: number): number {
   if (config.workers.windowBatches !== undefined) return config.workers.windowBatches;
-  return Math.ceil((2 * config.sglang.concurrency * config.sglang.endpoints.length) / batchSize) + 1;
+  return Math.ceil((2 * concurrencyCeiling(config.sglang) * config.sglang.endpoints.length) / batchSize) + 1;
 }
 
 /**
@@ -75,6 +77,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       keys,
       endpoints: config.sglang.endpoints,
       concurrency: config.sglang.concurrency,
+      autoConcurrency: config.sglang.autoConcurrency,
       requestTimeoutMs: config.sglang.requestTimeoutMs,
       ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
       healthCheckIntervalMs: config.sglang.healthCheckIntervalMs,
@@ -106,6 +109,8 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       // The producer lock first: a second producer of the same run fails at once, naming the
       // holder, instead of waiting behind the first one's sink locks.
       await producer.acquireLock();
+      // The datasets' sources become their prompt files before anything reads them.
+      await prepareForRun(ctx, tokenizer);
       for (const ds of datasets) {
         const sink = new ResultsSink({
           redis: conn(`sink-${ds.name}`),

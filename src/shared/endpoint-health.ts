@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import type { RunKeys } from './run-keys.js';
+import { endpointKey, type RunKeys } from './run-keys.js';
 
 /**
  * One worker's view of one SGLang endpoint, as published in `keys.endpointHealth()`.
@@ -31,6 +31,69 @@ export interface EndpointHealthView {
   sinceMs: number | null;
   /** Live workers reporting on it. */
   workers: number;
+  /** With `sglang.concurrency: "auto"`: the requests in flight chosen for it and why; absent otherwise. */
+  concurrency?: EndpointConcurrency;
+}
+
+/**
+ * The requests in flight `sglang.concurrency: "auto"` chose for one endpoint, kept in Redis
+ * (`endpointConcurrencyKey`): every inference worker reads `cap` from it, the one worker
+ * holding the endpoint's steering lease writes it.
+ */
+export interface EndpointConcurrency {
+  /** Requests in flight allowed on the endpoint, summed over every worker. */
+  cap: number;
+  /** The worker steering it (`host:pid`), or null before any did. */
+  controller: string | null;
+  /** When the cap was last written (ms since epoch). */
+  updatedMs: number;
+  /** Why the last step went the way it did. */
+  reason: string;
+  /** What the last measurement saw: output tokens/s (null when the server has no /metrics), running and queued requests. */
+  tokensPerSec: number | null;
+  running: number;
+  queued: number;
+  /** 503 answers of the endpoint counted by the workers (a counter; only its increase matters). */
+  overloads: number;
+}
+
+/** Hash of one endpoint's {@link EndpointConcurrency} (fields as named there). */
+export function endpointConcurrencyKey(keys: RunKeys, endpoint: string): string {
+  return `${keys.base}:ep:${endpointKey(endpoint)}:concurrency`;
+}
+
+/** The short lease (a string with a TTL) held by the one worker that steers an endpoint's concurrency. */
+export function endpointConcurrencyLeaseKey(keys: RunKeys, endpoint: string): string {
+  return `${endpointConcurrencyKey(keys, endpoint)}:lease`;
+}
+
+/** Parses the hash of {@link endpointConcurrencyKey}; undefined when it holds no valid cap. */
+export function parseEndpointConcurrency(h: Record<string, string>): EndpointConcurrency | undefined {
+  const cap = Number(h.cap);
+  if (!Number.isInteger(cap) || cap < 1) return undefined;
+  const num = (v: string | undefined): number => (v === undefined || !Number.isFinite(Number(v)) ? 0 : Number(v));
+  return {
+    cap,
+    controller: h.controller ?? null,
+    updatedMs: num(h.updatedMs),
+    reason: h.reason ?? '',
+    tokensPerSec: h.tokensPerSec === undefined || h.tokensPerSec === '' ? null : num(h.tokensPerSec),
+    running: num(h.running),
+    queued: num(h.queued),
+    overloads: num(h.overloads),
+  };
+}
+
+/** Each endpoint's chosen concurrency (undefined where `"auto"` has not written one), in one round trip. */
+export async function readEndpointConcurrency(redis: Redis, keys: RunKeys, endpoints: readonly string[]): Promise<(EndpointConcurrency | undefined)[]> {
+  if (endpoints.length === 0) return [];
+  const m = redis.multi();
+  for (const url of endpoints) m.hgetall(endpointConcurrencyKey(keys, url));
+  const replies = (await m.exec()) ?? [];
+  return endpoints.map((_, i) => {
+    const [err, value] = replies[i] ?? [null, null];
+    return err === null && value !== null && typeof value === 'object' ? parseEndpointConcurrency(value as Record<string, string>) : undefined;
+  });
 }
 
 /** Endpoint health for a run, as `status` and the progress line show it. */
@@ -82,7 +145,7 @@ const PRUNE_AFTER_EXPIRY_MS = 10 * 60_000;
  * that died without withdrawing them) are deleted on the way.
  */
 export async function readEndpointHealth(redis: Redis, keys: RunKeys, endpoints: readonly string[], nowMs = Date.now()): Promise<EndpointHealthSummary> {
-  const all = await redis.hgetall(keys.endpointHealth());
+  const [all, caps] = await Promise.all([redis.hgetall(keys.endpointHealth()), readEndpointConcurrency(redis, keys, endpoints)]);
   const live = new Map<string, EndpointHealthReport[]>();
   const dead: string[] = [];
   for (const [f, raw] of Object.entries(all)) {
@@ -93,13 +156,10 @@ export async function readEndpointHealth(redis: Redis, keys: RunKeys, endpoints:
     live.set(key, [...(live.get(key) ?? []), r]);
   }
   if (dead.length > 0) await redis.hdel(keys.endpointHealth(), ...dead);
-  const views = endpoints.map((url): EndpointHealthView => {
-    const reports = live.get(normalizeUrl(url)) ?? [];
-    if (reports.length === 0) return { url, up: null, reason: null, sinceMs: null, workers: 0 };
-    const up = reports.filter((r) => r.up);
-    if (up.length > 0) return { url, up: true, reason: null, sinceMs: Math.min(...up.map((r) => r.sinceMs)), workers: reports.length };
-    const latest = reports.reduce((a, b) => (b.updatedMs > a.updatedMs ? b : a));
-    return { url, up: false, reason: latest.reason, sinceMs: Math.min(...reports.map((r) => r.sinceMs)), workers: reports.length };
+  const views = endpoints.map((url, i): EndpointHealthView => {
+    const view = healthView(url, live.get(normalizeUrl(url)) ?? []);
+    const cap = caps[i];
+    return cap === undefined ? view : { ...view, concurrency: cap };
   });
   return {
     total: views.length,
@@ -107,6 +167,14 @@ export async function readEndpointHealth(redis: Redis, keys: RunKeys, endpoints:
     reported: views.filter((v) => v.up !== null).length,
     endpoints: views,
   };
+}
+
+function healthView(url: string, reports: readonly EndpointHealthReport[]): EndpointHealthView {
+  if (reports.length === 0) return { url, up: null, reason: null, sinceMs: null, workers: 0 };
+  const up = reports.filter((r) => r.up);
+  if (up.length > 0) return { url, up: true, reason: null, sinceMs: Math.min(...up.map((r) => r.sinceMs)), workers: reports.length };
+  const latest = reports.reduce((a, b) => (b.updatedMs > a.updatedMs ? b : a));
+  return { url, up: false, reason: latest.reason, sinceMs: Math.min(...reports.map((r) => r.sinceMs)), workers: reports.length };
 }
 
 function normalizeUrl(url: string): string {

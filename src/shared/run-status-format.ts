@@ -44,6 +44,9 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     const latency = e.recentLatencyMs === null ? '' : `, latency p50 ${fmtMs(e.recentLatencyMs.p50)} p95 ${fmtMs(e.recentLatencyMs.p95)}`;
     lines.push(`  ${e.url}: ${fmtInt(e.inFlight)} in flight${latency}${errors === '' ? '' : `, errors ${errors}`}`);
   }
+  for (const e of status.endpoints.endpoints) {
+    if (e.concurrency !== undefined) lines.push(`  ${e.url}: concurrency auto ${fmtInt(e.concurrency.cap)} (${e.concurrency.reason})`);
+  }
   const workers = status.workers;
   if (workers.length > 0) {
     const roles = new Map<string, number>();

@@ -146,7 +146,8 @@ export class InfoRoutes {
       genThroughput: this.s.genThroughput(),
       cacheHitRate: this.s.promptTokensTotal > 0 ? this.s.cachedTokensTotal / this.s.promptTokensTotal : 0,
       promptTokensTotal: this.s.promptTokensTotal,
-      generationTokensTotal: this.s.generationTokensTotal,
+      // Counted as tokens are decoded, as SGLang does, not as requests end.
+      generationTokensTotal: Math.max(this.s.generationTokensTotal, Math.floor(this.s.load.decodedTokensTotal())),
       cachedTokensTotal: this.s.cachedTokensTotal,
       requestsTotal: this.s.requestsTotal,
       e2eLatency: this.s.e2eLatency,

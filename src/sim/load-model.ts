@@ -154,6 +154,8 @@ export class LoadModel {
   private occupancyLastMs: number;
   private occupancyIntegral = 0;
   private maxRunningObserved = 0;
+  /** Tokens decoded by every request since the start, brought up to `lastAdvanceMs` (fractional). */
+  private decodedTotal = 0;
 
   constructor(config: LoadModelConfig, clock: Clock = realClock) {
     if (!(config.maxRunningRequests >= 1)) throw new RangeError('maxRunningRequests must be at least 1');
@@ -228,6 +230,14 @@ export class LoadModel {
     };
   }
 
+  /**
+   * Tokens decoded since the start, counted as they are decoded (as SGLang's
+   * `sglang:generation_tokens_total` is), so the rate shows at once when the batch changes.
+   */
+  decodedTokensTotal(): number {
+    return this.decodedTotal + this.perRequestRatePerMs() * this.decoding * Math.max(0, this.clock.now() - this.lastAdvanceMs);
+  }
+
   /** Time-weighted mean of running requests since the last reset (wall ms window). */
   occupancy(): { meanRunning: number; windowMs: number; maxRunningObserved: number } {
     const now = this.clock.now();
@@ -294,6 +304,7 @@ export class LoadModel {
       for (const state of this.running.values()) {
         if (state.phase === 'decode') state.generated += rate * elapsed;
       }
+      this.decodedTotal += rate * elapsed * this.decoding;
     }
     this.lastAdvanceMs = Math.max(this.lastAdvanceMs, now);
     this.occupancyIntegral += this.running.size * Math.max(0, now - this.occupancyLastMs);
@@ -320,6 +331,7 @@ export class LoadModel {
         if (state.phase === 'decode') {
           const remaining = state.job.outputTokens - state.generated;
           if (remaining <= 1e-9 || (rate > 0 && remaining / rate <= EVENT_SLACK_MS)) {
+            this.decodedTotal += Math.max(0, remaining);
             state.generated = state.job.outputTokens;
             this.running.delete(state.job.id);
             this.decoding--;

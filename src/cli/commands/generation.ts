@@ -10,6 +10,7 @@ import type { SinkCrashPoint } from '../../producers/results-sink.js';
 import { dropContextOf } from '../../workers/postprocess/drop-summary.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
 import { runTrainWorker } from './train.js';
+import { startFresh } from './prepare.js';
 
 interface RunOptions {
   config: string;
@@ -76,7 +77,8 @@ function stallWatchdog(ctx: RunContext): StallWatchdog {
     keys: ctx.keys,
     datasets: config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name),
     endpoints: config.sglang.endpoints,
-    concurrencyPerEndpoint: config.sglang.concurrency,
+    // With "auto", the least it can be: a dataset is never called stuck for slots that may not exist.
+    concurrencyPerEndpoint: config.sglang.concurrency === 'auto' ? config.sglang.autoConcurrency.min : config.sglang.concurrency,
     stallAfterMs: config.workers.stallAfterMs,
   });
 }
@@ -99,11 +101,13 @@ export function registerGenerationCommands(program: Command): void {
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print the final status as JSON')
+    .option('--fresh', 'start the run over: delete its Redis state and the files in <output.dir>/<run> (generations included) first')
     .addOption(hiddenCrashOption(program))
-    .action(async (opts: RunOptions) => {
-      await withRun(opts.config, (ctx) =>
-        runPipeline(ctx, { progressMs: 10_000, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) }),
-      );
+    .action(async (opts: RunOptions & { fresh?: boolean }) => {
+      await withRun(opts.config, async (ctx) => {
+        if (opts.fresh === true) await startFresh(ctx);
+        await runPipeline(ctx, { progressMs: 10_000, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) });
+      });
     });
 
   program

@@ -13,6 +13,7 @@ import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
 import { renewLeases } from './lease-renewal.js';
 import { commitResult } from './sample-records.js';
+import { StrictBudget } from './budget-strict.js';
 import { FailureHandler, type Running } from './failure-handling.js';
 
 export type { SampleOutcome, SampleRequest } from './dispatch-types.js';
@@ -21,9 +22,8 @@ export type { DispatchAccounting } from './dispatch-queue.js';
 export interface DispatcherOptions {
   redis: ScriptedRedis;
   keys: RunKeys;
+  /** The endpoints, with their caps (requests in flight per endpoint over every worker process, fixed or steered). */
   pool: EndpointPool;
-  /** Requests in flight per endpoint, over all worker processes together. */
-  concurrencyPerEndpoint: number;
   /** Name written into each record's `worker` field. */
   workerId: string;
   /** A request's leases lapse this long after its process stops renewing them. */
@@ -37,6 +37,11 @@ export interface DispatcherOptions {
    * itself: no other request starts there meanwhile, so a crash in that window is its own.
    */
   crashProbationMs?: number;
+  /**
+   * Datasets in `budget: strict`: their requests are streamed, and aborted once the tokens
+   * committed plus those produced in flight reach the budget (budget-strict.ts).
+   */
+  strictBudgetDatasets?: readonly string[];
   logger?: Logger;
 }
 
@@ -81,6 +86,8 @@ export class Dispatcher {
   /** Datasets whose budget is reserved by requests in flight, or paused (their samples wait). */
   private blockedDatasets = new Set<string>();
   private readonly failures: FailureHandler;
+  private readonly strictDatasets: ReadonlySet<string>;
+  private readonly strict: StrictBudget;
 
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
@@ -88,6 +95,19 @@ export class Dispatcher {
     this.minCommitsForMean = options.minCommitsForMean ?? 32;
     this.retryDelayMs = options.retryDelayMs ?? 500;
     this.crashProbationMs = options.crashProbationMs ?? 5_000;
+    this.strictDatasets = new Set(options.strictBudgetDatasets ?? []);
+    this.strict = new StrictBudget({
+      redis: options.redis,
+      keys: options.keys,
+      log: this.log,
+      onStop: (dataset, rids) => {
+        this.log.info({ dataset, aborting: rids.length }, 'strict budget met by the tokens committed and in flight: aborting its requests in flight, keeping their partial outputs');
+        for (const rid of rids) {
+          const r = this.running.get(rid);
+          if (r !== undefined && !r.settling) void r.endpoint.client.abort(rid);
+        }
+      },
+    });
     this.failures = new FailureHandler({
       redis: options.redis,
       keys: options.keys,
@@ -133,7 +153,7 @@ export class Dispatcher {
    * slots full while a batch's long tail runs.
    */
   hungry(reserve: number): boolean {
-    return !this.stopping && this.running.size + this.ready < this.options.concurrencyPerEndpoint * this.options.pool.all.length + reserve;
+    return !this.stopping && this.running.size + this.ready < this.options.pool.totalCap() + reserve;
   }
 
   /** Whether the dataset's budget is reserved by requests in flight, or it is paused (fetching more of it is pointless). */
@@ -199,6 +219,7 @@ export class Dispatcher {
       clearTimeout(timer);
     }
     clearInterval(this.renewTimer);
+    this.strict.stop();
   }
 
   private schedulePump(delayMs = 0): void {
@@ -241,7 +262,7 @@ export class Dispatcher {
    * pass walks a snapshot and takes each sample out by identity once it has a slot.
    */
   private async pumpOnce(): Promise<void> {
-    const { keys, redis, concurrencyPerEndpoint } = this.options;
+    const { keys, redis } = this.options;
     // Datasets found budget-reserved in this pass; published when the pass has looked at
     // every pending sample (an early return keeps the previous pass's view).
     const blocked = new Set<string>();
@@ -251,7 +272,7 @@ export class Dispatcher {
       if (!this.queue.isWaiting(task)) continue;
       const healthy = this.options.pool.healthy();
       if (healthy.length === 0) return; // the pool wakes us when an endpoint is back
-      if (this.running.size >= concurrencyPerEndpoint * this.options.pool.all.length) return;
+      if (this.running.size >= this.options.pool.totalCap()) return;
       const { dataset } = task.req;
       const now = Date.now();
       if (blocked.has(dataset) || task.notBeforeMs > now) {
@@ -267,27 +288,34 @@ export class Dispatcher {
       }
       const probation = task.crashes >= CRASHES_BEFORE_PROBATION;
       const rid = `${dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`;
-      const leaseKeys = healthy.map((e) => keys.endpointLeases(e.url));
       task.state = 'acquiring';
-      let code: number;
+      let code = -1;
+      let group: Endpoint[] = [];
+      let leaseKeys: string[] = [];
       try {
-        code = await redis.acquireRequest(
-          4 + leaseKeys.length,
-          keys.stats(dataset),
-          keys.inflight(dataset),
-          keys.done(dataset),
-          keys.queueMeta(dataset),
-          ...leaseKeys,
-          rid,
-          this.leaseTtlMs,
-          task.req.priorExpectedTokens,
-          concurrencyPerEndpoint,
-          this.minCommitsForMean,
-          probation ? 1 : 0,
-          this.crashProbationMs,
-          task.req.sample.id,
-          task.req.sample.maxNewTokens,
-        );
+        // One acquire per cap (endpoints steered by "auto" may differ); the next only when every endpoint of this one is full.
+        for (const g of this.options.pool.byCap(healthy)) {
+          group = g.endpoints;
+          leaseKeys = group.map((e) => keys.endpointLeases(e.url));
+          code = await redis.acquireRequest(
+            4 + leaseKeys.length,
+            keys.stats(dataset),
+            keys.inflight(dataset),
+            keys.done(dataset),
+            keys.queueMeta(dataset),
+            ...leaseKeys,
+            rid,
+            this.leaseTtlMs,
+            task.req.priorExpectedTokens,
+            g.cap,
+            this.minCommitsForMean,
+            probation ? 1 : 0,
+            this.crashProbationMs,
+            task.req.sample.id,
+            task.req.sample.maxNewTokens,
+          );
+          if (code !== -1) break;
+        }
       } finally {
         if (task.state === 'acquiring') task.state = 'pending';
       }
@@ -295,9 +323,9 @@ export class Dispatcher {
       if (outcome.kind === 'acquired') {
         // Resumed (or its budget freed): its samples count as ready again.
         this.blockedDatasets.delete(dataset);
-        const endpoint = healthy[outcome.endpointIndex];
+        const endpoint = group[outcome.endpointIndex];
         const leaseKey = leaseKeys[outcome.endpointIndex];
-        if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${healthy.length}`);
+        if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${group.length}`);
         // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
         if (this.stopping || !this.queue.take(task)) {
           await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
@@ -364,15 +392,27 @@ export class Dispatcher {
     this.running.set(rid, running);
     endpoint.inFlight += 1;
     if (probation) this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, crashes: task.crashes, endpoint: endpoint.url }, 'sending a prompt on probation: it was in flight at every recent server crash');
+    const strict = this.strictDatasets.has(req.dataset);
+    const onProgress = strict ? this.strict.track(req.dataset, rid) : undefined;
     try {
       const result = await endpoint.client.generate({
         inputIds: req.sample.promptIds,
         samplingParams: { ...req.sampling, max_new_tokens: req.sample.maxNewTokens },
         rid,
         signal: abort.signal,
+        ...(onProgress === undefined ? {} : { onProgress }),
       });
       running.settling = true;
-      if (result.finishReason.type === 'abort') {
+      // Aborted by the strict budget: the partial output is committed as it is (finish_reason
+      // abort); one stopped before it produced anything is skipped by budget instead.
+      const budgetStopped = strict && this.strict.untrack(rid) && result.finishReason.type === 'abort';
+      if (budgetStopped && result.completionTokens === 0) {
+        await this.release(req.dataset, rid, leaseKey);
+        await this.options.redis.skipSamples(this.options.keys.done(req.dataset), this.options.keys.skipped(req.dataset), req.sample.id);
+        this.queue.settle(task, { kind: 'skipped-budget' });
+        return;
+      }
+      if (result.finishReason.type === 'abort' && !budgetStopped) {
         throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
       }
       const outcome = await commitResult(this.options.redis, this.options.keys, { req, rid, endpointUrl: endpoint.url, leaseKey, workerId: this.options.workerId, result });
@@ -380,8 +420,10 @@ export class Dispatcher {
       this.queue.settle(task, outcome);
     } catch (e: unknown) {
       running.settling = true;
+      if (e instanceof UpstreamHttpError && e.status === 503) this.options.pool.noteOverload(endpoint);
       await this.failures.handleError(running, e);
     } finally {
+      if (strict) this.strict.untrack(rid);
       if (probation) await this.endProbation(endpoint, rid);
       endpoint.inFlight -= 1;
       this.running.delete(rid);
@@ -427,7 +469,14 @@ export class Dispatcher {
     this.renewing = true;
     const { redis, keys } = this.options;
     try {
-      const { lost, retaken } = await renewLeases(redis, keys, live, this.leaseTtlMs, this.options.concurrencyPerEndpoint);
+      let lost: Running[] = [];
+      let retaken = 0;
+      // One renewal per cap: a lapsed lease is taken again only below its own endpoint's cap.
+      for (const [cap, group] of groupBy(live, (r) => this.options.pool.capOf(r.endpoint))) {
+        const renewed = await renewLeases(redis, keys, group, this.leaseTtlMs, cap);
+        lost = [...lost, ...renewed.lost];
+        retaken += renewed.retaken;
+      }
       const ended = live.filter((r) => r.settling || this.running.get(r.rid) !== r);
       if (ended.length > 0) {
         const m = redis.multi();
@@ -465,4 +514,10 @@ export class Dispatcher {
     if (n > 0) this.signalDemand();
     return n;
   }
+}
+
+function groupBy<T, K>(items: readonly T[], key: (item: T) => K): Map<K, T[]> {
+  const groups = new Map<K, T[]>();
+  for (const item of items) groups.set(key(item), [...(groups.get(key(item)) ?? []), item]);
+  return groups;
 }

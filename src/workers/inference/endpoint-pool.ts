@@ -1,13 +1,17 @@
 import type { Redis } from 'ioredis';
 import {
+  AppError,
   SglangClient,
   logger as rootChild,
   removeEndpointHealth,
   writeEndpointHealth,
+  type AutoConcurrency,
+  type ConcurrencySetting,
   type EndpointHealthReport,
   type Logger,
   type RunKeys,
 } from '../../shared/index.js';
+import { AutoConcurrencyCaps, FixedConcurrencyCaps, type ConcurrencyCaps } from './concurrency-caps.js';
 
 /** One SGLang endpoint as the dispatcher sees it. */
 export interface Endpoint {
@@ -35,8 +39,15 @@ export interface EndpointHealthPublishing {
 
 export interface EndpointPoolOptions {
   endpoints: readonly string[];
-  /** Requests in flight per endpoint (the client's connection pool is sized for it). */
-  concurrency: number;
+  /**
+   * Requests in flight per endpoint, summed over every worker process, or `"auto"` (steered
+   * per endpoint within `autoConcurrency`; needs `publish` for its Redis).
+   */
+  concurrency: ConcurrencySetting;
+  /** Bounds and pace of `"auto"`. */
+  autoConcurrency?: AutoConcurrency;
+  /** Shorter steering samples and lease (tests); see {@link ConcurrencyController}. */
+  autoConcurrencyTiming?: { sampleMs?: number; leaseTtlMs?: number; refreshMs?: number };
   requestTimeoutMs: number;
   /** Bearer token for servers started with `--api-key` (never logged). */
   apiKey?: string;
@@ -71,16 +82,20 @@ export class EndpointPool {
   /** A publication waits behind the running one; it reads the state when it runs, so one is enough. */
   private publishQueued = false;
   private publishFailing = false;
+  /** Requests in flight allowed per endpoint: fixed, or as `"auto"` chose. */
+  readonly caps: ConcurrencyCaps;
 
   constructor(private readonly options: EndpointPoolOptions) {
     this.log = options.logger ?? rootChild('endpoint-pool');
     this.probeInitialMs = options.probeInitialMs ?? 250;
     this.probeMaxMs = options.probeMaxMs ?? 5_000;
+    this.caps = poolCaps(options, this.log);
+    const connections = options.concurrency === 'auto' ? (options.autoConcurrency?.max ?? 1) : options.concurrency;
     this.endpoints = options.endpoints.map((url) => ({
       url,
       client: new SglangClient({
         endpoint: url,
-        concurrency: options.concurrency,
+        concurrency: connections,
         requestTimeoutMs: options.requestTimeoutMs,
         ...(options.apiKey === undefined ? {} : { apiKey: options.apiKey }),
         logger: this.log,
@@ -96,6 +111,36 @@ export class EndpointPool {
     return this.endpoints;
   }
 
+  /** Requests in flight allowed on one endpoint now, summed over every worker process. */
+  capOf(endpoint: Endpoint): number {
+    return this.caps.capOf(endpoint.url);
+  }
+
+  /** Requests in flight allowed over every endpoint now. */
+  totalCap(): number {
+    let total = 0;
+    for (const e of this.endpoints) total += this.caps.capOf(e.url);
+    return total;
+  }
+
+  /**
+   * Endpoints grouped by their cap, the largest cap first: one acquire (which takes one cap for
+   * all the endpoints it is given) per group.
+   */
+  byCap(endpoints: readonly Endpoint[]): { cap: number; endpoints: Endpoint[] }[] {
+    const groups = new Map<number, Endpoint[]>();
+    for (const e of endpoints) {
+      const cap = this.capOf(e);
+      groups.set(cap, [...(groups.get(cap) ?? []), e]);
+    }
+    return [...groups].sort((a, b) => b[0] - a[0]).map(([cap, members]) => ({ cap, endpoints: members }));
+  }
+
+  /** The endpoint answered 503 (its queue is full): with `"auto"`, its cap steps back. */
+  noteOverload(endpoint: Endpoint): void {
+    this.caps.noteOverload(endpoint.url);
+  }
+
   /** Endpoints in rotation, least loaded (by this process's requests) first. */
   healthy(): Endpoint[] {
     return this.endpoints.filter((e) => e.up).sort((a, b) => a.inFlight - b.inFlight);
@@ -107,6 +152,7 @@ export class EndpointPool {
    * unhealthy leaves the rotation before requests fail on it.
    */
   async start(): Promise<void> {
+    await this.caps.start();
     await Promise.all(
       this.endpoints.map(async (e) => {
         const h = await e.client.healthGenerate();
@@ -209,6 +255,7 @@ export class EndpointPool {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    await this.caps.stop();
     clearInterval(this.healthTimer);
     clearInterval(this.publishTimer);
     const p = this.options.publish;
@@ -226,6 +273,25 @@ export class EndpointPool {
     this.probing.clear();
     await Promise.all(this.endpoints.map((e) => e.client.close()));
   }
+}
+
+function poolCaps(o: EndpointPoolOptions, log: Logger): ConcurrencyCaps {
+  if (o.concurrency !== 'auto') return new FixedConcurrencyCaps(o.concurrency);
+  const p = o.publish;
+  if (p === undefined || o.autoConcurrency === undefined) throw new AppError('sglang.concurrency: "auto" needs Redis and sglang.autoConcurrency in the endpoint pool');
+  const t = o.autoConcurrencyTiming ?? {};
+  return new AutoConcurrencyCaps({
+    redis: p.redis,
+    keys: p.keys,
+    endpoints: o.endpoints,
+    settings: o.autoConcurrency,
+    workerId: p.workerId,
+    ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
+    ...(t.refreshMs === undefined ? {} : { refreshMs: t.refreshMs }),
+    ...(t.sampleMs === undefined ? {} : { sampleMs: t.sampleMs }),
+    ...(t.leaseTtlMs === undefined ? {} : { leaseTtlMs: t.leaseTtlMs }),
+    logger: log,
+  });
 }
 
 /** Resolves with `'timeout'` if `p` has not settled within `ms`; rejects if `p` rejects first. */

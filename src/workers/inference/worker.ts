@@ -6,19 +6,22 @@ import type {
   RunKeys} from '../../shared/index.js';
 import {
   AppError,
+  AutoConcurrencySchema,
   closeRedisConnection,
   createRedisConnection,
   encodeBatchPayload,
   generateQueueName,
   logger as componentLogger,
   withScripts,
+  type AutoConcurrency,
+  type ConcurrencySetting,
   type GenerateBatchResult,
   type Logger,
   type ScriptedRedis,
 } from '../../shared/index.js';
 import { BatchReporter } from './batch-report.js';
 import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
-import { EndpointPool } from './endpoint-pool.js';
+import { EndpointPool, type EndpointPoolOptions } from './endpoint-pool.js';
 import { failedJobReason, parseFailureRecord } from './failure-records.js';
 import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
 
@@ -26,8 +29,12 @@ export interface InferenceWorkerOptions {
   redisUrl: string;
   keys: RunKeys;
   endpoints: readonly string[];
-  /** Requests in flight per endpoint, summed over every worker process. */
-  concurrency: number;
+  /** Requests in flight per endpoint, summed over every worker process; `"auto"`: steered per endpoint within `autoConcurrency`. */
+  concurrency: ConcurrencySetting;
+  /** Bounds and pace of `"auto"` (default: the config's defaults). */
+  autoConcurrency?: AutoConcurrency;
+  /** Shorter `"auto"` steering samples and lease (tests). */
+  autoConcurrencyTiming?: EndpointPoolOptions['autoConcurrencyTiming'];
   requestTimeoutMs: number;
   /** Bearer token for servers started with `--api-key` (never logged). */
   apiKey?: string;
@@ -45,6 +52,8 @@ export interface InferenceWorkerOptions {
   leaseTtlMs?: number;
   /** How long a prompt suspected of crashing the server has its endpoint to itself. */
   crashProbationMs?: number;
+  /** Datasets in `budget: strict` (`datasets[].budget`): streamed, and aborted at the budget. */
+  strictBudgetDatasets?: readonly string[];
   workerId?: string;
   logger?: Logger;
 }
@@ -107,6 +116,8 @@ export class InferenceWorker {
     this.pool = new EndpointPool({
       endpoints: o.endpoints,
       concurrency: o.concurrency,
+      autoConcurrency: o.autoConcurrency ?? AutoConcurrencySchema.parse(undefined),
+      ...(o.autoConcurrencyTiming === undefined ? {} : { autoConcurrencyTiming: o.autoConcurrencyTiming }),
       requestTimeoutMs: o.requestTimeoutMs,
       ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
       ...(o.healthCheckIntervalMs === undefined ? {} : { healthCheckIntervalMs: o.healthCheckIntervalMs }),
@@ -119,10 +130,10 @@ export class InferenceWorker {
       redis: this.redis,
       keys: o.keys,
       pool: this.pool,
-      concurrencyPerEndpoint: o.concurrency,
       workerId: this.workerId,
       ...(o.leaseTtlMs === undefined ? {} : { leaseTtlMs: o.leaseTtlMs }),
       ...(o.crashProbationMs === undefined ? {} : { crashProbationMs: o.crashProbationMs }),
+      ...(o.strictBudgetDatasets === undefined ? {} : { strictBudgetDatasets: o.strictBudgetDatasets }),
       logger: this.log,
     });
     await this.pool.start();
