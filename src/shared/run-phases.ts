@@ -19,6 +19,21 @@ interface GenerationCounts {
   skipped: number;
 }
 
+/**
+ * Fields of a dataset's stats hash that `tokenmill prepare` writes: the rows of its source read,
+ * kept and dropped (duplicates within and across datasets, too long, empty, malformed), and
+ * the SHA-256 of the prompt file a run started from.
+ */
+export const PREPARE_STATS_FIELDS = {
+  rows: 'prepareRows',
+  kept: 'prepareKept',
+  duplicates: 'prepareDuplicates',
+  tooLong: 'prepareTooLong',
+  empty: 'prepareEmpty',
+  malformed: 'prepareMalformed',
+  promptsSha256: 'promptsSha256',
+} as const;
+
 /** One line of numbers per phase; '' where there is nothing yet. */
 export interface PhaseDetails {
   prepare: string;
@@ -47,7 +62,8 @@ export async function readPhaseDetails(
     prompts += Number(p ?? 0);
     rejected += Number(r ?? 0);
   }
-  const prepare = counted === 0 ? '' : `${n(prompts)} prompts read, ${n(rejected)} rejected`;
+  const read = counted === 0 ? '' : `${n(prompts)} prompts read, ${n(rejected)} rejected`;
+  const prepare = [await preparedSources(redis, keys, config), read].filter((x) => x !== '').join('; ');
 
   const records = generation.reduce((a, d) => a + d.records, 0);
   const tokens = generation.reduce((a, d) => a + d.outputTokens, 0);
@@ -80,6 +96,22 @@ export async function readPhaseDetails(
     }
   }
   return { prepare, generate, tokenize, merge };
+}
+
+/** Rows of the datasets' sources summed ("3 sources: 1,000 rows read, 950 kept, …"); '' before any `prepare`. */
+async function preparedSources(redis: Redis, keys: RunKeys, config: Pick<Config, 'datasets'>): Promise<string> {
+  const f = PREPARE_STATS_FIELDS;
+  const sums = [0, 0, 0, 0, 0, 0];
+  let sources = 0;
+  for (const ds of config.datasets.filter((d) => d.source !== undefined)) {
+    const values = await redis.hmget(keys.stats(ds.name), f.rows, f.kept, f.duplicates, f.tooLong, f.empty, f.malformed);
+    if (values[0] === null) continue;
+    sources += 1;
+    values.forEach((v, i) => (sums[i] = (sums[i] ?? 0) + Number(v ?? 0)));
+  }
+  if (sources === 0) return '';
+  const [rows, kept, duplicates, tooLong, empty, malformed] = sums.map((x) => n(x));
+  return `${sources} source${sources === 1 ? '' : 's'}: ${rows} rows read, ${kept} kept, ${duplicates} duplicates, ${tooLong} too long, ${empty} empty, ${malformed} malformed`;
 }
 
 /** The merge job's result of round `flowId`, once it completed. */

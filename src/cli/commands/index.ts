@@ -6,6 +6,7 @@ import { registerExportCommand } from './export.js';
 import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
 import { registerPostprocessCommands } from './postprocess.js';
+import { registerPrepareCommand } from './prepare.js';
 import { registerStatusCommands } from './status.js';
 import { registerTrainCommand } from './train.js';
 
@@ -13,6 +14,7 @@ import { registerTrainCommand } from './train.js';
 export function registerCommands(program: Command): void {
   registerConfigCommand(program);
   registerSimCommand(program);
+  registerPrepareCommand(program);
   registerGenerationCommands(program);
   registerPostprocessCommands(program);
   registerExportCommand(program);

@@ -1,0 +1,195 @@
+/**
+ * One dataset's `prepare`: its source's rows, streamed, become its prompt file.
+ *
+ * Each row is read as turns (or counted malformed), cut after its last user turn (or counted
+ * empty), deduplicated by a 64-bit hash of its messages against the dataset's earlier rows and,
+ * with `dedupeAcross`, against what earlier datasets kept; then measured with the target's
+ * tokenizer and chat template when a `maxPromptTokens` applies, given a unique id, and kept —
+ * up to `limit`: the first ones, or with `shuffle` the smallest ranks of the seed
+ * (see {@link ShuffledSubset}). What grows with the source is the hash sets (about 16 bytes a
+ * distinct prompt and a kept id), never the prompts.
+ */
+import type { ChatMessage, ChatTokenizer } from '../../shared/index.js';
+import { errorMessage, readRawLines } from '../../shared/index.js';
+import { Hash64Set, messagesHash, type Hash64 } from './prompt-hash.js';
+import { AtomicLineWriter, type WrittenFile } from './prompt-file-writer.js';
+import { UniqueIds, promptId } from './prompt-ids.js';
+import { promptLine, shapePrompt } from './prompt-shape.js';
+import { ShuffledSubset } from './prompt-subset.js';
+import { ExampleLog, emptyCounts, type PrepareCounts, type PrepareExample } from './prepare-report.js';
+import type { SourceRow, SourceRowWhere } from './source-types.js';
+
+/** Prompts measured with the tokenizer at once. */
+const ENCODE_CHUNK = 256;
+/** Characters of a prompt shown in an example. */
+const EXCERPT_CHARS = 160;
+
+/** The prompts an earlier dataset kept, for `dedupeAcross`. */
+export interface KeptBy {
+  dataset: string;
+  hashes: Hash64Set;
+}
+
+export interface PrepareDatasetInput {
+  dataset: string;
+  rows: AsyncIterable<SourceRow>;
+  promptsFile: string;
+  maxPromptTokens?: number | undefined;
+  /** Needed when `maxPromptTokens` is set; loaded on first use. */
+  tokenizer?: (() => Promise<ChatTokenizer>) | undefined;
+  limit?: number | undefined;
+  shuffleSeed?: number | undefined;
+  /** Earlier datasets' kept prompts (config order); empty without `dedupeAcross`. */
+  keptBefore: readonly KeptBy[];
+  /** Record this dataset's kept prompts (for the datasets after it). */
+  recordKept: boolean;
+  /** Called with the new file's SHA-256 before it replaces the old one; throw to refuse. */
+  beforeCommit?: ((sha256: string) => Promise<void>) | undefined;
+}
+
+export interface PrepareDatasetResult {
+  written: WrittenFile;
+  counts: PrepareCounts;
+  examples: ExampleLog['examples'];
+  /** This dataset's kept prompts, when `recordKept`. */
+  kept: Hash64Set | undefined;
+}
+
+interface Candidate {
+  id: string;
+  messages: ChatMessage[];
+  hash: Hash64;
+  where: SourceRowWhere;
+  droppedTrailing: number;
+}
+
+function excerptOf(messages: readonly ChatMessage[]): string {
+  const text = messages.at(-1)?.content ?? '';
+  return text.length > EXCERPT_CHARS ? `${text.slice(0, EXCERPT_CHARS)}…` : text;
+}
+
+/** Writes the dataset's prompt file from its rows; see the module comment. */
+export async function prepareDataset(input: PrepareDatasetInput): Promise<PrepareDatasetResult> {
+  const counts = emptyCounts();
+  const log = new ExampleLog();
+  const seen = new Hash64Set();
+  const kept = input.recordKept ? new Hash64Set() : undefined;
+  const ids = new UniqueIds();
+  const { limit, maxPromptTokens } = input;
+  const writer = await AtomicLineWriter.open(input.promptsFile);
+  const subset = limit !== undefined && input.shuffleSeed !== undefined ? await ShuffledSubset.open(limit, input.shuffleSeed, input.promptsFile) : undefined;
+  let tokenizer: ChatTokenizer | undefined;
+  let pending: Candidate[] = [];
+  let full = false;
+
+  const example = (kind: Parameters<ExampleLog['add']>[0], where: SourceRowWhere, reason: string, extra: Partial<PrepareExample> = {}): void =>
+    log.add(kind, { ...where, ...extra, reason });
+
+  const keep = async (c: Candidate): Promise<void> => {
+    const unique = ids.assign(c.id);
+    if (unique.renamed) {
+      counts.idsRenamed += 1;
+      example('idsRenamed', c.where, `id "${c.id}" already used by another prompt; written as "${unique.id}"`, { id: unique.id });
+    }
+    if (c.droppedTrailing > 0) counts.trailingTurnsDropped += 1;
+    const line = promptLine(unique.id, c.messages);
+    if (subset === undefined) {
+      await writer.writeLine(line);
+      kept?.add(c.hash);
+      counts.kept += 1;
+      if (limit !== undefined && counts.kept >= limit) full = true;
+      return;
+    }
+    const outcome = await subset.offer(unique.id, line, c.hash);
+    if (outcome !== 'kept') counts.overLimit += 1;
+  };
+
+  const flush = async (): Promise<void> => {
+    const batch = pending;
+    pending = [];
+    if (batch.length === 0) return;
+    let lengths: (number[] | Error)[] | undefined;
+    if (maxPromptTokens !== undefined) {
+      tokenizer ??= await input.tokenizer?.();
+      if (tokenizer === undefined) throw new Error('prepare: maxPromptTokens needs a tokenizer');
+      lengths = await tokenizer.encodePrompts(batch.map((c) => c.messages));
+    }
+    for (const [i, c] of batch.entries()) {
+      if (full) return;
+      const encoded = lengths?.[i];
+      if (encoded instanceof Error) {
+        counts.malformed += 1;
+        example('malformed', c.where, `cannot render the chat template: ${encoded.message}`, { id: c.id });
+        continue;
+      }
+      if (encoded !== undefined && maxPromptTokens !== undefined && encoded.length > maxPromptTokens) {
+        counts.tooLong += 1;
+        example('tooLong', c.where, `${encoded.length} prompt tokens > maxPromptTokens ${maxPromptTokens}`, { id: c.id, excerpt: excerptOf(c.messages) });
+        continue;
+      }
+      await keep(c);
+    }
+  };
+
+  try {
+    for await (const row of input.rows) {
+      counts.rowsRead += 1;
+      if (!row.ok) {
+        counts.malformed += 1;
+        example('malformed', row.where, row.reason, row.excerpt === undefined ? {} : { excerpt: row.excerpt });
+        continue;
+      }
+      const shaped = shapePrompt(row.messages);
+      if (shaped.kind !== 'prompt') {
+        counts[shaped.kind] += 1;
+        example(shaped.kind, row.where, shaped.reason, row.id === undefined ? {} : { id: row.id });
+        continue;
+      }
+      const id = promptId(row.id, shaped.messages);
+      const hash = messagesHash(shaped.messages);
+      if (!seen.add(hash)) {
+        counts.duplicates += 1;
+        example('duplicates', row.where, 'same messages as an earlier row of this dataset', { id });
+        continue;
+      }
+      const earlier = input.keptBefore.find((k) => k.hashes.has(hash));
+      if (earlier !== undefined) {
+        counts.duplicatesAcross += 1;
+        example('duplicatesAcross', row.where, `same messages as a prompt dataset "${earlier.dataset}" kept`, { id });
+        continue;
+      }
+      pending.push({ id, messages: shaped.messages, hash, where: row.where, droppedTrailing: shaped.droppedTrailing });
+      if (maxPromptTokens === undefined || pending.length >= ENCODE_CHUNK) await flush();
+      if (full) break;
+    }
+    await flush();
+    if (subset !== undefined) {
+      for await (const s of subset.lines()) {
+        await writer.writeLine(s.line);
+        kept?.add(s.hash);
+        counts.kept += 1;
+      }
+    }
+    const written = await writer.commit(input.beforeCommit);
+    return { written, counts, examples: log.examples, kept };
+  } catch (e: unknown) {
+    await writer.abort();
+    throw e;
+  } finally {
+    await subset?.close();
+  }
+}
+
+/** The hashes of a prepared prompt file's prompts (for `dedupeAcross` when its dataset is unchanged). */
+export async function keptHashesOf(promptsFile: string): Promise<Hash64Set> {
+  const hashes = new Hash64Set();
+  for await (const { line, text } of readRawLines(promptsFile)) {
+    try {
+      const rec = JSON.parse(text ?? '') as { messages: ChatMessage[] };
+      hashes.add(messagesHash(rec.messages));
+    } catch (e: unknown) {
+      throw new Error(`${promptsFile}:${line}: not a line prepare wrote (${errorMessage(e)}); delete the file and prepare again`, { cause: e });
+    }
+  }
+  return hashes;
+}
