@@ -3,21 +3,23 @@
  * format resolved (detected from the first rows for `auto`), its rows streamed as chat turns.
  */
 import type { PromptSource } from '../../shared/config-source.js';
+import { readArrowRows } from './source-arrow.js';
 import { SAMPLE_ROWS, resolveLayout, type SampleRow } from './source-detect.js';
 import { listSourceFiles, type SourceFileKind } from './source-files.js';
 import { convertRow, type SourceLayout } from './source-formats.js';
 import { readJsonRows } from './source-json.js';
 import { readJsonlRows } from './source-jsonl.js';
+import { readParquetRows } from './source-parquet.js';
 import { SourceError, describeWhere, type RawRow, type RawRowReader } from './source-raw.js';
 import type { OpenedSource, SourceRow } from './source-types.js';
 
 export { SourceError } from './source-raw.js';
 
-const READERS: Readonly<Record<SourceFileKind, RawRowReader | undefined>> = {
+const READERS: Readonly<Record<SourceFileKind, RawRowReader>> = {
   jsonl: readJsonlRows,
   json: readJsonRows,
-  parquet: undefined,
-  arrow: undefined,
+  parquet: readParquetRows,
+  arrow: readArrowRows,
 };
 
 /**
@@ -29,7 +31,6 @@ const READERS: Readonly<Record<SourceFileKind, RawRowReader | undefined>> = {
 export async function openSource(source: PromptSource): Promise<OpenedSource> {
   const listed = await listSourceFiles(source.path);
   const read = READERS[listed.kind];
-  if (read === undefined) throw new SourceError(`${source.path}: .${listed.kind} sources are not readable yet`);
   const describe = `source ${source.path}`;
   const samples = await sampleRows(listed.files, read);
   if (source.format === 'auto' && samples.ok.length === 0 && samples.bad !== undefined) {

@@ -186,12 +186,22 @@ function columnReader(col: ColumnSpec, d: Data, batch: RecordBatch, index: numbe
     }
     case 'other': {
       const vector = batch.getChildAt(index);
-      return (i) => {
-        const v: unknown = vector?.get(i);
-        return typeof v === 'object' && v !== null && 'toJSON' in v ? (v as { toJSON: () => unknown }).toJSON() : v;
-      };
+      return (i) => plainValue(vector?.get(i));
     }
   }
+}
+
+/** An Arrow value as plain JS, however deep: lists (Vectors) as arrays, structs and maps as objects. */
+function plainValue(v: unknown): unknown {
+  // A struct row is a Proxy whose `in` sees only its fields: look the method up instead.
+  const toJSON = typeof v === 'object' && v !== null && !(v instanceof Date) ? (v as { toJSON?: unknown }).toJSON : undefined;
+  if (typeof toJSON !== 'function') return v;
+  const json: unknown = toJSON.call(v);
+  if (Array.isArray(json)) return json.map(plainValue);
+  if (typeof json !== 'object' || json === null) return json;
+  const out: Record<string, unknown> = {};
+  for (const [k, x] of Object.entries(json)) out[k] = plainValue(x);
+  return out;
 }
 
 /** Reads chosen rows of a record batch as plain objects (batch-local indices). */
