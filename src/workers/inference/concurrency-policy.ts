@@ -52,6 +52,8 @@ export const OVERLOAD_FACTOR = 0.7;
 /** Windows to hold after a raise that did not pay, and after a 503. */
 const PLATEAU_HOLD_WINDOWS = 6;
 const OVERLOAD_HOLD_WINDOWS = 3;
+/** In-flight requests above this share of the cap (plus one): a lowered cap is still draining. */
+const DRAINED_SHARE = 1.02;
 /** In-flight requests below this share of the cap: demand, not the cap, limits them. */
 const CAP_BOUND_SHARE = 0.9;
 
@@ -75,6 +77,10 @@ export function decideConcurrency(o: WindowObservation, s: PolicyState, b: Concu
   if (o.overloads > 0) {
     const cap = clamp(Math.floor(Math.min(o.cap, Math.max(1, o.inFlight)) * OVERLOAD_FACTOR), b);
     return { cap, reason: `stepped back: the server answered 503 ${o.overloads} time(s) (${seen})`, state: { ...INITIAL_POLICY_STATE, holdWindows: OVERLOAD_HOLD_WINDOWS } };
+  }
+  if (o.inFlight > o.cap * DRAINED_SHARE + 1) {
+    // Lowered, and long requests still hold the old slots: the window measured the old value.
+    return { cap: o.cap, reason: `held: waiting for the requests in flight to drain to the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`, state: s };
   }
   if (o.queued > limit) {
     // The server runs all it can: keep that many plus a short queue that refills its slots at once.
