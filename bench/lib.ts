@@ -88,6 +88,8 @@ export function longPrompt(i: number, chars: number): string {
 export interface BenchConfigOptions {
   run: string;
   endpoint: string;
+  /** Every SGLang endpoint, when there are several (`endpoint` is then ignored). */
+  endpoints?: string[];
   concurrency: number;
   datasets: ConfigInput['datasets'];
   workers?: ConfigInput['workers'];
@@ -100,7 +102,7 @@ export function benchConfig(env: BenchEnv, o: BenchConfigOptions): Config {
     object: {
       run: o.run,
       redis: { url: env.redis.url, prefix: env.redis.prefix },
-      sglang: { endpoints: [o.endpoint], concurrency: o.concurrency, requestTimeoutMs: 600_000 },
+      sglang: { endpoints: o.endpoints ?? [o.endpoint], concurrency: o.concurrency, requestTimeoutMs: 600_000 },
       datasets: o.datasets,
       output: { dir: 'out' },
       workers: { shutdownGraceMs: 1_000, ...o.workers },
@@ -240,4 +242,77 @@ export function runAsScript(bench: () => Promise<BenchResult>): void {
       process.exit(2);
     },
   );
+}
+
+/** The part of a simulator {@link busyMeter} reads. */
+export interface MeteredServer {
+  stats(): { requestsReceived: number; requests: unknown[]; running: number; queued: number; outputTokensTotal: number; occupancy: { meanRunning: number; windowMs: number } };
+  resetStats(): void;
+}
+
+/** What a set of simulators did from the first request received to the last one finished. */
+export interface BusySpan {
+  /** Wall ms from the first request received to the last poll that saw one running or queued. */
+  spanMs: number;
+  /** Running requests summed over the servers, time-weighted over the span. */
+  meanRunning: number;
+  requests: number;
+  outputTokens: number;
+}
+
+/**
+ * Polls simulators every `intervalMs` (wall): the busy span starts at the first request any of
+ * them receives and ends at the last poll that finds a request running or queued. Stats are
+ * read and reset in one synchronous step whenever the request log grows, so that polling stays
+ * cheap over tens of thousands of requests.
+ */
+export function busyMeter(servers: readonly MeteredServer[], intervalMs = 10): { stop(): BusySpan } {
+  let t0: number | undefined;
+  let lastBusy = 0;
+  let requests = 0;
+  let outputTokens = 0;
+  let runningIntegral = 0;
+  const fold = (s: MeteredServer, reset: boolean): ReturnType<MeteredServer['stats']> => {
+    const st = s.stats();
+    if (reset) {
+      requests += st.requestsReceived;
+      outputTokens += st.outputTokensTotal;
+      runningIntegral += st.occupancy.meanRunning * st.occupancy.windowMs;
+      s.resetStats();
+    }
+    return st;
+  };
+  const poll = (): void => {
+    const now = performance.now();
+    if (t0 === undefined) {
+      if (servers.every((s) => s.stats().requestsReceived === 0)) return;
+      t0 = now;
+      lastBusy = now;
+      for (const s of servers) {
+        const st = s.stats();
+        requests += st.requestsReceived;
+        outputTokens += st.outputTokensTotal;
+        s.resetStats();
+      }
+      return;
+    }
+    let busy = false;
+    for (const s of servers) {
+      const st = fold(s, false);
+      if (st.running + st.queued > 0) busy = true;
+      if (st.requests.length > 2_000) fold(s, true);
+    }
+    if (busy) lastBusy = now;
+  };
+  const timer = setInterval(poll, intervalMs);
+  return {
+    stop() {
+      clearInterval(timer);
+      poll();
+      if (t0 === undefined) return { spanMs: 0, meanRunning: 0, requests: 0, outputTokens: 0 };
+      for (const s of servers) fold(s, true);
+      const spanMs = lastBusy - t0;
+      return { spanMs, meanRunning: spanMs > 0 ? runningIntegral / spanMs : 0, requests, outputTokens };
+    },
+  };
 }
