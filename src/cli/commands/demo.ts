@@ -24,6 +24,15 @@ export const DEMO_DATASETS: readonly { name: string; tokenBudget: number }[] = [
   { name: 'B8_sweagent', tokenBudget: 1_000_000 },
 ];
 
+/**
+ * Demo datasets read from a source as downloaded (a ShareGPT parquet file, an Alpaca JSONL file):
+ * `prepare` turns them into their prompt files in the run folder before generation.
+ */
+export const DEMO_SOURCES: Readonly<Record<string, { path: string; format: 'sharegpt' | 'alpaca' }>> = {
+  B5_sharegpt: { path: 'data/demo/sources/B5_sharegpt.parquet', format: 'sharegpt' },
+  B6_writing: { path: 'data/demo/sources/B6_writing.alpaca.jsonl', format: 'alpaca' },
+};
+
 interface DemoOptions {
   out: string;
   fresh?: boolean;
@@ -40,7 +49,7 @@ export function demoConfig(endpoint: string, outDir: string): ConfigInput {
     sglang: { endpoints: [endpoint], concurrency: 64, requestTimeoutMs: 120_000 },
     datasets: DEMO_DATASETS.map((d) => ({
       name: d.name,
-      prompts: `data/demo/${d.name}.jsonl`,
+      ...(DEMO_SOURCES[d.name] === undefined ? { prompts: `data/demo/${d.name}.jsonl` } : { source: DEMO_SOURCES[d.name] }),
       tokenBudget: d.tokenBudget,
       maxNewTokens: 8192,
       batchSize: 16,
