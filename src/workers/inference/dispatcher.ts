@@ -12,7 +12,7 @@ import { DispatchQueue, type DispatchAccounting, type Task } from './dispatch-qu
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
 import { renewLeases } from './lease-renewal.js';
-import { commitResult } from './sample-records.js';
+import { CommitBatcher } from './sample-records.js';
 import { StrictBudget } from './budget-strict.js';
 import { FailureHandler, type Running } from './failure-handling.js';
 
@@ -47,6 +47,18 @@ export interface DispatcherOptions {
 
 /** Crashes a sample must have been in flight for before it is sent on probation. */
 const CRASHES_BEFORE_PROBATION = 2;
+
+/** One sample's acquire in a batch: its request id, the endpoint group asked last, and the script's answer. */
+interface AcquireAttempt {
+  task: Task;
+  rid: string;
+  probation: boolean;
+  /** acquire-request.lua's code (see `decodeAcquire`). */
+  code: number;
+  group: Endpoint[];
+  leaseKeys: string[];
+  error?: unknown;
+}
 
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
 const PAUSED_RECHECK_MS = 250;
@@ -86,6 +98,8 @@ export class Dispatcher {
   /** Datasets whose budget is reserved by requests in flight, or paused (their samples wait). */
   private blockedDatasets = new Set<string>();
   private readonly failures: FailureHandler;
+  /** Results finishing together are committed in one round trip. */
+  private readonly commits: CommitBatcher;
   private readonly strictDatasets: ReadonlySet<string>;
   private readonly strict: StrictBudget;
 
@@ -108,6 +122,7 @@ export class Dispatcher {
         }
       },
     });
+    this.commits = new CommitBatcher(options.redis, options.keys);
     this.failures = new FailureHandler({
       redis: options.redis,
       keys: options.keys,
@@ -262,113 +277,173 @@ export class Dispatcher {
    * pass walks a snapshot and takes each sample out by identity once it has a slot.
    */
   private async pumpOnce(): Promise<void> {
-    const { keys, redis } = this.options;
     // Datasets found budget-reserved in this pass; published when the pass has looked at
     // every pending sample (an early return keeps the previous pass's view).
     const blocked = new Set<string>();
     let retryInMs = Infinity;
-    for (const task of this.queue.snapshot()) {
+    const line = this.queue.snapshot();
+    let next = 0;
+    while (next < line.length) {
       if (this.stopping) return;
-      if (!this.queue.isWaiting(task)) continue;
       const healthy = this.options.pool.healthy();
       if (healthy.length === 0) return; // the pool wakes us when an endpoint is back
-      if (this.running.size >= this.options.pool.totalCap()) return;
-      const { dataset } = task.req;
-      const now = Date.now();
-      if (blocked.has(dataset) || task.notBeforeMs > now) {
-        if (task.notBeforeMs > now) retryInMs = Math.min(retryInMs, task.notBeforeMs - now);
-        continue;
+      const free = this.options.pool.totalCap() - this.running.size;
+      if (free <= 0) return;
+      // The next samples that may start, as many as there are free slots: their acquires go to
+      // Redis in one round trip. A dataset blocked in the last pass gets one probe per group.
+      const batch: Task[] = [];
+      const probed = new Set<string>();
+      while (next < line.length && batch.length < free) {
+        const task = line[next] as Task;
+        next += 1;
+        if (!this.queue.isWaiting(task)) continue;
+        const { dataset } = task.req;
+        const now = Date.now();
+        if (blocked.has(dataset) || probed.has(dataset) || task.notBeforeMs > now) {
+          if (task.notBeforeMs > now) retryInMs = Math.min(retryInMs, task.notBeforeMs - now);
+          continue;
+        }
+        if (task.chargeOnRecovery) {
+          // An endpoint is healthy again after this prompt's probation crash: now it is its attempt.
+          this.queue.take(task);
+          task.state = 'running';
+          await this.failures.chargeCrash(task);
+          continue;
+        }
+        if (this.blockedDatasets.has(dataset)) probed.add(dataset);
+        batch.push(task);
       }
-      if (task.chargeOnRecovery) {
-        // An endpoint is healthy again after this prompt's probation crash: now it is its attempt.
-        this.queue.take(task);
-        task.state = 'running';
-        await this.failures.chargeCrash(task);
-        continue;
+      if (batch.length === 0) break;
+      const attempts = await this.acquireAll(batch, healthy);
+      let noSlot = false;
+      let failure: unknown;
+      for (const a of attempts) {
+        const { task, rid, probation } = a;
+        const { dataset } = task.req;
+        if (a.error !== undefined) {
+          failure ??= a.error;
+          continue;
+        }
+        const outcome = decodeAcquire(a.code);
+        if (outcome.kind === 'acquired') {
+          // Resumed (or its budget freed): its samples count as ready again, and those this pass passed over go next.
+          this.blockedDatasets.delete(dataset);
+          if (probed.has(dataset)) this.pumpAgain = true;
+          const endpoint = a.group[outcome.endpointIndex];
+          const leaseKey = a.leaseKeys[outcome.endpointIndex];
+          if (endpoint === undefined || leaseKey === undefined) {
+            failure ??= new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${a.group.length}`);
+            continue;
+          }
+          // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
+          if (this.stopping || !this.queue.take(task)) {
+            await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
+            if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
+            continue;
+          }
+          this.signalDemand();
+          void this.send(task, rid, endpoint, leaseKey, probation);
+          continue;
+        }
+        switch (outcome.kind) {
+          case 'no-slot':
+            // Another process holds every lease (or a probation runs); they end as requests end.
+            noSlot = true;
+            break;
+          case 'budget-met':
+            await this.skipDataset(dataset);
+            break;
+          case 'budget-reserved':
+            blocked.add(dataset);
+            retryInMs = Math.min(retryInMs, 200);
+            break;
+          case 'paused':
+            // Paused (tokenmill pause, the dashboard or Bull Board): its samples wait here, the
+            // others go on. One acquire per pass looks again, so a resume is seen within this.
+            // Published at once (a pass cut short by a full endpoint would not): its samples no
+            // longer count as ready, so the worker fetches other datasets' batches to fill the slots.
+            blocked.add(dataset);
+            if (!this.blockedDatasets.has(dataset)) {
+              this.blockedDatasets.add(dataset);
+              this.signalDemand();
+            }
+            retryInMs = Math.min(retryInMs, PAUSED_RECHECK_MS);
+            break;
+          case 'already-done':
+            // Committed by another worker meanwhile (it took over this batch after a stall).
+            if (this.queue.isWaiting(task)) this.queue.settle(task, { kind: 'duplicate' });
+            this.signalDemand();
+            break;
+        }
       }
-      const probation = task.crashes >= CRASHES_BEFORE_PROBATION;
-      const rid = `${dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`;
-      task.state = 'acquiring';
-      let code = -1;
-      let group: Endpoint[] = [];
-      let leaseKeys: string[] = [];
-      try {
-        // One acquire per cap (endpoints steered by "auto" may differ); the next only when every endpoint of this one is full.
-        for (const g of this.options.pool.byCap(healthy)) {
-          group = g.endpoints;
-          leaseKeys = group.map((e) => keys.endpointLeases(e.url));
-          code = await redis.acquireRequest(
+      if (failure !== undefined) throw failure;
+      if (noSlot) {
+        this.schedulePump(25);
+        return;
+      }
+    }
+    this.blockedDatasets = blocked;
+    if (retryInMs !== Infinity && !this.stopping) this.schedulePump(Math.max(10, retryInMs));
+  }
+
+  /**
+   * Runs acquire-request.lua for each sample of `batch`, in order, in one pipeline per cap
+   * group (endpoints steered by "auto" may differ): a sample goes on to the next group only
+   * when every endpoint of the last one was full. Each call is atomic on its own, exactly as
+   * if they were sent one after the other.
+   */
+  private async acquireAll(batch: Task[], healthy: Endpoint[]): Promise<AcquireAttempt[]> {
+    const { keys, redis } = this.options;
+    const attempts: AcquireAttempt[] = batch.map((task) => ({
+      task,
+      rid: `${task.req.dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`,
+      probation: task.crashes >= CRASHES_BEFORE_PROBATION,
+      code: -1,
+      group: [],
+      leaseKeys: [],
+    }));
+    for (const task of batch) task.state = 'acquiring';
+    try {
+      let open = attempts;
+      for (const g of this.options.pool.byCap(healthy)) {
+        if (open.length === 0) break;
+        const leaseKeys = g.endpoints.map((e) => keys.endpointLeases(e.url));
+        const pipeline = redis.pipeline() as unknown as ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
+        for (const a of open) {
+          const { dataset } = a.task.req;
+          a.group = g.endpoints;
+          a.leaseKeys = leaseKeys;
+          void pipeline.acquireRequest(
             4 + leaseKeys.length,
             keys.stats(dataset),
             keys.inflight(dataset),
             keys.done(dataset),
             keys.queueMeta(dataset),
             ...leaseKeys,
-            rid,
+            a.rid,
             this.leaseTtlMs,
-            task.req.priorExpectedTokens,
+            a.task.req.priorExpectedTokens,
             g.cap,
             this.minCommitsForMean,
-            probation ? 1 : 0,
+            a.probation ? 1 : 0,
             this.crashProbationMs,
-            task.req.sample.id,
-            task.req.sample.maxNewTokens,
+            a.task.req.sample.id,
+            a.task.req.sample.maxNewTokens,
           );
-          if (code !== -1) break;
         }
-      } finally {
-        if (task.state === 'acquiring') task.state = 'pending';
+        const replies = await pipeline.exec();
+        open.forEach((a, i) => {
+          const reply = replies?.[i];
+          if (reply === undefined) a.error = new AppError('Redis sent no reply to an acquire of a pipeline');
+          else if (reply[0] !== null) a.error = reply[0];
+          else a.code = Number(reply[1]);
+        });
+        open = open.filter((a) => a.error === undefined && a.code === -1);
       }
-      const outcome = decodeAcquire(code);
-      if (outcome.kind === 'acquired') {
-        // Resumed (or its budget freed): its samples count as ready again.
-        this.blockedDatasets.delete(dataset);
-        const endpoint = group[outcome.endpointIndex];
-        const leaseKey = leaseKeys[outcome.endpointIndex];
-        if (endpoint === undefined || leaseKey === undefined) throw new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${group.length}`);
-        // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
-        if (this.stopping || !this.queue.take(task)) {
-          await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
-          if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
-          continue;
-        }
-        this.signalDemand();
-        void this.send(task, rid, endpoint, leaseKey, probation);
-        continue;
-      }
-      switch (outcome.kind) {
-        case 'no-slot':
-          // Another process holds every lease (or a probation runs); they end as requests end.
-          this.schedulePump(25);
-          return;
-        case 'budget-met':
-          await this.skipDataset(dataset);
-          break;
-        case 'budget-reserved':
-          blocked.add(dataset);
-          retryInMs = Math.min(retryInMs, 200);
-          break;
-        case 'paused':
-          // Paused (tokenmill pause, the dashboard or Bull Board): its samples wait here, the
-          // others go on. One acquire per pass looks again, so a resume is seen within this.
-          // Published at once (a pass cut short by a full endpoint would not): its samples no
-          // longer count as ready, so the worker fetches other datasets' batches to fill the slots.
-          blocked.add(dataset);
-          if (!this.blockedDatasets.has(dataset)) {
-            this.blockedDatasets.add(dataset);
-            this.signalDemand();
-          }
-          retryInMs = Math.min(retryInMs, PAUSED_RECHECK_MS);
-          break;
-        case 'already-done':
-          // Committed by another worker meanwhile (it took over this batch after a stall).
-          if (this.queue.isWaiting(task)) this.queue.settle(task, { kind: 'duplicate' });
-          this.signalDemand();
-          break;
-      }
+    } finally {
+      for (const task of batch) if (task.state === 'acquiring') task.state = 'pending';
     }
-    this.blockedDatasets = blocked;
-    if (retryInMs !== Infinity && !this.stopping) this.schedulePump(Math.max(10, retryInMs));
+    return attempts;
   }
 
   /** The dataset met its budget: every sample of it still pending is skipped by budget. */
@@ -415,7 +490,7 @@ export class Dispatcher {
       if (result.finishReason.type === 'abort' && !budgetStopped) {
         throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
       }
-      const outcome = await commitResult(this.options.redis, this.options.keys, { req, rid, endpointUrl: endpoint.url, leaseKey, workerId: this.options.workerId, result });
+      const outcome = await this.commits.commit({ req, rid, endpointUrl: endpoint.url, leaseKey, workerId: this.options.workerId, result });
       if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
       this.queue.settle(task, outcome);
     } catch (e: unknown) {

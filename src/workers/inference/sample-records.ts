@@ -18,6 +18,12 @@ export interface FinishedRequest {
  * is a duplicate that changes nothing but releasing its leases.
  */
 export async function commitResult(redis: ScriptedRedis, keys: RunKeys, f: FinishedRequest): Promise<SampleOutcome> {
+  const [first] = await redis.commitSample(...commitArgs(keys, f));
+  return commitOutcome(first, f);
+}
+
+/** The keys and arguments of commit-sample.lua for one finished request. */
+function commitArgs(keys: RunKeys, f: FinishedRequest): (string | number)[] {
   const { dataset, sample } = f.req;
   const record = JSON.stringify({
     id: sample.id,
@@ -32,7 +38,7 @@ export async function commitResult(redis: ScriptedRedis, keys: RunKeys, f: Finis
     attempt: f.req.attemptsSpent + 1,
     ts: new Date().toISOString(),
   });
-  const [first] = await redis.commitSample(
+  return [
     keys.done(dataset),
     keys.stats(dataset),
     keys.results(dataset),
@@ -48,8 +54,84 @@ export async function commitResult(redis: ScriptedRedis, keys: RunKeys, f: Finis
     f.rid,
     RATE_BUCKET_MS,
     RATE_BUCKETS_KEPT,
-  );
+  ];
+}
+
+function commitOutcome(first: number | undefined, f: FinishedRequest): SampleOutcome {
   return first === 1 ? { kind: 'committed', completionTokens: f.result.completionTokens } : { kind: 'duplicate' };
+}
+
+interface QueuedCommit {
+  f: FinishedRequest;
+  resolve(o: SampleOutcome): void;
+  reject(e: unknown): void;
+}
+
+/**
+ * Commits finished requests in groups, one round trip per group: the results that arrive
+ * while a group is on its way to Redis go out together in the next one (a pipeline: one
+ * write, one read). Each result is still its own commit-sample.lua call, atomic and exactly
+ * once; a group only saves the round trips and system calls of one call per request.
+ */
+export class CommitBatcher {
+  private queued: QueuedCommit[] = [];
+  private inFlight = false;
+  private scheduled = false;
+
+  constructor(
+    private readonly redis: ScriptedRedis,
+    private readonly keys: RunKeys,
+    private readonly maxGroup = 256,
+  ) {}
+
+  /** Resolves with the sample's outcome once its group has been committed. */
+  commit(f: FinishedRequest): Promise<SampleOutcome> {
+    return new Promise<SampleOutcome>((resolve, reject) => {
+      this.queued.push({ f, resolve, reject });
+      this.schedule();
+    });
+  }
+
+  private schedule(): void {
+    if (this.inFlight || this.scheduled) return;
+    this.scheduled = true;
+    // After the current I/O phase: responses read in the same turn of the event loop join one group.
+    setImmediate(() => {
+      this.scheduled = false;
+      void this.flush();
+    });
+  }
+
+  private async flush(): Promise<void> {
+    if (this.inFlight) return;
+    const group = this.queued.splice(0, this.maxGroup);
+    if (group.length === 0) return;
+    this.inFlight = true;
+    try {
+      const pipeline = this.redis.pipeline() as unknown as ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
+      const built: QueuedCommit[] = [];
+      for (const c of group) {
+        try {
+          void pipeline.commitSample(...commitArgs(this.keys, c.f));
+          built.push(c);
+        } catch (e: unknown) {
+          c.reject(e);
+        }
+      }
+      const replies = built.length === 0 ? [] : await pipeline.exec();
+      built.forEach((c, i) => {
+        const reply = replies?.[i];
+        if (reply === undefined) c.reject(new Error('Redis sent no reply to a commit of a pipeline'));
+        else if (reply[0] !== null) c.reject(reply[0]);
+        else c.resolve(commitOutcome((reply[1] as [number, number])[0], c.f));
+      });
+    } catch (e: unknown) {
+      for (const c of group) c.reject(e);
+    } finally {
+      this.inFlight = false;
+      if (this.queued.length > 0) this.schedule();
+    }
+  }
 }
 
 /** Why and where a sample failed; stored as JSON in the dataset's failed hash. */
