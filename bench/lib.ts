@@ -262,47 +262,32 @@ export interface BusySpan {
 
 /**
  * Polls simulators every `intervalMs` (wall): the busy span starts at the first request any of
- * them receives and ends at the last poll that finds a request running or queued. Stats are
- * read and reset in one synchronous step whenever the request log grows, so that polling stays
- * cheap over tens of thousands of requests.
+ * them receives and ends at the last poll that finds a request running or queued. Each poll
+ * reads and resets a server's stats in one synchronous step and adds them up here, so that no
+ * request log grows and a poll stays cheap over tens of thousands of requests.
  */
-export function busyMeter(servers: readonly MeteredServer[], intervalMs = 10): { stop(): BusySpan } {
+export function busyMeter(servers: readonly MeteredServer[], intervalMs = 20): { stop(): BusySpan } {
   let t0: number | undefined;
   let lastBusy = 0;
   let requests = 0;
   let outputTokens = 0;
   let runningIntegral = 0;
-  const fold = (s: MeteredServer, reset: boolean): ReturnType<MeteredServer['stats']> => {
-    const st = s.stats();
-    if (reset) {
-      requests += st.requestsReceived;
-      outputTokens += st.outputTokensTotal;
-      runningIntegral += st.occupancy.meanRunning * st.occupancy.windowMs;
-      s.resetStats();
-    }
-    return st;
-  };
   const poll = (): void => {
     const now = performance.now();
-    if (t0 === undefined) {
-      if (servers.every((s) => s.stats().requestsReceived === 0)) return;
-      t0 = now;
-      lastBusy = now;
-      for (const s of servers) {
-        const st = s.stats();
-        requests += st.requestsReceived;
-        outputTokens += st.outputTokensTotal;
-        s.resetStats();
-      }
-      return;
-    }
+    if (t0 === undefined && servers.every((s) => s.stats().requestsReceived === 0)) return;
+    const first = t0 === undefined;
+    t0 ??= now;
     let busy = false;
     for (const s of servers) {
-      const st = fold(s, false);
+      const st = s.stats();
+      requests += st.requestsReceived;
+      outputTokens += st.outputTokensTotal;
+      // Before the first request the occupancy window holds only idle time.
+      if (!first) runningIntegral += st.occupancy.meanRunning * st.occupancy.windowMs;
       if (st.running + st.queued > 0) busy = true;
-      if (st.requests.length > 2_000) fold(s, true);
+      s.resetStats();
     }
-    if (busy) lastBusy = now;
+    if (busy || first) lastBusy = now;
   };
   const timer = setInterval(poll, intervalMs);
   return {
@@ -310,7 +295,6 @@ export function busyMeter(servers: readonly MeteredServer[], intervalMs = 10): {
       clearInterval(timer);
       poll();
       if (t0 === undefined) return { spanMs: 0, meanRunning: 0, requests: 0, outputTokens: 0 };
-      for (const s of servers) fold(s, true);
       const spanMs = lastBusy - t0;
       return { spanMs, meanRunning: spanMs > 0 ? runningIntegral / spanMs : 0, requests, outputTokens };
     },
