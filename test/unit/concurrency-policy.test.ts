@@ -53,6 +53,8 @@ describe('sglang.concurrency: auto — one decision per window', () => {
     const d = decideConcurrency(window({ cap: 200, inFlight: 200, running: 64, queued: 136 }), INITIAL_POLICY_STATE, BOUNDS);
     expect(d.cap).toBe(64 + 4);
     expect(d.reason).toMatch(/queues more than 8/);
+    // Measured while the server filled up: its peak, not its mean, is what it can run.
+    expect(decideConcurrency(window({ cap: 64, inFlight: 40, running: 4, runningPeak: 8, queued: 17 }), INITIAL_POLICY_STATE, BOUNDS).cap).toBe(8 + 4);
     // A short queue (<= 10% of the running requests, or maxQueued) is what a full server should have: hold.
     const held = decideConcurrency(window({ cap: 70, inFlight: 70, running: 64, queued: 6 }), INITIAL_POLICY_STATE, BOUNDS);
     expect(held.cap).toBe(70);

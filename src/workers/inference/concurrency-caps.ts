@@ -72,6 +72,8 @@ export class AutoConcurrencyCaps implements ConcurrencyCaps {
           reader: new ServerLoadProbe(endpoint, o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
           ...(o.sampleMs === undefined ? {} : { sampleMs: o.sampleMs }),
           ...(o.leaseTtlMs === undefined ? {} : { leaseTtlMs: o.leaseTtlMs }),
+          refreshMs: o.refreshMs ?? 1_000,
+          onCap: (cap) => this.caps.set(endpoint, cap),
           logger: o.logger,
         }),
     );

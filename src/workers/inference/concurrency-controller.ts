@@ -33,6 +33,10 @@ export interface ConcurrencyControllerOptions {
   sampleMs?: number;
   /** The steering lease lapses this long after its holder stops renewing it (default 5 samples, at least 2 s). */
   leaseTtlMs?: number;
+  /** How often the workers read the cap: a change is measured only after they all can have seen it. */
+  refreshMs?: number;
+  /** Called with each cap this controller writes (its own process uses it at once). */
+  onCap?: (cap: number) => void;
   logger: Logger;
 }
 
@@ -72,7 +76,7 @@ export class ConcurrencyController {
     this.redis = withScripts(o.redis);
     this.sampleMs = o.sampleMs ?? Math.min(1_000, Math.max(100, Math.floor(o.intervalMs / 10)));
     this.leaseTtlMs = o.leaseTtlMs ?? Math.max(2_000, 5 * this.sampleMs);
-    this.settleMs = Math.floor(o.intervalMs / 4);
+    this.settleMs = Math.max(Math.floor(o.intervalMs / 4), Math.ceil(1.5 * (o.refreshMs ?? 1_000)));
     this.token = `${o.workerId}:${randomBytes(4).toString('hex')}`;
   }
 
@@ -136,6 +140,7 @@ export class ConcurrencyController {
     this.samples = [];
     this.settleUntilMs = Date.now() + this.settleMs;
     await this.redis.hset(key, { cap: this.cap, controller: this.o.workerId, updatedMs: Date.now(), reason: Number.isInteger(stored) && stored >= 1 ? 'resumed from the last value chosen' : 'starting value' });
+    this.o.onCap?.(this.cap);
     this.o.logger.info({ endpoint: this.o.endpoint, cap: this.cap }, 'steering this endpoint\'s requests in flight (sglang.concurrency: auto)');
     return true;
   }
@@ -171,6 +176,7 @@ export class ConcurrencyController {
       cap: this.cap,
       inFlight: mean((s) => s.inFlight),
       running: mean((s) => s.running),
+      runningPeak: Math.max(...samples.map((s) => s.running)),
       queued: mean((s) => s.queued),
       tokensPerSec: tokens === null || dt <= 0 ? null : tokens / dt,
       overloads: Math.max(0, last.overloads - first.overloads),
@@ -199,6 +205,7 @@ export class ConcurrencyController {
     if (changed) {
       this.o.logger.info({ endpoint: this.o.endpoint, from: this.cap, to: d.cap, reason: d.reason }, 'requests in flight changed (sglang.concurrency: auto)');
       this.cap = d.cap;
+      this.o.onCap?.(d.cap);
       this.samples = [];
       this.settleUntilMs = Date.now() + this.settleMs;
     } else {

@@ -20,6 +20,8 @@ export interface WindowObservation {
   /** Mean requests the server ran and held in its queue. */
   running: number;
   queued: number;
+  /** The most requests it ran at once in the window (its capacity, when it queues); default `running`. */
+  runningPeak?: number;
   /** Output tokens per second the server decoded over the window; null when it has no `/metrics`. */
   tokensPerSec: number | null;
   /** 503 answers of the endpoint during the window. */
@@ -84,12 +86,13 @@ export function decideConcurrency(o: WindowObservation, s: PolicyState, b: Concu
   }
   if (o.queued > limit) {
     // The server runs all it can: keep that many plus a short queue that refills its slots at once.
-    const target = Math.ceil(o.running + limit / 2);
+    const target = Math.ceil(Math.max(o.running, o.runningPeak ?? 0) + limit / 2);
     const cap = clamp(target < o.cap ? target : Math.floor(o.cap * 0.9), b);
     return { cap, reason: `stepped back: the server queues more than ${limit} (${seen})`, state: { ...INITIAL_POLICY_STATE, holdWindows: 1 } };
   }
   if (o.inFlight < CAP_BOUND_SHARE * o.cap) {
-    return { cap: o.cap, reason: `held: fewer requests ready than the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`, state: { ...INITIAL_POLICY_STATE, holdWindows: s.holdWindows } };
+    // Nothing to judge the cap by: the next window that fills it is compared as this one would have been.
+    return { cap: o.cap, reason: `held: fewer requests ready than the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`, state: s };
   }
   if (o.queued >= 1) {
     return { cap: o.cap, reason: `held: the server is full with a short queue (${seen})`, state: INITIAL_POLICY_STATE };

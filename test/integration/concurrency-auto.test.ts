@@ -1,0 +1,166 @@
+// sglang.concurrency: auto against a real simulator, with the generation stage in this process:
+// it raises while the server's queue is empty and throughput rises, steps back when the server
+// queues or answers 503, and `status` shows the value it chose.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startGeneration } from '../../src/cli/pipeline.js';
+import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
+import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
+import { endpointConcurrencyKey, formatRunStatus, loadConfig, parseEndpointConcurrency, readRunStatus, type EndpointConcurrency } from '../../src/shared/index.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+
+let redis: TestRedis;
+let tmp: { dir: string; cleanup: () => void };
+const sims: SimulatorHandle[] = [];
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  tmp = tempDir();
+  writePrompts(tmp.dir, 'auto', 3_000);
+});
+
+afterAll(async () => {
+  for (const s of sims) await s.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+async function sim(options: SimulatorOptions): Promise<SimulatorHandle> {
+  const s = await startSimulator({ port: 0, timeScale: 20, seed: 3, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 }, ...options });
+  sims.push(s);
+  return s;
+}
+
+interface Running {
+  ctx: RunContext;
+  /** Every distinct value of the endpoint's concurrency record seen while polling. */
+  seen: EndpointConcurrency[];
+  current(): Promise<EndpointConcurrency | undefined>;
+  stop(): Promise<void>;
+}
+
+/** Runs generation with `concurrency: auto`, polling the endpoint's record every 100 ms. */
+async function runAuto(run: string, s: SimulatorHandle, auto: Record<string, number>): Promise<Running> {
+  const cfg = loadConfig({
+    baseDir: tmp.dir,
+    object: {
+      run,
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [s.url], concurrency: 'auto', autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto }, requestTimeoutMs: 60_000 },
+      datasets: [{ name: 'ds', prompts: 'auto.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16 }],
+      output: { dir: `out-${run}` },
+      workers: { shutdownGraceMs: 500 },
+    },
+  });
+  const ctx = await openRunContextFor(cfg);
+  const handle = await startGeneration(ctx, { produce: true, infer: true });
+  handle.finished.catch(() => undefined);
+  const key = endpointConcurrencyKey(ctx.keys, s.url);
+  const seen: EndpointConcurrency[] = [];
+  const current = async (): Promise<EndpointConcurrency | undefined> => parseEndpointConcurrency(await ctx.redis.hgetall(key));
+  const poll = setInterval(() => {
+    void current()
+      .then((c) => {
+        const last = seen[seen.length - 1];
+        if (c !== undefined && (last === undefined || last.updatedMs !== c.updatedMs)) seen.push(c);
+      })
+      .catch(() => undefined);
+  }, 100);
+  return {
+    ctx,
+    seen,
+    current,
+    async stop() {
+      clearInterval(poll);
+      await handle.stop();
+      await ctx.close();
+    },
+  };
+}
+
+/** Waits until the value has not changed for `quietMs`, and returns it. */
+async function settled(r: Running, quietMs: number, timeoutMs: number): Promise<EndpointConcurrency> {
+  let last: number | undefined;
+  let since = Date.now();
+  const value = await waitFor(
+    async () => {
+      const c = await r.current();
+      if (c === undefined) return undefined;
+      if (c.cap !== last) {
+        last = c.cap;
+        since = Date.now();
+      }
+      return Date.now() - since >= quietMs ? c : undefined;
+    },
+    'the chosen concurrency to settle',
+    timeoutMs,
+    100,
+  );
+  if (value === undefined) throw new Error('no concurrency record');
+  return value;
+}
+
+describe('sglang.concurrency: auto against the simulator', () => {
+  it('raises while the queue is empty and throughput rises, stops at the server\'s running limit, and status shows the value', async () => {
+    const s = await sim({ maxRunningRequests: 48, singleRequestTokensPerSec: 50, peakTokensPerSec: 1_500 });
+    const r = await runAuto('raise', s, { start: 8 });
+    try {
+      const final = await settled(r, 4_000, 90_000);
+      const raises = r.seen.filter((c) => c.reason.startsWith('raised'));
+      expect(raises.length).toBeGreaterThanOrEqual(5);
+      // Each raise after the first was judged on a throughput that rose with the requests in flight.
+      const rising = raises.map((c) => /throughput (\d+) → (\d+)/.exec(c.reason)).filter((m) => m !== null);
+      expect(rising.length).toBeGreaterThanOrEqual(3);
+      for (const m of rising) expect(Number(m[2])).toBeGreaterThan(Number(m[1]));
+      // Enough to fill the server's 48 slots, not the 512 allowed: beyond them requests only queue.
+      expect(final.cap).toBeGreaterThanOrEqual(48);
+      expect(final.cap).toBeLessThanOrEqual(48 + 16);
+      expect(s.stats().queued).toBeLessThanOrEqual(16);
+      expect(final.controller).toMatch(/:\d+$/);
+
+      const status = await readRunStatus(r.ctx.redis, r.ctx.keys, r.ctx.config);
+      const cap = (await r.current())?.cap;
+      expect(status.endpoints.endpoints[0]?.concurrency?.cap).toBe(cap);
+      expect(formatRunStatus(status)).toContain(`${s.url}: concurrency auto ${cap} (`);
+    } finally {
+      await r.stop();
+    }
+  }, 150_000);
+
+  it('steps back to the running requests plus a short queue when the server queues', async () => {
+    const s = await sim({ maxRunningRequests: 8 });
+    const r = await runAuto('queue', s, { start: 64 });
+    try {
+      const back = await waitFor(
+        async () => {
+          const c = await r.current();
+          return c !== undefined && c.cap <= 16 ? c : undefined;
+        },
+        'a step back',
+        60_000,
+        50,
+      );
+      expect(back?.reason).toMatch(/queues more than 4/);
+      expect(back?.queued).toBeGreaterThan(4);
+      const final = await settled(r, 3_000, 60_000);
+      expect(final.cap).toBeGreaterThanOrEqual(8);
+      expect(final.cap).toBeLessThanOrEqual(16);
+    } finally {
+      await r.stop();
+    }
+  }, 150_000);
+
+  it('steps back when the server answers 503 (its queue is full)', async () => {
+    const s = await sim({ maxRunningRequests: 8, maxQueuedRequests: 4 });
+    const r = await runAuto('overload', s, { start: 64, maxQueued: 16 });
+    try {
+      await waitFor(() => r.seen.some((c) => /503/.test(c.reason)), 'a step back on 503', 60_000, 100);
+      const after = r.seen.find((c) => /503/.test(c.reason));
+      expect(after?.overloads).toBeGreaterThan(0);
+      expect(after?.cap).toBeLessThan(64);
+      expect(s.stats().failed).toBeGreaterThan(0);
+    } finally {
+      await r.stop();
+    }
+  }, 150_000);
+});
