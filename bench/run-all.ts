@@ -10,10 +10,12 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { budgetOvershoot } from './budget-overshoot.js';
 import { gpuSaturation } from './gpu-saturation.js';
+import { longCompletions } from './long-completions.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
 import { mergeScaling } from './merge-scaling.js';
 import { producerMemory } from './producer-memory.js';
 import { redisMemory } from './redis-memory.js';
+import { seedsWorkload } from './seeds-workload.js';
 import { throughputCeiling } from './throughput-ceiling.js';
 import { tokenizeThroughput } from './tokenize-throughput.js';
 
@@ -25,6 +27,8 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'producer-memory': () => producerMemory(),
   'tokenize-throughput': () => tokenizeThroughput(),
   'merge-scaling': () => mergeScaling(),
+  'seeds-workload': () => seedsWorkload(),
+  'long-completions': () => longCompletions(),
 };
 
 /** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */
