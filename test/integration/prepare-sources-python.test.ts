@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { PromptSource } from '../../src/shared/config-source.js';
 import { readArrowRows } from '../../src/producers/prepare/source-arrow.js';
-import { readParquetRows } from '../../src/producers/prepare/source-parquet.js';
+import { largeRowGroupNotes, readParquetRows } from '../../src/producers/prepare/source-parquet.js';
 import type { RawRow } from '../../src/producers/prepare/source-raw.js';
 import { openSource, SourceError } from '../../src/producers/prepare/source.js';
 import type { OpenedSource, SourceRow } from '../../src/producers/prepare/source-types.js';
@@ -89,6 +89,15 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     expect(opened.format).toBe('sharegpt');
     expect(opened.detectedFrom).toBe('column conversations[].from/value in the first row');
     await expectConverted(opened, written);
+  });
+
+  it('reads only the first row groups for a sample, and notes row groups too large to read in little memory', async () => {
+    const { file, written } = at('sharegpt_snappy');
+    const first = plain(await rawRowsOf([file], (f) => readParquetRows(f, 9)));
+    expect(first).toEqual(written.rows.slice(0, 9));
+    expect(await largeRowGroupNotes([file])).toEqual([]);
+    const [note] = await largeRowGroupNotes([file], 100);
+    expect(note?.startsWith(`${file}: row groups of up to 7 rows and 0 MiB uncompressed; each is read whole`)).toBe(true);
   });
 
   it('reads a zstd OpenAI parquet with tool calls (nested structs in lists) row for row', async () => {

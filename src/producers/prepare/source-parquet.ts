@@ -31,7 +31,7 @@ function fileBuffer(fh: FileHandle, byteLength: number): AsyncBuffer {
  * (snappy, zstd, gzip, brotli, lz4). A file that cannot be read throws a {@link SourceError}
  * naming it.
  */
-export async function* readParquetRows(file: string): AsyncGenerator<RawRow> {
+export async function* readParquetRows(file: string, maxRows = Infinity): AsyncGenerator<RawRow> {
   let fh: FileHandle;
   try {
     fh = await open(file, 'r');
@@ -48,7 +48,8 @@ export async function* readParquetRows(file: string): AsyncGenerator<RawRow> {
     }
     let row = 0;
     for (const [g, group] of metadata.row_groups.entries()) {
-      const rows = Number(group.num_rows);
+      if (row >= maxRows) break;
+      const rows = Math.min(Number(group.num_rows), maxRows - row);
       let objects: Record<string, unknown>[];
       try {
         objects = await parquetReadObjects({ file: buffer, metadata, rowStart: row, rowEnd: row + rows, compressors });
@@ -63,4 +64,33 @@ export async function* readParquetRows(file: string): AsyncGenerator<RawRow> {
   } finally {
     await fh.close();
   }
+}
+
+/** Row groups above this many bytes (uncompressed) are worth a note: each is held whole while its rows are read. */
+export const LARGE_ROW_GROUP_BYTES = 256 * 2 ** 20;
+
+/**
+ * A note for each parquet file whose largest row group is above {@link LARGE_ROW_GROUP_BYTES}
+ * (from the footers only): the memory a read of it takes, and how to write smaller ones.
+ */
+export async function largeRowGroupNotes(files: readonly string[], thresholdBytes = LARGE_ROW_GROUP_BYTES): Promise<string[]> {
+  const notes: string[] = [];
+  for (const file of files) {
+    const fh = await open(file, 'r');
+    try {
+      const metadata = await parquetMetadataAsync(fileBuffer(fh, (await fh.stat()).size));
+      const largest = metadata.row_groups.reduce((m, g) => Math.max(m, Number(g.total_byte_size)), 0);
+      const rows = metadata.row_groups.reduce((m, g) => Math.max(m, Number(g.num_rows)), 0);
+      if (largest > thresholdBytes) {
+        notes.push(
+          `${file}: row groups of up to ${rows} rows and ${(largest / 2 ** 20).toFixed(0)} MiB uncompressed; each is read whole, so reading takes memory of that order (rewrite it with smaller row groups, e.g. pyarrow.parquet.write_table(..., row_group_size=1000), to read it in less)`,
+        );
+      }
+    } catch (e: unknown) {
+      throw new SourceError(`${file} is not a readable parquet file: ${errorMessage(e)}`, { cause: e });
+    } finally {
+      await fh.close();
+    }
+  }
+  return notes;
 }

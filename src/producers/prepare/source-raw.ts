@@ -9,8 +9,11 @@ import type { SourceRowWhere } from './source-types.js';
 /** One row of a source file, before conversion. */
 export type RawRow = { ok: true; value: unknown; where: SourceRowWhere } | { ok: false; reason: string; where: SourceRowWhere; excerpt?: string };
 
-/** Reads the rows of one file, in order. */
-export type RawRowReader = (file: string) => AsyncGenerator<RawRow>;
+/**
+ * Reads the rows of one file, in order. `maxRows`: the caller stops after that many rows (the
+ * detection's sample), so a reader that decodes rows in blocks may decode fewer.
+ */
+export type RawRowReader = (file: string, maxRows?: number) => AsyncGenerator<RawRow>;
 
 /** A source that cannot be opened or read (missing path, unknown layout, unreadable file): says what, where and what to do. */
 export class SourceError extends AppError {}

@@ -9,7 +9,7 @@ import { listSourceFiles, type SourceFileKind } from './source-files.js';
 import { convertRow, type SourceLayout } from './source-formats.js';
 import { readJsonRows } from './source-json.js';
 import { readJsonlRows } from './source-jsonl.js';
-import { readParquetRows } from './source-parquet.js';
+import { largeRowGroupNotes, readParquetRows } from './source-parquet.js';
 import { SourceError, describeWhere, type RawRow, type RawRowReader } from './source-raw.js';
 import type { OpenedSource, SourceRow } from './source-types.js';
 
@@ -44,7 +44,8 @@ export async function openSource(source: PromptSource): Promise<OpenedSource> {
     rows: () => convertedRows(files, read, layout),
   };
   if (detectedFrom !== undefined) opened.detectedFrom = detectedFrom;
-  if (listed.notes.length > 0) opened.notes = listed.notes;
+  const notes = [...listed.notes, ...(listed.kind === 'parquet' ? await largeRowGroupNotes(files) : [])];
+  if (notes.length > 0) opened.notes = notes;
   return opened;
 }
 
@@ -54,7 +55,7 @@ async function sampleRows(files: readonly string[], read: RawRowReader): Promise
   let bad: Extract<RawRow, { ok: false }> | undefined;
   let seen = 0;
   for (const file of files) {
-    for await (const r of read(file)) {
+    for await (const r of read(file, SAMPLE_ROWS - seen)) {
       if (r.ok && typeof r.value === 'object' && r.value !== null && !Array.isArray(r.value)) ok.push({ value: r.value as Record<string, unknown>, where: r.where });
       else if (!r.ok) bad ??= r;
       if (++seen >= SAMPLE_ROWS) break;
