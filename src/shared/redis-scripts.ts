@@ -45,6 +45,7 @@ export interface TokenmillScripts {
   releaseClaims(...keysAndArgs: (string | number)[]): Promise<number>;
   completeDataset(...keysAndArgs: (string | number)[]): Promise<number>;
   renewLeases(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number[]>;
+  budgetProgress(...keysAndArgs: (string | number)[]): Promise<number>;
   endProbation(...keysAndArgs: (string | number)[]): Promise<number>;
   lockRenew(...keysAndArgs: (string | number)[]): Promise<number>;
   lockRelease(...keysAndArgs: (string | number)[]): Promise<number>;

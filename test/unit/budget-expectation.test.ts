@@ -5,6 +5,7 @@ import {
   histogramFromHash,
   histogramOf,
   lengthBucket,
+  lengthModel,
   reservedTokens,
 } from '../../src/workers/inference/budget-expectation.js';
 
@@ -55,7 +56,7 @@ describe('E[L | L > x] from the histogram', () => {
       const lengths = lognormalLengths(20_000, 2_700, sigma, 10_240);
       const hist = histogramOf(lengths);
       for (const x of [0, 100, 1_000, 2_700, 5_000, 8_000, 10_000]) {
-        const got = conditionalMean(hist, x, 10_240).expected;
+        const got = conditionalMean(lengthModel(hist), x, 10_240).expected;
         const want = exactConditional(lengths, x);
         expect(Math.abs(got - want) / want, `x=${x}: ${got} vs ${want}`).toBeLessThan(0.03);
       }
@@ -66,13 +67,13 @@ describe('E[L | L > x] from the histogram', () => {
     const lengths = lognormalLengths(20_000, 2_700, 0.8, 10_240);
     const mean = lengths.reduce((a, b) => a + b, 0) / lengths.length;
     const sizeBiased = lengths.reduce((a, b) => a + b * b, 0) / lengths.reduce((a, b) => a + b, 0);
-    const got = conditionalMean(histogramOf(lengths), 0, 10_240).expected;
+    const got = conditionalMean(lengthModel(histogramOf(lengths)), 0, 10_240).expected;
     expect(got).toBeCloseTo(mean, -1);
     expect(got).toBeLessThan(0.7 * sizeBiased);
   });
 
   it('grows as the request comes further, and never passes max_new_tokens', () => {
-    const hist = histogramOf(lognormalLengths(5_000, 2_700, 1.0, 10_240));
+    const hist = lengthModel(histogramOf(lognormalLengths(5_000, 2_700, 1.0, 10_240)));
     let last = 0;
     for (let x = 0; x < 10_240; x += 97) {
       const e = conditionalMean(hist, x, 10_240).expected;
@@ -84,16 +85,47 @@ describe('E[L | L > x] from the histogram', () => {
   });
 
   it('keeps a spike of lengths cut at max_new_tokens at its value', () => {
-    const hist = histogramOf([...Array<number>(50).fill(500), ...Array<number>(50).fill(10_240)]);
+    const hist = lengthModel(histogramOf([...Array<number>(50).fill(500), ...Array<number>(50).fill(10_240)]));
     expect(conditionalMean(hist, 9_900, 10_240).expected).toBe(10_240);
     expect(conditionalMean(hist, 600, 10_240).expected).toBe(10_240);
   });
 
   it('says when nothing was observed above x, and then expects a quarter more, capped', () => {
-    expect(conditionalMean(new Map(), 0, 4_096)).toEqual({ expected: 1.25, observedAbove: 0 });
-    const hist = histogramOf([100, 200, 300]);
+    expect(conditionalMean(lengthModel(new Map()), 0, 4_096)).toEqual({ expected: 1.25, observedAbove: 0 });
+    const hist = lengthModel(histogramOf([100, 200, 300]));
     expect(conditionalMean(hist, 1_000, 4_096)).toEqual({ expected: 1_251.25, observedAbove: 0 });
     expect(conditionalMean(hist, 4_000, 4_096).expected).toBe(4_096);
+  });
+});
+
+describe('the requests in flight as censored lengths (Kaplan-Meier)', () => {
+  it('keeps the tail that early commits lack: the short completions finish first', () => {
+    const lengths = lognormalLengths(2_000, 2_700, 0.8, 10_240);
+    const mean = lengths.reduce((a, b) => a + b, 0) / lengths.length;
+    // Early in a dataset: every request started together and has produced 3,000 tokens; those
+    // shorter are committed, the others still run.
+    const cut = 3_000;
+    const committed = histogramOf(lengths.filter((l) => l <= cut));
+    const running = lengths.filter((l) => l > cut).length;
+    const naive = conditionalMean(lengthModel(committed), 0, 10_240).expected;
+    const km = lengthModel(committed, new Map([[lengthBucket(cut), running]]));
+    expect(naive).toBeLessThan(0.7 * mean);
+    // The running share is put evenly between the cut and max_new_tokens: a little above the truth, never far below.
+    const fresh = conditionalMean(km, 0, 10_240).expected;
+    expect(fresh).toBeGreaterThan(0.97 * mean);
+    expect(fresh).toBeLessThan(1.25 * mean);
+    expect(km.tailMass).toBeCloseTo(running / lengths.length, 2);
+    // A running request past the cut expects somewhere between the true conditional mean and max_new_tokens.
+    const far = conditionalMean(km, cut + 10, 10_240).expected;
+    expect(far).toBeGreaterThan(0.95 * exactConditional(lengths, cut));
+    expect(far).toBeLessThanOrEqual(10_240);
+  });
+
+  it('is the plain histogram when nothing is in flight', () => {
+    const hist = histogramOf(lognormalLengths(1_000, 2_700, 1.0, 10_240));
+    const a = lengthModel(hist);
+    expect(a.tailMass).toBe(0);
+    expect([...a.mass.values()].reduce((x, m) => x + m.mass, 0)).toBeCloseTo(1, 9);
   });
 });
 
@@ -107,7 +139,9 @@ describe('reservedTokens', () => {
     const far = one(6_000);
     expect(far).toBeGreaterThan(fresh + 4_000);
     const both = reservedTokens({ committed: 1_000, records: 5_000, hist, inFlight: [{ produced: 0 }, { produced: 6_000 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240 });
-    expect(both).toBeCloseTo(1_000 + fresh + far, 6);
+    // Each request in flight also counts as a censored length: a little above the sum of the two alone.
+    expect(both).toBeGreaterThanOrEqual(1_000 + fresh + far - 1e-6);
+    expect(both).toBeLessThan(1.001 * (1_000 + fresh + far));
   });
 
   it('floors every expectation by the prior while the commits are few', () => {

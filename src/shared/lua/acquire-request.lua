@@ -10,9 +10,11 @@
   mean. x_i is the larger of the tokens streamed so far (`<inflight>:progress`, rid -> tokens,
   reported by workers that stream) and the time since the request started
   (`<inflight>:start`, rid -> ms, written here) times the dataset's per-request decode rate
-  (stats rateTokens / rateMs, decayed sums kept by the commit). While the commits are fewer than
-  ARGV[5] or than the requests in flight (short completions finish first, so early commits run
-  short), every expectation is floored by the prior. Far from the budget (committed + in flight
+  (stats rateTokens / rateMs, decayed sums kept by the commit). The distribution is the
+  Kaplan-Meier estimate with the requests in flight as censored lengths (short completions
+  finish first, so the commits alone lack the tail early on); the share still running past the
+  last length seen counts as spread evenly up to max_new_tokens. While the commits are fewer
+  than ARGV[5], every expectation is floored by the prior. Far from the budget (committed + in flight
   x max_new_tokens below it) nothing is summed. A dataset in `budget: strict` whose stop flag is
   set (stats budgetStopMs, by budget-progress.lua) starts nothing until its aborted requests
   are committed; the flag is dropped when nothing of it is in flight any more and the budget is
@@ -127,57 +129,12 @@ if budget >= 0 then
     redis.call('HDEL', statsKey, 'budgetStopMs')
   end
   if committed + inflight * maxNew >= budget then
-    local lengths = redis.call('HGETALL', statsKey .. ':lengths')
-    local cnt, tok, maxB = {}, {}, -1
-    for i = 1, #lengths, 2 do
-      local f = lengths[i]
-      local b = tonumber(string.sub(f, 2))
-      local v = tonumber(lengths[i + 1])
-      if string.sub(f, 1, 1) == 'c' then cnt[b] = v else tok[b] = v end
-      if b > maxB then maxB = b end
-    end
-    -- Suffix sums: lengths in buckets above b.
-    local aboveCnt, aboveTok = {}, {}
-    local c, t = 0, 0
-    for b = maxB, 0, -1 do
-      aboveCnt[b] = c
-      aboveTok[b] = t
-      c = c + (cnt[b] or 0)
-      t = t + (tok[b] or 0)
-    end
     local log2 = math.log(2)
-    local floor = 0
-    if records < minCommits or records < inflight then
-      floor = math.min(prior, maxNew)
+    local function bucketOf(x)
+      return math.floor(8 * math.log(x + 1) / log2)
     end
-    -- E[L | L > x], as conditionalMean() in budget-expectation.ts.
-    local memo = {}
-    local function expected(x)
-      local bx = math.floor(8 * math.log(x + 1) / log2)
-      local n, s = 0, 0
-      if bx < 0 then bx = 0 end
-      if bx <= maxB then
-        n = aboveCnt[bx]
-        s = aboveTok[bx]
-        local bc = cnt[bx] or 0
-        if bc > 0 then
-          local lo = 2 ^ (bx / 8) - 1
-          local hi = 2 ^ ((bx + 1) / 8) - 1
-          local share = math.min(1, math.max(0, (hi - x) / (hi - lo)))
-          local part = bc * share
-          n = n + part
-          s = s + part * math.max((tok[bx] or 0) / bc, (x + hi) / 2)
-        end
-      end
-      local e
-      if n <= 1e-9 then
-        e = math.min(maxNew, 1.25 * (x + 1))
-      else
-        e = math.min(maxNew, math.max(x, s / n))
-      end
-      return math.max(e, floor)
-    end
-    local total = committed
+    -- How far each request in flight has come.
+    local xs = {}
     if inflight > 0 then
       local rids = redis.call('ZRANGE', inflightKey, 0, -1)
       local starts = chunked('HMGET', startKey, rids)
@@ -189,16 +146,104 @@ if budget >= 0 then
         local x = tonumber(streamed[i]) or 0
         local started = tonumber(starts[i])
         if started and rate > 0 then x = math.max(x, (now - started) * rate) end
-        x = math.floor(math.min(x, maxNew - 1))
-        local e = memo[x]
-        if not e then
-          e = expected(x)
-          memo[x] = e
+        xs[i] = math.floor(math.min(x, maxNew - 1))
+      end
+    end
+    -- The length distribution, Kaplan-Meier: committed lengths are events, the requests in
+    -- flight censored at their progress (lengthModel() in budget-expectation.ts).
+    local lengths = redis.call('HGETALL', statsKey .. ':lengths')
+    local cnt, tok, cens, maxB = {}, {}, {}, -1
+    local atRisk = 0
+    for i = 1, #lengths, 2 do
+      local f = lengths[i]
+      local b = tonumber(string.sub(f, 2))
+      local v = tonumber(lengths[i + 1])
+      if string.sub(f, 1, 1) == 'c' then
+        cnt[b] = v
+        atRisk = atRisk + v
+      else
+        tok[b] = v
+      end
+      if b > maxB then maxB = b end
+    end
+    for i = 1, #xs do
+      local b = bucketOf(xs[i])
+      cens[b] = (cens[b] or 0) + 1
+      atRisk = atRisk + 1
+      if b > maxB then maxB = b end
+    end
+    local mass, mean = {}, {}
+    local survival, lastEvent = 1, -1
+    for b = 0, maxB do
+      local d = cnt[b] or 0
+      if d > 0 and atRisk > 0 then
+        local m = survival * d / atRisk
+        mass[b] = m
+        mean[b] = (tok[b] or 0) / d
+        survival = survival - m
+        lastEvent = b
+      end
+      atRisk = atRisk - d - (cens[b] or 0)
+    end
+    local tailMass, tailFrom = 0, 0
+    if lastEvent >= 0 then
+      tailMass = math.max(0, survival)
+      tailFrom = 2 ^ ((lastEvent + 1) / 8) - 1
+    end
+    -- Mass above each bucket, and its tokens.
+    local aboveMass, aboveTok = {}, {}
+    local am, at = 0, 0
+    for b = maxB, 0, -1 do
+      aboveMass[b] = am
+      aboveTok[b] = at
+      if mass[b] then
+        am = am + mass[b]
+        at = at + mass[b] * mean[b]
+      end
+    end
+    local floor = 0
+    if records < minCommits then
+      floor = math.min(prior, maxNew)
+    end
+    -- E[L | L > x], as conditionalMean() in budget-expectation.ts.
+    local function expected(x)
+      local bx = bucketOf(x)
+      local n, s = 0, 0
+      if bx <= maxB then
+        n = aboveMass[bx]
+        s = aboveTok[bx]
+        if mass[bx] then
+          local lo = 2 ^ (bx / 8) - 1
+          local hi = 2 ^ ((bx + 1) / 8) - 1
+          local part = mass[bx] * math.min(1, math.max(0, (hi - x) / (hi - lo)))
+          n = n + part
+          s = s + part * math.max(mean[bx], (x + hi) / 2)
         end
-        total = total + e
-        if total >= budget then
-          return -3
-        end
+      end
+      if tailMass > 0 and maxNew > x then
+        n = n + tailMass
+        s = s + tailMass * (math.max(x, tailFrom) + maxNew) / 2
+      end
+      local e
+      if n <= 1e-12 then
+        e = math.min(maxNew, 1.25 * (x + 1))
+      else
+        e = math.min(maxNew, math.max(x, s / n))
+      end
+      return math.max(e, floor)
+    end
+    local total = committed
+    local memo = {}
+    for i = 1, #xs do
+      local x = xs[i]
+      local e = memo[x]
+      if not e then
+        e = expected(x)
+        memo[x] = e
+      end
+      total = total + e
+      if total >= budget then
+        return -3
       end
     end
   end

@@ -87,6 +87,12 @@ export interface SglangGenerateRequest {
   rid: string;
   /** Aborting it rejects with `CancelledError` and aborts the request on the server too. */
   signal?: AbortSignal;
+  /**
+   * When given, the response is streamed (`stream: true`) and this is told the completion
+   * tokens produced so far at each event; the result is the last event's (the complete output,
+   * or the partial one when the request was aborted with `/abort_request`).
+   */
+  onProgress?: (completionTokens: number) => void;
 }
 
 /** A `/v1/chat/completions` request (SGLang applies the chat template). */
@@ -122,6 +128,8 @@ interface SendOptions {
   signal?: AbortSignal | undefined;
   /** For generation requests: aborted on the server when the call is cancelled or times out. */
   rid?: string;
+  /** Read the body as server-sent events: each `data:` payload is told here, the last one returned. */
+  onEvent?: (data: string) => void;
 }
 
 interface RawResponse {
@@ -213,12 +221,19 @@ export class SglangClient {
    * rejects with a typed error (see the module comment).
    */
   async generate(req: SglangGenerateRequest): Promise<GenerateResult> {
+    const onProgress = req.onProgress;
     const res = await this.sendGeneration({
       path: '/generate',
-      body: { input_ids: req.inputIds, sampling_params: req.samplingParams, rid: req.rid, stream: false },
+      body: { input_ids: req.inputIds, sampling_params: req.samplingParams, rid: req.rid, stream: onProgress !== undefined },
       signal: req.signal,
       rid: req.rid,
+      ...(onProgress === undefined ? {} : { onEvent: (data: string) => reportCompletionTokens(data, onProgress) }),
     });
+    // An error in the middle of a stream comes as an event on HTTP 200.
+    if (onProgress !== undefined && res.text.startsWith('{"error"')) {
+      const error = classifyResponse(500, res.text, res.context);
+      if (error !== null) throw error;
+    }
     const result = this.parseBody(res, parseGenerateResponse);
     if (result.droppedLeadingIds > 0) {
       this.log.debug(
@@ -354,6 +369,7 @@ export class SglangClient {
     body: unknown;
     signal: AbortSignal | undefined;
     rid: string;
+    onEvent?: (data: string) => void;
   }): Promise<RawResponse> {
     this.generationsInFlight += 1;
     // Per-endpoint latency and errors for the dashboard and /metrics (request-stats.ts).
@@ -369,6 +385,7 @@ export class SglangClient {
         timeoutMs: this.requestTimeoutMs,
         signal: options.signal,
         rid: options.rid,
+        ...(options.onEvent === undefined ? {} : { onEvent: options.onEvent }),
       });
       const error = classifyResponse(res.status, res.text, res.context);
       if (error instanceof EndpointMisconfiguredError && !this.accessCheckNeeded) {
@@ -422,7 +439,7 @@ export class SglangClient {
         body: options.body === undefined ? null : JSON.stringify(options.body),
         signal: controller.signal,
       });
-      const text = await res.body.text();
+      const text = options.onEvent !== undefined && res.statusCode === 200 ? await readEvents(res.body, options.onEvent) : await res.body.text();
       return { status: res.statusCode, text, context };
     } catch (e: unknown) {
       throw this.failure(e, outcome, options, context);
@@ -540,6 +557,49 @@ export class SglangClient {
     if (error !== null) throw error;
     return this.parseBody(last, parse);
   }
+}
+
+/**
+ * Reads a server-sent event stream, telling each `data:` payload (but `[DONE]`) to `onEvent`;
+ * returns the last one. Holds one event at a time: SGLang repeats the cumulative output in
+ * every event, so keeping the whole stream would grow with the square of the length.
+ */
+async function readEvents(body: AsyncIterable<Buffer | string> & { setEncoding(e: BufferEncoding): unknown }, onEvent: (data: string) => void): Promise<string> {
+  body.setEncoding('utf8');
+  let pending = '';
+  let last = '';
+  for await (const chunk of body) {
+    pending += typeof chunk === 'string' ? chunk : chunk.toString('utf8');
+    let nl = pending.indexOf('\n');
+    while (nl >= 0) {
+      const line = pending.slice(0, nl).replace(/\r$/, '');
+      pending = pending.slice(nl + 1);
+      if (line.startsWith('data:')) {
+        const data = line.slice(5).trim();
+        if (data !== '[DONE]' && data !== '') {
+          last = data;
+          onEvent(data);
+        }
+      }
+      nl = pending.indexOf('\n');
+    }
+  }
+  const tail = pending.trim();
+  if (tail.startsWith('data:')) {
+    const data = tail.slice(5).trim();
+    if (data !== '[DONE]' && data !== '') last = data;
+  } else if (last === '' && tail !== '') {
+    last = tail;
+  }
+  return last;
+}
+
+/** Finds `meta_info.completion_tokens` in a streamed event without parsing the whole output. */
+function reportCompletionTokens(data: string, onProgress: (completionTokens: number) => void): void {
+  const at = data.lastIndexOf('"completion_tokens"');
+  if (at < 0) return;
+  const m = /^"completion_tokens"\s*:\s*(\d+)/.exec(data.slice(at, at + 40));
+  if (m?.[1] !== undefined) onProgress(Number(m[1]));
 }
 
 function parseEndpoint(endpoint: string): URL {

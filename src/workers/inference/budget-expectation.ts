@@ -57,35 +57,79 @@ export function histogramFromHash(fields: Record<string, string>): Map<number, L
 }
 
 /**
- * E[L | L > x]: the mean of the observed lengths above `x`, capped at `maxNewTokens`. Inside
- * the bucket holding x, the share of its lengths above x is taken as spread evenly over the
- * bucket, at their bucket mean or the middle of (x, hi), whichever is higher (a spike such as
- * the lengths cut at max_new_tokens keeps its value). With nothing observed above x (the
- * histogram is empty, or x is past every length seen) it is `min(maxNewTokens, 1.25 (x + 1))`,
- * and `undefined` is returned for `observedAbove` so a caller can put a prior in its place.
+ * The length distribution as Kaplan-Meier estimates it from the committed lengths (events) and
+ * the requests still in flight (censored: each is known to run past its progress x). Without the
+ * censored ones, early commits are the short completions (they finish first) and the tail would
+ * be missing; with them, the share of requests still running past the last length seen is kept
+ * as `tailMass`, spread evenly up to max_new_tokens.
  */
-export function conditionalMean(
-  hist: ReadonlyMap<number, LengthBucket>,
-  x: number,
-  maxNewTokens: number,
-): { expected: number; observedAbove: number } {
-  const bx = lengthBucket(x);
-  let count = 0;
-  let tokens = 0;
+export interface LengthModel {
+  /** Per bucket: the probability mass of lengths in it and their mean. */
+  mass: Map<number, { mass: number; mean: number }>;
+  /** Probability of a length past every bucket with an event. */
+  tailMass: number;
+  /** Upper bound of the last bucket with an event (0 when none). */
+  tailFrom: number;
+}
+
+/** Builds the {@link LengthModel} (the same steps as acquire-request.lua). */
+export function lengthModel(hist: ReadonlyMap<number, LengthBucket>, censoredBuckets: ReadonlyMap<number, number> = new Map()): LengthModel {
+  let maxB = -1;
+  let atRisk = 0;
   for (const [b, e] of hist) {
+    if (b > maxB) maxB = b;
+    atRisk += e.count;
+  }
+  for (const [b, n] of censoredBuckets) {
+    if (b > maxB) maxB = b;
+    atRisk += n;
+  }
+  const mass = new Map<number, { mass: number; mean: number }>();
+  let survival = 1;
+  let lastEvent = -1;
+  for (let b = 0; b <= maxB; b += 1) {
+    const e = hist.get(b);
+    const d = e?.count ?? 0;
+    if (d > 0 && atRisk > 0) {
+      const m = (survival * d) / atRisk;
+      mass.set(b, { mass: m, mean: (e?.tokens ?? 0) / d });
+      survival -= m;
+      lastEvent = b;
+    }
+    atRisk -= d + (censoredBuckets.get(b) ?? 0);
+  }
+  return { mass, tailMass: lastEvent < 0 ? 0 : Math.max(0, survival), tailFrom: lastEvent < 0 ? 0 : bucketBounds(lastEvent).hi };
+}
+
+/**
+ * E[L | L > x] under `model`, capped at `maxNewTokens`. Inside the bucket holding x, the share
+ * of its lengths above x is taken as spread evenly over the bucket, at their bucket mean or the
+ * middle of (x, hi), whichever is higher (a spike such as the lengths cut at max_new_tokens keeps
+ * its value). The tail mass counts at the middle of (max(x, tailFrom), maxNewTokens). With nothing
+ * above x (no lengths yet, or x past every one) it is `min(maxNewTokens, 1.25 (x + 1))`, and
+ * `observedAbove` is 0.
+ */
+export function conditionalMean(model: LengthModel, x: number, maxNewTokens: number): { expected: number; observedAbove: number } {
+  const bx = lengthBucket(x);
+  let mass = 0;
+  let tokens = 0;
+  for (const [b, e] of model.mass) {
     if (b > bx) {
-      count += e.count;
-      tokens += e.tokens;
-    } else if (b === bx && e.count > 0) {
+      mass += e.mass;
+      tokens += e.mass * e.mean;
+    } else if (b === bx) {
       const { lo, hi } = bucketBounds(b);
-      const share = Math.min(1, Math.max(0, (hi - x) / (hi - lo)));
-      const part = e.count * share;
-      count += part;
-      tokens += part * Math.max(e.tokens / e.count, (x + hi) / 2);
+      const part = e.mass * Math.min(1, Math.max(0, (hi - x) / (hi - lo)));
+      mass += part;
+      tokens += part * Math.max(e.mean, (x + hi) / 2);
     }
   }
-  if (count <= 1e-9) return { expected: Math.min(maxNewTokens, 1.25 * (x + 1)), observedAbove: 0 };
-  return { expected: Math.min(maxNewTokens, Math.max(x, tokens / count)), observedAbove: count };
+  if (model.tailMass > 0 && maxNewTokens > x) {
+    mass += model.tailMass;
+    tokens += (model.tailMass * (Math.max(x, model.tailFrom) + maxNewTokens)) / 2;
+  }
+  if (mass <= 1e-12) return { expected: Math.min(maxNewTokens, 1.25 * (x + 1)), observedAbove: 0 };
+  return { expected: Math.min(maxNewTokens, Math.max(x, tokens / mass)), observedAbove: mass };
 }
 
 /** What the reservation of one in-flight request is, as acquire-request.lua computes it. */
@@ -96,9 +140,9 @@ export interface InFlightProgress {
 
 /**
  * The tokens a dataset has reserved: committed + the sum of E[L | L > x_i] over the requests in
- * flight. While the commits are few (fewer than `minCommits`, or than the requests in flight:
- * short completions finish first, so early commits run short), each expectation is floored by
- * `prior`.
+ * flight, under the Kaplan-Meier model of the committed lengths with the requests in flight as
+ * censored at their progress. While the commits are fewer than `minCommits`, each expectation is
+ * floored by `prior`.
  */
 export function reservedTokens(opts: {
   committed: number;
@@ -109,13 +153,12 @@ export function reservedTokens(opts: {
   minCommits: number;
   maxNewTokens: number;
 }): number {
-  const early = opts.records < opts.minCommits || opts.records < opts.inFlight.length;
+  const xs = opts.inFlight.map((r) => Math.floor(Math.min(r.produced, opts.maxNewTokens - 1)));
+  const censored = new Map<number, number>();
+  for (const x of xs) censored.set(lengthBucket(x), (censored.get(lengthBucket(x)) ?? 0) + 1);
+  const model = lengthModel(opts.hist, censored);
+  const floor = opts.records < opts.minCommits ? Math.min(opts.prior, opts.maxNewTokens) : 0;
   let sum = opts.committed;
-  for (const r of opts.inFlight) {
-    const x = Math.min(r.produced, opts.maxNewTokens - 1);
-    let e = conditionalMean(opts.hist, x, opts.maxNewTokens).expected;
-    if (early) e = Math.max(e, Math.min(opts.prior, opts.maxNewTokens));
-    sum += e;
-  }
+  for (const x of xs) sum += Math.max(floor, conditionalMean(model, x, opts.maxNewTokens).expected);
   return sum;
 }

@@ -60,6 +60,34 @@ interface AcquireAttempt {
   error?: unknown;
 }
 
+/** A pipeline of this connection, with the scripts as commands. */
+type RedisPipeline = ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
+
+/** What one pass over the samples in line has found so far. */
+interface PumpPass {
+  /** Datasets found budget-reserved or paused: the rest of their samples wait for the next pass. */
+  blocked: Set<string>;
+  /** Datasets blocked in the last pass that got their one probe in this one. */
+  probed: Set<string>;
+  retryInMs: number;
+  noSlot: boolean;
+  failure: unknown;
+}
+
+function newPass(): PumpPass {
+  return { blocked: new Set(), probed: new Set(), retryInMs: Infinity, noSlot: false, failure: undefined };
+}
+
+/** Puts each reply of a pipeline into its attempt: the script's code, or the error. */
+function readAcquires(attempts: AcquireAttempt[], replies: readonly [Error | null, unknown][] | null): void {
+  attempts.forEach((a, i) => {
+    const reply = replies?.[i];
+    if (reply === undefined) a.error = new AppError('Redis sent no reply to an acquire of a pipeline');
+    else if (reply[0] !== null) a.error = reply[0];
+    else a.code = Number(reply[1]);
+  });
+}
+
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
 const PAUSED_RECHECK_MS = 250;
 
@@ -89,6 +117,8 @@ export class Dispatcher {
   private readonly crashProbationMs: number;
   private pumping = false;
   private pumpAgain = false;
+  /** Samples whose acquire is on its way to Redis (they take slots once answered). */
+  private acquiring = 0;
   private wakeTimer: NodeJS.Timeout | undefined;
   private renewTimer: NodeJS.Timeout | undefined;
   private renewing = false;
@@ -122,7 +152,7 @@ export class Dispatcher {
         }
       },
     });
-    this.commits = new CommitBatcher(options.redis, options.keys);
+    this.commits = new CommitBatcher(options.redis, options.keys, (pipeline, freed) => this.rideOnCommits(pipeline as RedisPipeline, freed));
     this.failures = new FailureHandler({
       redis: options.redis,
       keys: options.keys,
@@ -279,30 +309,22 @@ export class Dispatcher {
   private async pumpOnce(): Promise<void> {
     // Datasets found budget-reserved in this pass; published when the pass has looked at
     // every pending sample (an early return keeps the previous pass's view).
-    const blocked = new Set<string>();
-    let retryInMs = Infinity;
+    const pass = newPass();
     const line = this.queue.snapshot();
     let next = 0;
     while (next < line.length) {
       if (this.stopping) return;
       const healthy = this.options.pool.healthy();
       if (healthy.length === 0) return; // the pool wakes us when an endpoint is back
-      const free = this.options.pool.totalCap() - this.running.size;
+      const free = this.options.pool.totalCap() - this.running.size - this.acquiring;
       if (free <= 0) return;
       // The next samples that may start, as many as there are free slots: their acquires go to
       // Redis in one round trip. A dataset blocked in the last pass gets one probe per group.
       const batch: Task[] = [];
-      const probed = new Set<string>();
       while (next < line.length && batch.length < free) {
         const task = line[next] as Task;
         next += 1;
-        if (!this.queue.isWaiting(task)) continue;
-        const { dataset } = task.req;
-        const now = Date.now();
-        if (blocked.has(dataset) || probed.has(dataset) || task.notBeforeMs > now) {
-          if (task.notBeforeMs > now) retryInMs = Math.min(retryInMs, task.notBeforeMs - now);
-          continue;
-        }
+        if (!this.mayStart(task, pass)) continue;
         if (task.chargeOnRecovery) {
           // An endpoint is healthy again after this prompt's probation crash: now it is its attempt.
           this.queue.take(task);
@@ -310,80 +332,95 @@ export class Dispatcher {
           await this.failures.chargeCrash(task);
           continue;
         }
-        if (this.blockedDatasets.has(dataset)) probed.add(dataset);
+        if (this.blockedDatasets.has(task.req.dataset)) pass.probed.add(task.req.dataset);
         batch.push(task);
       }
       if (batch.length === 0) break;
       const attempts = await this.acquireAll(batch, healthy);
-      let noSlot = false;
-      let failure: unknown;
-      for (const a of attempts) {
-        const { task, rid, probation } = a;
-        const { dataset } = task.req;
-        if (a.error !== undefined) {
-          failure ??= a.error;
-          continue;
-        }
-        const outcome = decodeAcquire(a.code);
-        if (outcome.kind === 'acquired') {
-          // Resumed (or its budget freed): its samples count as ready again, and those this pass passed over go next.
-          this.blockedDatasets.delete(dataset);
-          if (probed.has(dataset)) this.pumpAgain = true;
-          const endpoint = a.group[outcome.endpointIndex];
-          const leaseKey = a.leaseKeys[outcome.endpointIndex];
-          if (endpoint === undefined || leaseKey === undefined) {
-            failure ??= new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${a.group.length}`);
-            continue;
-          }
-          // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
-          if (this.stopping || !this.queue.take(task)) {
-            await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
-            if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
-            continue;
-          }
-          this.signalDemand();
-          void this.send(task, rid, endpoint, leaseKey, probation);
-          continue;
-        }
-        switch (outcome.kind) {
-          case 'no-slot':
-            // Another process holds every lease (or a probation runs); they end as requests end.
-            noSlot = true;
-            break;
-          case 'budget-met':
-            await this.skipDataset(dataset);
-            break;
-          case 'budget-reserved':
-            blocked.add(dataset);
-            retryInMs = Math.min(retryInMs, 200);
-            break;
-          case 'paused':
-            // Paused (tokenmill pause, the dashboard or Bull Board): its samples wait here, the
-            // others go on. One acquire per pass looks again, so a resume is seen within this.
-            // Published at once (a pass cut short by a full endpoint would not): its samples no
-            // longer count as ready, so the worker fetches other datasets' batches to fill the slots.
-            blocked.add(dataset);
-            if (!this.blockedDatasets.has(dataset)) {
-              this.blockedDatasets.add(dataset);
-              this.signalDemand();
-            }
-            retryInMs = Math.min(retryInMs, PAUSED_RECHECK_MS);
-            break;
-          case 'already-done':
-            // Committed by another worker meanwhile (it took over this batch after a stall).
-            if (this.queue.isWaiting(task)) this.queue.settle(task, { kind: 'duplicate' });
-            this.signalDemand();
-            break;
-        }
-      }
-      if (failure !== undefined) throw failure;
-      if (noSlot) {
+      await this.applyAcquires(attempts, pass);
+      if (pass.failure !== undefined) throw pass.failure;
+      if (pass.noSlot) {
         this.schedulePump(25);
         return;
       }
     }
-    this.blockedDatasets = blocked;
-    if (retryInMs !== Infinity && !this.stopping) this.schedulePump(Math.max(10, retryInMs));
+    this.blockedDatasets = pass.blocked;
+    if (pass.retryInMs !== Infinity && !this.stopping) this.schedulePump(Math.max(10, pass.retryInMs));
+  }
+
+  /** Whether a sample in line may be asked a slot for in this pass (not blocked, not waiting out a retry delay). */
+  private mayStart(task: Task, pass: PumpPass): boolean {
+    if (!this.queue.isWaiting(task)) return false;
+    const { dataset } = task.req;
+    const now = Date.now();
+    if (task.notBeforeMs > now) {
+      pass.retryInMs = Math.min(pass.retryInMs, task.notBeforeMs - now);
+      return false;
+    }
+    return !pass.blocked.has(dataset) && !pass.probed.has(dataset);
+  }
+
+  /** Acts on each acquire's answer, in order: sends the samples that got a slot, skips, blocks or settles the others. */
+  private async applyAcquires(attempts: AcquireAttempt[], pass: PumpPass): Promise<void> {
+    for (const a of attempts) {
+      const { task, rid, probation } = a;
+      const { dataset } = task.req;
+      if (a.error !== undefined) {
+        pass.failure ??= a.error;
+        continue;
+      }
+      const outcome = decodeAcquire(a.code);
+      if (outcome.kind === 'acquired') {
+        // Resumed (or its budget freed): its samples count as ready again, and those this pass passed over go next.
+        this.blockedDatasets.delete(dataset);
+        if (pass.probed.has(dataset)) this.pumpAgain = true;
+        const endpoint = a.group[outcome.endpointIndex];
+        const leaseKey = a.leaseKeys[outcome.endpointIndex];
+        if (endpoint === undefined || leaseKey === undefined) {
+          pass.failure ??= new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${a.group.length}`);
+          continue;
+        }
+        // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
+        if (this.stopping || !this.queue.take(task)) {
+          await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
+          if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
+          continue;
+        }
+        this.signalDemand();
+        void this.send(task, rid, endpoint, leaseKey, probation);
+        continue;
+      }
+      switch (outcome.kind) {
+        case 'no-slot':
+          // Another process holds every lease (or a probation runs); they end as requests end.
+          pass.noSlot = true;
+          break;
+        case 'budget-met':
+          await this.skipDataset(dataset);
+          break;
+        case 'budget-reserved':
+          pass.blocked.add(dataset);
+          pass.retryInMs = Math.min(pass.retryInMs, 200);
+          break;
+        case 'paused':
+          // Paused (tokenmill pause, the dashboard or Bull Board): its samples wait here, the
+          // others go on. One acquire per pass looks again, so a resume is seen within this.
+          // Published at once (a pass cut short by a full endpoint would not): its samples no
+          // longer count as ready, so the worker fetches other datasets' batches to fill the slots.
+          pass.blocked.add(dataset);
+          if (!this.blockedDatasets.has(dataset)) {
+            this.blockedDatasets.add(dataset);
+            this.signalDemand();
+          }
+          pass.retryInMs = Math.min(pass.retryInMs, PAUSED_RECHECK_MS);
+          break;
+        case 'already-done':
+          // Committed by another worker meanwhile (it took over this batch after a stall).
+          if (this.queue.isWaiting(task)) this.queue.settle(task, { kind: 'duplicate' });
+          this.signalDemand();
+          break;
+      }
+    }
   }
 
   /**
@@ -393,57 +430,114 @@ export class Dispatcher {
    * if they were sent one after the other.
    */
   private async acquireAll(batch: Task[], healthy: Endpoint[]): Promise<AcquireAttempt[]> {
-    const { keys, redis } = this.options;
-    const attempts: AcquireAttempt[] = batch.map((task) => ({
-      task,
-      rid: `${task.req.dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`,
-      probation: task.crashes >= CRASHES_BEFORE_PROBATION,
-      code: -1,
-      group: [],
-      leaseKeys: [],
-    }));
-    for (const task of batch) task.state = 'acquiring';
+    const attempts = this.beginAcquires(batch);
     try {
       let open = attempts;
       for (const g of this.options.pool.byCap(healthy)) {
         if (open.length === 0) break;
-        const leaseKeys = g.endpoints.map((e) => keys.endpointLeases(e.url));
-        const pipeline = redis.pipeline() as unknown as ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
-        for (const a of open) {
-          const { dataset } = a.task.req;
-          a.group = g.endpoints;
-          a.leaseKeys = leaseKeys;
-          void pipeline.acquireRequest(
-            4 + leaseKeys.length,
-            keys.stats(dataset),
-            keys.inflight(dataset),
-            keys.done(dataset),
-            keys.queueMeta(dataset),
-            ...leaseKeys,
-            a.rid,
-            this.leaseTtlMs,
-            a.task.req.priorExpectedTokens,
-            g.cap,
-            this.minCommitsForMean,
-            a.probation ? 1 : 0,
-            this.crashProbationMs,
-            a.task.req.sample.id,
-            a.task.req.sample.maxNewTokens,
-          );
-        }
-        const replies = await pipeline.exec();
-        open.forEach((a, i) => {
-          const reply = replies?.[i];
-          if (reply === undefined) a.error = new AppError('Redis sent no reply to an acquire of a pipeline');
-          else if (reply[0] !== null) a.error = reply[0];
-          else a.code = Number(reply[1]);
-        });
+        const pipeline = this.options.redis.pipeline() as unknown as RedisPipeline;
+        this.addAcquires(pipeline, open, g.endpoints, g.cap);
+        readAcquires(open, await pipeline.exec());
         open = open.filter((a) => a.error === undefined && a.code === -1);
       }
     } finally {
-      for (const task of batch) if (task.state === 'acquiring') task.state = 'pending';
+      this.endAcquires(attempts);
     }
     return attempts;
+  }
+
+  /**
+   * Rides on a commit group's round trip (see {@link CommitBatcher}): after the commits that
+   * free `freed` slots, acquires for as many waiting samples (plus any slot free now) go in
+   * the same pipeline, so a finished request's slot passes to the next sample in one round
+   * trip instead of two. Only the first cap group is asked; the pump handles the rest.
+   */
+  private rideOnCommits(pipeline: RedisPipeline, freed: number): ((replies: readonly [Error | null, unknown][] | null) => void) | undefined {
+    if (this.stopping) return undefined;
+    const healthy = this.options.pool.healthy();
+    const [first] = this.options.pool.byCap(healthy);
+    if (first === undefined) return undefined;
+    const want = freed + Math.max(0, this.options.pool.totalCap() - this.running.size - this.acquiring);
+    const pass = newPass();
+    const batch: Task[] = [];
+    for (const task of this.queue.inLine) {
+      if (batch.length >= want) break;
+      if (task.chargeOnRecovery || !this.mayStart(task, pass)) continue;
+      if (this.blockedDatasets.has(task.req.dataset)) pass.probed.add(task.req.dataset);
+      batch.push(task);
+    }
+    if (batch.length === 0) return undefined;
+    const attempts = this.beginAcquires(batch);
+    this.addAcquires(pipeline, attempts, first.endpoints, first.cap);
+    return (replies) => {
+      readAcquires(attempts, replies);
+      this.endAcquires(attempts);
+      void this.applyAcquires(attempts, pass)
+        .then(() => {
+          for (const d of pass.blocked) this.blockedDatasets.add(d);
+          if (pass.failure !== undefined) {
+            this.log.warn({ err: pass.failure }, 'acquiring slots with the commits failed; the pump tries again');
+            this.schedulePump(500);
+          } else if (pass.noSlot) {
+            // Full in the first group: the pump asks the others, or waits for a slot.
+            this.schedulePump();
+          } else if (pass.retryInMs !== Infinity) {
+            this.schedulePump(Math.max(10, pass.retryInMs));
+          }
+        })
+        .catch((e: unknown) => {
+          this.log.error({ err: e }, 'dispatch failed; retrying shortly');
+          this.schedulePump(500);
+        });
+    };
+  }
+
+  private beginAcquires(batch: Task[]): AcquireAttempt[] {
+    this.acquiring += batch.length;
+    return batch.map((task) => {
+      task.state = 'acquiring';
+      return {
+        task,
+        rid: `${task.req.dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`,
+        probation: task.crashes >= CRASHES_BEFORE_PROBATION,
+        code: -1,
+        group: [],
+        leaseKeys: [],
+      };
+    });
+  }
+
+  private endAcquires(attempts: AcquireAttempt[]): void {
+    this.acquiring -= attempts.length;
+    for (const a of attempts) if (a.task.state === 'acquiring') a.task.state = 'pending';
+  }
+
+  /** Adds one acquire-request.lua call per attempt to `pipeline`, for the endpoints of one cap group. */
+  private addAcquires(pipeline: RedisPipeline, attempts: AcquireAttempt[], group: Endpoint[], cap: number): void {
+    const { keys } = this.options;
+    const leaseKeys = group.map((e) => keys.endpointLeases(e.url));
+    for (const a of attempts) {
+      const { dataset } = a.task.req;
+      a.group = group;
+      a.leaseKeys = leaseKeys;
+      void pipeline.acquireRequest(
+        4 + leaseKeys.length,
+        keys.stats(dataset),
+        keys.inflight(dataset),
+        keys.done(dataset),
+        keys.queueMeta(dataset),
+        ...leaseKeys,
+        a.rid,
+        this.leaseTtlMs,
+        a.task.req.priorExpectedTokens,
+        cap,
+        this.minCommitsForMean,
+        a.probation ? 1 : 0,
+        this.crashProbationMs,
+        a.task.req.sample.id,
+        a.task.req.sample.maxNewTokens,
+      );
+    }
   }
 
   /** The dataset met its budget: every sample of it still pending is skipped by budget. */

@@ -1,0 +1,228 @@
+// The budget decision of acquire-request.lua against a real Redis: each request in flight
+// reserves E[L | L > x] at its own progress x, computed the way budget-expectation.ts does.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
+import { histogramFromHash, histogramOf, reservedTokens } from '../../src/workers/inference/budget-expectation.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+
+let redis: TestRedis;
+let r: ScriptedRedis;
+let keys: RunKeys;
+const endpoint = 'http://budget:1';
+const MAX_NEW = 10_240;
+const PRIOR = 5_120;
+const MIN_COMMITS = 32;
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  r = withScripts(redis.connection());
+  keys = new RunKeys(redis.prefix, 'budget-acquire');
+});
+
+afterAll(async () => {
+  await redis?.stop();
+});
+
+function acquire(ds: string, rid: string, ttlMs = 60_000): Promise<number> {
+  const lease = keys.endpointLeases(endpoint);
+  return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW);
+}
+
+function commit(ds: string, id: string, tokens: number, rid: string): Promise<[number, number]> {
+  return r.commitSample(
+    keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), keys.endpointLeases(endpoint),
+    keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),
+    id, tokens, JSON.stringify({ id, completion_tokens: tokens }), rid, 10_000, 30,
+  );
+}
+
+/** Lengths spread like the users' completions (lognormal, mean ~2,700), deterministic. */
+function lengths(n: number): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < n; i += 1) {
+    const u = (i + 0.5) / n;
+    // Inverse of a logistic approximation of the normal CDF: enough for a spread-out sample.
+    const z = Math.log(u / (1 - u)) / 1.702;
+    out.push(Math.min(MAX_NEW, Math.max(1, Math.round(Math.exp(Math.log(2_700) - 0.32 + 0.8 * z)))));
+  }
+  return out;
+}
+
+/** A dataset with `n` committed lengths and `inFlight` requests started, at the given progress. */
+async function dataset(ds: string, committedLengths: readonly number[], progress: readonly number[]): Promise<{ committed: number }> {
+  await r.hset(keys.stats(ds), 'tokenBudget', 1_000_000_000);
+  let committed = 0;
+  for (const [i, l] of committedLengths.entries()) {
+    await commit(ds, `c${i}`, l, `done-${i}`);
+    committed += l;
+  }
+  for (const [i, x] of progress.entries()) {
+    expect(decodeAcquire(await acquire(ds, `run-${i}`)).kind).toBe('acquired');
+    if (x > 0) await r.hset(`${keys.inflight(ds)}:progress`, `run-${i}`, x);
+  }
+  return { committed };
+}
+
+/** The reservation budget-expectation.ts computes for the dataset's state in Redis. */
+async function expectedReservation(ds: string, progress: readonly number[]): Promise<number> {
+  const stats = await r.hgetall(keys.stats(ds));
+  return reservedTokens({
+    committed: Number(stats['outputTokens'] ?? 0),
+    records: Number(stats['records'] ?? 0),
+    hist: histogramFromHash(await r.hgetall(`${keys.stats(ds)}:lengths`)),
+    inFlight: progress.map((produced) => ({ produced })),
+    prior: PRIOR,
+    minCommits: MIN_COMMITS,
+    maxNewTokens: MAX_NEW,
+  });
+}
+
+/** Whether a new request may start under `budget`; a request that starts is released again. */
+async function admits(ds: string, budget: number, rid: string): Promise<boolean> {
+  await r.hset(keys.stats(ds), 'tokenBudget', budget);
+  const outcome = decodeAcquire(await acquire(ds, rid));
+  if (outcome.kind === 'acquired') {
+    await r.zrem(keys.inflight(ds), rid);
+    await r.zrem(keys.endpointLeases(endpoint), rid);
+    return true;
+  }
+  expect(outcome.kind).toBe('budget-reserved');
+  return false;
+}
+
+describe('acquire-request.lua: the reservation of requests at various progress', () => {
+  it('the commit keeps the length histogram, and a request that is committed leaves no start time or progress behind', async () => {
+    const ls = lengths(200);
+    await dataset('hist', ls, []);
+    const hist = histogramFromHash(await r.hgetall(`${keys.stats('hist')}:lengths`));
+    expect([...hist.entries()].sort((a, b) => a[0] - b[0])).toEqual([...histogramOf(ls).entries()].sort((a, b) => a[0] - b[0]));
+    expect(decodeAcquire(await acquire('hist', 'one')).kind).toBe('acquired');
+    expect(await r.hexists(`${keys.inflight('hist')}:start`, 'one')).toBe(1);
+    await r.hset(`${keys.inflight('hist')}:progress`, 'one', 40);
+    await commit('hist', 'last', 50, 'one');
+    expect(await r.hexists(`${keys.inflight('hist')}:start`, 'one')).toBe(0);
+    expect(await r.hexists(`${keys.inflight('hist')}:progress`, 'one')).toBe(0);
+    // Its elapsed time and length feed the decode rate.
+    expect(Number(await r.hget(keys.stats('hist'), 'rateTokens'))).toBe(50);
+    expect(Number(await r.hget(keys.stats('hist'), 'rateMs'))).toBeGreaterThan(0);
+  });
+
+  for (const [name, progress] of [
+    ['all fresh', Array<number>(40).fill(0)],
+    ['half far along', [...Array<number>(20).fill(0), ...Array<number>(20).fill(5_000)]],
+    ['some near max_new_tokens', [...Array<number>(30).fill(800), ...Array<number>(10).fill(9_900)]],
+  ] as const) {
+    it(`admits a request exactly while committed + the expectations of those in flight stay under the budget (${name})`, async () => {
+      const ds = `at-${name.replace(/\W+/g, '-')}`;
+      await dataset(ds, lengths(300), progress);
+      const reserved = await expectedReservation(ds, progress);
+      expect(await admits(ds, Math.floor(reserved) + 2, `${ds}-yes`)).toBe(true);
+      expect(await admits(ds, Math.floor(reserved), `${ds}-no`)).toBe(false);
+    });
+  }
+
+  it('reserves more for requests that have come further, and a fresh one the plain mean (not the size-biased one)', async () => {
+    const ls = lengths(300);
+    const fresh = Array<number>(40).fill(0);
+    const far = Array<number>(40).fill(6_000);
+    await dataset('fresh', ls, fresh);
+    await dataset('far', ls, far);
+    const rFresh = await expectedReservation('fresh', fresh);
+    const rFar = await expectedReservation('far', far);
+    const committed = ls.reduce((a, b) => a + b, 0);
+    const mean = committed / ls.length;
+    const sizeBiased = ls.reduce((a, b) => a + b * b, 0) / committed;
+    // 40 fresh requests reserve about 40 plain means, well under 40 size-biased ones.
+    expect((rFresh - committed) / 40).toBeLessThan(1.1 * mean);
+    expect((rFresh - committed) / 40).toBeLessThan(0.75 * sizeBiased);
+    expect(rFar - committed).toBeGreaterThan(40 * 6_000);
+    // A budget between the two: the dataset with fresh requests admits one more, the other does not.
+    const between = Math.floor((rFresh + rFar) / 2);
+    expect(await admits('fresh', between, 'fresh-next')).toBe(true);
+    expect(await admits('far', between, 'far-next')).toBe(false);
+  });
+
+  it('estimates progress from the time a request has run and the decode rate when nothing is streamed', async () => {
+    await dataset('timed', lengths(300), Array<number>(20).fill(0));
+    const idle = await expectedReservation('timed', Array<number>(20).fill(0));
+    expect(await admits('timed', Math.floor(idle) + 2, 'timed-a')).toBe(true);
+    // Backdate their start: at 1 token/ms they have produced ~4,000 tokens each.
+    const startKey = `${keys.inflight('timed')}:start`;
+    const [sec, usec] = await r.time();
+    const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+    for (let i = 0; i < 20; i += 1) await r.hset(startKey, `run-${i}`, now - 4_000);
+    await r.hset(keys.stats('timed'), 'rateTokens', 1_000, 'rateMs', 1_000);
+    expect(await admits('timed', Math.floor(idle) + 2, 'timed-b')).toBe(false);
+    const advanced = await expectedReservation('timed', Array<number>(20).fill(4_000));
+    expect(await admits('timed', Math.floor(advanced * 1.01) + 2, 'timed-c')).toBe(true);
+  });
+
+  it('floors every expectation by the prior at the beginning of a dataset (few commits)', async () => {
+    const progress = Array<number>(10).fill(0);
+    await dataset('early', [100, 120, 90], progress);
+    const reserved = await expectedReservation('early', progress);
+    expect(reserved).toBeCloseTo(310 + 10 * PRIOR, 6);
+    expect(await admits('early', Math.floor(reserved) + 2, 'early-yes')).toBe(true);
+    expect(await admits('early', Math.floor(reserved), 'early-no')).toBe(false);
+  });
+
+  it('releases the reservation of a crashed worker\'s request at the last prompts once its lease lapses', async () => {
+    await dataset('crash', lengths(300), []);
+    const stats = await r.hgetall(keys.stats('crash'));
+    const committed = Number(stats['outputTokens']);
+    // The last prompt goes out on a worker that dies: its lease is never renewed.
+    expect(decodeAcquire(await acquire('crash', 'dead', 300)).kind).toBe('acquired');
+    await r.hset(`${keys.inflight('crash')}:progress`, 'dead', 9_000);
+    const budget = committed + 3_000;
+    await r.hset(keys.stats('crash'), 'tokenBudget', budget);
+    expect(decodeAcquire(await acquire('crash', 'blocked')).kind).toBe('budget-reserved');
+    await new Promise((res) => setTimeout(res, 400));
+    // The lease lapsed: the budget is free again, and the dead request's progress is gone.
+    expect(decodeAcquire(await acquire('crash', 'retry')).kind).toBe('acquired');
+    expect(await r.hexists(`${keys.inflight('crash')}:progress`, 'dead')).toBe(0);
+    expect(await r.hexists(`${keys.inflight('crash')}:start`, 'dead')).toBe(0);
+    expect(await r.zscore(keys.inflight('crash'), 'dead')).toBeNull();
+  });
+
+  it('sends nothing once the budget is met, whatever is in flight', async () => {
+    await dataset('met', lengths(50), [0]);
+    const committed = Number(await r.hget(keys.stats('met'), 'outputTokens'));
+    await r.hset(keys.stats('met'), 'tokenBudget', committed);
+    expect(decodeAcquire(await acquire('met', 'after')).kind).toBe('budget-met');
+  });
+});
+
+describe('budget-progress-2.lua: the strict stop flag', () => {
+  it('sets the flag once committed + produced in flight reach the budget; acquire waits for the aborted requests, then says met', async () => {
+    const ds = 'strict';
+    await dataset(ds, lengths(100), [0, 0, 0]);
+    const committed = Number(await r.hget(keys.stats(ds), 'outputTokens'));
+    await r.hset(keys.stats(ds), 'tokenBudget', committed + 1_000);
+    const progress = (...args: (string | number)[]): Promise<number> => r.budgetProgress(keys.inflight(ds), keys.stats(ds), ...args);
+    expect(await progress('run-0', 300, 'run-1', 300)).toBe(0);
+    // A rid that is not in flight (already committed) is ignored.
+    expect(await progress('gone', 5_000)).toBe(0);
+    expect(await progress('run-2', 400)).toBe(1);
+    const stats = await r.hgetall(keys.stats(ds));
+    expect(Number(stats['budgetStopTokens'])).toBe(committed + 1_000);
+    expect(Number(stats['budgetStopMs'])).toBeGreaterThan(0);
+    // Another worker reporting later is told to stop too.
+    expect(await progress()).toBe(1);
+    expect(decodeAcquire(await acquire(ds, 'late')).kind).toBe('budget-reserved');
+    for (const [i, n] of [310, 320, 410].entries()) await commit(ds, `p${i}`, n, `run-${i}`);
+    expect(decodeAcquire(await acquire(ds, 'later')).kind).toBe('budget-met');
+  });
+
+  it('drops the flag when the aborted requests\' worker died before committing them (the budget is not met)', async () => {
+    const ds = 'strict-crash';
+    await dataset(ds, lengths(100), []);
+    const committed = Number(await r.hget(keys.stats(ds), 'outputTokens'));
+    await r.hset(keys.stats(ds), 'tokenBudget', committed + 1_000);
+    expect(decodeAcquire(await acquire(ds, 'dying', 300)).kind).toBe('acquired');
+    expect(await r.budgetProgress(keys.inflight(ds), keys.stats(ds), 'dying', 1_200)).toBe(1);
+    expect(decodeAcquire(await acquire(ds, 'wait')).kind).toBe('budget-reserved');
+    await new Promise((res) => setTimeout(res, 400));
+    expect(decodeAcquire(await acquire(ds, 'again')).kind).toBe('acquired');
+    expect(await r.hexists(keys.stats(ds), 'budgetStopMs')).toBe(0);
+  });
+});
