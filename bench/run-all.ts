@@ -13,6 +13,7 @@ import { gpuSaturation } from './gpu-saturation.js';
 import { longCompletions } from './long-completions.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
 import { mergeScaling } from './merge-scaling.js';
+import { prepareMemory } from './prepare-memory.js';
 import { producerMemory } from './producer-memory.js';
 import { redisMemory } from './redis-memory.js';
 import { seedsWorkload } from './seeds-workload.js';
@@ -25,6 +26,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'redis-memory': () => redisMemory(),
   'throughput-ceiling': () => throughputCeiling(),
   'producer-memory': () => producerMemory(),
+  'prepare-memory': () => prepareMemory(),
   'tokenize-throughput': () => tokenizeThroughput(),
   'merge-scaling': () => mergeScaling(),
   'seeds-workload': () => seedsWorkload(),
