@@ -79,6 +79,7 @@ async function decodedTokens(sim: SimulatorHandle, promptTokensMean: number): Pr
 async function measureWindow(o: LongCompletionsOptions, sim: SimulatorHandle, client: Client, promptTokensMean: number): Promise<WindowRun> {
   await waitUntil(() => sim.stats().requestsReceived > 0, 'the first request', 60_000, 2);
   await delay((o.warmupSimS * 1000) / o.timeScale);
+  const sentInWarmup = sim.stats().requestsReceived;
   sim.resetStats();
   const t0 = performance.now();
   const d0 = await decodedTokens(sim, promptTokensMean);
@@ -86,7 +87,7 @@ async function measureWindow(o: LongCompletionsOptions, sim: SimulatorHandle, cl
   const d1 = await decodedTokens(sim, promptTokensMean);
   const t1 = performance.now();
   const st = sim.stats();
-  const requests = st.requestsReceived;
+  const requests = sentInWarmup + st.requestsReceived;
   const simS = ((t1 - t0) / 1000) * o.timeScale;
   return {
     client,
