@@ -17,7 +17,7 @@ export const SourceFieldsSchema = z
     messages: column('the list of turns').optional().describe('Column of the list of turns (`openai`: `messages`; `sharegpt`: `conversations`).'),
     role: column('the role of a turn').optional().describe('Key of a turn\'s role (`openai`: `role`; `sharegpt`: `from`).'),
     content: column('the text of a turn').optional().describe('Key of a turn\'s text (`openai`: `content`; `sharegpt`: `value`).'),
-    system: column('the system prompt').optional().describe('Column of a system prompt put before the turns.'),
+    system: column('the system prompt').optional().describe('Column of a system prompt put before the turns. Omitted = `system` when the row has a non-empty one and its turns do not start with a system turn.'),
     prompt: column('the prompt text').optional().describe('`prompt` format: column of the text (the same as `field`).'),
     instruction: column('the instruction').optional().describe('`alpaca` format: column of the instruction (default `instruction`).'),
     input: column('the input').optional().describe('`alpaca` format: column of the input appended to the instruction (default `input`).'),
@@ -28,20 +28,20 @@ export const SourceFieldsSchema = z
 export const PromptSourceSchema = z
   .strictObject({
     path: filePath('a path to a .jsonl, .json or .parquet file, or a folder of them').describe(
-      'A local `.jsonl`, `.json` or `.parquet` file, a folder of them (as downloaded from the Hugging Face hub), or a `datasets` `save_to_disk` folder. Relative to the config file.',
+      'A local `.jsonl`, `.json` or `.parquet` file, a file-name pattern (`data/train-*.parquet`), a folder of them read recursively in natural order (as `huggingface-cli download <repo> --repo-type dataset --local-dir <dir>` lays it out; of several splits, `train`), or a `datasets` `save_to_disk` folder (of a DatasetDict, `train`). Relative to the config file.',
     ),
     format: z
       .enum(['auto', 'openai', 'sharegpt', 'alpaca', 'prompt'], { error: 'expected one of: auto, openai, sharegpt, alpaca, prompt' })
       .default('auto')
       .describe(
-        '`openai`: `messages` of `{role, content}`; `sharegpt`: `conversations` of `{from, value}` (`human`/`gpt`/`system`); `alpaca`: `instruction`/`input`/`output`; `prompt`: one text column named by `field`; `auto`: detected from the first rows and reported.',
+        '`openai`: `messages` (else `conversations`) of `{role, content}`, content a string or text parts; `sharegpt`: `conversations` of `{from, value}` (`human`/`gpt`/`system`/`function_call`/`observation`…); `alpaca`: `instruction` + `input` as the user turn, `output` (or `response`); `prompt`: one text column named by `field`; `auto`: detected from the first rows (lists of turns, then `instruction`, then one of `prompt`/`question`/`problem`/`text`/`query`) and reported.',
       ),
     field: column('the text column').optional().describe('`prompt` format: the column holding the prompt text.'),
     fields: SourceFieldsSchema.optional(),
     roles: z
       .record(z.string(), z.enum(ROLES, { error: `expected one of: ${ROLES.join(', ')}` }), { error: 'expected a mapping of role names' })
       .optional()
-      .describe('Role names of the source mapped to chat roles, e.g. `{human: user, gpt: assistant}` (the ShareGPT ones are known).'),
+      .describe('Role names of the source mapped to chat roles, e.g. `{ai: assistant}`; added to the known ones (`human`, `gpt`, `model`, `developer`, `function_call`, `observation`, `function`, …).'),
     maxPromptTokens: positiveInt()
       .optional()
       .describe('Drop prompts longer than this many tokens (target tokenizer and chat template). Omitted = `prepare.maxPromptTokens`.'),
