@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { budgetOvershoot } from './budget-overshoot.js';
+import { concurrencyAuto } from './concurrency-auto.js';
 import { gpuSaturation } from './gpu-saturation.js';
 import { longCompletions } from './long-completions.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
@@ -29,6 +30,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'prepare-memory': () => prepareMemory(),
   'tokenize-throughput': () => tokenizeThroughput(),
   'merge-scaling': () => mergeScaling(),
+  'concurrency-auto': () => concurrencyAuto(),
   'seeds-workload': () => seedsWorkload(),
   'long-completions': () => longCompletions(),
 };
