@@ -61,6 +61,12 @@ function commitOutcome(first: number | undefined, f: FinishedRequest): SampleOut
   return first === 1 ? { kind: 'committed', completionTokens: f.result.completionTokens } : { kind: 'duplicate' };
 }
 
+/**
+ * Adds commands to a commit group's pipeline, after its commits (which free `freed` slots),
+ * and returns what to do with their replies (null: the pipeline failed as a whole).
+ */
+export type CommitRider = (pipeline: ScriptedRedis, freed: number) => ((replies: readonly [Error | null, unknown][] | null) => void) | undefined;
+
 interface QueuedCommit {
   f: FinishedRequest;
   resolve(o: SampleOutcome): void;
@@ -81,6 +87,7 @@ export class CommitBatcher {
   constructor(
     private readonly redis: ScriptedRedis,
     private readonly keys: RunKeys,
+    private readonly rider?: CommitRider,
     private readonly maxGroup = 256,
   ) {}
 
@@ -118,13 +125,27 @@ export class CommitBatcher {
           c.reject(e);
         }
       }
-      const replies = built.length === 0 ? [] : await pipeline.exec();
+      if (built.length === 0) return;
+      let ride: ReturnType<CommitRider>;
+      try {
+        ride = this.rider?.(pipeline, built.length);
+      } catch {
+        ride = undefined;
+      }
+      let replies: [Error | null, unknown][] | null;
+      try {
+        replies = await pipeline.exec();
+      } catch (e: unknown) {
+        ride?.(null);
+        throw e;
+      }
       built.forEach((c, i) => {
         const reply = replies?.[i];
         if (reply === undefined) c.reject(new Error('Redis sent no reply to a commit of a pipeline'));
         else if (reply[0] !== null) c.reject(reply[0]);
         else c.resolve(commitOutcome((reply[1] as [number, number])[0], c.f));
       });
+      ride?.(replies === null ? null : replies.slice(built.length));
     } catch (e: unknown) {
       for (const c of group) c.reject(e);
     } finally {
