@@ -4,7 +4,8 @@
  * one, never a part.
  */
 import { createHash, randomBytes, type Hash } from 'node:crypto';
-import { mkdir, open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { mkdir, open, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 
 const FLUSH_BYTES = 1 << 20;
@@ -34,10 +35,14 @@ export class AtomicLineWriter {
     private readonly fh: FileHandle,
   ) {}
 
-  /** Opens a temp file in `file`'s folder (created if missing). */
+  /**
+   * Opens a temp file in `file`'s folder (created if missing), after removing the temp files a
+   * killed process of this host left there for `file`.
+   */
   static async open(file: string): Promise<AtomicLineWriter> {
     await mkdir(dirname(file), { recursive: true });
-    const tempFile = join(dirname(file), `.${basename(file)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+    await removeAbandonedTempFiles(file);
+    const tempFile = tempNameFor(file, 'tmp');
     return new AtomicLineWriter(file, tempFile, await open(tempFile, 'wx'));
   }
 
@@ -108,6 +113,36 @@ export async function writeFileAtomic(file: string, text: string): Promise<void>
     await w.abort();
     throw e;
   }
+}
+
+const HOST = createHash('sha256').update(hostname()).digest('hex').slice(0, 8);
+
+/** `.<name>.<host>.<pid>.<random>.<kind>` next to `file`: whose it is, so that what a dead process left can be removed. */
+export function tempNameFor(file: string, kind: 'tmp' | 'subset'): string {
+  return join(dirname(file), `.${basename(file)}.${HOST}.${process.pid}.${randomBytes(4).toString('hex')}.${kind}`);
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e: unknown) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Removes the temp files of `file` that a process of this host, no longer running, left behind. */
+export async function removeAbandonedTempFiles(file: string): Promise<string[]> {
+  const prefix = `.${basename(file)}.${HOST}.`;
+  const removed: string[] = [];
+  for (const name of await readdir(dirname(file)).catch(() => [] as string[])) {
+    if (!name.startsWith(prefix)) continue;
+    const m = /^(\d+)\.[0-9a-f]+\.(tmp|subset)$/.exec(name.slice(prefix.length));
+    if (m === null || isAlive(Number(m[1]))) continue;
+    await rm(join(dirname(file), name), { force: true });
+    removed.push(name);
+  }
+  return removed;
 }
 
 async function syncDir(dir: string): Promise<void> {

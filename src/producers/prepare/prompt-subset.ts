@@ -7,10 +7,9 @@
  * file; a prompt enters only when it ranks below the heap's largest, so the spill file holds
  * about `limit · (1 + ln(rows / limit))` lines, not the source.
  */
-import { randomBytes } from 'node:crypto';
 import { open, rm, type FileHandle } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
 import type { Hash64 } from './prompt-hash.js';
+import { tempNameFor } from './prompt-file-writer.js';
 import { shuffleRank } from './prompt-hash.js';
 
 interface Entry {
@@ -39,7 +38,7 @@ export class ShuffledSubset {
 
   /** A subset of `limit` prompts; its spill file lies next to `nearFile` until {@link close}. */
   static async open(limit: number, seed: number, nearFile: string): Promise<ShuffledSubset> {
-    const spill = join(dirname(nearFile), `.${basename(nearFile)}.${process.pid}.${randomBytes(4).toString('hex')}.subset`);
+    const spill = tempNameFor(nearFile, 'subset');
     return new ShuffledSubset(limit, seed, spill, await open(spill, 'wx+'));
   }
 
