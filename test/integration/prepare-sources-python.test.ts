@@ -5,7 +5,7 @@
 // its environment is there, 3.6. Every row read must equal what Python reads back, and every
 // converted row the chat turns Python computes from it.
 import { existsSync } from 'node:fs';
-import { copyFile, mkdtemp, open, rm, stat, truncate } from 'node:fs/promises';
+import { copyFile, mkdtemp, open, readdir, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 
@@ -97,7 +97,7 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     expect(first).toEqual(written.rows.slice(0, 9));
     expect(await largeRowGroupNotes([file])).toEqual([]);
     const [note] = await largeRowGroupNotes([file], 100);
-    expect(note?.startsWith(`${file}: row groups of up to 7 rows and 0 MiB uncompressed; each is read whole`)).toBe(true);
+    expect(note?.startsWith(`${file}: row groups of up to 7 rows and 0 MiB uncompressed; each is read whole, taking about ten times that in memory`)).toBe(true);
   });
 
   it('reads a zstd OpenAI parquet with tool calls (nested structs in lists) row for row', async () => {
@@ -151,6 +151,32 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     expect(opened.notes).toEqual([`${file} is a DatasetDict with the splits train, test: reading train; set source.path to ${path.join(file, '<split>')} for another`]);
     expect(opened.format).toBe('sharegpt');
     await expectConverted(opened, written);
+  });
+
+  it('closes its files when the reader stops early, whatever the kind', async () => {
+    const openFds = async (): Promise<number> => (await readdir('/proc/self/fd')).length;
+    const jsonl = path.join(dir, 'early.jsonl');
+    await writeFile(jsonl, `${Array.from({ length: 50 }, (_, i) => JSON.stringify({ prompt: `p${i}` })).join('\n')}\n`);
+    const json = path.join(dir, 'early.json');
+    await writeFile(json, JSON.stringify({ data: Array.from({ length: 50 }, (_, i) => ({ prompt: `p${i}` })) }));
+    const paths = [at('hub').file, at('openai_zstd').file, at('saved').file, at('saved_dict').file, jsonl, json];
+    const before = await openFds();
+    for (let round = 0; round < 10; round++) {
+      for (const p of paths) {
+        const opened = await openSource(source(p));
+        for await (const r of opened.rows()) {
+          expect(r.ok).toBe(true);
+          break;
+        }
+      }
+    }
+    // Streams close asynchronously: wait until the count settles back.
+    let after = await openFds();
+    for (let i = 0; i < 100 && after > before; i++) {
+      await new Promise((resolve) => setImmediate(resolve));
+      after = await openFds();
+    }
+    expect(after).toBeLessThanOrEqual(before);
   });
 
   it('names a parquet file it cannot read: a truncated copy, and a text file named .parquet', async () => {

@@ -66,8 +66,11 @@ export async function* readParquetRows(file: string, maxRows = Infinity): AsyncG
   }
 }
 
-/** Row groups above this many bytes (uncompressed) are worth a note: each is held whole while its rows are read. */
-export const LARGE_ROW_GROUP_BYTES = 256 * 2 ** 20;
+/**
+ * Row groups above this many bytes (uncompressed) are worth a note: each is held whole while its
+ * rows are read, as JS objects about ten times its size (127 MiB took 1.27 GiB of RSS).
+ */
+export const LARGE_ROW_GROUP_BYTES = 64 * 2 ** 20;
 
 /**
  * A note for each parquet file whose largest row group is above {@link LARGE_ROW_GROUP_BYTES}
@@ -83,7 +86,7 @@ export async function largeRowGroupNotes(files: readonly string[], thresholdByte
       const rows = metadata.row_groups.reduce((m, g) => Math.max(m, Number(g.num_rows)), 0);
       if (largest > thresholdBytes) {
         notes.push(
-          `${file}: row groups of up to ${rows} rows and ${(largest / 2 ** 20).toFixed(0)} MiB uncompressed; each is read whole, so reading takes memory of that order (rewrite it with smaller row groups, e.g. pyarrow.parquet.write_table(..., row_group_size=1000), to read it in less)`,
+          `${file}: row groups of up to ${rows} rows and ${(largest / 2 ** 20).toFixed(0)} MiB uncompressed; each is read whole, taking about ten times that in memory (rewrite it with smaller row groups, e.g. pyarrow.parquet.write_table(..., row_group_size=1000), to read it in less)`,
         );
       }
     } catch (e: unknown) {
