@@ -179,6 +179,15 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     expect(after).toBeLessThanOrEqual(before);
   });
 
+  it('reads what Dataset.to_json (JSON Lines in a .json, and a JSON array) and Dataset.to_parquet write', async () => {
+    for (const name of ['exported_lines_json', 'exported_array_json', 'exported_parquet']) {
+      const { file, written } = at(name);
+      const opened = await openSource(source(file));
+      expect(opened.format).toBe('sharegpt');
+      await expectConverted(opened, written);
+    }
+  });
+
   it('names a parquet file it cannot read: a truncated copy, and a text file named .parquet', async () => {
     const { file } = at('openai_zstd');
     const cut = path.join(dir, 'truncated.parquet');
@@ -220,11 +229,11 @@ describe.skipIf(!existsSync(DATASETS3_PYTHON))('save_to_disk folders written by 
     if (dir !== undefined) await rm(dir, { recursive: true, force: true });
   });
 
-  it('reads a Dataset and a DatasetDict row for row', async () => {
-    for (const name of ['saved', 'saved_dict']) {
+  it('reads a Dataset, a DatasetDict and its JSON and parquet exports row for row', async () => {
+    for (const name of ['saved', 'saved_dict', 'exported_lines_json', 'exported_array_json', 'exported_parquet']) {
       const written = report[name] as Written;
       const opened = await openSource(source(path.join(dir, written.path)));
-      expect(plain(await rawRowsOf(opened.files, readArrowRows))).toEqual(written.rows);
+      if (name.startsWith('saved')) expect(plain(await rawRowsOf(opened.files, readArrowRows))).toEqual(written.rows);
       await expectConverted(opened, written);
     }
   });

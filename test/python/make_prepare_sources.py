@@ -15,7 +15,9 @@ Writes under OUT_DIR:
   shards/                  part-1, part-2, part-10 .parquet (natural order)
   saved/                   Dataset.save_to_disk of the OpenAI rows in 2 shards
   saved_dict/              DatasetDict(train, test).save_to_disk of ShareGPT rows
-(--only-saved writes saved/ and saved_dict/ only, for another `datasets` version.)
+  exported_lines.json, exported_array.json, exported.parquet
+                           Dataset.to_json (JSON Lines, and lines=False) and Dataset.to_parquet
+(--only-saved writes what `datasets` writes only, for another `datasets` version.)
 
 Prints JSON: {name: {"path", "rows": [the rows as Python has them], "messages": [the chat turns
 each row must become]}} where "path" is relative to OUT_DIR.
@@ -138,6 +140,14 @@ def write_saved(out, result):
     ds = Dataset.from_list(rows, features=Features.from_arrow_schema(OPENAI_SCHEMA))
     ds.save_to_disk(os.path.join(out, "saved"), num_shards=2)
     result["saved"] = entry("saved", ds.to_list(), openai_messages)
+
+    # The files `datasets` exports: JSON Lines saved as .json (its default), a JSON array, parquet.
+    exported = Dataset.from_list(sharegpt_rows(12, seed=9), features=Features.from_arrow_schema(SHAREGPT_SCHEMA))
+    exported.to_json(os.path.join(out, "exported_lines.json"))
+    exported.to_json(os.path.join(out, "exported_array.json"), lines=False, orient="records")
+    exported.to_parquet(os.path.join(out, "exported.parquet"))
+    for name in ("exported_lines.json", "exported_array.json", "exported.parquet"):
+        result[name.replace(".", "_")] = entry(name, exported.to_list(), sharegpt_messages)
 
     train = Dataset.from_list(sharegpt_rows(17, seed=6), features=Features.from_arrow_schema(SHAREGPT_SCHEMA))
     test = Dataset.from_list(sharegpt_rows(4, seed=7, start_id=1000), features=Features.from_arrow_schema(SHAREGPT_SCHEMA))
