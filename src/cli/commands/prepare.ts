@@ -2,7 +2,7 @@ import { relative } from 'node:path';
 import type { Command } from 'commander';
 import type { ChatTokenizer } from '../../shared/index.js';
 import { prepareSources, sourcedDatasets, type DatasetPrepareOutcome } from '../../producers/prepare/prepare.js';
-import { formatPrepareCounts } from '../../producers/prepare/prepare-report.js';
+import { formatPrepareCounts, type PrepareCounts } from '../../producers/prepare/prepare-report.js';
 import { startRunOver } from '../../producers/prepare/prepare-run-guard.js';
 import { openRunContext, type RunContext } from '../run-context.js';
 
@@ -19,6 +19,10 @@ export function formatPrepareOutcome(o: DatasetPrepareOutcome): string {
   return `${o.dataset}: ${what} ${shown(o.prompts)} (${formatPrepareCounts(o.counts)}; ${format}${notes}); report ${shown(o.report)}`;
 }
 
+function printProgress(dataset: string, counts: Readonly<PrepareCounts>): void {
+  process.stderr.write(`tokenmill prepare: ${dataset}: so far ${formatPrepareCounts(counts)}\n`);
+}
+
 /**
  * The `prepare` step of `run`, `produce` and `demo`: prepares the config's sourced datasets with
  * the run's tokenizer, records the numbers for `status`, and refuses to change the prompts of
@@ -30,6 +34,7 @@ export async function prepareForRun(ctx: RunContext, tokenizer?: ChatTokenizer):
     ...(tokenizer === undefined ? {} : { tokenizer }),
     run: { redis: ctx.redis, keys: ctx.keys },
     onDataset: (o) => process.stderr.write(`tokenmill prepare: ${formatPrepareOutcome(o)}\n`),
+    onProgress: printProgress,
   });
 }
 
@@ -64,6 +69,7 @@ export function registerPrepareCommand(program: Command): void {
           onDataset: (o) => {
             if (opts.json !== true) process.stdout.write(`${formatPrepareOutcome(o)}\n`);
           },
+          onProgress: printProgress,
         });
         if (opts.json === true) for (const o of outcomes) process.stdout.write(`${JSON.stringify(o)}\n`);
       } finally {

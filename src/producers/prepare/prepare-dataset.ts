@@ -45,6 +45,9 @@ export interface PrepareDatasetInput {
   recordKept: boolean;
   /** Called with the new file's SHA-256 before it replaces the old one; throw to refuse. */
   beforeCommit?: ((sha256: string) => Promise<void>) | undefined;
+  /** Called about every `progressEveryMs` (default 10 s) with the counts so far. */
+  onProgress?: ((counts: Readonly<PrepareCounts>) => void) | undefined;
+  progressEveryMs?: number | undefined;
 }
 
 export interface PrepareDatasetResult {
@@ -131,9 +134,15 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
     }
   };
 
+  const progressEveryMs = input.progressEveryMs ?? 10_000;
+  let nextProgressMs = Date.now() + progressEveryMs;
   try {
     for await (const row of input.rows) {
       counts.rowsRead += 1;
+      if (input.onProgress !== undefined && (counts.rowsRead & 1023) === 0 && Date.now() >= nextProgressMs) {
+        nextProgressMs = Date.now() + progressEveryMs;
+        input.onProgress({ ...counts });
+      }
       if (!row.ok) {
         counts.malformed += 1;
         example('malformed', row.where, row.reason, row.excerpt === undefined ? {} : { excerpt: row.excerpt });

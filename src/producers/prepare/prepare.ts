@@ -59,6 +59,8 @@ export interface PrepareSourcesOptions {
   open?: (source: PromptSource) => Promise<OpenedSource>;
   /** Called as each dataset is done. */
   onDataset?: (outcome: DatasetPrepareOutcome) => void;
+  /** Called about every 10 s while a dataset is prepared, with its counts so far. */
+  onProgress?: (dataset: string, counts: Readonly<PrepareCounts>) => void;
   logger?: Logger;
 }
 
@@ -121,7 +123,7 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
       const needKept = dedupeAcross && i < lastToPrepare;
       const outcome = p.unchanged && p.stored !== undefined
         ? await keepUnchanged(p, p.stored, config, run)
-        : await prepareOne(p, config, { run, keptBefore, recordKept: needKept, loadTokenizer });
+        : await prepareOne(p, config, { run, keptBefore, recordKept: needKept, loadTokenizer, onProgress: options.onProgress });
       if (needKept) keptBefore.push({ dataset: p.ds.name, hashes: outcome.kept ?? (await keptHashesOf(p.ds.prompts)) });
       const result: DatasetPrepareOutcome = { ...outcome };
       delete (result as OutcomeWithKept).kept;
@@ -167,7 +169,13 @@ async function keepUnchanged(p: Planned, stored: StoredFingerprint, config: Conf
 async function prepareOne(
   p: Planned,
   config: Config,
-  ctx: { run: PrepareSourcesOptions['run']; keptBefore: readonly KeptBy[]; recordKept: boolean; loadTokenizer: () => Promise<ChatTokenizer> },
+  ctx: {
+    run: PrepareSourcesOptions['run'];
+    keptBefore: readonly KeptBy[];
+    recordKept: boolean;
+    loadTokenizer: () => Promise<ChatTokenizer>;
+    onProgress: PrepareSourcesOptions['onProgress'];
+  },
 ): Promise<OutcomeWithKept> {
   const started = Date.now();
   const { ds, opened } = p;
@@ -184,6 +192,7 @@ async function prepareOne(
     keptBefore: ctx.keptBefore,
     recordKept: ctx.recordKept,
     beforeCommit: run === undefined ? undefined : (sha) => checkRunPrompts({ ...run, config }, ds.name, ds.prompts, sha),
+    onProgress: ctx.onProgress === undefined ? undefined : (c) => ctx.onProgress?.(ds.name, c),
   });
   const ms = Date.now() - started;
   await writeStoredFingerprint(result.written, { fingerprint: p.fingerprint, counts: result.counts, ms, inputs: p.inputs });
