@@ -6,6 +6,7 @@ import { ResultsSink, type SinkCrashPoint } from '../producers/results-sink.js';
 import {
   AppError,
   closeRedisConnection,
+  autoConcurrencyOf,
   concurrencyCeiling,
   createRedisConnection,
   generateQueueName,
@@ -77,7 +78,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       keys,
       endpoints: config.sglang.endpoints,
       concurrency: config.sglang.concurrency,
-      autoConcurrency: config.sglang.autoConcurrency,
+      autoConcurrency: autoConcurrencyOf(config.sglang),
       requestTimeoutMs: config.sglang.requestTimeoutMs,
       ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
       healthCheckIntervalMs: config.sglang.healthCheckIntervalMs,

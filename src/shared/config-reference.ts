@@ -74,6 +74,8 @@ export function configReferenceRows(): ConfigReferenceRow[] {
 
 function describeType(node: JsonSchemaNode): string {
   if (node.enum !== undefined) return node.enum.map((v) => JSON.stringify(v)).join(' \\| ');
+  if (node.const !== undefined) return JSON.stringify(node.const);
+  if (Array.isArray(node.anyOf)) return (node.anyOf as JsonSchemaNode[]).map(describeType).join(' \\| ');
   const type = Array.isArray(node.type) ? node.type.join(' \\| ') : (node.type ?? 'any');
   if (type === 'array') {
     const item = node.items === undefined ? 'any' : node.items.properties !== undefined ? 'object' : describeType(node.items);

@@ -21,7 +21,6 @@ export const AutoConcurrencySchema = z
     if (a.min > a.max) ctx.addIssue({ code: 'custom', path: ['min'], message: `expected min <= max (${a.max}), got ${a.min}` });
     else if (a.start < a.min || a.start > a.max) ctx.addIssue({ code: 'custom', path: ['start'], message: `expected start within [min, max] = [${a.min}, ${a.max}], got ${a.start}` });
   })
-  .prefault({})
   .describe('Bounds and pace of `sglang.concurrency: "auto"`; ignored for a fixed concurrency.');
 
 /** Bounds and pace of `sglang.concurrency: "auto"`, defaults applied. */
@@ -35,8 +34,13 @@ export type ConcurrencySetting = number | 'auto';
  * `autoConcurrency.max` for `"auto"` (what client connection pools and the producer's window
  * are sized for).
  */
-export function concurrencyCeiling(sglang: { concurrency: ConcurrencySetting; autoConcurrency: Pick<AutoConcurrency, 'max'> }): number {
-  return sglang.concurrency === 'auto' ? sglang.autoConcurrency.max : sglang.concurrency;
+export function concurrencyCeiling(sglang: { concurrency: ConcurrencySetting; autoConcurrency?: AutoConcurrency | undefined }): number {
+  return sglang.concurrency === 'auto' ? autoConcurrencyOf(sglang).max : sglang.concurrency;
+}
+
+/** `sglang.autoConcurrency` with its defaults (the section is optional in the parsed config). */
+export function autoConcurrencyOf(sglang: { autoConcurrency?: AutoConcurrency | undefined }): AutoConcurrency {
+  return sglang.autoConcurrency ?? AutoConcurrencySchema.parse({});
 }
 
 /** SGLang servers and how requests are sent to them. */
@@ -55,7 +59,7 @@ export const SglangConfigSchema = z
       .describe(
         'Requests in flight per endpoint, summed over all inference workers; `"auto"`: found by itself per endpoint (raised while the server\'s throughput rises and its queue stays short, lowered when it queues or answers 503), within `sglang.autoConcurrency`.',
       ),
-    autoConcurrency: AutoConcurrencySchema,
+    autoConcurrency: AutoConcurrencySchema.optional(),
     api: z
       .enum(['generate', 'chat'])
       .default('generate')

@@ -26,7 +26,7 @@ export { bundledTokenizerPath };
 export { CONFIG_ENV_VARS, type ConfigEnv } from './config-env.js';
 export { NAME_PATTERN } from './config-schema-util.js';
 export { DatasetConfigSchema, SamplingParamsSchema, type DatasetConfig, type SamplingParams } from './config-dataset.js';
-export { SglangConfigSchema, AutoConcurrencySchema, concurrencyCeiling, type AutoConcurrency, type ConcurrencySetting } from './config-sglang.js';
+export { SglangConfigSchema, AutoConcurrencySchema, autoConcurrencyOf, concurrencyCeiling, type AutoConcurrency, type ConcurrencySetting } from './config-sglang.js';
 export { PrepareConfigSchema, PromptSourceSchema, type PromptSource } from './config-source.js';
 export { TrainConfigSchema, TrainStepSchema, type TrainConfig, type TrainStep } from './config-train.js';
 export { formatConfigPath } from './config-issues.js';

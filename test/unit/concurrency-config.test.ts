@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, concurrencyCeiling, loadConfig } from '../../src/shared/index.js';
+import { ConfigError, autoConcurrencyOf, concurrencyCeiling, loadConfig } from '../../src/shared/index.js';
 
 function load(sglang: Record<string, unknown>, text?: string): ReturnType<typeof loadConfig> {
   if (text !== undefined) return loadConfig({ baseDir: '/tmp', text });
@@ -20,7 +20,7 @@ describe('config: sglang.concurrency "auto"', () => {
   it('takes "auto" from YAML, with the documented bounds by default', () => {
     const c = load({}, ['run: r', 'sglang:', '  concurrency: auto', 'datasets:', '  - { name: a, prompts: a.jsonl, tokenBudget: 10 }'].join('\n'));
     expect(c.sglang.concurrency).toBe('auto');
-    expect(c.sglang.autoConcurrency).toEqual({ min: 8, max: 1024, start: 32, intervalMs: 10_000, maxQueued: 8 });
+    expect(autoConcurrencyOf(c.sglang)).toEqual({ min: 8, max: 1024, start: 32, intervalMs: 10_000, maxQueued: 8 });
     expect(concurrencyCeiling(c.sglang)).toBe(1024);
   });
 

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { AppError, formatRunStatus, logger, readRunStatus, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
+import { AppError, autoConcurrencyOf, formatRunStatus, logger, readRunStatus, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
 import { tokenizerLoadOptions } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../workers/postprocess/worker.js';
@@ -78,7 +78,7 @@ function stallWatchdog(ctx: RunContext): StallWatchdog {
     datasets: config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name),
     endpoints: config.sglang.endpoints,
     // With "auto", the least it can be: a dataset is never called stuck for slots that may not exist.
-    concurrencyPerEndpoint: config.sglang.concurrency === 'auto' ? config.sglang.autoConcurrency.min : config.sglang.concurrency,
+    concurrencyPerEndpoint: config.sglang.concurrency === 'auto' ? autoConcurrencyOf(config.sglang).min : config.sglang.concurrency,
     stallAfterMs: config.workers.stallAfterMs,
   });
 }

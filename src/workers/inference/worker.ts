@@ -6,7 +6,7 @@ import type {
   RunKeys} from '../../shared/index.js';
 import {
   AppError,
-  AutoConcurrencySchema,
+  autoConcurrencyOf,
   closeRedisConnection,
   createRedisConnection,
   encodeBatchPayload,
@@ -116,7 +116,7 @@ export class InferenceWorker {
     this.pool = new EndpointPool({
       endpoints: o.endpoints,
       concurrency: o.concurrency,
-      autoConcurrency: o.autoConcurrency ?? AutoConcurrencySchema.parse(undefined),
+      autoConcurrency: o.autoConcurrency ?? autoConcurrencyOf({}),
       ...(o.autoConcurrencyTiming === undefined ? {} : { autoConcurrencyTiming: o.autoConcurrencyTiming }),
       requestTimeoutMs: o.requestTimeoutMs,
       ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
