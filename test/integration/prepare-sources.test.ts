@@ -114,6 +114,37 @@ describe('prepare', () => {
     expect((await promptsOf(again[1]?.prompts ?? '')).map((p) => p.id)).toEqual(['x', 'z']);
   });
 
+  it('with shuffle and limit, dedupeAcross drops only the prompts an earlier dataset kept, not those it left out', async () => {
+    const rows = Array.from({ length: 40 }, (_, i) => conv(`s${i}`, ['human', `shared question ${i}`]));
+    const one = writeJsonl('sub-one.jsonl', rows);
+    const two = writeJsonl('sub-two.jsonl', rows.map((r, i) => ({ ...r, id: `t${i}` })));
+    const [a, b] = await prepareSources({
+      config: config('sub', [
+        { name: 'one', source: { path: one, limit: 10, shuffle: { seed: 3 } }, tokenBudget: 10 },
+        { name: 'two', source: { path: two }, tokenBudget: 10 },
+      ], { dedupeAcross: true }),
+      tokenizer,
+    });
+    const keptByOne = new Set((await promptsOf(a?.prompts ?? '')).map((p) => p.messages[0]?.content));
+    const keptByTwo = (await promptsOf(b?.prompts ?? '')).map((p) => p.messages[0]?.content);
+    expect(keptByOne.size).toBe(10);
+    expect(keptByTwo).toHaveLength(30);
+    expect(keptByTwo.filter((c) => keptByOne.has(c))).toEqual([]);
+    expect(b?.counts.duplicatesAcross).toBe(10);
+  });
+
+  it('a source that cannot be opened, or that is its own prompt file, names the dataset and its config path', async () => {
+    await expect(prepareSources({ config: config('missing', [{ name: 'gone', source: { path: 'nope.jsonl' }, tokenBudget: 10 }]), tokenizer })).rejects.toThrow(
+      /dataset "gone" \(datasets\[0\]\.source\): .*nope\.jsonl/,
+    );
+    const src = writeJsonl('self.jsonl', [conv('1', ['human', 'q'])]);
+    const before = readFileSync(src);
+    await expect(
+      prepareSources({ config: config('self', [{ name: 'self', source: { path: src }, prompts: src, tokenBudget: 10 }]), tokenizer }),
+    ).rejects.toThrow(/dataset "self" \(datasets\[0\]\.source\): the source .* is also the dataset's prompt file/);
+    expect(readFileSync(src).equals(before)).toBe(true);
+  });
+
   it('limit keeps the first prompts; with shuffle a reproducible subset in rank order', async () => {
     const rows = Array.from({ length: 300 }, (_, i) => conv(`r${i}`, ['human', `question ${i}`]));
     const src = writeJsonl('many.jsonl', rows);

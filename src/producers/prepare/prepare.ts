@@ -4,9 +4,10 @@
  * run's other files of the dataset and a fingerprint next to the prompt file. A dataset whose
  * sources and settings are unchanged since its last `prepare` keeps its file as it is.
  */
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { Redis } from 'ioredis';
 import {
+  AppError,
   loadConfiguredTokenizer,
   logger as componentLogger,
   runDir,
@@ -99,7 +100,7 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
   try {
     const planned: Planned[] = [];
     for (const ds of datasets) {
-      const opened = await open(ds.source);
+      const opened = await openNamed(open, ds, config.datasets.indexOf(ds));
       const maxPromptTokens = ds.source.maxPromptTokens ?? config.prepare.maxPromptTokens;
       const inputs = await fingerprintInputs({
         dataset: ds.name,
@@ -137,6 +138,22 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
     if (run !== undefined) await run.redis.hset(run.keys.phases(), 'prepare', 'failed').catch(() => undefined);
     throw e;
   }
+}
+
+/** Opens a dataset's source; what goes wrong names the dataset and its config path, and a source that is its own prompt file is refused. */
+async function openNamed(open: (source: PromptSource) => Promise<OpenedSource>, ds: SourcedDataset, index: number): Promise<OpenedSource> {
+  const where = `dataset "${ds.name}" (datasets[${index}].source)`;
+  let opened: OpenedSource;
+  try {
+    opened = await open(ds.source);
+  } catch (e: unknown) {
+    if (e instanceof AppError) throw new AppError(`${where}: ${e.message}`, { cause: e });
+    throw e;
+  }
+  if (opened.files.some((f) => resolve(f) === resolve(ds.prompts))) {
+    throw new AppError(`${where}: the source ${ds.prompts} is also the dataset's prompt file (datasets[${index}].prompts); prepare would overwrite it — set prompts to another file, or drop it to use <output.dir>/<run>/${ds.name}/prompts.jsonl`);
+  }
+  return opened;
 }
 
 type OutcomeWithKept = DatasetPrepareOutcome & { kept?: Hash64Set | undefined };
