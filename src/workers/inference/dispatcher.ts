@@ -181,7 +181,10 @@ export class Dispatcher {
 
   /** Why the accounting does not add up, or undefined (what a test asserts under faults). */
   invariantViolation(): string | undefined {
-    return this.queue.invariantViolation(this.running.size);
+    // A request whose answer (or error) is being recorded has already put its sample back or settled it.
+    let live = 0;
+    for (const r of this.running.values()) if (!r.settling) live += 1;
+    return this.queue.invariantViolation(live);
   }
 
   /** Samples that could start as soon as a slot frees (not waiting on a budget or a retry delay). */
