@@ -90,6 +90,23 @@ describe('prepare faults', () => {
     expect(tempFiles(s.folder)).toEqual([]);
   });
 
+  it('stopped (SIGTERM) while writing, by itself or inside run: it stops at once, removes its temp file and keeps the old prompt file', async () => {
+    const s = setup('stopped', 60_000, 'v1');
+    await prepare(s.config);
+    const first = sha(s.prompts);
+    writeSource(path.join(tmp.dir, 'stopped.jsonl'), 60_000, 'v2');
+    for (const verb of ['prepare', 'run']) {
+      const p = spawnCli([verb, '-c', s.config]);
+      await waitFor(() => tempFiles(s.folder).some((f) => f.endsWith('.tmp') && statSync(path.join(s.folder, f)).size > 1 << 20), 'the temp prompt file to grow', 60_000, 10);
+      p.child.kill('SIGTERM');
+      const code = await p.exited;
+      expect(code, p.output()).toBe(1);
+      expect(p.output()).toMatch(/prepare of dataset "d" stopped after [\d,]+ rows \(SIGTERM\); its prompt file was left as it was/);
+      expect(tempFiles(s.folder)).toEqual([]);
+      expect(sha(s.prompts)).toBe(first);
+    }
+  });
+
   it('two processes preparing the same dataset at once both finish, leaving one whole file', async () => {
     const s = setup('racing', 20_000, 'race');
     const a = spawnCli(['prepare', '-c', s.config]);

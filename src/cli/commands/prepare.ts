@@ -29,13 +29,30 @@ function printProgress(dataset: string, counts: Readonly<PrepareCounts>): void {
  * a run in progress. Prints a line per dataset to stderr.
  */
 export async function prepareForRun(ctx: RunContext, tokenizer?: ChatTokenizer): Promise<DatasetPrepareOutcome[]> {
-  return prepareSources({
-    config: ctx.config,
-    ...(tokenizer === undefined ? {} : { tokenizer }),
-    run: { redis: ctx.redis, keys: ctx.keys },
-    onDataset: (o) => process.stderr.write(`tokenmill prepare: ${formatPrepareOutcome(o)}\n`),
-    onProgress: printProgress,
-  });
+  return whileNotSignalled((signal) =>
+    prepareSources({
+      config: ctx.config,
+      ...(tokenizer === undefined ? {} : { tokenizer }),
+      run: { redis: ctx.redis, keys: ctx.keys },
+      signal,
+      onDataset: (o) => process.stderr.write(`tokenmill prepare: ${formatPrepareOutcome(o)}\n`),
+      onProgress: printProgress,
+    }),
+  );
+}
+
+/** Runs `fn` with a signal aborted by SIGINT or SIGTERM, so that a prepare stops cleanly (its temp files removed, Redis closed). */
+async function whileNotSignalled<T>(fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const abort = new AbortController();
+  const onSignal = (sig: NodeJS.Signals): void => abort.abort(sig);
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  try {
+    return await fn(abort.signal);
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
 }
 
 /**
@@ -63,14 +80,17 @@ export function registerPrepareCommand(program: Command): void {
           process.stderr.write('tokenmill prepare: no dataset has a `source`; nothing to prepare\n');
           return;
         }
-        const outcomes = await prepareSources({
-          config: ctx.config,
-          run: { redis: ctx.redis, keys: ctx.keys },
-          onDataset: (o) => {
-            if (opts.json !== true) process.stdout.write(`${formatPrepareOutcome(o)}\n`);
-          },
-          onProgress: printProgress,
-        });
+        const outcomes = await whileNotSignalled((signal) =>
+          prepareSources({
+            config: ctx.config,
+            run: { redis: ctx.redis, keys: ctx.keys },
+            signal,
+            onDataset: (o) => {
+              if (opts.json !== true) process.stdout.write(`${formatPrepareOutcome(o)}\n`);
+            },
+            onProgress: printProgress,
+          }),
+        );
         if (opts.json === true) for (const o of outcomes) process.stdout.write(`${JSON.stringify(o)}\n`);
       } finally {
         await ctx.close();

@@ -10,7 +10,7 @@
  * distinct prompt and a kept id), never the prompts.
  */
 import type { ChatMessage, ChatTokenizer } from '../../shared/index.js';
-import { errorMessage, readRawLines } from '../../shared/index.js';
+import { CancelledError, errorMessage, readRawLines } from '../../shared/index.js';
 import { Hash64Set, messagesHash, type Hash64 } from './prompt-hash.js';
 import { AtomicLineWriter, type WrittenFile } from './prompt-file-writer.js';
 import { UniqueIds, promptId } from './prompt-ids.js';
@@ -45,6 +45,8 @@ export interface PrepareDatasetInput {
   recordKept: boolean;
   /** Called with the new file's SHA-256 before it replaces the old one; throw to refuse. */
   beforeCommit?: ((sha256: string) => Promise<void>) | undefined;
+  /** Aborted: the prepare stops at the next row with a `CancelledError`, the old prompt file untouched. */
+  signal?: AbortSignal | undefined;
   /** Called about every `progressEveryMs` (default 10 s) with the counts so far. */
   onProgress?: ((counts: Readonly<PrepareCounts>) => void) | undefined;
   progressEveryMs?: number | undefined;
@@ -138,6 +140,7 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
   let nextProgressMs = Date.now() + progressEveryMs;
   try {
     for await (const row of input.rows) {
+      if (input.signal?.aborted === true) throw new CancelledError(`prepare of dataset "${input.dataset}" stopped after ${counts.rowsRead} rows (${String(input.signal.reason)}); its prompt file was left as it was`);
       counts.rowsRead += 1;
       if (input.onProgress !== undefined && (counts.rowsRead & 1023) === 0 && Date.now() >= nextProgressMs) {
         nextProgressMs = Date.now() + progressEveryMs;

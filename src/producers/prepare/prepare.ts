@@ -60,6 +60,8 @@ export interface PrepareSourcesOptions {
   open?: (source: PromptSource) => Promise<OpenedSource>;
   /** Called as each dataset is done. */
   onDataset?: (outcome: DatasetPrepareOutcome) => void;
+  /** Stops the prepare (a `CancelledError`), leaving every prompt file as it was. */
+  signal?: AbortSignal;
   /** Called about every 10 s while a dataset is prepared, with its counts so far. */
   onProgress?: (dataset: string, counts: Readonly<PrepareCounts>) => void;
   logger?: Logger;
@@ -124,7 +126,7 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
       const needKept = dedupeAcross && i < lastToPrepare;
       const outcome = p.unchanged && p.stored !== undefined
         ? await keepUnchanged(p, p.stored, config, run)
-        : await prepareOne(p, config, { run, keptBefore, recordKept: needKept, loadTokenizer, onProgress: options.onProgress });
+        : await prepareOne(p, config, { run, keptBefore, recordKept: needKept, loadTokenizer, onProgress: options.onProgress, signal: options.signal });
       if (needKept) keptBefore.push({ dataset: p.ds.name, hashes: outcome.kept ?? (await keptHashesOf(p.ds.prompts)) });
       const result: DatasetPrepareOutcome = { ...outcome };
       delete (result as OutcomeWithKept).kept;
@@ -192,6 +194,7 @@ async function prepareOne(
     recordKept: boolean;
     loadTokenizer: () => Promise<ChatTokenizer>;
     onProgress: PrepareSourcesOptions['onProgress'];
+    signal: AbortSignal | undefined;
   },
 ): Promise<OutcomeWithKept> {
   const started = Date.now();
@@ -210,6 +213,7 @@ async function prepareOne(
     recordKept: ctx.recordKept,
     beforeCommit: run === undefined ? undefined : (sha) => checkRunPrompts({ ...run, config }, ds.name, ds.prompts, sha),
     onProgress: ctx.onProgress === undefined ? undefined : (c) => ctx.onProgress?.(ds.name, c),
+    signal: ctx.signal,
   });
   const ms = Date.now() - started;
   await writeStoredFingerprint(result.written, { fingerprint: p.fingerprint, counts: result.counts, ms, inputs: p.inputs });
