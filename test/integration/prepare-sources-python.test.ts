@@ -93,11 +93,21 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
 
   it('reads only the first row groups for a sample, and notes row groups too large to read in little memory', async () => {
     const { file, written } = at('sharegpt_snappy');
-    const first = plain(await rawRowsOf([file], (f) => readParquetRows(f, 9)));
+    const first = plain(await rawRowsOf([file], (f) => readParquetRows(f, { maxRows: 9 })));
     expect(first).toEqual(written.rows.slice(0, 9));
     expect(await largeRowGroupNotes([file])).toEqual([]);
     const [note] = await largeRowGroupNotes([file], 100);
     expect(note?.startsWith(`${file}: row groups of up to 7 rows and 0 MiB uncompressed; each is read whole, taking about ten times that in memory`)).toBe(true);
+  });
+
+  it('reads only the wanted columns when the file has the required ones, else all', async () => {
+    const { file, written } = at('sharegpt_snappy');
+    const some = plain(await rawRowsOf([file], (f) => readParquetRows(f, { columns: { required: ['conversations'], optional: ['id', 'absent'] } })));
+    expect(some).toEqual(written.rows.map((r) => ({ id: r.id, conversations: r.conversations })));
+    const all = plain(await rawRowsOf([file], (f) => readParquetRows(f, { columns: { required: ['messages'], optional: ['id'] } })));
+    expect(all).toEqual(written.rows);
+    const rows = await collect((await openSource(source(file, { format: 'prompt', field: 'question' }))).rows());
+    expect(rows[0]).toMatchObject({ ok: false, reason: 'no column "question" (the prompt column); the row has: id, system, conversations' });
   });
 
   it('reads a zstd OpenAI parquet with tool calls (nested structs in lists) row for row', async () => {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import type { PromptSource } from '../../src/shared/config-source.js';
-import { convertRow, layoutOf, type ConvertedRow } from '../../src/producers/prepare/source-formats.js';
+import { convertRow, layoutOf, wantedColumns, type ConvertedRow } from '../../src/producers/prepare/source-formats.js';
 import type { SourceFormat } from '../../src/producers/prepare/source-types.js';
 
 const src = (extra: Partial<PromptSource> = {}): PromptSource => ({ path: 'x', format: 'auto', ...extra });
@@ -169,5 +169,13 @@ describe('prompt', () => {
     expect(reason(convert('prompt', { text: 'x' }, { field: 'question' }))).toBe('no column "question" (the prompt column); the row has: text');
     expect(reason(convert('prompt', { question: null }, { field: 'question' }))).toBe('column "question" is null: expected a string');
     expect(reason(convert('prompt', { question: ' \n' }, { field: 'question' }))).toBe('column "question" is empty');
+  });
+});
+
+describe('wantedColumns', () => {
+  it('names the columns each format reads; configured ones are required', () => {
+    expect(wantedColumns(layoutOf('sharegpt', src()))).toEqual({ required: ['conversations'], optional: ['id', 'system'] });
+    expect(wantedColumns(layoutOf('alpaca', src({ fields: { id: 'uid' } })))).toEqual({ required: ['uid', 'instruction'], optional: ['system', 'input', 'output', 'response'] });
+    expect(wantedColumns(layoutOf('prompt', src({ field: 'problem', fields: { system: 'sys' } })))).toEqual({ required: ['sys', 'problem'], optional: ['id'] });
   });
 });

@@ -91,6 +91,34 @@ export function layoutOf(format: SourceFormat, source: PromptSource, found: { tu
   };
 }
 
+/** The columns a conversion reads: those it cannot do without, and those it reads when present. */
+export interface WantedColumns {
+  required: string[];
+  optional: string[];
+}
+
+/** The columns {@link convertRow} reads with `layout`; a reader may leave the others out. */
+export function wantedColumns(layout: SourceLayout): WantedColumns {
+  const required: string[] = [];
+  const optional: string[] = [];
+  (layout.id.explicit ? required : optional).push(layout.id.column);
+  (layout.system.explicit ? required : optional).push(layout.system.column);
+  switch (layout.format) {
+    case 'openai':
+    case 'sharegpt':
+      required.push(layout.messages);
+      break;
+    case 'alpaca':
+      required.push(layout.instruction);
+      optional.push(layout.input, ...layout.output);
+      break;
+    case 'prompt':
+      required.push(layout.prompt);
+      break;
+  }
+  return { required, optional };
+}
+
 /** A row converted: its id (when it has one) and turns, or why it cannot be. */
 export type ConvertedRow = { ok: true; id?: string; messages: SourceMessage[] } | { ok: false; reason: string; excerpt?: string };
 

@@ -1,9 +1,9 @@
 /** Rows of a parquet source file, read a row group at a time through a file handle. */
 import { open, type FileHandle } from 'node:fs/promises';
-import { parquetMetadataAsync, parquetReadObjects, type AsyncBuffer, type FileMetaData } from 'hyparquet';
+import { parquetMetadataAsync, parquetReadObjects, parquetSchema, type AsyncBuffer, type FileMetaData } from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
 import { errorMessage } from '../../shared/errors.js';
-import { SourceError, type RawRow } from './source-raw.js';
+import { SourceError, type RawReadOptions, type RawRow } from './source-raw.js';
 
 /** An AsyncBuffer over an open file: each slice is one positioned read, so only what a row group needs is in memory. */
 function fileBuffer(fh: FileHandle, byteLength: number): AsyncBuffer {
@@ -26,12 +26,14 @@ function fileBuffer(fh: FileHandle, byteLength: number): AsyncBuffer {
 
 /**
  * The rows of a parquet file as plain objects (nested lists and structs as arrays and objects,
- * 64-bit integers as bigints), a row group at a time: memory holds one row group's rows, so a
- * file written with huge row groups costs as much. Any codec of hyparquet-compressors is read
+ * 64-bit integers as bigints), of the wanted columns when the file has them, a row group at a
+ * time: memory holds one row group's rows, so a file written with huge row groups costs as
+ * much. Any codec of hyparquet-compressors is read
  * (snappy, zstd, gzip, brotli, lz4). A file that cannot be read throws a {@link SourceError}
  * naming it.
  */
-export async function* readParquetRows(file: string, maxRows = Infinity): AsyncGenerator<RawRow> {
+export async function* readParquetRows(file: string, options: RawReadOptions = {}): AsyncGenerator<RawRow> {
+  const maxRows = options.maxRows ?? Infinity;
   let fh: FileHandle;
   try {
     fh = await open(file, 'r');
@@ -46,13 +48,14 @@ export async function* readParquetRows(file: string, maxRows = Infinity): AsyncG
     } catch (e: unknown) {
       throw new SourceError(`${file} is not a readable parquet file: ${errorMessage(e)}`, { cause: e });
     }
+    const columns = projection(metadata, options.columns);
     let row = 0;
     for (const [g, group] of metadata.row_groups.entries()) {
       if (row >= maxRows) break;
       const rows = Math.min(Number(group.num_rows), maxRows - row);
       let objects: Record<string, unknown>[];
       try {
-        objects = await parquetReadObjects({ file: buffer, metadata, rowStart: row, rowEnd: row + rows, compressors });
+        objects = await parquetReadObjects({ file: buffer, metadata, rowStart: row, rowEnd: row + rows, compressors, ...(columns === undefined ? {} : { columns }) });
       } catch (e: unknown) {
         throw new SourceError(`cannot read row group ${g} (rows ${row}..${row + rows - 1}) of ${file}: ${errorMessage(e)}`, { cause: e });
       }
@@ -64,6 +67,15 @@ export async function* readParquetRows(file: string, maxRows = Infinity): AsyncG
   } finally {
     await fh.close();
   }
+}
+
+/** The top-level columns to read: the wanted ones the file has, or undefined (all) when it lacks a required one. */
+function projection(metadata: FileMetaData, wanted: RawReadOptions['columns']): string[] | undefined {
+  if (wanted === undefined) return undefined;
+  const names = parquetSchema(metadata).children.map((c) => c.element.name);
+  if (!wanted.required.every((c) => names.includes(c))) return undefined;
+  const keep = new Set([...wanted.required, ...wanted.optional]);
+  return names.filter((n) => keep.has(n));
 }
 
 /**

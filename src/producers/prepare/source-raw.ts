@@ -9,11 +9,20 @@ import type { SourceRowWhere } from './source-types.js';
 /** One row of a source file, before conversion. */
 export type RawRow = { ok: true; value: unknown; where: SourceRowWhere } | { ok: false; reason: string; where: SourceRowWhere; excerpt?: string };
 
-/**
- * Reads the rows of one file, in order. `maxRows`: the caller stops after that many rows (the
- * detection's sample), so a reader that decodes rows in blocks may decode fewer.
- */
-export type RawRowReader = (file: string, maxRows?: number) => AsyncGenerator<RawRow>;
+/** How a file is to be read: all of it or its first rows, all columns or some. */
+export interface RawReadOptions {
+  /** The caller stops after this many rows (the detection's sample): a reader that decodes rows in blocks may decode fewer. */
+  maxRows?: number;
+  /**
+   * The columns the caller reads: a columnar reader may leave the others out, when the file has
+   * every required one (else it reads them all, so a row's missing column is reported among
+   * the columns it has).
+   */
+  columns?: { required: readonly string[]; optional: readonly string[] };
+}
+
+/** Reads the rows of one file, in order. */
+export type RawRowReader = (file: string, options?: RawReadOptions) => AsyncGenerator<RawRow>;
 
 /** A source that cannot be opened or read (missing path, unknown layout, unreadable file): says what, where and what to do. */
 export class SourceError extends AppError {}

@@ -6,7 +6,7 @@ import type { PromptSource } from '../../shared/config-source.js';
 import { readArrowRows } from './source-arrow.js';
 import { SAMPLE_ROWS, resolveLayout, type SampleRow } from './source-detect.js';
 import { listSourceFiles, type SourceFileKind } from './source-files.js';
-import { convertRow, type SourceLayout } from './source-formats.js';
+import { convertRow, wantedColumns, type SourceLayout } from './source-formats.js';
 import { readJsonRows } from './source-json.js';
 import { readJsonlRows } from './source-jsonl.js';
 import { largeRowGroupNotes, readParquetRows } from './source-parquet.js';
@@ -55,7 +55,7 @@ async function sampleRows(files: readonly string[], read: RawRowReader): Promise
   let bad: Extract<RawRow, { ok: false }> | undefined;
   let seen = 0;
   for (const file of files) {
-    for await (const r of read(file, SAMPLE_ROWS - seen)) {
+    for await (const r of read(file, { maxRows: SAMPLE_ROWS - seen })) {
       if (r.ok && typeof r.value === 'object' && r.value !== null && !Array.isArray(r.value)) ok.push({ value: r.value as Record<string, unknown>, where: r.where });
       else if (!r.ok) bad ??= r;
       if (++seen >= SAMPLE_ROWS) break;
@@ -66,8 +66,9 @@ async function sampleRows(files: readonly string[], read: RawRowReader): Promise
 }
 
 async function* convertedRows(files: readonly string[], read: RawRowReader, layout: SourceLayout): AsyncGenerator<SourceRow> {
+  const columns = wantedColumns(layout);
   for (const file of files) {
-    for await (const r of read(file)) {
+    for await (const r of read(file, { columns })) {
       if (!r.ok) {
         yield r;
         continue;
