@@ -97,7 +97,7 @@ export function registerGenerationCommands(program: Command): void {
   program
     .command('run')
     .description(
-      'run the whole pipeline in this process (producer, inference worker, results sinks) until every dataset is completed, then tokenize and merge into the training dataset',
+      'run the whole pipeline in this process (the datasets\' sources prepared into prompt files, producer, inference worker, results sinks) until every dataset is completed, then tokenize and merge into the training dataset',
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print the final status as JSON')
