@@ -155,6 +155,15 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     await expectConverted(opened, written);
   });
 
+  it('reads one Arrow shard given as the path', async () => {
+    const { file, written } = at('saved');
+    const shard = path.join(file, 'data-00001-of-00002.arrow');
+    const rows = await collect((await openSource(source(shard))).rows());
+    const first = written.rows.length - rows.length;
+    expect(rows.length).toBeGreaterThan(0);
+    expect(rows.map((r) => (r.ok ? r.id : r.reason))).toEqual(written.rows.slice(first).map((r) => r.id));
+  });
+
   it('reads the train split of a save_to_disk DatasetDict and says so', async () => {
     const { file, written } = at('saved_dict');
     const opened = await openSource(source(file));
