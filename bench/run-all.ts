@@ -17,6 +17,7 @@ import { mergeScaling } from './merge-scaling.js';
 import { prepareMemory } from './prepare-memory.js';
 import { producerMemory } from './producer-memory.js';
 import { redisMemory } from './redis-memory.js';
+import { requestOverhead } from './request-overhead.js';
 import { seedsWorkload } from './seeds-workload.js';
 import { throughputCeiling } from './throughput-ceiling.js';
 import { tokenizeThroughput } from './tokenize-throughput.js';
@@ -30,6 +31,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'prepare-memory': () => prepareMemory(),
   'tokenize-throughput': () => tokenizeThroughput(),
   'merge-scaling': () => mergeScaling(),
+  'request-overhead': () => requestOverhead(),
   'concurrency-auto': () => concurrencyAuto(),
   'seeds-workload': () => seedsWorkload(),
   'long-completions': () => longCompletions(),
