@@ -34,6 +34,24 @@ export const PREPARE_STATS_FIELDS = {
   promptsSha256: 'promptsSha256',
 } as const;
 
+/** A dataset's prepare numbers as `status --json` shows them. */
+export interface PreparedCounts {
+  rows: number;
+  kept: number;
+  duplicates: number;
+  tooLong: number;
+  empty: number;
+  malformed: number;
+}
+
+/** The prepare numbers in a dataset's stats hash (read with HGETALL), or null before any `prepare`. */
+export function preparedCounts(stats: Record<string, string>): PreparedCounts | null {
+  const f = PREPARE_STATS_FIELDS;
+  if (stats[f.rows] === undefined) return null;
+  const num = (k: string): number => Number(stats[k] ?? 0);
+  return { rows: num(f.rows), kept: num(f.kept), duplicates: num(f.duplicates), tooLong: num(f.tooLong), empty: num(f.empty), malformed: num(f.malformed) };
+}
+
 /** One line of numbers per phase; '' where there is nothing yet. */
 export interface PhaseDetails {
   prepare: string;

@@ -5,7 +5,7 @@ import { readEndpointHealth, type EndpointHealthSummary } from './endpoint-healt
 import { generateQueueName } from './queues.js';
 import type { EndpointRequestStats } from './request-stats.js';
 import type { RunKeys } from './run-keys.js';
-import { readPhaseDetails } from './run-phases.js';
+import { preparedCounts, readPhaseDetails, type PreparedCounts } from './run-phases.js';
 import { readStalls } from './stall-watchdog.js';
 import { readTrainStatus, trainPhaseDetail, type TrainStatus } from './train-status.js';
 import { readWorkers, sumEndpointRequests, type WorkerInfo } from './worker-registry.js';
@@ -32,6 +32,8 @@ export interface DatasetStatus {
   skipped: number;
   /** Prompt lines rejected (bad JSON, missing fields, duplicate ids, too long). */
   rejected: number;
+  /** What `tokenmill prepare` made of the dataset's source; null without a source or before it ran. */
+  prepared?: PreparedCounts | null;
   /** Committed output tokens per second over the last minute. */
   tokensPerSec: number;
   /** Time left at the fastest and slowest recent rate; null while unknown. */
@@ -125,6 +127,7 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusC
       failed,
       skipped,
       rejected: Number(stats.rejected ?? 0),
+      prepared: preparedCounts(stats),
       tokensPerSec,
       etaSeconds: status === 'completed' ? { low: 0, high: 0 } : eta,
       status,

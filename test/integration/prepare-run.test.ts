@@ -73,6 +73,8 @@ describe('run with a source', () => {
     const prepare = s.phases.find((p) => p.name === 'prepare');
     expect(prepare?.status).toBe('completed');
     expect(prepare?.detail).toMatch(/^1 source: 14 rows read, 12 kept, 1 duplicates, 0 too long, 0 empty, 1 malformed/);
+    expect(s.datasets.find((d) => d.name === 'chats')?.prepared).toEqual({ rows: 14, kept: 12, duplicates: 1, tooLong: 0, empty: 0, malformed: 1 });
+    expect(s.datasets.find((d) => d.name === 'plain')?.prepared).toBeNull();
     const table = await cli(['status', '-c', configPath]);
     expect(table).toMatch(/prepare: 1 source: 14 rows read, 12 kept/);
   });
