@@ -110,6 +110,14 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     expect(rows[0]).toMatchObject({ ok: false, reason: 'no column "question" (the prompt column); the row has: id, system, conversations' });
   });
 
+  it('reads gzip, brotli, lz4, data page v2 without dictionaries, and large_string/large_list columns', async () => {
+    for (const name of ['variant_gzip', 'variant_brotli', 'variant_lz4', 'variant_none_v2', 'variant_large_types']) {
+      const { file, written } = at(name);
+      expect(plain(await rawRowsOf([file], readParquetRows)), name).toEqual(written.rows);
+      await expectConverted(await openSource(source(file)), written);
+    }
+  });
+
   it('reads a zstd OpenAI parquet with tool calls (nested structs in lists) row for row', async () => {
     const { file, written } = at('openai_zstd');
     expect(plain(await rawRowsOf([file], readParquetRows))).toEqual(written.rows);

@@ -13,6 +13,8 @@ Writes under OUT_DIR:
                            data/train-0000{0,1,2}-of-00003.parquet, data/test-00000-of-00001.parquet,
                            README.md, .gitattributes, .cache/huggingface/...
   shards/                  part-1, part-2, part-10 .parquet (natural order)
+  variant_*.parquet        ShareGPT rows with gzip, brotli, lz4, no codec with data page v2 and
+                           no dictionary, and large_string/large_list types
   saved/                   Dataset.save_to_disk of the OpenAI rows in 2 shards
   saved_dict/              DatasetDict(train, test).save_to_disk of ShareGPT rows
   exported_lines.json, exported_array.json, exported.parquet
@@ -182,6 +184,27 @@ def main():
         with open(os.path.join(hub, ".cache", "huggingface", "download", "data", "train-00000-of-00003.parquet.metadata"), "w") as f:
             f.write("0123abcd\n")
         result["hub"] = entry("hub", train, sharegpt_messages)
+
+        # Other codecs, data page v2 without dictionaries, and the large Arrow types (64-bit offsets).
+        large = pa.schema(
+            [
+                ("id", pa.int64()),
+                ("system", pa.large_string()),
+                ("conversations", pa.large_list(pa.struct([("from", pa.large_string()), ("value", pa.large_string())]))),
+            ]
+        )
+        variants = [
+            ("gzip", dict(compression="gzip"), SHAREGPT_SCHEMA),
+            ("brotli", dict(compression="brotli"), SHAREGPT_SCHEMA),
+            ("lz4", dict(compression="lz4"), SHAREGPT_SCHEMA),
+            ("none_v2", dict(compression="none", data_page_version="2.0", use_dictionary=False), SHAREGPT_SCHEMA),
+            ("large_types", dict(compression="zstd"), large),
+        ]
+        for name, opts, schema in variants:
+            path = os.path.join(out, f"variant_{name}.parquet")
+            table = pa.Table.from_pylist(sharegpt_rows(15, seed=10), schema=schema)
+            pq.write_table(table, path, row_group_size=6, **opts)
+            result[f"variant_{name}"] = entry(f"variant_{name}.parquet", pq.read_table(path).to_pylist(), sharegpt_messages)
 
         shards = []
         base = openai_rows(30, seed=8)
