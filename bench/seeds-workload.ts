@@ -127,14 +127,14 @@ export const DEFAULT_SEEDS_WORKLOAD: SeedsWorkloadOptions = {
   sigma: 0.8,
   maxNewTokens: 10_240,
   clients: ['tokenmill', 'batch-and-wait', 'semaphore'],
-  timeScale: { tokenmill: 150, 'batch-and-wait': 300, semaphore: 300 },
+  timeScale: { tokenmill: 150, 'batch-and-wait': 600, semaphore: 600 },
   scaleCheck: { budgetPerDataset: 500_000, clients: ['tokenmill'], timeScaleFactors: [1, 0.5] },
 };
 
 /**
  * BENCH_SEEDS_BUDGET: tokens per dataset (default 2.5M, a quarter of the users' 10M, so that the
  * run fits in ~12 minutes; 10000000 is their workload, ~45 minutes). BENCH_SEEDS_SERVERS (e.g.
- * `1`), BENCH_SEEDS_CLIENTS (e.g. `tokenmill,semaphore`), BENCH_SEEDS_TIME_SCALE_FACTOR (times
+ * `1`, or `none` for the time-scale check alone), BENCH_SEEDS_CLIENTS (e.g. `tokenmill,semaphore`), BENCH_SEEDS_TIME_SCALE_FACTOR (times
  * every timeScale) and BENCH_SEEDS_SCALE_CHECK=0 select parts.
  */
 export function seedsWorkloadOptionsFromEnv(env: NodeJS.ProcessEnv = process.env): SeedsWorkloadOptions {
@@ -143,7 +143,7 @@ export function seedsWorkloadOptionsFromEnv(env: NodeJS.ProcessEnv = process.env
   if (Number.isFinite(budget) && budget > 0) o.budgetPerDataset = budget;
   if (env['BENCH_SEEDS_SCALE_CHECK'] === '0') o.scaleCheck = undefined;
   const servers = env['BENCH_SEEDS_SERVERS'];
-  if (servers !== undefined && servers !== '') o.servers = servers.split(',').map(Number);
+  if (servers !== undefined && servers !== '') o.servers = servers === 'none' ? [] : servers.split(',').map(Number);
   const clients = env['BENCH_SEEDS_CLIENTS'];
   if (clients !== undefined && clients !== '') o.clients = clients.split(',') as WorkloadClient[];
   const f = Number(env['BENCH_SEEDS_TIME_SCALE_FACTOR'] ?? NaN);
