@@ -61,6 +61,9 @@ OPENAI_SCHEMA = pa.schema(
             "messages",
             pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string()), ("tool_calls", pa.list_(TOOL_CALL))])),
         ),
+        ("score", pa.float64()),
+        ("tags", pa.list_(pa.string())),
+        ("ok", pa.bool_()),
     ]
 )
 
@@ -107,7 +110,7 @@ def openai_rows(n, seed):
             msgs.append({"role": "assistant", "content": None, "name": None, "tool_calls": [call]})
             msgs.append({"role": "tool", "content": "42", "name": "lookup", "tool_calls": None})
         msgs.append({"role": "assistant", "content": text(rng), "name": None, "tool_calls": None})
-        rows.append({"id": f"oa-{i}", "messages": msgs})
+        rows.append({"id": f"oa-{i}", "messages": msgs, "score": None if i % 7 == 3 else i / 4, "tags": ["math", "code", "chat"][: i % 4], "ok": i % 2 == 0})
     return rows
 
 
