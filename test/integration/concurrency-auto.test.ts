@@ -40,13 +40,13 @@ interface Running {
 }
 
 /** Runs generation with `concurrency: auto`, polling the endpoint's record every 100 ms. */
-async function runAuto(run: string, s: SimulatorHandle, auto: Record<string, number>): Promise<Running> {
+async function runAuto(run: string, s: SimulatorHandle, auto: Record<string, number>, more: SimulatorHandle[] = []): Promise<Running> {
   const cfg = loadConfig({
     baseDir: tmp.dir,
     object: {
       run,
       redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [s.url], concurrency: 'auto', autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto }, requestTimeoutMs: 60_000 },
+      sglang: { endpoints: [s.url, ...more.map((m) => m.url)], concurrency: 'auto', autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto }, requestTimeoutMs: 60_000 },
       datasets: [{ name: 'ds', prompts: 'auto.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16 }],
       output: { dir: `out-${run}` },
       workers: { shutdownGraceMs: 500 },
@@ -159,6 +159,37 @@ describe('sglang.concurrency: auto against the simulator', () => {
       expect(after?.overloads).toBeGreaterThan(0);
       expect(after?.cap).toBeLessThan(64);
       expect(s.stats().failed).toBeGreaterThan(0);
+    } finally {
+      await r.stop();
+    }
+  }, 150_000);
+
+  it('steers each endpoint on its own: two servers of different sizes get their own values, and each keeps to its own', async () => {
+    const small = await sim({ maxRunningRequests: 6 });
+    const large = await sim({ maxRunningRequests: 30 });
+    const r = await runAuto('two', small, { start: 4 }, [large]);
+    const capOf = async (url: string): Promise<number | undefined> => parseEndpointConcurrency(await r.ctx.redis.hgetall(endpointConcurrencyKey(r.ctx.keys, url)))?.cap;
+    try {
+      await waitFor(async () => ((await capOf(large.url)) ?? 0) >= 30, 'the large server\'s value to reach its running limit', 90_000, 100);
+      // Every lease on each endpoint stays within that endpoint's value (plus what a step back leaves draining).
+      const deadline = Date.now() + 3_000;
+      let sawBoth = false;
+      while (Date.now() < deadline) {
+        const [capSmall, capLarge, leasesSmall, leasesLarge] = await Promise.all([
+          capOf(small.url),
+          capOf(large.url),
+          r.ctx.redis.zcard(r.ctx.keys.endpointLeases(small.url)),
+          r.ctx.redis.zcard(r.ctx.keys.endpointLeases(large.url)),
+        ]);
+        expect(capSmall).toBeLessThanOrEqual(6 + 8);
+        expect(leasesSmall).toBeLessThanOrEqual(6 + 8);
+        expect(leasesLarge).toBeLessThanOrEqual((capLarge ?? 0) * 1.25 + 1);
+        if (leasesSmall > 0 && leasesLarge > 6 + 8) sawBoth = true;
+        await new Promise((res) => setTimeout(res, 100));
+      }
+      expect(sawBoth).toBe(true);
+      expect(small.stats().maxRunningObserved).toBe(6);
+      expect(large.stats().maxRunningObserved).toBeGreaterThanOrEqual(28);
     } finally {
       await r.stop();
     }
