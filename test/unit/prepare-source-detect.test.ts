@@ -81,10 +81,11 @@ describe('format detection', () => {
 });
 
 describe('explicit formats', () => {
-  it('take their defaults; openai takes conversations when the rows have no messages', () => {
+  it('take their defaults; openai takes conversations when the rows have no messages, sharegpt messages when they have no conversations', () => {
     expect(detect(samples({ conversations: [] }), { format: 'openai' }).layout.messages).toBe('conversations');
     expect(detect(samples({ x: 1 }), { format: 'openai' }).layout.messages).toBe('messages');
     expect(detect([], { format: 'sharegpt' }).layout).toMatchObject({ messages: 'conversations', role: 'from', content: 'value' });
+    expect(detect(samples({ messages: [{ from: 'human', value: 'x' }] }), { format: 'sharegpt' }).layout.messages).toBe('messages');
     expect(detect([], { format: 'sharegpt', fields: { messages: 'c', role: 'r' } }).layout).toMatchObject({ messages: 'c', role: 'r', content: 'value' });
     expect(detect([], { format: 'prompt', field: 'q' }).detectedFrom).toBeUndefined();
   });

@@ -1,8 +1,8 @@
 /**
  * Resolves a source's format and layout from its config and its first rows: `format: auto`
  * is detected (turn lists first, then `alpaca`, then one well-known text column) and said
- * where from; an explicit format takes its defaults, `fields` and, for `openai` without
- * `fields.messages`, the list column the rows have.
+ * where from; an explicit format takes its defaults, `fields` and, for `openai` or `sharegpt`
+ * without `fields.messages`, the list column the rows have (`messages` or `conversations`).
  */
 import type { PromptSource } from '../../shared/config-source.js';
 import { PROMPT_COLUMNS, layoutOf, typeName, type SourceLayout } from './source-formats.js';
@@ -33,7 +33,8 @@ export interface ResolvedLayout {
  */
 export function resolveLayout(source: PromptSource, samples: readonly SampleRow[], describe: string): ResolvedLayout {
   if (source.format !== 'auto') {
-    const turnsColumn = source.format === 'openai' && source.fields?.messages === undefined ? findTurnColumn(samples, ['messages', 'conversations']) : undefined;
+    const candidates = source.format === 'openai' ? ['messages', 'conversations'] : source.format === 'sharegpt' ? ['conversations', 'messages'] : [];
+    const turnsColumn = source.fields?.messages === undefined ? findTurnColumn(samples, candidates) : undefined;
     return { layout: layoutOf(source.format, source, { turnsColumn }) };
   }
   if (source.field !== undefined || source.fields?.prompt !== undefined) {

@@ -70,7 +70,7 @@ export const PROMPT_COLUMNS = ['prompt', 'question', 'problem', 'text', 'query']
 export const ALPACA_OUTPUT_COLUMNS = ['output', 'response'] as const;
 
 /**
- * The layout of a format given the config's `field`, `fields` and `roles`. For `openai` without
+ * The layout of a format given the config's `field`, `fields` and `roles`. Without
  * `fields.messages`, `turnsColumn` (the list column found in the first rows) is used.
  */
 export function layoutOf(format: SourceFormat, source: PromptSource, found: { turnsColumn?: string; prompt?: string } = {}): SourceLayout {
