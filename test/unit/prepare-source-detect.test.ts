@@ -46,6 +46,7 @@ describe('format detection', () => {
     expect(formatOf(samples({ problem: 'p', generated_solution: 's', expected_answer: '1' }))).toEqual(['prompt', 'text column problem in the first row']);
     expect(detect(samples({ question: 'q', answer: 'a' })).layout.prompt).toBe('question');
     expect(formatOf(samples({ prompt: 'p', story: 's' }))).toEqual(['prompt', 'text column prompt in the first row']);
+    expect(formatOf(samples({ question: null, n: 1 }, { question: 'q', n: 2 }))).toEqual(['prompt', 'text column question in line 2 of d.jsonl']);
     expect(formatOf(samples({ body: 'b' }), { field: 'body' })).toEqual(['prompt', 'field is set']);
     expect(detect(samples({ body: 'b' }), { fields: { prompt: 'body' } }).layout.prompt).toBe('body');
   });

@@ -56,12 +56,14 @@ export function resolveLayout(source: PromptSource, samples: readonly SampleRow[
       detectedFrom: `column instruction${out.length > 0 ? ` with ${out.join('/')}` : ''} in ${rowName(instruction, samples)}`,
     };
   }
-  const texts = PROMPT_COLUMNS.filter((c) => typeof first.value[c] === 'string');
+  const textsOf = (s: SampleRow): string[] => PROMPT_COLUMNS.filter((c) => typeof s.value[c] === 'string');
+  const withText = samples.find((s) => textsOf(s).length > 0) ?? first;
+  const texts = textsOf(withText);
   if (texts.length === 1) {
     const prompt = texts[0] as string;
-    return { layout: layoutOf('prompt', source, { prompt }), detectedFrom: `text column ${prompt} in the first row` };
+    return { layout: layoutOf('prompt', source, { prompt }), detectedFrom: `text column ${prompt} in ${rowName(withText, samples)}` };
   }
-  const seen = `columns seen in ${describeWhere(first.where)}: ${columnsWithTypes(first.value)}`;
+  const seen = `columns seen in ${describeWhere(withText.where)}: ${columnsWithTypes(withText.value)}`;
   if (texts.length > 1) {
     throw new SourceError(`${describe}: cannot detect the format: several text columns could be the prompt (${texts.join(', ')}); set field to the one to use (${seen})`);
   }
