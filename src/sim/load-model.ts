@@ -86,6 +86,13 @@ export interface LoadModelConfig {
   maxRunningRequests: number;
   singleRequestTokensPerSec: number;
   peakTokensPerSec: number;
+  /**
+   * Beyond this many requests decoding, the batch slows down as a server short of KV cache or
+   * memory bandwidth does: T(B) is divided by 1 + `declinePerRequest` * (B - this). Default: never.
+   */
+  declineAboveBatch?: number;
+  /** Share of throughput lost per request beyond `declineAboveBatch` (default 0.01). */
+  declinePerRequest?: number;
   prefillTokensPerSec: number;
   /** Simulated seconds per wall second. */
   timeScale: number;
@@ -128,12 +135,14 @@ export interface LoadSnapshot {
 /** T(B): total decode tokens per simulated second with B requests decoding. */
 export function batchThroughput(
   batchSize: number,
-  config: Pick<LoadModelConfig, 'singleRequestTokensPerSec' | 'peakTokensPerSec'>,
+  config: Pick<LoadModelConfig, 'singleRequestTokensPerSec' | 'peakTokensPerSec' | 'declineAboveBatch' | 'declinePerRequest'>,
 ): number {
   if (batchSize <= 0) return 0;
   const peak = Math.max(config.peakTokensPerSec, config.singleRequestTokensPerSec);
   const k = peak / config.singleRequestTokensPerSec - 1;
-  return (peak * batchSize) / (batchSize + k);
+  const t = (peak * batchSize) / (batchSize + k);
+  const above = config.declineAboveBatch === undefined ? 0 : batchSize - config.declineAboveBatch;
+  return above > 0 ? t / (1 + (config.declinePerRequest ?? 0.01) * above) : t;
 }
 
 /** Within this many wall ms of its end, an event counts as reached (avoids 0 ms timer loops). */

@@ -15,6 +15,8 @@ export interface ResolvedOptions {
   singleRequestTokensPerSec: number;
   peakTokensPerSec: number;
   prefillTokensPerSec: number;
+  declineAboveBatch: number | undefined;
+  declinePerRequest: number;
   outputLength: OutputLengthSpec;
   tokenizerPath: string;
   modelPath: string;
@@ -61,6 +63,8 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     singleRequestTokensPerSec: positive('singleRequestTokensPerSec', o.singleRequestTokensPerSec ?? 80),
     peakTokensPerSec: positive('peakTokensPerSec', o.peakTokensPerSec ?? 2500),
     prefillTokensPerSec: positive('prefillTokensPerSec', o.prefillTokensPerSec ?? 20000),
+    declineAboveBatch: o.declineAboveBatch === undefined ? undefined : positiveInt('declineAboveBatch', o.declineAboveBatch),
+    declinePerRequest: positive('declinePerRequest', o.declinePerRequest ?? 0.01),
     outputLength,
     tokenizerPath: o.tokenizerPath ?? bundledTokenizerPath(),
     modelPath: o.modelPath ?? BUNDLED_TOKENIZER_MODEL,

@@ -75,6 +75,7 @@ export class SimState {
         singleRequestTokensPerSec: o.singleRequestTokensPerSec,
         peakTokensPerSec: o.peakTokensPerSec,
         prefillTokensPerSec: o.prefillTokensPerSec,
+        ...(o.declineAboveBatch === undefined ? {} : { declineAboveBatch: o.declineAboveBatch, declinePerRequest: o.declinePerRequest }),
         timeScale: o.timeScale,
       },
       realClock,

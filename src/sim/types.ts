@@ -28,6 +28,13 @@ export interface SimulatorOptions {
   peakTokensPerSec?: number;
   /** Prefill speed (prompt tokens minus cached prefix), tokens per second; default 20000. */
   prefillTokensPerSec?: number;
+  /**
+   * Beyond this many requests decoding, total throughput falls (a server short of KV cache or
+   * memory bandwidth): T(B) / (1 + declinePerRequest * (B - declineAboveBatch)). Default: never.
+   */
+  declineAboveBatch?: number;
+  /** Default 0.01. */
+  declinePerRequest?: number;
   /** Completion length distribution; default lognormal, mean 2700, sigma 0.8. */
   outputLength?: OutputLengthSpec;
   /** Tokenizer folder; default the bundled Qwen3 tokenizer. */

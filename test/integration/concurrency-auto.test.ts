@@ -127,6 +127,30 @@ describe('sglang.concurrency: auto against the simulator', () => {
     }
   }, 150_000);
 
+  it('goes back when more requests in flight stop raising throughput, though the server does not queue', async () => {
+    // Throughput peaks near 27 decoding and falls beyond (a server short of KV cache); 128 could run.
+    const s = await sim({ maxRunningRequests: 128, singleRequestTokensPerSec: 50, peakTokensPerSec: 1_500, declineAboveBatch: 24, declinePerRequest: 0.02 });
+    const r = await runAuto('plateau', s, { start: 8 });
+    try {
+      const back = await waitFor(
+        async () => {
+          const c = await r.current();
+          return c !== undefined && c.reason.startsWith('went back') ? c : undefined;
+        },
+        'a step back on flat throughput',
+        90_000,
+        50,
+      );
+      expect(back?.cap).toBeGreaterThanOrEqual(16);
+      expect(back?.cap).toBeLessThanOrEqual(40);
+      expect(r.seen.every((c) => c.cap <= 64)).toBe(true);
+      expect(r.seen.every((c) => !/queues more than|503/.test(c.reason))).toBe(true);
+      expect(s.stats().queued).toBe(0);
+    } finally {
+      await r.stop();
+    }
+  }, 150_000);
+
   it('steps back to the running requests plus a short queue when the server queues', async () => {
     const s = await sim({ maxRunningRequests: 8 });
     const r = await runAuto('queue', s, { start: 64 });
