@@ -1,0 +1,220 @@
+// `budget: strict` and the last prompts of a budget, end to end against the simulator over HTTP:
+// requests in flight are aborted at the budget and their partial outputs committed as `abort`;
+// two worker processes race at the budget; a worker killed with requests in flight at the end.
+import { spawn, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startGeneration } from '../../src/cli/pipeline.js';
+import { openRunContextFor } from '../../src/cli/run-context.js';
+import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { RunKeys, loadConfig, type Config } from '../../src/shared/index.js';
+import { InferenceWorker } from '../../src/workers/inference/worker.js';
+import { duplicates, readGenerations, tempDir, waitFor, writePrompts, type GenerationRecord } from '../helpers/pipeline.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+
+const TIME_SCALE = 8;
+/** The simulator's speed of one request decoding alone (its default), times TIME_SCALE: no request decodes faster. */
+const MAX_REQUEST_TOKENS_PER_S = 80 * TIME_SCALE;
+/** Allowance for the stop's round trip: the report interval, a stream tick, the abort, under a loaded machine. */
+const ROUND_TRIP_S = 1.5;
+const CONCURRENCY = 16;
+const BUDGET = 150_000;
+
+let redis: TestRedis;
+let sim: SimulatorHandle;
+/** A second server: each worker process of a race has an endpoint (and its slots) of its own. */
+let sim2: SimulatorHandle;
+let tmp: { dir: string; cleanup: () => void };
+const children = new Set<ChildProcess>();
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  // Long completions (mean 3,000): a request in flight at the budget still has thousands of tokens to go.
+  sim = await startSimulator({ port: 0, timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 17, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } });
+  sim2 = await startSimulator({ port: 0, timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 18, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } });
+  tmp = tempDir();
+  writePrompts(tmp.dir, 'prompts', 400);
+});
+
+afterAll(async () => {
+  for (const c of children) c.kill('SIGKILL');
+  await sim?.stop();
+  await sim2?.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+function config(run: string, mode: 'reserve' | 'strict'): Config {
+  return loadConfig({
+    baseDir: tmp.dir,
+    object: {
+      run,
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: CONCURRENCY, requestTimeoutMs: 60_000 },
+      datasets: [{ name: 'ds', prompts: 'prompts.jsonl', tokenBudget: BUDGET, budget: mode, maxNewTokens: 8_192, batchSize: 8 }],
+      output: { dir: 'out' },
+      workers: { shutdownGraceMs: 2_000, leaseTtlMs: 1_500, lockDurationMs: 2_000, stalledIntervalMs: 1_000 },
+    },
+  });
+}
+
+const childEntry = path.join(path.dirname(fileURLToPath(import.meta.url)), 'budget-worker-child.ts');
+
+/** An inference worker in a process of its own; resolves once it has started. */
+async function spawnWorker(cfg: Config, workerId: string, strict: boolean, endpoint: string): Promise<ChildProcess> {
+  const opts = {
+    redisUrl: redis.url,
+    prefix: cfg.redis.prefix,
+    run: cfg.run,
+    endpoints: [endpoint],
+    concurrency: CONCURRENCY,
+    strictBudgetDatasets: strict ? ['ds'] : [],
+    leaseTtlMs: cfg.workers.leaseTtlMs,
+    workerId,
+  };
+  const child = spawn(process.execPath, ['--import', 'tsx', childEntry, JSON.stringify(opts)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.add(child);
+  child.once('exit', () => {
+    children.delete(child);
+    if (process.env['BUDGET_TEST_DEBUG'] !== undefined) process.stderr.write(`[${workerId} exited]\n${out}\n`);
+  });
+  let out = '';
+  child.stdout?.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr?.on('data', (d: Buffer) => (out += d.toString()));
+  await waitFor(() => out.includes('ready') || child.exitCode !== null, `worker ${workerId} to start`, 60_000);
+  if (!out.includes('ready')) throw new Error(`worker ${workerId} did not start:\n${out}`);
+  return child;
+}
+
+function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    child.once('exit', () => resolve());
+    child.kill('SIGTERM');
+  });
+}
+
+interface RunOutcome {
+  stats: Record<string, string>;
+  records: GenerationRecord[];
+  receivedAfterMet: number;
+}
+
+/** The producer and sinks in this process; `workers` starts the inference side and returns how to stop it. */
+async function run(cfg: Config, workers: () => Promise<() => Promise<void>>, during?: (ctx: Awaited<ReturnType<typeof openRunContextFor>>) => Promise<void>): Promise<RunOutcome> {
+  sim.resetStats();
+  sim2.resetStats();
+  // The workers first: each is serving the dataset's queue when its first batch arrives.
+  const stopWorkers = await workers();
+  const ctx = await openRunContextFor(cfg);
+  const handle = await startGeneration(ctx, { produce: true, infer: false });
+  handle.finished.catch(() => undefined);
+  try {
+    await during?.(ctx);
+    await handle.finished;
+  } finally {
+    await stopWorkers();
+    await handle.stop();
+  }
+  const stats = await ctx.redis.hgetall(ctx.keys.stats('ds'));
+  const records = readGenerations(ctx.runDir, 'ds');
+  const metMs = Number(stats['budgetMetMs']);
+  const receivedAfterMet = [...sim.stats().requests, ...sim2.stats().requests].filter((q) => q.rid.startsWith('ds/') && q.receivedAtMs > metMs).length;
+  await ctx.close();
+  return { stats, records, receivedAfterMet };
+}
+
+function inProcessWorker(cfg: Config, strict: boolean): () => Promise<() => Promise<void>> {
+  return async () => {
+    const w = new InferenceWorker({
+      redisUrl: redis.url,
+      keys: new RunKeys(cfg.redis.prefix, cfg.run),
+      endpoints: cfg.sglang.endpoints,
+      concurrency: CONCURRENCY,
+      requestTimeoutMs: 60_000,
+      batchSize: 8,
+      leaseTtlMs: cfg.workers.leaseTtlMs,
+      strictBudgetDatasets: strict ? ['ds'] : [],
+    });
+    await w.start();
+    return () => w.stop(2_000);
+  };
+}
+
+/** Checks every run must pass: exactly once, the counter equal to the files, the budget met, nothing sent after it. */
+function expectBudgetKept(o: RunOutcome): number {
+  const total = Number(o.stats['outputTokens']);
+  expect(duplicates(o.records.map((r) => r.id))).toEqual([]);
+  expect(o.records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(total);
+  expect(total).toBeGreaterThanOrEqual(BUDGET);
+  expect(o.receivedAfterMet).toBe(0);
+  return total;
+}
+
+/** Strict: the partial outputs are abort records, and the total is the stop's count plus what was produced in the stop's round trip. */
+function expectStrict(o: RunOutcome, endpoints = 1): void {
+  const total = expectBudgetKept(o);
+  const aborted = o.records.filter((r) => r.finish_reason.type === 'abort');
+  expect(aborted.length).toBeGreaterThan(0);
+  for (const r of aborted) {
+    expect(r.completion_tokens).toBeGreaterThan(0);
+    expect(r.output_ids.length).toBe(r.completion_tokens);
+  }
+  const stopTokens = Number(o.stats['budgetStopTokens']);
+  expect(stopTokens).toBeGreaterThanOrEqual(BUDGET);
+  expect(total).toBeGreaterThanOrEqual(stopTokens);
+  // At most every request in flight (on every endpoint) decoding at full speed through the round trip; a request
+  // left to finish would add its remaining ~2,000+ tokens instead.
+  expect(total - stopTokens).toBeLessThanOrEqual(endpoints * CONCURRENCY * MAX_REQUEST_TOKENS_PER_S * ROUND_TRIP_S);
+}
+
+describe('budget: strict', () => {
+  it('aborts what is in flight once committed + produced reach the budget, and commits the partial outputs as abort records', async () => {
+    const o = await run(config('strict-one', 'strict'), inProcessWorker(config('strict-one', 'strict'), true));
+    expectStrict(o);
+  }, 180_000);
+
+  it('two worker processes racing at the budget: both stop, each sample once, the total within the round trip', async () => {
+    const cfg = config('strict-race', 'strict');
+    const o = await run(cfg, async () => {
+      const a = await spawnWorker(cfg, 'race-a', true, sim.url);
+      const b = await spawnWorker(cfg, 'race-b', true, sim2.url);
+      return async () => {
+        await Promise.all([stopChild(a), stopChild(b)]);
+      };
+    });
+    expectStrict(o, 2);
+    // Both processes ran requests of the dataset.
+    expect(new Set(o.records.map((r) => r.worker)).size).toBe(2);
+  }, 180_000);
+});
+
+describe('the last prompts of a budget', () => {
+  it('a worker killed with requests in flight near the budget: its leases lapse, the other worker tops up, nothing is sent after the budget is met', async () => {
+    const cfg = config('crash-last', 'reserve');
+    let victim: ChildProcess | undefined;
+    let survivor: ChildProcess | undefined;
+    const o = await run(
+      cfg,
+      async () => {
+        victim = await spawnWorker(cfg, 'victim', false, sim.url);
+        survivor = await spawnWorker(cfg, 'survivor', false, sim2.url);
+        return async () => {
+          if (victim !== undefined) await stopChild(victim);
+          if (survivor !== undefined) await stopChild(survivor);
+        };
+      },
+      async (ctx) => {
+        // Near the end: most of the budget committed, the rest reserved by requests in flight.
+        await waitFor(async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'outputTokens')) ?? 0) >= 0.6 * BUDGET, 'most of the budget committed', 120_000);
+        victim?.kill('SIGKILL');
+      },
+    );
+    expectBudgetKept(o);
+    const byWorker = new Set(o.records.map((r) => r.worker));
+    expect(byWorker.has('survivor')).toBe(true);
+    // Reserve mode: no request was aborted; the overshoot is what the last requests added.
+    expect(o.records.filter((r) => r.finish_reason.type === 'abort')).toEqual([]);
+  }, 240_000);
+});
