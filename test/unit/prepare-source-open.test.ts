@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -75,6 +75,17 @@ describe('openSource on JSONL', () => {
     expect(opened.files.map((f) => path.relative(dir, f))).toEqual(['part-2.jsonl', 'part-10.jsonl', path.join('sub', 'part-1.jsonl')]);
     expect(opened.format).toBe('prompt');
     expect((await rowsOf(src(dir))).map((r) => (r.ok ? r.messages[0]?.content : r.reason))).toEqual(['two', 'ten', 'sub one']);
+  });
+
+  it('follows links to files and folders, as older hub downloads leave them', async () => {
+    const cache = folder({ 'blobs/abc': jsonl({ prompt: 'linked file' }), 'snap/data/b.jsonl': jsonl({ prompt: 'in linked folder' }) });
+    const dir = folder({ 'a.jsonl': jsonl({ prompt: 'plain' }) });
+    symlinkSync(path.join(cache, 'blobs/abc'), path.join(dir, 'c.jsonl'));
+    symlinkSync(path.join(cache, 'snap/data'), path.join(dir, 'data'));
+    symlinkSync(dir, path.join(dir, 'data', 'loop'));
+    const opened = await openSource(src(dir));
+    expect(opened.files.map((f) => path.relative(dir, f))).toEqual(['a.jsonl', 'c.jsonl', path.join('data', 'b.jsonl')]);
+    expect((await rowsOf(src(dir))).map((r) => r.ok && r.messages[0]?.content)).toEqual(['plain', 'linked file', 'in linked folder']);
   });
 
   it('takes the train split of a folder of split shards and says so; a pattern picks another', async () => {

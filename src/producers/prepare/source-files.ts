@@ -5,7 +5,7 @@
  * or a `datasets` `save_to_disk` folder (its shards in state.json order; of a DatasetDict, the
  * `train` split).
  */
-import { readFile, readdir, stat } from 'node:fs/promises';
+import { readFile, readdir, realpath, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { errorMessage } from '../../shared/errors.js';
 import { isErrno } from '../../shared/hf-dataset/fs.js';
@@ -110,7 +110,7 @@ async function filesOfFolder(dir: string): Promise<SourceFiles> {
   if (await isFile(path.join(dir, 'state.json'))) return filesOfSavedDataset(dir, []);
   const found: string[] = [];
   const other: string[] = [];
-  await walk(dir, dir, found, other);
+  await walk(dir, dir, found, other, new Set());
   if (found.length === 0) {
     const seen = other.length === 0 ? 'it is empty' : `it has: ${other.slice(0, 8).join(', ')}${other.length > 8 ? `, … (${other.length})` : ''}`;
     throw new SourceError(`source folder ${dir} holds no ${SUPPORTED} file (${seen})`);
@@ -119,12 +119,17 @@ async function filesOfFolder(dir: string): Promise<SourceFiles> {
   return oneSplit(found, dir);
 }
 
-async function walk(root: string, dir: string, found: string[], other: string[]): Promise<void> {
+async function walk(root: string, dir: string, found: string[], other: string[], seen: Set<string>): Promise<void> {
+  const real = await realpath(dir);
+  if (seen.has(real)) return;
+  seen.add(real);
   const entries = await readdir(dir, { withFileTypes: true });
   for (const e of entries) {
     if (e.name.startsWith('.')) continue;
     const full = path.join(dir, e.name);
-    if (e.isDirectory()) await walk(root, full, found, other);
+    // Older hub downloads link big files into the cache: follow links.
+    const isDir = e.isSymbolicLink() ? await stat(full).then((s) => s.isDirectory(), () => false) : e.isDirectory();
+    if (isDir) await walk(root, full, found, other, seen);
     else if (kindOf(e.name) !== undefined && !METADATA_FILES.has(e.name)) found.push(full);
     else if (!/^readme/i.test(e.name) && !METADATA_FILES.has(e.name)) other.push(path.relative(root, full));
   }
