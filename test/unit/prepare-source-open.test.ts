@@ -97,10 +97,25 @@ describe('openSource on JSONL', () => {
     const opened = await openSource(src(dir));
     expect(opened.files.map((f) => path.basename(f))).toEqual(['train-00000-of-00002.jsonl', 'train-00001-of-00002.jsonl']);
     expect(opened.notes).toEqual([
-      `${dir} holds the splits test, train: reading train (2 files); set source.path to a file pattern such as ${path.join(dir, 'data', 'test-*.jsonl')} for another`,
+      `${dir} holds the splits test, train: reading train (2 files); set source.path to ${path.join(dir, 'data', 'test-*.jsonl')} or the like for another`,
     ]);
     const test = await rowsOf(src(path.join(dir, 'data', 'test-*.jsonl')));
     expect(test.map((r) => r.ok && r.messages[0]?.content)).toEqual(['e0']);
+  });
+
+  it('takes train among splits named by file or folder', async () => {
+    const byFile = folder({ 'data/train.jsonl': jsonl({ prompt: 'tr' }), 'data/validation.jsonl': jsonl({ prompt: 'va' }) });
+    const opened = await openSource(src(byFile));
+    expect(opened.files).toEqual([path.join(byFile, 'data', 'train.jsonl')]);
+    expect(opened.notes?.[0]).toContain(`set source.path to ${path.join(byFile, 'data', 'validation.jsonl')} or the like`);
+    const byFolder = folder({ 'test/part-0.jsonl': jsonl({ prompt: 'te' }), 'train/part-0.jsonl': jsonl({ prompt: 'tr0' }), 'train/part-1.jsonl': jsonl({ prompt: 'tr1' }) });
+    expect((await rowsOf(src(byFolder))).map((r) => r.ok && r.messages[0]?.content)).toEqual(['tr0', 'tr1']);
+    expect((await openSource(src(byFolder))).notes?.[0]).toBe(
+      `${byFolder} holds the splits test, train: reading train (2 files); set source.path to ${path.join(byFolder, 'test')} or the like for another`,
+    );
+    // A folder where some files name no split is read whole.
+    const mixed = folder({ 'train.jsonl': jsonl({ prompt: 'a' }), 'extra.jsonl': jsonl({ prompt: 'b' }) });
+    expect((await openSource(src(mixed))).files).toHaveLength(2);
   });
 
   it('refuses splits without train, naming them and a pattern to set', async () => {

@@ -151,26 +151,54 @@ function oneKind(files: string[], where: string, notes: string[]): SourceFiles {
   return { kind: kind as SourceFileKind, files, notes };
 }
 
+/** Names a file or folder takes to say which split it holds. */
+const SPLIT_NAME = /^(train|test|validation|valid|val|dev|eval)$/i;
+
 /**
- * The files of one split: when every file is a hub shard (`<split>-00000-of-00002.<ext>`) and
- * they belong to several splits, those of `train` (said in a note), else a refusal naming them.
+ * The split a file belongs to and the `source.path` that selects it: by the hub's shard name
+ * (`<split>-00000-of-00002.<ext>`), else a file or folder named after a split (`train.jsonl`,
+ * `train/part-0.parquet`).
+ */
+function splitOf(file: string, dir: string): { split: string; path: string } | undefined {
+  const ext = path.extname(file);
+  const base = path.basename(file, ext);
+  const shard = SHARD_NAME.exec(base)?.[1];
+  if (shard !== undefined) return { split: shard, path: path.join(path.dirname(file), `${shard}-*${ext}`) };
+  if (SPLIT_NAME.test(base)) return { split: base, path: file };
+  const parts = path.relative(dir, path.dirname(file)).split(path.sep);
+  for (let i = parts.length - 1; i >= 0; i--) {
+    const part = parts[i] as string;
+    if (SPLIT_NAME.test(part)) return { split: part, path: path.join(dir, ...parts.slice(0, i + 1)) };
+  }
+  return undefined;
+}
+
+/**
+ * The files of one split: when every file names its split (see {@link splitOf}) and they
+ * belong to several, those of `train` (said in a note), else a refusal naming the splits.
  */
 function oneSplit(files: string[], dir: string): SourceFiles {
-  const splitOf = (f: string): string | undefined => SHARD_NAME.exec(path.basename(f, path.extname(f)))?.[1];
-  const splits = [...new Set(files.map(splitOf))];
-  if (splits.length < 2 || splits.includes(undefined)) return oneKind(files, dir, []);
-  const names = splits as string[];
-  const example = path.relative(dir, files[0] as string);
-  if (!names.includes('train')) {
+  const of = files.map((f) => splitOf(f, dir));
+  if (of.some((s) => s === undefined)) return oneKind(files, dir, []);
+  const bySplit = new Map<string, { path: string; files: string[] }>();
+  for (const [i, s] of (of as { split: string; path: string }[]).entries()) {
+    const entry = bySplit.get(s.split) ?? { path: s.path, files: [] };
+    entry.files.push(files[i] as string);
+    bySplit.set(s.split, entry);
+  }
+  if (bySplit.size < 2) return oneKind(files, dir, []);
+  const names = [...bySplit.keys()];
+  const train = bySplit.get('train');
+  if (train === undefined) {
+    const first = bySplit.get(names[0] as string) as { path: string; files: string[] };
     throw new SourceError(
-      `source folder ${dir} holds the splits ${names.join(', ')} (by file name, e.g. ${example}); set source.path to one of them, e.g. ${path.join(dir, path.dirname(example), `${names[0]}-*${path.extname(example)}`)}`,
+      `source folder ${dir} holds the splits ${names.join(', ')} (by file name, e.g. ${path.relative(dir, first.files[0] as string)}); set source.path to one of them, e.g. ${first.path}`,
     );
   }
-  const train = files.filter((f) => splitOf(f) === 'train');
-  const other = names.find((n) => n !== 'train') as string;
-  const pattern = path.join(dir, path.dirname(path.relative(dir, train[0] as string)), `${other}-*${path.extname(example)}`);
-  const note = `${dir} holds the splits ${names.join(', ')}: reading train (${train.length} file${train.length === 1 ? '' : 's'}); set source.path to a file pattern such as ${pattern} for another`;
-  return oneKind(train, dir, [note]);
+  const other = bySplit.get(names.find((n) => n !== 'train') as string) as { path: string };
+  const count = `${train.files.length} file${train.files.length === 1 ? '' : 's'}`;
+  const note = `${dir} holds the splits ${names.join(', ')}: reading train (${count}); set source.path to ${other.path} or the like for another`;
+  return oneKind(train.files, dir, [note]);
 }
 
 async function filesOfDatasetDict(dir: string, dict: unknown, dictPath: string): Promise<SourceFiles> {
