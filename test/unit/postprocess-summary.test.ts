@@ -54,7 +54,7 @@ describe('post-process summary of dropped records', () => {
   it('already merged and dropped: both counted; no records at all: says so', () => {
     const text = formatPostprocessResult(nothingNew(result('A', { lines: 10, alreadyMerged: 7, droppedAborted: 3 }), result('B', { lines: 5, alreadyMerged: 5 })));
     expect(text).toContain('nothing new: 12 rows are already in the training dataset and 3 records were dropped (3 finish_reason abort');
-    expect(text).toContain("  A: 3 of 10 records (30.0%) — 3 dropped: finish_reason abort (the server aborted the request) — see the SGLang server's log");
+    expect(text).toContain("  A: 3 of 10 records (30.0%) — 3 dropped: finish_reason abort (partial outputs: stopped at the budget by budget: strict, or aborted by the server) — set postprocess.keepTruncated: true to keep them like truncated ones; for aborts by the server, see its log");
     expect(formatPostprocessResult(nothingNew(result('A', {})))).toContain('nothing to merge: no dataset has records on disk yet');
   });
 

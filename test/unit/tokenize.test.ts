@@ -123,10 +123,14 @@ describe('recordToRow', () => {
     expect(out.closedTurn).toBe(false);
   });
 
-  it('always drops an aborted generation', () => {
-    const aborted = record({ finish_reason: { type: 'abort', message: 'client disconnected' } });
+  it('treats an aborted generation (a partial output) like a truncated one: dropped unless keepTruncated', () => {
+    const aborted = record({ output_ids: [9707, 0], finish_reason: { type: 'abort', message: 'client disconnected' } });
     expect(recordToRow(aborted, qctx)).toEqual({ status: 'dropped', reason: 'aborted' });
-    expect(recordToRow(aborted, { ...qctx, keepTruncated: true })).toEqual({ status: 'dropped', reason: 'aborted' });
+    const kept = recordToRow(aborted, { ...qctx, keepTruncated: true });
+    if (kept.status !== 'kept') throw new Error('expected the aborted record kept');
+    expect(kept.row.input_ids).toEqual([...aborted.prompt_ids, 9707, 0]);
+    expect(kept.row.finish_reason).toBe('abort');
+    expect(kept.closedTurn).toBe(false);
   });
 
   it('keeps a stop on a string or on another stop token exactly as generated, with no suffix', () => {

@@ -64,8 +64,8 @@ export function datasetDrops(d: TokenizeResult, ctx: DropContext = {}): DatasetD
     {
       reason: 'aborted',
       count: d.droppedAborted,
-      what: 'finish_reason abort (the server aborted the request)',
-      fix: "see the SGLang server's log for why it aborted them",
+      what: 'finish_reason abort (partial outputs: stopped at the budget by budget: strict, or aborted by the server)',
+      fix: "set postprocess.keepTruncated: true to keep them like truncated ones; for aborts by the server, see its log",
     },
     {
       reason: 'empty',

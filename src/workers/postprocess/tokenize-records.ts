@@ -116,7 +116,8 @@ function unsuperviseIgnorable(output: readonly number[], offset: number, ignorab
  */
 export function recordToRow(record: GenerationRecord, ctx: TokenizeContext, dataset?: string): RecordOutcome {
   const finish = record.finish_reason;
-  if (finish.type === 'abort') return { status: 'dropped', reason: 'aborted' };
+  // A partial output (`budget: strict` stopped it at the budget, or the server aborted it) is cut like a truncated one.
+  if (finish.type === 'abort' && !ctx.keepTruncated) return { status: 'dropped', reason: 'aborted' };
   if (finish.type === 'length' && !ctx.keepTruncated) return { status: 'dropped', reason: 'truncated' };
   const output = record.output_ids;
   if (output.length === 0) return { status: 'dropped', reason: 'empty' };
@@ -156,7 +157,7 @@ export interface GenerationTokenizeStats {
   lines: number;
   /** Rows yielded. */
   kept: number;
-  /** Of `kept`: truncated rows kept because of `keepTruncated`. */
+  /** Of `kept`: truncated (`length`) and aborted rows kept because of `keepTruncated`. */
   keptTruncated: number;
   /** Of `kept`: stopped rows whose output does not end with the template's end-of-turn token. */
   stopWithoutEndOfTurn: number;
@@ -286,7 +287,7 @@ export async function* rowsFromGenerations(
       }
       const { row } = outcome;
       stats.kept += 1;
-      if (row.finish_reason === 'length') stats.keptTruncated += 1;
+      if (row.finish_reason === 'length' || row.finish_reason === 'abort') stats.keptTruncated += 1;
       else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
       stats.tokens += row.num_tokens;
       for (const m of row.loss_mask) stats.supervisedTokens += m;

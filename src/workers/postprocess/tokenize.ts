@@ -20,7 +20,8 @@
  *   the data that the model did not produce); counted in `stopWithoutEndOfTurn`;
  * - `length` (truncated, no end-of-turn token): dropped, unless `keepTruncated`, then kept with
  *   no suffix and `finish_reason` `"length"`;
- * - `abort`: always dropped.
+ * - `abort` (a partial output: `budget: strict` stopped it at the budget, or the server aborted
+ *   it): like `length`, dropped unless `keepTruncated`, then kept with `finish_reason` `"abort"`.
  *
  * Qwen3 note: rendering a finished conversation whose last assistant message has no reasoning
  * inserts an empty `<think>\n\n</think>\n\n` block after the assistant header. tokenmill
