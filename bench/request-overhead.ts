@@ -85,6 +85,9 @@ interface RoundResult {
   /** tokenmill: from the first commit to the last record on disk (start-up and finish detection left out). */
   steadyPromptsPerSec?: number;
   startupS?: number;
+  /** tokenmill: from the start to the first commit, and from the last commit to the end (every record on disk, the run finished). */
+  firstCommitS?: number;
+  tailS?: number;
   /** Time-weighted mean of requests running in the simulator over the round (of `concurrency`). */
   simMeanRunning: number;
   cpu: { nodeCores: number; redisCores: number | undefined };
@@ -225,11 +228,13 @@ async function runTokenmill(env: BenchEnv, url: string, c: OverheadCase, round_:
   await simOccupancy(url, true);
   const cpu = cpuMeter(env.redis.server.pid);
   const t0 = performance.now();
+  const t0Ms = Date.now();
   const gen = await startTokenmill(config);
   const startupS = (performance.now() - t0) / 1000;
   try {
     await gen.handle.finished;
     const wallS = (performance.now() - t0) / 1000;
+    const endMs = Date.now();
     const stats = await gen.ctx.redis.hmget(gen.ctx.keys.stats('fast'), 'records', 'outputTokens', 'firstCommitMs', 'lastCommitMs');
     const firstCommitMs = Number(stats[2]);
     const lastCommitMs = Number(stats[3]);
@@ -249,6 +254,8 @@ async function runTokenmill(env: BenchEnv, url: string, c: OverheadCase, round_:
       tokensPerSec: disk.tokens / wallS,
       ...(steadyS > 0 ? { steadyPromptsPerSec: disk.lines / steadyS } : {}),
       startupS,
+      firstCommitS: (firstCommitMs - t0Ms) / 1000,
+      tailS: (endMs - lastCommitMs) / 1000,
       cpu: cores,
     };
   } finally {
@@ -299,6 +306,8 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
         tokensPerSec: round(r.tokensPerSec, 0),
         ...(r.steadyPromptsPerSec === undefined ? {} : { steadyPromptsPerSec: round(r.steadyPromptsPerSec, 1) }),
         ...(r.startupS === undefined ? {} : { startupS: round(r.startupS, 3) }),
+        ...(r.firstCommitS === undefined ? {} : { firstCommitS: round(r.firstCommitS, 3) }),
+        ...(r.tailS === undefined ? {} : { tailS: round(r.tailS, 3) }),
       })),
       loopPromptsPerSec: round(loop.promptsPerSec, 1),
       tokenmillPromptsPerSec: round(tm.promptsPerSec, 1),
@@ -312,7 +321,9 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
       ...results.map(
         (r) =>
           `${c.label}: ${r.client.padEnd(9)} ${fmtInt(r.promptsPerSec)} prompts/s, ${fmtInt(r.tokensPerSec)} output tokens/s, ${r.wallS.toFixed(2)} s` +
-          (r.client === 'tokenmill' ? ` (start-up ${r.startupS?.toFixed(2)} s, first to last commit ${fmtInt(r.steadyPromptsPerSec ?? 0)} prompts/s)` : '') +
+          (r.client === 'tokenmill'
+            ? ` (start-up ${r.startupS?.toFixed(2)} s, first commit at ${r.firstCommitS?.toFixed(2)} s, first to last commit ${fmtInt(r.steadyPromptsPerSec ?? 0)} prompts/s, last commit to finished ${r.tailS?.toFixed(2)} s)`
+            : '') +
           `; ${r.simMeanRunning.toFixed(1)} running in the simulator on average; CPU node ${r.cpu.nodeCores} cores${r.cpu.redisCores === undefined ? '' : `, redis ${r.cpu.redisCores}`}`,
       ),
       `${c.label}: tokenmill / loop ${what} = ${ratio.toFixed(2)}`,

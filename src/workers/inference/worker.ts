@@ -190,6 +190,9 @@ export class InferenceWorker {
         await dispatcher.waitForDemand(250);
         continue;
       }
+      // No dataset yet (a producer started with this worker registers them just after): look
+      // for them now rather than at the next discovery tick, seconds away.
+      if (this.workers.size === 0) await this.discover().catch((e: unknown) => this.log.warn({ err: e }, 'dataset discovery failed'));
       const queues = [...this.workers.entries()];
       let fetched = false;
       for (let k = 0; k < queues.length && dispatcher.hungry(this.options.batchSize) && !this.stopped; k += 1) {
