@@ -44,6 +44,16 @@ export const DEFAULT_LONG_COMPLETIONS: LongCompletionsOptions = {
   targetRatio: 0.97,
 };
 
+/** BENCH_LONG_TIME_SCALE and BENCH_LONG_PAIRS override the defaults. */
+export function longCompletionsOptionsFromEnv(env: NodeJS.ProcessEnv = process.env): LongCompletionsOptions {
+  const o = { ...DEFAULT_LONG_COMPLETIONS };
+  const ts = Number(env['BENCH_LONG_TIME_SCALE'] ?? NaN);
+  if (Number.isFinite(ts) && ts > 0) o.timeScale = ts;
+  const pairs = Number(env['BENCH_LONG_PAIRS'] ?? NaN);
+  if (Number.isInteger(pairs) && pairs > 0) o.pairs = pairs;
+  return o;
+}
+
 const SAMPLING = { temperature: 0.6, top_p: 0.95 };
 
 type Client = 'tokenmill' | 'semaphore';
@@ -138,7 +148,7 @@ async function runLoop(env: BenchEnv, o: LongCompletionsOptions, run: string, pr
   }
 }
 
-export async function longCompletions(o: LongCompletionsOptions = DEFAULT_LONG_COMPLETIONS): Promise<BenchResult> {
+export async function longCompletions(o: LongCompletionsOptions = longCompletionsOptionsFromEnv()): Promise<BenchResult> {
   const started = performance.now();
   const env = await openBenchEnv('long');
   try {
