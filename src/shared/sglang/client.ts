@@ -10,6 +10,7 @@
  * that was cancelled or timed out is also aborted on the server (`/abort_request`), so its
  * batch slot is freed at once.
  */
+import { EventEmitter } from 'node:events';
 import { Pool } from 'undici';
 
 import {
@@ -416,7 +417,7 @@ export class SglangClient {
     if (options.signal?.aborted === true) {
       throw new CancelledError(`${context.route} cancelled before it was sent`, { cause: options.signal.reason });
     }
-    const controller = new AbortController();
+    const controller = new RequestAbort();
     let outcome: 'timeout' | 'cancelled' | undefined;
     const timer = setTimeout(() => {
       outcome ??= 'timeout';
@@ -437,7 +438,7 @@ export class SglangClient {
         method: options.method,
         headers,
         body: options.body === undefined ? null : JSON.stringify(options.body),
-        signal: controller.signal,
+        signal: controller,
       });
       const text = options.onEvent !== undefined && res.statusCode === 200 ? await readEvents(res.body, options.onEvent) : await res.body.text();
       return { status: res.statusCode, text, context };
@@ -600,6 +601,23 @@ function reportCompletionTokens(data: string, onProgress: (completionTokens: num
   if (at < 0) return;
   const m = /^"completion_tokens"\s*:\s*(\d+)/.exec(data.slice(at, at + 40));
   if (m?.[1] !== undefined) onProgress(Number(m[1]));
+}
+
+/**
+ * What undici watches to abort one request (it takes an EventEmitter as well as an
+ * AbortSignal): a request's deadline and cancellation cost a listener on an emitter, not an
+ * AbortController's EventTarget, several times dearer per request.
+ */
+class RequestAbort extends EventEmitter {
+  aborted = false;
+  reason: Error | undefined;
+
+  abort(): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.reason = new Error('request aborted');
+    this.emit('abort');
+  }
 }
 
 function parseEndpoint(endpoint: string): URL {
