@@ -23,9 +23,9 @@ afterAll(async () => {
   await redis?.stop();
 });
 
-function acquire(ds: string, rid: string, ttlMs = 60_000): Promise<number> {
+function acquire(ds: string, rid: string, ttlMs = 60_000, marginSd = 0): Promise<number> {
   const lease = keys.endpointLeases(endpoint);
-  return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW);
+  return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW, marginSd);
 }
 
 function commit(ds: string, id: string, tokens: number, rid: string): Promise<[number, number]> {
@@ -64,7 +64,7 @@ async function dataset(ds: string, committedLengths: readonly number[], progress
 }
 
 /** The reservation budget-expectation.ts computes for the dataset's state in Redis. */
-async function expectedReservation(ds: string, progress: readonly number[]): Promise<number> {
+async function expectedReservation(ds: string, progress: readonly number[], marginSd = 0): Promise<number> {
   const stats = await r.hgetall(keys.stats(ds));
   return reservedTokens({
     committed: Number(stats['outputTokens'] ?? 0),
@@ -74,13 +74,14 @@ async function expectedReservation(ds: string, progress: readonly number[]): Pro
     prior: PRIOR,
     minCommits: MIN_COMMITS,
     maxNewTokens: MAX_NEW,
+    marginSd,
   });
 }
 
 /** Whether a new request may start under `budget`; a request that starts is released again. */
-async function admits(ds: string, budget: number, rid: string): Promise<boolean> {
+async function admits(ds: string, budget: number, rid: string, marginSd = 0): Promise<boolean> {
   await r.hset(keys.stats(ds), 'tokenBudget', budget);
-  const outcome = decodeAcquire(await acquire(ds, rid));
+  const outcome = decodeAcquire(await acquire(ds, rid, 60_000, marginSd));
   if (outcome.kind === 'acquired') {
     await r.zrem(keys.inflight(ds), rid);
     await r.zrem(keys.endpointLeases(endpoint), rid);
@@ -140,6 +141,18 @@ describe('acquire-request.lua: the reservation of requests at various progress',
     const between = Math.floor((rFresh + rFar) / 2);
     expect(await admits('fresh', between, 'fresh-next')).toBe(true);
     expect(await admits('far', between, 'far-next')).toBe(false);
+  });
+
+  it('adds a margin of standard deviations of the in-flight total, as budget-expectation.ts computes it', async () => {
+    const progress = [...Array<number>(30).fill(0), ...Array<number>(30).fill(3_000)];
+    await dataset('margin', lengths(300), progress);
+    const plain = await expectedReservation('margin', progress);
+    const withMargin = await expectedReservation('margin', progress, 1);
+    expect(withMargin - plain).toBeGreaterThan(5_000);
+    expect(await admits('margin', Math.floor(withMargin) + 2, 'm-yes', 1)).toBe(true);
+    expect(await admits('margin', Math.floor(withMargin), 'm-no', 1)).toBe(false);
+    // Without the margin the same budget admits.
+    expect(await admits('margin', Math.floor(withMargin), 'm-plain', 0)).toBe(true);
   });
 
   it('estimates progress from the time a request has run and the decode rate when nothing is streamed', async () => {

@@ -91,9 +91,9 @@ describe('E[L | L > x] from the histogram', () => {
   });
 
   it('says when nothing was observed above x, and then expects a quarter more, capped', () => {
-    expect(conditionalMean(lengthModel(new Map()), 0, 4_096)).toEqual({ expected: 1.25, observedAbove: 0 });
+    expect(conditionalMean(lengthModel(new Map()), 0, 4_096)).toEqual({ expected: 1.25, variance: 0, observedAbove: 0 });
     const hist = lengthModel(histogramOf([100, 200, 300]));
-    expect(conditionalMean(hist, 1_000, 4_096)).toEqual({ expected: 1_251.25, observedAbove: 0 });
+    expect(conditionalMean(hist, 1_000, 4_096)).toEqual({ expected: 1_251.25, variance: 0, observedAbove: 0 });
     expect(conditionalMean(hist, 4_000, 4_096).expected).toBe(4_096);
   });
 });
@@ -142,6 +142,21 @@ describe('reservedTokens', () => {
     // Each request in flight also counts as a censored length: a little above the sum of the two alone.
     expect(both).toBeGreaterThanOrEqual(1_000 + fresh + far - 1e-6);
     expect(both).toBeLessThan(1.001 * (1_000 + fresh + far));
+  });
+
+  it('adds standard deviations of the in-flight total when asked (from the conditional spread of each length)', () => {
+    const lengths = lognormalLengths(20_000, 2_700, 0.8, 10_240);
+    const c = conditionalMean(lengthModel(histogramOf(lengths)), 2_000, 10_240);
+    const above = lengths.filter((l) => l > 2_000);
+    const m = above.reduce((a, b) => a + b, 0) / above.length;
+    const v = above.reduce((a, b) => a + (b - m) ** 2, 0) / above.length;
+    expect(Math.abs(Math.sqrt(c.variance) - Math.sqrt(v)) / Math.sqrt(v)).toBeLessThan(0.05);
+    const base = { committed: 0, records: 20_000, hist: histogramOf(lengths), inFlight: Array.from({ length: 100 }, () => ({ produced: 2_000 })), prior: 5_120, minCommits: 32, maxNewTokens: 10_240 };
+    const plain = reservedTokens(base);
+    const withMargin = reservedTokens({ ...base, marginSd: 1 });
+    // 100 requests: the margin is one standard deviation of their sum, sqrt(100) times theirs.
+    expect(withMargin - plain).toBeGreaterThan(0.9 * 10 * Math.sqrt(v));
+    expect(withMargin - plain).toBeLessThan(1.1 * 10 * Math.sqrt(v));
   });
 
   it('floors every expectation by the prior while the commits are few', () => {

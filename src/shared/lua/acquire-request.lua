@@ -46,6 +46,8 @@
     ARGV[7] probation length (ms)
     ARGV[8] sample id
     ARGV[9] max_new_tokens of the dataset's requests (optional; default twice the prior)
+    ARGV[10] standard deviations of the in-flight total added to the reservation (optional;
+            default 0): the sum of the requests' conditional variances, as if independent
 
   Output:
     >= 1  the 1-based index (into KEYS[5..]) of the endpoint whose lease was taken
@@ -116,6 +118,7 @@ local budget = tonumber(stats[3]) or -1
 local rateTokens = tonumber(stats[4]) or 0
 local rateMs = tonumber(stats[5]) or 0
 local maxNew = tonumber(ARGV[9] or '') or 2 * prior
+local marginSd = tonumber(ARGV[10] or '') or 0
 
 if budget >= 0 then
   if committed >= budget then
@@ -190,15 +193,17 @@ if budget >= 0 then
       tailMass = math.max(0, survival)
       tailFrom = 2 ^ ((lastEvent + 1) / 8) - 1
     end
-    -- Mass above each bucket, and its tokens.
-    local aboveMass, aboveTok = {}, {}
-    local am, at = 0, 0
+    -- Mass above each bucket, its tokens and their squares.
+    local aboveMass, aboveTok, aboveSq = {}, {}, {}
+    local am, at, aq = 0, 0, 0
     for b = maxB, 0, -1 do
       aboveMass[b] = am
       aboveTok[b] = at
+      aboveSq[b] = aq
       if mass[b] then
         am = am + mass[b]
         at = at + mass[b] * mean[b]
+        aq = aq + mass[b] * mean[b] * mean[b]
       end
     end
     local floor = 0
@@ -206,45 +211,54 @@ if budget >= 0 then
       floor = math.min(prior, maxNew)
     end
     -- E[L | L > x], as conditionalMean() in budget-expectation.ts.
+    -- E[L | L > x] and Var[L | L > x], as conditionalMean() in budget-expectation.ts.
     local function expected(x)
       local bx = bucketOf(x)
-      local n, s = 0, 0
+      local n, s, q = 0, 0, 0
       if bx <= maxB then
         n = aboveMass[bx]
         s = aboveTok[bx]
+        q = aboveSq[bx]
         if mass[bx] then
           local lo = 2 ^ (bx / 8) - 1
           local hi = 2 ^ ((bx + 1) / 8) - 1
           local part = mass[bx] * math.min(1, math.max(0, (hi - x) / (hi - lo)))
+          local v = math.max(mean[bx], (x + hi) / 2)
           n = n + part
-          s = s + part * math.max(mean[bx], (x + hi) / 2)
+          s = s + part * v
+          q = q + part * v * v
         end
       end
       if tailMass > 0 and maxNew > x then
+        local a = math.max(x, tailFrom)
         n = n + tailMass
-        s = s + tailMass * (math.max(x, tailFrom) + maxNew) / 2
+        s = s + tailMass * (a + maxNew) / 2
+        q = q + tailMass * (a * a + a * maxNew + maxNew * maxNew) / 3
       end
-      local e
       if n <= 1e-12 then
-        e = math.min(maxNew, 1.25 * (x + 1))
-      else
-        e = math.min(maxNew, math.max(x, s / n))
+        return math.max(math.min(maxNew, 1.25 * (x + 1)), floor), 0
       end
-      return math.max(e, floor)
+      local m = s / n
+      return math.max(math.min(maxNew, math.max(x, m)), floor), math.max(0, q / n - m * m)
     end
     local total = committed
-    local memo = {}
+    local variance = 0
+    local memoE, memoV = {}, {}
     for i = 1, #xs do
       local x = xs[i]
-      local e = memo[x]
+      local e = memoE[x]
       if not e then
-        e = expected(x)
-        memo[x] = e
+        e, memoV[x] = expected(x)
+        memoE[x] = e
       end
       total = total + e
+      variance = variance + memoV[x]
       if total >= budget then
         return -3
       end
+    end
+    if total + marginSd * math.sqrt(variance) >= budget then
+      return -3
     end
   end
 end

@@ -109,27 +109,34 @@ export function lengthModel(hist: ReadonlyMap<number, LengthBucket>, censoredBuc
  * above x (no lengths yet, or x past every one) it is `min(maxNewTokens, 1.25 (x + 1))`, and
  * `observedAbove` is 0.
  */
-export function conditionalMean(model: LengthModel, x: number, maxNewTokens: number): { expected: number; observedAbove: number } {
+export function conditionalMean(model: LengthModel, x: number, maxNewTokens: number): { expected: number; variance: number; observedAbove: number } {
   const bx = lengthBucket(x);
   let mass = 0;
   let tokens = 0;
+  let squares = 0;
   for (const [b, e] of model.mass) {
     if (b > bx) {
       mass += e.mass;
       tokens += e.mass * e.mean;
+      squares += e.mass * e.mean * e.mean;
     } else if (b === bx) {
       const { lo, hi } = bucketBounds(b);
       const part = e.mass * Math.min(1, Math.max(0, (hi - x) / (hi - lo)));
+      const v = Math.max(e.mean, (x + hi) / 2);
       mass += part;
-      tokens += part * Math.max(e.mean, (x + hi) / 2);
+      tokens += part * v;
+      squares += part * v * v;
     }
   }
   if (model.tailMass > 0 && maxNewTokens > x) {
+    const a = Math.max(x, model.tailFrom);
     mass += model.tailMass;
-    tokens += (model.tailMass * (Math.max(x, model.tailFrom) + maxNewTokens)) / 2;
+    tokens += (model.tailMass * (a + maxNewTokens)) / 2;
+    squares += (model.tailMass * (a * a + a * maxNewTokens + maxNewTokens * maxNewTokens)) / 3;
   }
-  if (mass <= 1e-12) return { expected: Math.min(maxNewTokens, 1.25 * (x + 1)), observedAbove: 0 };
-  return { expected: Math.min(maxNewTokens, Math.max(x, tokens / mass)), observedAbove: mass };
+  if (mass <= 1e-12) return { expected: Math.min(maxNewTokens, 1.25 * (x + 1)), variance: 0, observedAbove: 0 };
+  const mean = tokens / mass;
+  return { expected: Math.min(maxNewTokens, Math.max(x, mean)), variance: Math.max(0, squares / mass - mean * mean), observedAbove: mass };
 }
 
 /** What the reservation of one in-flight request is, as acquire-request.lua computes it. */
@@ -141,8 +148,9 @@ export interface InFlightProgress {
 /**
  * The tokens a dataset has reserved: committed + the sum of E[L | L > x_i] over the requests in
  * flight, under the Kaplan-Meier model of the committed lengths with the requests in flight as
- * censored at their progress. While the commits are fewer than `minCommits`, each expectation is
- * floored by `prior`.
+ * censored at their progress, + `marginSd` standard deviations of that sum (the lengths taken as
+ * independent). While the commits are fewer than `minCommits`, each expectation is floored by
+ * `prior`.
  */
 export function reservedTokens(opts: {
   committed: number;
@@ -152,6 +160,8 @@ export function reservedTokens(opts: {
   prior: number;
   minCommits: number;
   maxNewTokens: number;
+  /** Standard deviations of the in-flight total added to the reservation (default 0). */
+  marginSd?: number;
 }): number {
   const xs = opts.inFlight.map((r) => Math.floor(Math.min(r.produced, opts.maxNewTokens - 1)));
   const censored = new Map<number, number>();
@@ -159,6 +169,11 @@ export function reservedTokens(opts: {
   const model = lengthModel(opts.hist, censored);
   const floor = opts.records < opts.minCommits ? Math.min(opts.prior, opts.maxNewTokens) : 0;
   let sum = opts.committed;
-  for (const x of xs) sum += Math.max(floor, conditionalMean(model, x, opts.maxNewTokens).expected);
-  return sum;
+  let variance = 0;
+  for (const x of xs) {
+    const c = conditionalMean(model, x, opts.maxNewTokens);
+    sum += Math.max(floor, c.expected);
+    variance += c.variance;
+  }
+  return sum + (opts.marginSd ?? 0) * Math.sqrt(variance);
 }
