@@ -452,7 +452,7 @@ describe('JSON Schema and reference', () => {
       const description = row?.split(' | ').at(-1)?.replace(/ \|$/, '') ?? '';
       expect(description.length, `description of ${p}`).toBeGreaterThan(10);
     }
-    expect(md).toContain('| `sglang.concurrency` | integer > 0 | `150` |');
+    expect(md).toContain('| `sglang.concurrency` | integer > 0 \\| "auto" | `150` |');
     expect(md).toContain('| `datasets[].name` |');
     expect(md).toMatch(/\| `train\.mode` \| "from-scratch" \\\| "resume" \| \*required\* \|/);
   });
