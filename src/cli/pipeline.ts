@@ -88,50 +88,51 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       leaseTtlMs: config.workers.leaseTtlMs,
       crashProbationMs: config.workers.crashProbationMs,
     });
-    await worker.start();
   }
+  // Start-up runs side by side: the worker connects while the tokenizer loads, the sinks
+  // recover while the prompt files are prepared; the producer feeds once its tokenizer is ready.
+  const workerStarted = worker?.start();
+  workerStarted?.catch(() => undefined);
 
   let producer: Producer | undefined;
   const sinks: ResultsSink[] = [];
-  if (options.produce) {
-    const tokenizer = await loadRunTokenizer(config);
-    const contextLength = await resolveContextLength(config);
-    producer = new Producer({
-      redis: conn('producer'),
-      keys,
-      datasets,
-      tokenizer,
-      runDir: ctx.runDir,
-      maxAttempts: config.sglang.maxAttempts,
-      ...(contextLength === undefined ? {} : { contextLength }),
-      windowBatches: windowBatches(config, batchSize),
-    });
-    try {
+  let sinksStarted: Promise<void> | undefined;
+  try {
+    if (options.produce) {
+      const tokenizer = loadRunTokenizer(config);
+      const contextLength = resolveContextLength(config);
+      tokenizer.catch(() => undefined);
+      contextLength.catch(() => undefined);
+      producer = new Producer({
+        redis: conn('producer'),
+        keys,
+        datasets,
+        tokenizer,
+        runDir: ctx.runDir,
+        maxAttempts: config.sglang.maxAttempts,
+        contextLength,
+        windowBatches: windowBatches(config, batchSize),
+      });
       // The producer lock first: a second producer of the same run fails at once, naming the
       // holder, instead of waiting behind the first one's sink locks.
       await producer.acquireLock();
+      sinksStarted = startSinks(ctx, datasets, conn, options.crashAt, sinks);
+      sinksStarted.catch(() => undefined);
       // The datasets' sources become their prompt files before anything reads them.
-      await prepareForRun(ctx, tokenizer);
-      for (const ds of datasets) {
-        const sink = new ResultsSink({
-          redis: conn(`sink-${ds.name}`),
-          keys,
-          dataset: ds.name,
-          dir: join(ctx.runDir, ds.name, 'generations'),
-          ...(options.crashAt === undefined ? {} : { crashAt: options.crashAt }),
-        });
-        await sink.start();
-        sinks.push(sink);
-      }
+      await prepareForRun(ctx, await tokenizer);
+      await contextLength;
+      await sinksStarted;
       await producer.start();
-    } catch (e: unknown) {
-      // Nothing half-started stays behind: the worker hands back what it took, locks are released.
-      await worker?.stop(0);
-      await producer.stop();
-      for (const s of sinks) await s.stop();
-      for (const c of conns) await closeRedisConnection(c);
-      throw e;
     }
+    await workerStarted;
+  } catch (e: unknown) {
+    // Nothing half-started stays behind: the worker hands back what it took, locks are released.
+    await Promise.all([workerStarted?.catch(() => undefined), sinksStarted?.catch(() => undefined)]);
+    await worker?.stop(0);
+    await producer?.stop();
+    for (const s of sinks) await s.stop();
+    for (const c of conns) await closeRedisConnection(c);
+    throw e;
   }
 
   // Heartbeats: `status` and the dashboard list this process under each role it plays.
@@ -168,11 +169,40 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
   };
 }
 
+/**
+ * Starts a results sink per dataset, side by side; `started` receives each one that started
+ * (for the caller to stop). Rejects with the first failure once every start has settled.
+ */
+async function startSinks(
+  ctx: RunContext,
+  datasets: Config['datasets'],
+  conn: (name: string) => Redis,
+  crashAt: SinkCrashPoint | undefined,
+  started: ResultsSink[],
+): Promise<void> {
+  const starts = datasets.map(async (ds) => {
+    const sink = new ResultsSink({
+      redis: conn(`sink-${ds.name}`),
+      keys: ctx.keys,
+      dataset: ds.name,
+      dir: join(ctx.runDir, ds.name, 'generations'),
+      ...(crashAt === undefined ? {} : { crashAt }),
+    });
+    await sink.start();
+    started.push(sink);
+  });
+  const failure = (await Promise.allSettled(starts)).find((r) => r.status === 'rejected');
+  if (failure !== undefined) throw failure.reason;
+}
+
+/** The first of {@link waitSettled}'s polls; each next one waits twice as long, up to 200 ms. */
+const SETTLED_FIRST_POLL_MS = 2;
+
 /** Waits until no batch is queued or running and no request is in flight for these datasets. */
 async function waitSettled(redis: Redis, keys: RunKeys, datasets: readonly string[]): Promise<void> {
   const queues = datasets.map((d) => new Queue(generateQueueName(d), { connection: redis, prefix: keys.bullPrefix }));
   try {
-    for (;;) {
+    for (let wait = SETTLED_FIRST_POLL_MS; ; wait = Math.min(200, wait * 2)) {
       let busy = 0;
       for (const [i, q] of queues.entries()) {
         const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized');
@@ -180,7 +210,7 @@ async function waitSettled(redis: Redis, keys: RunKeys, datasets: readonly strin
         busy += await redis.zcount(keys.inflight(datasets[i] ?? ''), Date.now(), '+inf');
       }
       if (busy === 0) return;
-      await new Promise((r) => setTimeout(r, 200));
+      await new Promise((r) => setTimeout(r, wait));
     }
   } finally {
     for (const q of queues) await q.close();

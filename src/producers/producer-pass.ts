@@ -17,6 +17,12 @@ import {
 
 /** Prompts checked against Redis at once while scanning a file. */
 const SCAN_CHUNK = 1024;
+/**
+ * Prompts tokenized at once. Between two such pieces the pass yields to the event loop, so a
+ * worker in the same process keeps sending requests and committing results while the
+ * producer tokenizes (a whole scan chunk at once held the loop for 100 ms and more).
+ */
+export const ENCODE_CHUNK = 64;
 
 export interface PassContext {
   redis: ScriptedRedis;
@@ -103,13 +109,19 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       toSend.push(parsed.record);
     }
     candidates = [];
-    // All of the chunk's prompts at once: with server-side tokenization, batched requests.
-    const encoded = await ctx.tokenizer.encodePrompts(toSend.map((rec) => rec.messages));
-    for (const [i, rec] of toSend.entries()) {
-      const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
-      if (sample === undefined) continue;
-      batch.push(sample);
-      if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
+    // A piece of prompts at once (with server-side tokenization, one batched request each); a
+    // full batch is enqueued as soon as its prompts are tokenized.
+    for (let from = 0; from < toSend.length; from += ENCODE_CHUNK) {
+      if (from > 0) await yieldToEventLoop();
+      if (ctx.isStopping()) return false;
+      const piece = toSend.slice(from, from + ENCODE_CHUNK);
+      const encoded = await ctx.tokenizer.encodePrompts(piece.map((rec) => rec.messages));
+      for (const [i, rec] of piece.entries()) {
+        const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
+        if (sample === undefined) continue;
+        batch.push(sample);
+        if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
+      }
     }
     return true;
   };
@@ -154,6 +166,10 @@ async function toSample(
   }
   const maxNewTokens = ctxLen === undefined ? ctx.ds.maxNewTokens : Math.min(ctx.ds.maxNewTokens, ctxLen - promptIds.length);
   return { id: rec.id, line: rec.line, promptIds, maxNewTokens };
+}
+
+function yieldToEventLoop(): Promise<void> {
+  return new Promise((r) => setImmediate(r));
 }
 
 async function closeQuietly(f: FileHandle): Promise<void> {

@@ -26,21 +26,24 @@ export interface ProducerOptions {
   keys: RunKeys;
   /** Datasets with `prompts` (generation); datasets with `conversations` are not produced. */
   datasets: readonly DatasetConfig[];
-  tokenizer: ChatTokenizer;
+  /** The run's tokenizer, or its load under way (start-up goes on meanwhile; feeding waits for it). */
+  tokenizer: ChatTokenizer | Promise<ChatTokenizer>;
   /** `<output.dir>/<run>`: rejects go to `<runDir>/<dataset>/rejects.jsonl`. */
   runDir: string;
   /** Attempts per prompt against a healthy server. */
   maxAttempts: number;
   /** The model's context length, when known: longer prompts are rejected, max_new_tokens capped. */
-  contextLength?: number;
+  contextLength?: number | Promise<number | undefined>;
   /** Batches kept queued (waiting) per dataset; Redis holds about this many batches of prompts. */
   windowBatches: number;
-  /** How often queue depths are checked. */
+  /** How often queue depths are checked at most (a wait's first checks come sooner). */
   pollMs?: number;
   logger?: Logger;
 }
 
 const PRODUCER_LOCK_TTL_MS = 30_000;
+/** The first of a wait's polls; each next one waits twice as long, up to `pollMs`. */
+const FIRST_POLL_MS = 2;
 
 /**
  * Feeds each dataset's queue from its prompt file (DESIGN invariants 1, 3, 4, 5).
@@ -155,6 +158,8 @@ export class Producer {
     const { keys } = this.options;
     const log = this.log.child({ dataset: ds.name });
     await this.redis.hset(keys.stats(ds.name), 'status', 'in_progress');
+    const tokenizer = await this.options.tokenizer;
+    const contextLength = await this.options.contextLength;
     let index: PromptFileIndex | undefined;
     while (!this.stopping) {
       if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
@@ -177,8 +182,8 @@ export class Producer {
         ds,
         file,
         index,
-        tokenizer: this.options.tokenizer,
-        contextLength: this.options.contextLength,
+        tokenizer,
+        contextLength,
         runDir: this.options.runDir,
         epoch,
         fromLine,
@@ -219,12 +224,14 @@ export class Producer {
   /** Waits for room in the window, then enqueues; false when the budget was met meanwhile. */
   private async addBatch(ds: DatasetConfig, queue: Queue, epoch: number, samples: Sample[]): Promise<boolean> {
     const { keys } = this.options;
-    for (;;) {
+    // Checked again soon, then less and less often: a fast worker frees a slot within
+    // milliseconds (the window must not run dry between polls), a slow one costs few checks.
+    for (let wait = FIRST_POLL_MS; ; wait = Math.min(this.pollMs, wait * 2)) {
       if (this.stopping || (await this.budgetMet(ds))) return false;
       const counts = await queue.getJobCounts('waiting', 'prioritized', 'delayed');
       const queued = Object.values(counts).reduce((a, b) => a + b, 0);
       if (queued < this.options.windowBatches) break;
-      await delay(this.pollMs);
+      await delay(wait);
     }
     const first = samples[0];
     const last = samples[samples.length - 1];
@@ -254,10 +261,16 @@ export class Producer {
 
   /** Waits until the dataset has nothing queued, running or in flight (or its budget is met). */
   private async waitIdle(ds: DatasetConfig, queue: Queue): Promise<void> {
+    // A job that finished restarts the polls from the shortest: the last one may end any moment.
+    let wait = FIRST_POLL_MS;
+    let lastBusy = Infinity;
     while (!this.stopping) {
       if (await this.budgetMet(ds)) return;
-      if ((await this.busyJobs(queue)) === 0) return;
-      await delay(this.pollMs);
+      const busy = await this.busyJobs(queue);
+      if (busy === 0) return;
+      wait = busy < lastBusy ? FIRST_POLL_MS : Math.min(this.pollMs, wait * 2);
+      lastBusy = busy;
+      await delay(wait);
     }
   }
 
