@@ -103,8 +103,9 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       const contextLength = resolveContextLength(config);
       tokenizer.catch(() => undefined);
       contextLength.catch(() => undefined);
+      const producerConn = conn('producer');
       producer = new Producer({
-        redis: conn('producer'),
+        redis: producerConn,
         keys,
         datasets,
         tokenizer,
@@ -116,7 +117,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       // The producer lock first: a second producer of the same run fails at once, naming the
       // holder, instead of waiting behind the first one's sink locks.
       await producer.acquireLock();
-      sinksStarted = startSinks(ctx, datasets, conn, options.crashAt, sinks);
+      sinksStarted = startSinks(ctx, datasets, conn, producerConn, options.crashAt, sinks);
       sinksStarted.catch(() => undefined);
       // The datasets' sources become their prompt files before anything reads them.
       await prepareForRun(ctx, await tokenizer);
@@ -177,12 +178,14 @@ async function startSinks(
   ctx: RunContext,
   datasets: Config['datasets'],
   conn: (name: string) => Redis,
+  probe: Redis,
   crashAt: SinkCrashPoint | undefined,
   started: ResultsSink[],
 ): Promise<void> {
   const starts = datasets.map(async (ds) => {
     const sink = new ResultsSink({
       redis: conn(`sink-${ds.name}`),
+      probe,
       keys: ctx.keys,
       dataset: ds.name,
       dir: join(ctx.runDir, ds.name, 'generations'),

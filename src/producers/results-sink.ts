@@ -21,6 +21,12 @@ export type SinkCrashPoint = 'after-write' | 'after-checkpoint';
 export interface ResultsSinkOptions {
   /** A dedicated `worker`-role connection: the sink blocks on XREAD. */
   redis: Redis;
+  /**
+   * A connection that never blocks, for {@link ResultsSink.drained}'s check of the stream
+   * (one sent on `redis` waits behind the XREAD in progress, up to its 200 ms block).
+   * Default: `redis`.
+   */
+  probe?: Redis;
   keys: RunKeys;
   dataset: string;
   /** `<runDir>/<dataset>/generations`. */
@@ -123,7 +129,7 @@ export class ResultsSink {
     const { redis, keys, dataset } = this.options;
     for (;;) {
       if (this.failure !== undefined) throw this.failure;
-      const len = await redis.xlen(keys.results(dataset));
+      const len = await (this.options.probe ?? redis).xlen(keys.results(dataset));
       if (len === 0 || this.stopping) {
         if (this.failure !== undefined) throw this.failure;
         return;
