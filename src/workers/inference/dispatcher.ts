@@ -88,13 +88,6 @@ function readAcquires(attempts: AcquireAttempt[], replies: readonly [Error | nul
   });
 }
 
-/**
- * Standard deviations of the in-flight total that the budget reservation adds: dispatch holds
- * back a little earlier and tops up as requests end, instead of overshooting by the spread of
- * the last requests' lengths.
- */
-const BUDGET_MARGIN_SD = 1;
-
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
 const PAUSED_RECHECK_MS = 250;
 
@@ -546,7 +539,6 @@ export class Dispatcher {
         this.crashProbationMs,
         a.task.req.sample.id,
         a.task.req.sample.maxNewTokens,
-        BUDGET_MARGIN_SD,
       );
     }
   }
