@@ -343,4 +343,15 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
   }
 }
 
-if (isMain(import.meta.url)) runAsScript(() => requestOverhead());
+/** `BENCH_OVERHEAD_CASES=16-token` runs only the cases whose label contains one of the comma-separated words. */
+function selectedCases(): RequestOverheadOptions {
+  const words = (process.env['BENCH_OVERHEAD_CASES'] ?? '').split(',').map((w) => w.trim()).filter((w) => w !== '');
+  if (words.length === 0) return DEFAULT_REQUEST_OVERHEAD;
+  const cases = DEFAULT_REQUEST_OVERHEAD.cases.filter((c) => words.some((w) => c.label.includes(w)));
+  if (cases.length === 0) {
+    throw new Error(`BENCH_OVERHEAD_CASES=${words.join(',')} names no case; the cases are: ${DEFAULT_REQUEST_OVERHEAD.cases.map((c) => c.label).join('; ')}`);
+  }
+  return { ...DEFAULT_REQUEST_OVERHEAD, cases };
+}
+
+if (isMain(import.meta.url)) runAsScript(() => requestOverhead(selectedCases()));
