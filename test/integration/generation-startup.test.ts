@@ -1,0 +1,82 @@
+// Start-up runs its parts side by side (the worker, the tokenizer load, the sinks): a part that
+// fails leaves nothing behind — no lock held, no worker running — and the next start completes.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startGeneration } from '../../src/cli/pipeline.js';
+import { openRunContextFor } from '../../src/cli/run-context.js';
+import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { loadConfig, type Config } from '../../src/shared/index.js';
+import { duplicates, readGenerations, tempDir, writePrompts } from '../helpers/pipeline.js';
+import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+
+let redis: TestRedis;
+let sim: SimulatorHandle;
+let tmp: { dir: string; cleanup: () => void };
+
+beforeAll(async () => {
+  redis = await startTestRedis();
+  sim = await startSimulator({ port: 0, timeScale: 1_000, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed', mean: 8 } });
+  tmp = tempDir();
+});
+
+afterAll(async () => {
+  await sim?.stop();
+  await redis?.stop();
+  tmp?.cleanup();
+});
+
+function config(tokenizerPath?: string): Config {
+  return loadConfig({
+    baseDir: tmp.dir,
+    object: {
+      run: 'startup',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 16 },
+      ...(tokenizerPath === undefined ? {} : { tokenizer: { path: tokenizerPath } }),
+      datasets: [
+        { name: 'one', prompts: 'one.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 8 },
+        { name: 'two', prompts: 'two.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 8 },
+      ],
+      output: { dir: 'out' },
+    },
+  });
+}
+
+describe('generation start-up', () => {
+  it('a tokenizer that fails to load while the worker and the sinks start: the start fails, no lock is left, the next start completes every prompt once', async () => {
+    writePrompts(tmp.dir, 'one', 60);
+    writePrompts(tmp.dir, 'two', 45);
+    const broken = path.join(tmp.dir, 'broken-tokenizer');
+    mkdirSync(broken, { recursive: true });
+    writeFileSync(path.join(broken, 'tokenizer.json'), '{ "model": ');
+    writeFileSync(path.join(broken, 'tokenizer_config.json'), '{}');
+
+    const failing = await openRunContextFor(config(broken));
+    try {
+      await expect(startGeneration(failing, { produce: true, infer: true })).rejects.toThrow(/tokenizer/i);
+      const { keys } = failing;
+      expect(await failing.redis.exists(keys.producerLock(), keys.sinkLock('one'), keys.sinkLock('two'))).toBe(0);
+      expect(sim.stats().requests.length).toBe(0);
+    } finally {
+      await failing.close();
+    }
+
+    const ctx = await openRunContextFor(config());
+    try {
+      const handle = await startGeneration(ctx, { produce: true, infer: true });
+      try {
+        await handle.finished;
+      } finally {
+        await handle.stop();
+      }
+      for (const [name, n] of [['one', 60], ['two', 45]] as const) {
+        const ids = readGenerations(ctx.runDir, name).map((l) => l.id);
+        expect(ids.length).toBe(n);
+        expect(duplicates(ids)).toEqual([]);
+      }
+    } finally {
+      await ctx.close();
+    }
+  }, 120_000);
+});
