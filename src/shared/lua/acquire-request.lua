@@ -10,7 +10,8 @@
   mean. x_i is the larger of the tokens streamed so far (`<inflight>:progress`, rid -> tokens,
   reported by workers that stream) and the time since the request started
   (`<inflight>:start`, rid -> ms, written here) times the dataset's per-request decode rate
-  (stats rateTokens / rateMs, decayed sums kept by the commit). The distribution is the
+  (stats rateMax, the fastest recent request's tokens per ms, kept by the commit: a conservative
+  speed, since lag only makes a request look slower). The distribution is the
   Kaplan-Meier estimate with the requests in flight as censored lengths (short completions
   finish first, so the commits alone lack the tail early on); the share still running past the
   last length seen counts as spread evenly up to max_new_tokens. While the commits are fewer
@@ -25,7 +26,7 @@
   by its expiry, so a crashed worker's leases lapse by themselves.
 
   Input:
-    KEYS[1] dataset stats hash     (fields outputTokens, records, tokenBudget, rateTokens, rateMs, budgetStopMs)
+    KEYS[1] dataset stats hash     (fields outputTokens, records, tokenBudget, rateMax, budgetStopMs)
     KEYS[2] dataset in-flight zset (member rid, score expiry ms)
     KEYS[3] dataset done set        (a sample committed meanwhile, e.g. by a worker that took
             over its batch, is not sent again)
@@ -111,12 +112,11 @@ if redis.call('HLEN', startKey) > 2 * redis.call('ZCARD', inflightKey) + 256 the
   chunked('HDEL', progressKey, stale)
 end
 
-local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'rateTokens', 'rateMs', 'budgetStopMs')
+local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'rateMax', 'budgetStopMs')
 local committed = tonumber(stats[1]) or 0
 local records = tonumber(stats[2]) or 0
 local budget = tonumber(stats[3]) or -1
-local rateTokens = tonumber(stats[4]) or 0
-local rateMs = tonumber(stats[5]) or 0
+local rate = tonumber(stats[4]) or 0
 local maxNew = tonumber(ARGV[9] or '') or 2 * prior
 local marginSd = tonumber(ARGV[10] or '') or 0
 
@@ -125,7 +125,7 @@ if budget >= 0 then
     return -2
   end
   local inflight = redis.call('ZCARD', inflightKey)
-  if stats[6] then
+  if stats[5] then
     if inflight > 0 then
       return -3
     end
@@ -143,8 +143,6 @@ if budget >= 0 then
       local starts = chunked('HMGET', startKey, rids)
       local streamed = {}
       if redis.call('EXISTS', progressKey) == 1 then streamed = chunked('HMGET', progressKey, rids) end
-      local rate = 0
-      if rateMs > 0 then rate = rateTokens / rateMs end
       for i = 1, #rids do
         local x = tonumber(streamed[i]) or 0
         local started = tonumber(starts[i])

@@ -9,7 +9,7 @@
 
   Input:
     KEYS[1] dataset done set          (sample ids)
-    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, tokenBudget, budgetMetMs, firstCommitMs, lastCommitMs, rateTokens, rateMs;
+    KEYS[2] dataset stats hash        (outputTokens, outputTokensSq, records, tokenBudget, budgetMetMs, firstCommitMs, lastCommitMs, rateMax;
                                       beside it `<KEYS[2]>:lengths`, the length histogram)
     KEYS[3] dataset results stream
     KEYS[4] dataset in-flight zset    (rid -> expiry; beside it `<KEYS[4]>:start` and `:progress`)
@@ -53,13 +53,15 @@ if budget >= 0 and total >= budget and total - tokens < budget then
 end
 redis.call('HINCRBY', KEYS[2], 'records', 1)
 redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
--- The length histogram and the decode rate (decayed sums) that acquire-request.lua reserves by.
+-- The length histogram and the decode rate that acquire-request.lua reserves by.
 local lb = math.floor(8 * math.log(tokens + 1) / math.log(2))
 redis.call('HINCRBY', KEYS[2] .. ':lengths', 'c' .. lb, 1)
 redis.call('HINCRBY', KEYS[2] .. ':lengths', 't' .. lb, tokens)
 if started then
-  local r = redis.call('HMGET', KEYS[2], 'rateTokens', 'rateMs')
-  redis.call('HSET', KEYS[2], 'rateTokens', 0.97 * (tonumber(r[1]) or 0) + tokens, 'rateMs', 0.97 * (tonumber(r[2]) or 0) + math.max(1, now - tonumber(started)))
+  -- The fastest recent request (tokens / time since its acquire; decays 1 % a commit): a lagging
+  -- worker or a queued request only ever makes a request look slower, never faster.
+  local r = tonumber(redis.call('HGET', KEYS[2], 'rateMax') or '0') or 0
+  redis.call('HSET', KEYS[2], 'rateMax', math.max(tokens / math.max(1, now - tonumber(started)), 0.99 * r))
 end
 redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
 redis.call('HSET', KEYS[2], 'lastCommitMs', now)
