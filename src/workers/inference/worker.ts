@@ -25,6 +25,9 @@ import { EndpointPool, type EndpointPoolOptions } from './endpoint-pool.js';
 import { failedJobReason, parseFailureRecord } from './failure-records.js';
 import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
 
+/** The first wait for a batch when none is queued; each next one doubles, up to 200 ms. */
+const FIRST_EMPTY_WAIT_MS = 2;
+
 export interface InferenceWorkerOptions {
   redisUrl: string;
   keys: RunKeys;
@@ -185,6 +188,7 @@ export class InferenceWorker {
     const dispatcher = this.dispatcher;
     if (dispatcher === undefined) return;
     let turn = 0;
+    let emptyWaitMs = FIRST_EMPTY_WAIT_MS;
     while (!this.stopped) {
       if (!dispatcher.hungry(this.options.batchSize)) {
         await dispatcher.waitForDemand(250);
@@ -214,8 +218,14 @@ export class InferenceWorker {
         this.hold(dataset, worker, job, token);
       }
       turn += 1;
-      // Nothing queued anywhere: look again shortly (or as soon as demand changes).
-      if (!fetched) await dispatcher.waitForDemand(200);
+      // Nothing queued anywhere: look again soon, then less often (or as soon as demand
+      // changes): the producer's next batch may be milliseconds away (the run's first one, or
+      // a window that ran dry while it tokenized).
+      if (fetched) emptyWaitMs = FIRST_EMPTY_WAIT_MS;
+      else {
+        await dispatcher.waitForDemand(emptyWaitMs);
+        emptyWaitMs = Math.min(200, emptyWaitMs * 2);
+      }
     }
   }
 
