@@ -87,6 +87,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       stalledIntervalMs: config.workers.stalledIntervalMs,
       leaseTtlMs: config.workers.leaseTtlMs,
       crashProbationMs: config.workers.crashProbationMs,
+      strictBudgetDatasets: datasets.filter((d) => d.budget === 'strict').map((d) => d.name),
     });
   }
   // Start-up runs side by side: the worker connects while the tokenizer loads, the sinks

@@ -167,4 +167,25 @@ describe('generation: budgets and exactly-once accounting', () => {
       await ctx.close();
     }
   });
+  it('budget: strict in the config reaches the worker: in-flight requests are aborted at the budget and kept as abort records', async () => {
+    await sim?.stop();
+    sim = await startSimulator({ port: 0, timeScale: 100, maxRunningRequests: 32, seed: 5 });
+    writePrompts(tmp.dir, 'strict', 400);
+    const budget = 120_000;
+    const cfg = config('strict', sim.url, [{ name: 'strict', prompts: 'strict.jsonl', tokenBudget: budget, budget: 'strict', maxNewTokens: 4096, batchSize: 16 }]);
+    const ctx = await runToEnd(cfg);
+    try {
+      const tokens = Number((await ctx.redis.hget(ctx.keys.stats('strict'), 'outputTokens')) ?? 0);
+      const records = readGenerations(ctx.runDir, 'strict');
+      expect(duplicates(records.map((r) => r.id))).toEqual([]);
+      expect(records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(tokens);
+      // What was in flight at the stop ends early, with its partial output kept.
+      expect(records.filter((r) => r.finish_reason.type === 'abort').length).toBeGreaterThan(0);
+      expect(tokens).toBeGreaterThanOrEqual(budget);
+      // Without the stop, the 32 requests in flight (up to 4096 tokens each) would run on.
+      expect(tokens).toBeLessThan(budget * 1.05);
+    } finally {
+      await ctx.close();
+    }
+  });
 });
