@@ -225,7 +225,7 @@ describe('export --format specforge | jsonl', () => {
     const sorted = (file: string): string[] => readFileSync(file, 'utf8').trim().split('\n').sort();
     expect(sorted(partOut)).toEqual(sorted(sfOut));
 
-    // With postprocess.keepTruncated, the truncated generations are rows, so they are exported too.
+    // With postprocess.keepTruncated, the truncated and aborted generations are rows, so they are exported too.
     const truncWriter = await AtomicJsonlWriter.open(path.join(tmp.dir, 'export', 'with-truncated.jsonl'));
     const truncStats = await exportSpecForgeDataset({
       dataset: DATASET,
@@ -235,7 +235,7 @@ describe('export --format specforge | jsonl', () => {
       writer: truncWriter,
     });
     await truncWriter.abort();
-    expect(truncStats).toMatchObject({ exported: PROMPTS - 3, keptTruncated: 8, droppedTruncated: 0, droppedAborted: 2, droppedEmpty: 1 });
+    expect(truncStats).toMatchObject({ exported: PROMPTS - 1, keptTruncated: 10, droppedTruncated: 0, droppedAborted: 0, droppedEmpty: 1 });
 
     const rowsOut = path.join(tmp.dir, 'export', 'rows.jsonl');
     const rows = await inProcess(['export', '-c', configPath, '--format', 'jsonl', '--out', rowsOut]);

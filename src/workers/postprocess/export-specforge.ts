@@ -6,7 +6,7 @@
  *     {"role": "assistant", "content": "<the generated answer, decoded>"}]}
  *
  * - One line per generation that the tokenize step keeps as a row ({@link recordToRow}: stop,
- *   or length with `postprocess.keepTruncated`; never abort or an empty output), the first
+ *   or length and abort with `postprocess.keepTruncated`; never an empty output), the first
  *   record of a sample id only, as tokenize does.
  * - The prompt messages are those of the prompt file's line with the record's sample id, as the
  *   producer read them (ShareGPT `{from, value}` normalized to `{role, content}`; a
@@ -61,7 +61,7 @@ export interface SpecForgeExportStats {
   lines: number;
   /** Lines written. */
   exported: number;
-  /** Of `exported`: truncated generations (kept because of `postprocess.keepTruncated`). */
+  /** Of `exported`: truncated and aborted generations (kept because of `postprocess.keepTruncated`). */
   keptTruncated: number;
   /** Of `exported`: stopped on something else than the template's end-of-turn token. */
   stopWithoutEndOfTurn: number;
@@ -247,6 +247,6 @@ async function exportRecord(
   };
   await opts.writer.write(out);
   stats.exported += 1;
-  if (outcome.row.finish_reason === 'length') stats.keptTruncated += 1;
+  if (outcome.row.finish_reason === 'length' || outcome.row.finish_reason === 'abort') stats.keptTruncated += 1;
   else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
 }
