@@ -104,7 +104,7 @@ export const ConfigSchema = z.strictObject({
       keepTruncated: z
         .boolean({ error: 'expected true or false' })
         .default(false)
-        .describe('Keep samples whose generation was cut at `maxNewTokens` (finish reason `length`).'),
+        .describe('Keep samples whose generation was cut at `maxNewTokens` (finish reason `length`) or stopped early (`abort`, e.g. by `budget: strict`).'),
       shardSizeMiB: z
         .number({ error: 'expected a positive number (MiB)' })
         .positive({ error: 'expected a positive number (MiB)' })
