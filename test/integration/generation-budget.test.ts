@@ -169,7 +169,7 @@ describe('generation: budgets and exactly-once accounting', () => {
   });
   it('budget: strict in the config reaches the worker: in-flight requests are aborted at the budget and kept as abort records', async () => {
     await sim?.stop();
-    sim = await startSimulator({ port: 0, timeScale: 100, maxRunningRequests: 32, seed: 5 });
+    sim = await startSimulator({ port: 0, timeScale: 50, maxRunningRequests: 32, seed: 5 });
     writePrompts(tmp.dir, 'strict', 400);
     const budget = 120_000;
     const cfg = config('strict', sim.url, [{ name: 'strict', prompts: 'strict.jsonl', tokenBudget: budget, budget: 'strict', maxNewTokens: 4096, batchSize: 16 }]);
@@ -182,8 +182,9 @@ describe('generation: budgets and exactly-once accounting', () => {
       // What was in flight at the stop ends early, with its partial output kept.
       expect(records.filter((r) => r.finish_reason.type === 'abort').length).toBeGreaterThan(0);
       expect(tokens).toBeGreaterThanOrEqual(budget);
-      // Without the stop, the 32 requests in flight (up to 4096 tokens each) would run on.
-      expect(tokens).toBeLessThan(budget * 1.05);
+      // Past the budget: what the server produced during the stop's round trip (wall time, so
+      // timeScale times more here than against a real server), not the rest of 32 requests.
+      expect(tokens).toBeLessThan(budget * 1.1);
     } finally {
       await ctx.close();
     }
