@@ -65,12 +65,42 @@ async function main(): Promise<number> {
     return 2;
   }
   const selected = names.length > 0 ? names : Object.keys(BENCHMARKS);
+  const fileName = process.env['BENCH_RESULTS_FILE'] ?? 'latest.json';
+  if (!/^[\w.-]+\.json$/.test(fileName)) {
+    process.stderr.write(`BENCH_RESULTS_FILE must be a file name ending in .json, got ${JSON.stringify(fileName)}\n`);
+    return 2;
+  }
+  const file = path.join(path.dirname(fileURLToPath(import.meta.url)), 'results', fileName);
   const startedAt = new Date();
   const git = gitState();
   // Other work on the machine competes for its cores: the load average says how much there was.
   const loadBefore = os.loadavg().map((x) => Math.round(x * 100) / 100);
   const results: (BenchResult & { loadAverage1m: { before: number; after: number } })[] = [];
   let failed = false;
+  // Written after each benchmark, so that a long run cut short keeps what it measured.
+  const writeReport = (): string => {
+    const cpus = os.cpus();
+    const report = {
+      startedAt: startedAt.toISOString(),
+      finishedAt: new Date().toISOString(),
+      git,
+      command: `npm run bench${names.length > 0 ? ` -- ${names.join(' ')}` : ''}`,
+      machine: {
+        cpus: cpus.length,
+        cpuModel: cpus[0]?.model ?? 'unknown',
+        memoryGiB: Math.round(os.totalmem() / 2 ** 30),
+        platform: `${os.type()} ${os.release()} ${os.arch()}`,
+        node: process.version,
+        redis: redisVersion(),
+        loadAverageBefore: loadBefore,
+        loadAverageAfter: os.loadavg().map((x) => Math.round(x * 100) / 100),
+      },
+      results,
+    };
+    mkdirSync(path.dirname(file), { recursive: true });
+    writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
+    return file;
+  };
   for (const name of selected) {
     const bench = BENCHMARKS[name];
     if (bench === undefined) continue;
@@ -80,38 +110,13 @@ async function main(): Promise<number> {
       const r = await bench();
       printResult(r);
       results.push({ ...r, loadAverage1m: { before: Math.round(before * 100) / 100, after: Math.round((os.loadavg()[0] ?? NaN) * 100) / 100 } });
+      writeReport();
     } catch (e: unknown) {
       failed = true;
       process.stderr.write(`benchmark ${name} failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
     }
   }
-  const cpus = os.cpus();
-  const report = {
-    startedAt: startedAt.toISOString(),
-    finishedAt: new Date().toISOString(),
-    git,
-    command: `npm run bench${names.length > 0 ? ` -- ${names.join(' ')}` : ''}`,
-    machine: {
-      cpus: cpus.length,
-      cpuModel: cpus[0]?.model ?? 'unknown',
-      memoryGiB: Math.round(os.totalmem() / 2 ** 30),
-      platform: `${os.type()} ${os.release()} ${os.arch()}`,
-      node: process.version,
-      redis: redisVersion(),
-      loadAverageBefore: loadBefore,
-      loadAverageAfter: os.loadavg().map((x) => Math.round(x * 100) / 100),
-    },
-    results,
-  };
-  const dir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'results');
-  mkdirSync(dir, { recursive: true });
-  const name = process.env['BENCH_RESULTS_FILE'] ?? 'latest.json';
-  if (!/^[\w.-]+\.json$/.test(name)) {
-    process.stderr.write(`BENCH_RESULTS_FILE must be a file name ending in .json, got ${JSON.stringify(name)}\n`);
-    return 2;
-  }
-  const file = path.join(dir, name);
-  writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
+  writeReport();
   const missed = results.flatMap((r) => r.targets.filter((t) => !t.met).map((t) => `${r.name}: ${t.what} (required ${t.required}, measured ${t.measured})`));
   process.stdout.write(`results written to ${path.relative(process.cwd(), file)}\n`);
   if (missed.length > 0) process.stdout.write(`targets missed:\n${missed.map((m) => `  - ${m}`).join('\n')}\n`);
