@@ -91,6 +91,11 @@ function readAcquires(attempts: AcquireAttempt[], replies: readonly [Error | nul
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
 const PAUSED_RECHECK_MS = 250;
 
+/** How often a worker reads (and at most re-sets) the run's "a worker waits for a slot" flag. */
+const SLOT_WANTED_POLL_MS = 200;
+/** How long that flag holds after the last worker that found no slot set it. */
+const SLOT_WANTED_TTL_MS = 600;
+
 
 /**
  * Keeps requests in flight continuously (DESIGN invariants 2, 3, 6, 7): the moment one request
@@ -121,6 +126,12 @@ export class Dispatcher {
   private acquiring = 0;
   private wakeTimer: NodeJS.Timeout | undefined;
   private renewTimer: NodeJS.Timeout | undefined;
+  /** Another worker found every slot taken with samples waiting, lately: no riding acquires then. */
+  private othersWaiting = false;
+  /** This dispatcher in that flag (two workers of one process share a worker id). */
+  private readonly waiterId = randomBytes(6).toString('hex');
+  private wantedTimer: NodeJS.Timeout | undefined;
+  private wantedSetMs = 0;
   private renewing = false;
   private stopping = false;
   private idleWaiters: (() => void)[] = [];
@@ -233,6 +244,29 @@ export class Dispatcher {
       void this.renew();
     }, Math.max(50, Math.floor(this.leaseTtlMs / 3)));
     this.renewTimer.unref();
+    // Riding acquires keep a freed slot with this worker; while another worker waits for one,
+    // slots are freed and taken by whoever asks first, as with separate acquires.
+    this.wantedTimer = setInterval(() => {
+      this.options.redis.get(this.slotWantedKey()).then(
+        (v) => {
+          this.othersWaiting = v !== null && v !== this.waiterId;
+        },
+        () => undefined,
+      );
+    }, SLOT_WANTED_POLL_MS);
+    this.wantedTimer.unref();
+  }
+
+  private slotWantedKey(): string {
+    return `${this.options.keys.base}:slot-wanted`;
+  }
+
+  /** Says (for a short while) that this worker has samples waiting and found no slot. */
+  private markSlotWanted(): void {
+    const now = Date.now();
+    if (now - this.wantedSetMs < SLOT_WANTED_POLL_MS) return;
+    this.wantedSetMs = now;
+    this.options.redis.set(this.slotWantedKey(), this.waiterId, 'PX', SLOT_WANTED_TTL_MS).catch(() => undefined);
   }
 
   /** Hands a sample over; resolves once it is committed, failed, skipped or handed back. */
@@ -267,6 +301,7 @@ export class Dispatcher {
       clearTimeout(timer);
     }
     clearInterval(this.renewTimer);
+    clearInterval(this.wantedTimer);
     this.strict.stop();
   }
 
@@ -343,6 +378,7 @@ export class Dispatcher {
       await this.applyAcquires(attempts, pass);
       if (pass.failure !== undefined) throw pass.failure;
       if (pass.noSlot) {
+        this.markSlotWanted();
         this.schedulePump(25);
         return;
       }
@@ -456,7 +492,7 @@ export class Dispatcher {
    * trip instead of two. Only the first cap group is asked; the pump handles the rest.
    */
   private rideOnCommits(pipeline: RedisPipeline, freed: number): ((replies: readonly [Error | null, unknown][] | null) => void) | undefined {
-    if (this.stopping) return undefined;
+    if (this.stopping || this.othersWaiting) return undefined;
     const healthy = this.options.pool.healthy();
     const [first] = this.options.pool.byCap(healthy);
     if (first === undefined) return undefined;
