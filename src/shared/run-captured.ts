@@ -10,17 +10,17 @@ export interface CapturedRun {
 }
 
 /**
- * Runs `command args` without a shell, stdin closed, and resolves when it exits; it is killed
+ * Runs `command args` without a shell, fed `stdin` (else an empty stdin), and resolves when it exits; it is killed
  * (SIGKILL) after `timeoutMs`. Rejects with the spawn error (e.g. `ENOENT`) when it cannot start.
  */
 export function runCaptured(
   command: string,
   args: readonly string[],
-  opts: { timeoutMs: number; cwd?: string; env?: NodeJS.ProcessEnv },
+  opts: { timeoutMs: number; cwd?: string; env?: NodeJS.ProcessEnv; stdin?: string },
 ): Promise<CapturedRun> {
   return new Promise((resolve, reject) => {
     const child = spawn(command, [...args], {
-      stdio: ['ignore', 'pipe', 'pipe'],
+      stdio: ['pipe', 'pipe', 'pipe'],
       ...(opts.cwd === undefined ? {} : { cwd: opts.cwd }),
       ...(opts.env === undefined ? {} : { env: opts.env }),
     });
@@ -37,5 +37,8 @@ export function runCaptured(
       clearTimeout(timer);
       resolve({ code, signal, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') });
     });
+    // A child that exits before reading all of stdin must not fail the caller with EPIPE.
+    child.stdin.on('error', () => undefined);
+    child.stdin.end(opts.stdin ?? '');
   });
 }

@@ -6,7 +6,7 @@
 // A fresh clone has neither; the first test that needs one builds it (a minute or two each), and
 // setup-python.sh serializes concurrent builds on a lock file. If it cannot be built, the test
 // fails with pip's output.
-import { spawn } from 'node:child_process';
+import { runCaptured, type CapturedRun } from '../../src/shared/run-captured.js';
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -44,12 +44,7 @@ export const PYTHON_ENV: NodeJS.ProcessEnv = {
   PYTHONDONTWRITEBYTECODE: '1',
 };
 
-export interface ProcessResult {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  stdout: string;
-  stderr: string;
-}
+export type ProcessResult = CapturedRun;
 
 /** Runs a program to completion, feeding `stdin`, killing it after `timeoutMs`. */
 export function runProcess(
@@ -57,34 +52,7 @@ export function runProcess(
   args: readonly string[],
   opts: { stdin?: string; timeoutMs: number; env?: NodeJS.ProcessEnv; cwd?: string },
 ): Promise<ProcessResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(command, args, {
-      cwd: opts.cwd ?? REPO_ROOT,
-      env: opts.env ?? PYTHON_ENV,
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    child.stdout.on('data', (b: Buffer) => out.push(b));
-    child.stderr.on('data', (b: Buffer) => err.push(b));
-    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs);
-    child.on('error', (e) => {
-      clearTimeout(timer);
-      reject(e);
-    });
-    child.on('close', (code, signal) => {
-      clearTimeout(timer);
-      resolve({
-        code,
-        signal,
-        stdout: Buffer.concat(out).toString('utf8'),
-        stderr: Buffer.concat(err).toString('utf8'),
-      });
-    });
-    // A child that exits before reading all of stdin must not crash the test with EPIPE.
-    child.stdin.on('error', () => undefined);
-    child.stdin.end(opts.stdin ?? '');
-  });
+  return runCaptured(command, args, { timeoutMs: opts.timeoutMs, cwd: opts.cwd ?? REPO_ROOT, env: opts.env ?? PYTHON_ENV, stdin: opts.stdin ?? '' });
 }
 
 function envIsCurrent(env: PythonEnvName): boolean {
