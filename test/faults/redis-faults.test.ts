@@ -74,8 +74,13 @@ describe('Redis faults under a running pipeline', () => {
       if (pid === undefined) throw new Error('no redis pid');
       process.kill(pid, 'SIGSTOP');
       // Longer than the lease TTL (1 s) and the batch lock (2 s): everything lapses at once.
-      await new Promise((r) => setTimeout(r, 4_000));
+      // Before the leases can lapse, each worker aborts what it runs (the fence): when Redis
+      // comes back, a slot swept by another worker's acquire has nothing running on it.
+      await new Promise((r) => setTimeout(r, 2_000));
+      const runningInFreeze = sim.stats().running;
+      await new Promise((r) => setTimeout(r, 2_000));
       process.kill(pid, 'SIGCONT');
+      expect(runningInFreeze).toBe(0);
       expect(await producer.exited, producer.output()).toBe(0);
     } finally {
       w1.child.kill('SIGTERM');

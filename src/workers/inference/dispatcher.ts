@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import {
   AppError,
   UpstreamHttpError,
@@ -11,7 +10,9 @@ import {
 import { DispatchQueue, type DispatchAccounting, type Task } from './dispatch-queue.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
-import { renewLeases } from './lease-renewal.js';
+import { LeaseKeeper } from './lease-keeper.js';
+import { SlotWantedFlag } from './slot-wanted.js';
+import { addAcquires, newAttempts, newPass, readAcquires, type AcquireAttempt, type PumpPass, type RedisPipeline } from './dispatch-acquire.js';
 import { CommitBatcher } from './sample-records.js';
 import { StrictBudget } from './budget-strict.js';
 import { FailureHandler, type Running } from './failure-handling.js';
@@ -45,56 +46,9 @@ export interface DispatcherOptions {
   logger?: Logger;
 }
 
-/** Crashes a sample must have been in flight for before it is sent on probation. */
-const CRASHES_BEFORE_PROBATION = 2;
-
-/** One sample's acquire in a batch: its request id, the endpoint group asked last, and the script's answer. */
-interface AcquireAttempt {
-  task: Task;
-  rid: string;
-  probation: boolean;
-  /** acquire-request.lua's code (see `decodeAcquire`). */
-  code: number;
-  group: Endpoint[];
-  leaseKeys: string[];
-  error?: unknown;
-}
-
-/** A pipeline of this connection, with the scripts as commands. */
-type RedisPipeline = ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
-
-/** What one pass over the samples in line has found so far. */
-interface PumpPass {
-  /** Datasets found budget-reserved or paused: the rest of their samples wait for the next pass. */
-  blocked: Set<string>;
-  /** Datasets blocked in the last pass that got their one probe in this one. */
-  probed: Set<string>;
-  retryInMs: number;
-  noSlot: boolean;
-  failure: unknown;
-}
-
-function newPass(): PumpPass {
-  return { blocked: new Set(), probed: new Set(), retryInMs: Infinity, noSlot: false, failure: undefined };
-}
-
-/** Puts each reply of a pipeline into its attempt: the script's code, or the error. */
-function readAcquires(attempts: AcquireAttempt[], replies: readonly [Error | null, unknown][] | null): void {
-  attempts.forEach((a, i) => {
-    const reply = replies?.[i];
-    if (reply === undefined) a.error = new AppError('Redis sent no reply to an acquire of a pipeline');
-    else if (reply[0] !== null) a.error = reply[0];
-    else a.code = Number(reply[1]);
-  });
-}
-
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
 const PAUSED_RECHECK_MS = 250;
 
-/** How often a worker reads (and at most re-sets) the run's "a worker waits for a slot" flag. */
-const SLOT_WANTED_POLL_MS = 200;
-/** How long that flag holds after the last worker that found no slot set it. */
-const SLOT_WANTED_TTL_MS = 600;
 
 
 /**
@@ -125,14 +79,8 @@ export class Dispatcher {
   /** Samples whose acquire is on its way to Redis (they take slots once answered). */
   private acquiring = 0;
   private wakeTimer: NodeJS.Timeout | undefined;
-  private renewTimer: NodeJS.Timeout | undefined;
-  /** Another worker found every slot taken with samples waiting, lately: no riding acquires then. */
-  private othersWaiting = false;
-  /** This dispatcher in that flag (two workers of one process share a worker id). */
-  private readonly waiterId = randomBytes(6).toString('hex');
-  private wantedTimer: NodeJS.Timeout | undefined;
-  private wantedSetMs = 0;
-  private renewing = false;
+  private readonly leases: LeaseKeeper;
+  private readonly slotWanted: SlotWantedFlag;
   private stopping = false;
   private idleWaiters: (() => void)[] = [];
   private demandWaiters: (() => void)[] = [];
@@ -162,6 +110,16 @@ export class Dispatcher {
           if (r !== undefined && !r.settling) void r.endpoint.client.abort(rid);
         }
       },
+    });
+    this.slotWanted = new SlotWantedFlag(options.redis, options.keys);
+    this.leases = new LeaseKeeper({
+      redis: options.redis,
+      keys: options.keys,
+      ttlMs: this.leaseTtlMs,
+      capOf: (r) => this.options.pool.capOf(r.endpoint),
+      running: () => this.running.values(),
+      isCurrent: (r) => this.running.get(r.rid) === r,
+      log: this.log,
     });
     this.commits = new CommitBatcher(options.redis, options.keys, (pipeline, freed) => this.rideOnCommits(pipeline as RedisPipeline, freed));
     this.failures = new FailureHandler({
@@ -240,33 +198,8 @@ export class Dispatcher {
   }
 
   start(): void {
-    this.renewTimer = setInterval(() => {
-      void this.renew();
-    }, Math.max(50, Math.floor(this.leaseTtlMs / 3)));
-    this.renewTimer.unref();
-    // Riding acquires keep a freed slot with this worker; while another worker waits for one,
-    // slots are freed and taken by whoever asks first, as with separate acquires.
-    this.wantedTimer = setInterval(() => {
-      this.options.redis.get(this.slotWantedKey()).then(
-        (v) => {
-          this.othersWaiting = v !== null && v !== this.waiterId;
-        },
-        () => undefined,
-      );
-    }, SLOT_WANTED_POLL_MS);
-    this.wantedTimer.unref();
-  }
-
-  private slotWantedKey(): string {
-    return `${this.options.keys.base}:slot-wanted`;
-  }
-
-  /** Says (for a short while) that this worker has samples waiting and found no slot. */
-  private markSlotWanted(): void {
-    const now = Date.now();
-    if (now - this.wantedSetMs < SLOT_WANTED_POLL_MS) return;
-    this.wantedSetMs = now;
-    this.options.redis.set(this.slotWantedKey(), this.waiterId, 'PX', SLOT_WANTED_TTL_MS).catch(() => undefined);
+    this.leases.start();
+    this.slotWanted.start();
   }
 
   /** Hands a sample over; resolves once it is committed, failed, skipped or handed back. */
@@ -300,8 +233,8 @@ export class Dispatcher {
       await idle;
       clearTimeout(timer);
     }
-    clearInterval(this.renewTimer);
-    clearInterval(this.wantedTimer);
+    this.leases.stop();
+    this.slotWanted.stop();
     this.strict.stop();
   }
 
@@ -378,7 +311,7 @@ export class Dispatcher {
       await this.applyAcquires(attempts, pass);
       if (pass.failure !== undefined) throw pass.failure;
       if (pass.noSlot) {
-        this.markSlotWanted();
+        this.slotWanted.mark();
         this.schedulePump(25);
         return;
       }
@@ -419,6 +352,13 @@ export class Dispatcher {
           pass.failure ??= new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${a.group.length}`);
           continue;
         }
+        if (this.leases.expired(a.sentMs)) {
+          // Redis answered so late (it froze) that the lease may lapse before its first renewal:
+          // the slot goes back and the sample stays in line for the next pass.
+          await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
+          this.schedulePump(this.leases.checkMs);
+          continue;
+        }
         // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
         if (this.stopping || !this.queue.take(task)) {
           await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
@@ -426,7 +366,7 @@ export class Dispatcher {
           continue;
         }
         this.signalDemand();
-        void this.send(task, rid, endpoint, leaseKey, probation);
+        void this.send(task, rid, endpoint, leaseKey, probation, a.sentMs);
         continue;
       }
       switch (outcome.kind) {
@@ -492,7 +432,7 @@ export class Dispatcher {
    * trip instead of two. Only the first cap group is asked; the pump handles the rest.
    */
   private rideOnCommits(pipeline: RedisPipeline, freed: number): ((replies: readonly [Error | null, unknown][] | null) => void) | undefined {
-    if (this.stopping || this.othersWaiting) return undefined;
+    if (this.stopping || this.slotWanted.othersWaiting) return undefined;
     const healthy = this.options.pool.healthy();
     const [first] = this.options.pool.byCap(healthy);
     if (first === undefined) return undefined;
@@ -533,17 +473,7 @@ export class Dispatcher {
 
   private beginAcquires(batch: Task[]): AcquireAttempt[] {
     this.acquiring += batch.length;
-    return batch.map((task) => {
-      task.state = 'acquiring';
-      return {
-        task,
-        rid: `${task.req.dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`,
-        probation: task.crashes >= CRASHES_BEFORE_PROBATION,
-        code: -1,
-        group: [],
-        leaseKeys: [],
-      };
-    });
+    return newAttempts(batch);
   }
 
   private endAcquires(attempts: AcquireAttempt[]): void {
@@ -551,32 +481,13 @@ export class Dispatcher {
     for (const a of attempts) if (a.task.state === 'acquiring') a.task.state = 'pending';
   }
 
-  /** Adds one acquire-request.lua call per attempt to `pipeline`, for the endpoints of one cap group. */
   private addAcquires(pipeline: RedisPipeline, attempts: AcquireAttempt[], group: Endpoint[], cap: number): void {
-    const { keys } = this.options;
-    const leaseKeys = group.map((e) => keys.endpointLeases(e.url));
-    for (const a of attempts) {
-      const { dataset } = a.task.req;
-      a.group = group;
-      a.leaseKeys = leaseKeys;
-      void pipeline.acquireRequest(
-        4 + leaseKeys.length,
-        keys.stats(dataset),
-        keys.inflight(dataset),
-        keys.done(dataset),
-        keys.queueMeta(dataset),
-        ...leaseKeys,
-        a.rid,
-        this.leaseTtlMs,
-        a.task.req.priorExpectedTokens,
-        cap,
-        this.minCommitsForMean,
-        a.probation ? 1 : 0,
-        this.crashProbationMs,
-        a.task.req.sample.id,
-        a.task.req.sample.maxNewTokens,
-      );
-    }
+    addAcquires(pipeline, attempts, group, cap, {
+      keys: this.options.keys,
+      leaseTtlMs: this.leaseTtlMs,
+      minCommitsForMean: this.minCommitsForMean,
+      crashProbationMs: this.crashProbationMs,
+    });
   }
 
   /** The dataset met its budget: every sample of it still pending is skipped by budget. */
@@ -592,10 +503,10 @@ export class Dispatcher {
     this.signalDemand();
   }
 
-  private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string, probation: boolean): Promise<void> {
+  private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string, probation: boolean, leaseSentMs: number): Promise<void> {
     const { req } = task;
     const abort = new AbortController();
-    const running: Running = { task, dataset: req.dataset, rid, endpoint, leaseKey, abort, probation, leaseLost: false, settling: false };
+    const running: Running = { task, dataset: req.dataset, rid, endpoint, leaseKey, abort, probation, leaseLost: false, leaseSentMs, settling: false };
     task.state = 'running';
     this.running.set(rid, running);
     endpoint.inFlight += 1;
@@ -666,48 +577,6 @@ export class Dispatcher {
   }
 
   /**
-   * Renews the leases of what runs here; a request whose slot was lost in a stall is aborted.
-   * Requests already ending are left out (their outcome releases the leases), and a lease
-   * renewed just as its request ended is released again, so no phantom slot or reservation stays.
-   */
-  private async renew(): Promise<void> {
-    if (this.renewing) return;
-    const live = [...this.running.values()].filter((r) => !r.settling);
-    if (live.length === 0) return;
-    this.renewing = true;
-    const { redis, keys } = this.options;
-    try {
-      let lost: Running[] = [];
-      let retaken = 0;
-      // One renewal per cap: a lapsed lease is taken again only below its own endpoint's cap.
-      for (const [cap, group] of groupBy(live, (r) => this.options.pool.capOf(r.endpoint))) {
-        const renewed = await renewLeases(redis, keys, group, this.leaseTtlMs, cap);
-        lost = [...lost, ...renewed.lost];
-        retaken += renewed.retaken;
-      }
-      const ended = live.filter((r) => r.settling || this.running.get(r.rid) !== r);
-      if (ended.length > 0) {
-        const m = redis.multi();
-        for (const r of ended) m.zrem(keys.inflight(r.dataset), r.rid).zrem(r.leaseKey, r.rid);
-        await m.exec();
-      }
-      if (retaken > 0) this.log.warn({ retaken }, 'leases had lapsed (a stall of this process or of Redis); taken again');
-      let aborted = 0;
-      for (const r of lost) {
-        if (this.running.get(r.rid) !== r || r.settling) continue;
-        r.leaseLost = true;
-        r.abort.abort();
-        aborted += 1;
-      }
-      if (aborted > 0) this.log.warn({ aborted }, 'endpoint slots were taken by other workers during a stall; aborting those requests to keep the cap');
-    } catch (e: unknown) {
-      this.log.warn({ err: e }, 'lease renewal failed');
-    } finally {
-      this.renewing = false;
-    }
-  }
-
-  /**
    * Takes back the samples of one batch that are still waiting (its job was taken over by
    * another worker after a stall): they settle as handed back; those running finish.
    */
@@ -722,10 +591,4 @@ export class Dispatcher {
     if (n > 0) this.signalDemand();
     return n;
   }
-}
-
-function groupBy<T, K>(items: readonly T[], key: (item: T) => K): Map<K, T[]> {
-  const groups = new Map<K, T[]>();
-  for (const item of items) groups.set(key(item), [...(groups.get(key(item)) ?? []), item]);
-  return groups;
 }

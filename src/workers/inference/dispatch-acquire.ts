@@ -1,0 +1,100 @@
+import { randomBytes } from 'node:crypto';
+import { AppError, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
+import type { Task } from './dispatch-queue.js';
+import type { Endpoint } from './endpoint-pool.js';
+
+/** Crashes a sample must have been in flight for before it is sent on probation. */
+const CRASHES_BEFORE_PROBATION = 2;
+
+/** One sample's acquire in a batch: its request id, the endpoint group asked last, and the script's answer. */
+export interface AcquireAttempt {
+  task: Task;
+  rid: string;
+  probation: boolean;
+  /** acquire-request.lua's code (see `decodeAcquire`). */
+  code: number;
+  group: Endpoint[];
+  leaseKeys: string[];
+  /** When (this process's clock) the acquire was put on its way: the lease holds at least until then plus the TTL. */
+  sentMs: number;
+  error?: unknown;
+}
+
+/** A pipeline of this connection, with the scripts as commands. */
+export type RedisPipeline = ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
+
+/** What one pass over the samples in line has found so far. */
+export interface PumpPass {
+  /** Datasets found budget-reserved or paused: the rest of their samples wait for the next pass. */
+  blocked: Set<string>;
+  /** Datasets blocked in the last pass that got their one probe in this one. */
+  probed: Set<string>;
+  retryInMs: number;
+  noSlot: boolean;
+  failure: unknown;
+}
+
+export function newPass(): PumpPass {
+  return { blocked: new Set(), probed: new Set(), retryInMs: Infinity, noSlot: false, failure: undefined };
+}
+
+/** One attempt per task, each with a fresh request id; the tasks are marked acquiring. */
+export function newAttempts(batch: readonly Task[]): AcquireAttempt[] {
+  return batch.map((task) => {
+    task.state = 'acquiring';
+    return {
+      task,
+      rid: `${task.req.dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`,
+      probation: task.crashes >= CRASHES_BEFORE_PROBATION,
+      code: -1,
+      group: [],
+      leaseKeys: [],
+      sentMs: Date.now(),
+    };
+  });
+}
+
+/** Puts each reply of a pipeline into its attempt: the script's code, or the error. */
+export function readAcquires(attempts: AcquireAttempt[], replies: readonly [Error | null, unknown][] | null): void {
+  attempts.forEach((a, i) => {
+    const reply = replies?.[i];
+    if (reply === undefined) a.error = new AppError('Redis sent no reply to an acquire of a pipeline');
+    else if (reply[0] !== null) a.error = reply[0];
+    else a.code = Number(reply[1]);
+  });
+}
+
+export interface AcquireSettings {
+  keys: RunKeys;
+  leaseTtlMs: number;
+  minCommitsForMean: number;
+  crashProbationMs: number;
+}
+
+/** Adds one acquire-request.lua call per attempt to `pipeline`, for the endpoints of one cap group. */
+export function addAcquires(pipeline: RedisPipeline, attempts: readonly AcquireAttempt[], group: Endpoint[], cap: number, s: AcquireSettings): void {
+  const { keys } = s;
+  const leaseKeys = group.map((e) => keys.endpointLeases(e.url));
+  for (const a of attempts) {
+    const { dataset } = a.task.req;
+    a.group = group;
+    a.leaseKeys = leaseKeys;
+    void pipeline.acquireRequest(
+      4 + leaseKeys.length,
+      keys.stats(dataset),
+      keys.inflight(dataset),
+      keys.done(dataset),
+      keys.queueMeta(dataset),
+      ...leaseKeys,
+      a.rid,
+      s.leaseTtlMs,
+      a.task.req.priorExpectedTokens,
+      cap,
+      s.minCommitsForMean,
+      a.probation ? 1 : 0,
+      s.crashProbationMs,
+      a.task.req.sample.id,
+      a.task.req.sample.maxNewTokens,
+    );
+  }
+}
