@@ -1,14 +1,17 @@
 // The hand-written client a user would write instead of tokenmill: a semaphore of `slots`
 // requests in flight, POST /generate with input_ids straight on undici, one JSONL line per
-// finished prompt. No Redis, no retries, no crash safety: the floor of per-request overhead.
+// finished prompt. No Redis, no retries, no crash safety. Given prompts already tokenized, it is
+// the floor of per-request overhead; given an `encode` function, each prompt is tokenized just
+// before it is sent, as a user's loop that starts from the prompts file does.
 import { once } from 'node:events';
 import { createWriteStream } from 'node:fs';
 import { Pool } from 'undici';
 
-/** One prompt, already tokenized. */
+/** One prompt: already tokenized, or its text (then `encode` tokenizes it). */
 export interface LoopPrompt {
   id: string;
-  inputIds: number[];
+  inputIds?: number[];
+  text?: string;
 }
 
 /** Options of {@link runSemaphoreLoop}. */
@@ -24,6 +27,8 @@ export interface SemaphoreLoopOptions {
   outFile: string;
   /** Stop starting requests once finished requests' output tokens reach it. */
   budgetTokens?: number;
+  /** Tokenizes a prompt given as text (its chat template and BPE), just before it is sent. */
+  encode?: (text: string) => Promise<number[]>;
 }
 
 /** What {@link runSemaphoreLoop} did. */
@@ -56,11 +61,16 @@ export async function runSemaphoreLoop(o: SemaphoreLoopOptions): Promise<Semapho
 
   async function one(p: LoopPrompt, k: number): Promise<void> {
     const i = k % pools.length;
+    let inputIds = p.inputIds;
+    if (inputIds === undefined) {
+      if (p.text === undefined || o.encode === undefined) throw new Error(`runSemaphoreLoop: prompt ${p.id} has neither inputIds nor text with an encode function`);
+      inputIds = await o.encode(p.text);
+    }
     const res = await pools[i]!.request({
       method: 'POST',
       path: paths[i]!,
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ input_ids: p.inputIds, sampling_params: o.samplingParams, rid: p.id }),
+      body: JSON.stringify({ input_ids: inputIds, sampling_params: o.samplingParams, rid: p.id }),
     });
     if (res.statusCode !== 200) {
       const text = await res.body.text();
