@@ -15,7 +15,7 @@ export interface AcquireAttempt {
   code: number;
   group: Endpoint[];
   leaseKeys: string[];
-  /** When (this process's clock) the acquire was put on its way: the lease holds at least until then plus the TTL. */
+  /** When (this process's monotonic clock, `performance.now()`) the acquire was put on its way: the lease holds at least until then plus the TTL. */
   sentMs: number;
   error?: unknown;
 }
@@ -49,7 +49,7 @@ export function newAttempts(batch: readonly Task[]): AcquireAttempt[] {
       code: -1,
       group: [],
       leaseKeys: [],
-      sentMs: Date.now(),
+      sentMs: performance.now(),
     };
   });
 }

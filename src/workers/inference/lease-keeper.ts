@@ -20,7 +20,7 @@ export interface LeaseKeeperOptions {
  * How a lease is kept (DESIGN invariant 6: the per-endpoint cap holds across every worker, after
  * any stall). Every request's two leases (its endpoint slot and its dataset's budget
  * reservation) are renewed every third of the TTL. Each renewal is stamped, on this process's
- * clock, with the moment it was sent: Redis ran it later, so the lease holds at least until
+ * monotonic clock (`performance.now()`, which a wall-clock step leaves alone), with the moment it was sent: Redis ran it later, so the lease holds at least until
  * that moment plus the TTL.
  *
  * The fence: a request whose lease Redis has not confirmed for most of the TTL (Redis frozen,
@@ -55,13 +55,13 @@ export class LeaseKeeper {
     clearInterval(this.fenceTimer);
   }
 
-  /** Whether a lease confirmed by a call sent at `sentMs` (this process's clock) is past the fence now. */
-  expired(sentMs: number, now = Date.now()): boolean {
+  /** Whether a lease confirmed by a call sent at `sentMs` (`performance.now()`) is past the fence now. */
+  expired(sentMs: number, now = performance.now()): boolean {
     return now - sentMs > this.fenceMs;
   }
 
   /** Aborts the live requests whose leases are past the fence; returns how many. */
-  fence(now = Date.now()): number {
+  fence(now = performance.now()): number {
     let aborted = 0;
     let oldest = now;
     for (const r of this.o.running()) {
@@ -91,7 +91,7 @@ export class LeaseKeeper {
     if (live.length === 0) return;
     this.renewing = true;
     const { redis, keys, log } = this.o;
-    const sentMs = Date.now();
+    const sentMs = performance.now();
     try {
       let lost: Running[] = [];
       let retaken = 0;
