@@ -22,7 +22,7 @@ export interface Running {
   probation: boolean;
   /** Its endpoint slot was taken by others after a stall, or past the fence: aborted, to be sent again. */
   leaseLost: boolean;
-  /** When (this process's clock) the last acquire or renewal Redis confirmed this lease with was sent. */
+  /** When (this process's monotonic clock, `performance.now()`) the last acquire or renewal Redis confirmed this lease with was sent. */
   leaseSentMs: number;
   /** The request ended and its outcome is being recorded (which releases its leases): not renewed. */
   settling: boolean;
