@@ -88,6 +88,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       leaseTtlMs: config.workers.leaseTtlMs,
       crashProbationMs: config.workers.crashProbationMs,
       strictBudgetDatasets: datasets.filter((d) => d.budget === 'strict').map((d) => d.name),
+      budgetMarginSd: Object.fromEntries(datasets.map((d) => [d.name, d.budgetMarginSd])),
     });
   }
   // Start-up runs side by side: the worker connects while the tokenizer loads, the sinks

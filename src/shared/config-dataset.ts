@@ -3,6 +3,12 @@ import { z } from 'zod';
 import { filePath, name, positiveInt, nonNegativeInt } from './config-schema-util.js';
 import { PromptSourceSchema } from './config-source.js';
 
+/**
+ * Default of `datasets[].budgetMarginSd`: standard deviations of the in-flight total that the
+ * budget reservation holds back (acquire-request.lua ARGV[10]).
+ */
+export const DEFAULT_BUDGET_MARGIN_SD = 1;
+
 /** SGLang sampling parameters; keys not listed here are passed through to SGLang unchanged. */
 export const SamplingParamsSchema = z
   .strictObject({
@@ -62,6 +68,13 @@ export const DatasetConfigSchema = z
       .default('reserve')
       .describe(
         '`reserve`: no request starts once the tokens committed plus those expected of the requests in flight reach `tokenBudget`; what is in flight then finishes. `strict`: in addition, when the budget is met, requests still in flight are aborted (SGLang `/abort_request`) and their partial outputs kept, marked `abort`.',
+      ),
+    budgetMarginSd: z
+      .number({ error: 'expected a number >= 0' })
+      .min(0, { error: 'expected a number >= 0' })
+      .default(DEFAULT_BUDGET_MARGIN_SD)
+      .describe(
+        'With `budget: reserve`: a request starts only while the tokens committed plus those expected of the requests in flight plus this many standard deviations of the latter stay below `tokenBudget`. Near the end of the dataset the last requests then start only while the budget is likely to hold them, and later ones, when less is uncertain, top it up: the total lands closer to the budget, at the cost of a few slots idle at the dataset\'s tail (other datasets fill them). 0: start while the expected total is below the budget. With nothing in flight and the budget not met, one request always starts. Not used with `budget: strict`.',
       ),
     maxNewTokens: positiveInt()
       .default(10240)

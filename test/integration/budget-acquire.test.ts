@@ -23,9 +23,9 @@ afterAll(async () => {
   await redis?.stop();
 });
 
-function acquire(ds: string, rid: string, ttlMs = 60_000, marginSd = 0): Promise<number> {
+function acquire(ds: string, rid: string, ttlMs = 60_000, marginSd = 0, timedFactor = 1): Promise<number> {
   const lease = keys.endpointLeases(endpoint);
-  return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW, marginSd);
+  return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW, marginSd, timedFactor);
 }
 
 function commit(ds: string, id: string, tokens: number, rid: string): Promise<[number, number]> {
@@ -79,9 +79,9 @@ async function expectedReservation(ds: string, progress: readonly number[], marg
 }
 
 /** Whether a new request may start under `budget`; a request that starts is released again. */
-async function admits(ds: string, budget: number, rid: string, marginSd = 0): Promise<boolean> {
+async function admits(ds: string, budget: number, rid: string, marginSd = 0, timedFactor = 1): Promise<boolean> {
   await r.hset(keys.stats(ds), 'tokenBudget', budget);
-  const outcome = decodeAcquire(await acquire(ds, rid, 60_000, marginSd));
+  const outcome = decodeAcquire(await acquire(ds, rid, 60_000, marginSd, timedFactor));
   if (outcome.kind === 'acquired') {
     await r.zrem(keys.inflight(ds), rid);
     await r.zrem(keys.endpointLeases(endpoint), rid);
@@ -170,6 +170,26 @@ describe('acquire-request.lua: the reservation of requests at various progress',
     expect(await admits('timed', Math.floor(advanced * 1.01) + 2, 'timed-c')).toBe(true);
   });
 
+  it('scales the time-based progress by ARGV[11] where nothing is streamed, and leaves streamed progress as it is', async () => {
+    await dataset('scaled', lengths(300), Array<number>(20).fill(0));
+    // 20 requests that have run 2,000 ms at 1 token/ms: 2,000 tokens by time, 3,000 scaled by 1.5.
+    const startKey = `${keys.inflight('scaled')}:start`;
+    const [sec, usec] = await r.time();
+    const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+    for (let i = 0; i < 20; i += 1) await r.hset(startKey, `run-${i}`, now - 2_000);
+    await r.hset(keys.stats('scaled'), 'rateMax', 1);
+    const atTime = await expectedReservation('scaled', Array<number>(20).fill(2_000));
+    const scaled = await expectedReservation('scaled', Array<number>(20).fill(3_000));
+    expect(scaled - atTime).toBeGreaterThan(20 * 300);
+    // A budget between the two: room at the progress by time, none once it is scaled.
+    const between = Math.floor(atTime + (scaled - atTime) / 2);
+    expect(await admits('scaled', between, 'scaled-plain', 0, 1)).toBe(true);
+    expect(await admits('scaled', between, 'scaled-by-1.5', 0, 1.5)).toBe(false);
+    // Streamed progress is the request's own count: it is not scaled (the time-based one still bounds it from below).
+    for (let i = 0; i < 20; i += 1) await r.hset(`${keys.inflight('scaled')}:progress`, `run-${i}`, 1_000);
+    expect(await admits('scaled', between, 'scaled-streamed', 0, 1.5)).toBe(true);
+  });
+
   it('floors every expectation by the prior at the beginning of a dataset (few commits)', async () => {
     const progress = Array<number>(10).fill(0);
     await dataset('early', [100, 120, 90], progress);
@@ -237,5 +257,51 @@ describe('budget-progress-2.lua: the strict stop flag', () => {
     await new Promise((res) => setTimeout(res, 400));
     expect(decodeAcquire(await acquire(ds, 'again')).kind).toBe('acquired');
     expect(await r.hexists(keys.stats(ds), 'budgetStopMs')).toBe(0);
+  });
+});
+
+describe('acquire-request.lua: the margin near the end of a dataset', () => {
+  it('floors each variance by that of the prior while the commits are few, as budget-expectation.ts does', async () => {
+    const progress = Array<number>(10).fill(0);
+    await dataset('early-margin', [100, 120, 90], progress);
+    const reserved = await expectedReservation('early-margin', progress, 1);
+    // Ten fresh requests at the prior, plus one standard deviation of ten lengths spread over [0, 2 prior].
+    expect(reserved).toBeCloseTo(310 + 10 * PRIOR + Math.sqrt((10 * PRIOR * PRIOR) / 3), 6);
+    expect(await admits('early-margin', Math.floor(reserved) + 2, 'em-yes', 1)).toBe(true);
+    expect(await admits('early-margin', Math.floor(reserved), 'em-no', 1)).toBe(false);
+  });
+
+  it('with nothing in flight and the budget not met, starts one request whatever the margin; the next waits for it', async () => {
+    await dataset('tail', lengths(300), []);
+    const committed = Number(await r.hget(keys.stats('tail'), 'outputTokens'));
+    await r.hset(keys.stats('tail'), 'tokenBudget', committed + 1);
+    expect(decodeAcquire(await acquire('tail', 'last-1', 60_000, 50)).kind).toBe('acquired');
+    // One in flight: its expectation alone fills the budget.
+    expect(decodeAcquire(await acquire('tail', 'last-2', 60_000, 50)).kind).toBe('budget-reserved');
+    expect(decodeAcquire(await acquire('tail', 'last-3', 60_000, 0)).kind).toBe('budget-reserved');
+    // It ends as a failure (released, nothing committed): the dataset is below its budget with nothing in flight again.
+    await r.zrem(keys.inflight('tail'), 'last-1');
+    await r.zrem(keys.endpointLeases(endpoint), 'last-1');
+    expect(decodeAcquire(await acquire('tail', 'last-4', 60_000, 50)).kind).toBe('acquired');
+    // Its commit meets the budget: nothing more, margin or not.
+    await commit('tail', 'last', 1, 'last-4');
+    expect(decodeAcquire(await acquire('tail', 'last-5', 60_000, 0)).kind).toBe('budget-met');
+  });
+
+  it('holds back more of the budget while many requests are in flight and less as they end: the margin shrinks with sqrt(n)', async () => {
+    const many = Array<number>(64).fill(0);
+    await dataset('shrink-many', lengths(300), many);
+    await dataset('shrink-few', lengths(300), many.slice(0, 4));
+    const gap = async (ds: string, progress: number[]): Promise<number> => (await expectedReservation(ds, progress, 1)) - (await expectedReservation(ds, progress, 0));
+    const gMany = await gap('shrink-many', many);
+    const gFew = await gap('shrink-few', many.slice(0, 4));
+    expect(gMany / gFew).toBeCloseTo(4, 6);
+    // A budget the plain reservation admits under, but not the margin: 64 in flight wait, 4 do not
+    // once the budget leaves room for the smaller margin.
+    const plainMany = await expectedReservation('shrink-many', many, 0);
+    expect(await admits('shrink-many', Math.floor(plainMany + gMany / 2), 'sm-no', 1)).toBe(false);
+    expect(await admits('shrink-many', Math.floor(plainMany + gMany / 2), 'sm-plain', 0)).toBe(true);
+    const plainFew = await expectedReservation('shrink-few', many.slice(0, 4), 0);
+    expect(await admits('shrink-few', Math.floor(plainFew + gFew) + 2, 'sf-yes', 1)).toBe(true);
   });
 });

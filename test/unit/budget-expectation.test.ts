@@ -159,6 +159,19 @@ describe('reservedTokens', () => {
     expect(withMargin - plain).toBeLessThan(1.1 * 10 * Math.sqrt(v));
   });
 
+  it('floors every variance by that of a length spread over [0, 2 prior] while the commits are few', () => {
+    const early = reservedTokens({ committed: 0, records: 3, hist: histogramOf([10, 20, 30]), inFlight: [{ produced: 0 }, { produced: 0 }, { produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 2 });
+    expect(early).toBeCloseTo(3 * 5_120 + 2 * Math.sqrt((3 * 5_120 * 5_120) / 3), 6);
+    // Past minCommits the observed spread counts alone: 40 lengths of 20 have none.
+    const later = reservedTokens({ committed: 0, records: 40, hist: histogramOf(Array<number>(40).fill(20)), inFlight: [{ produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 2 });
+    expect(later).toBeLessThan(100);
+  });
+
+  it('holds nothing back with nothing in flight, whatever the margin (a dataset below its budget always admits one)', () => {
+    expect(reservedTokens({ committed: 12_345, records: 5_000, hist, inFlight: [], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 10 })).toBe(12_345);
+    expect(reservedTokens({ committed: 12_345, records: 0, hist: new Map(), inFlight: [], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 10 })).toBe(12_345);
+  });
+
   it('floors every expectation by the prior while the commits are few', () => {
     const early = reservedTokens({ committed: 0, records: 3, hist: histogramOf([10, 20, 30]), inFlight: [{ produced: 0 }, { produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240 });
     expect(early).toBe(2 * 5_120);

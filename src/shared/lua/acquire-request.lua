@@ -11,7 +11,8 @@
   reported by workers that stream) and the time since the request started
   (`<inflight>:start`, rid -> ms, written here) times the dataset's per-request decode rate
   (stats rateMax, the fastest recent request's tokens per ms, kept by the commit: a conservative
-  speed, since lag only makes a request look slower). The distribution is the
+  speed, since lag only makes a request look slower; ARGV[11] scales it up where nothing is
+  streamed). The distribution is the
   Kaplan-Meier estimate with the requests in flight as censored lengths (short completions
   finish first, so the commits alone lack the tail early on); the share still running past the
   last length seen counts as spread evenly up to max_new_tokens. While the commits are fewer
@@ -48,7 +49,19 @@
     ARGV[8] sample id
     ARGV[9] max_new_tokens of the dataset's requests (optional; default twice the prior)
     ARGV[10] standard deviations of the in-flight total added to the reservation (optional;
-            default 0): the sum of the requests' conditional variances, as if independent
+            default 0): the sum of the requests' conditional variances Var[L | L > x_i], as if
+            independent (while the commits are fewer than ARGV[5], each at least prior^2 / 3,
+            the variance of a length spread evenly over [0, 2 prior]). Near the end of a dataset
+            the last requests then start only while the budget is likely to hold them, and the
+            ones started later, when less is uncertain, top it up. With nothing in flight the
+            sum is empty, so a dataset below its budget always starts one request: it never
+            stalls.
+    ARGV[11] factor on the time-based progress of a request with no streamed progress (optional;
+            default 1). rateMax is each recent request's whole-life average (acquire to commit:
+            queueing, prefill and the worker's lag included) at the batch size of its time, while
+            the requests running at a dataset's end decode faster as the batch empties, so time x
+            rateMax falls behind their progress; E[L | L > x] grows with x, so a progress taken
+            too low under-reserves, and one taken too high only holds back more.
 
   Output:
     >= 1  the 1-based index (into KEYS[5..]) of the endpoint whose lease was taken
@@ -119,6 +132,7 @@ local budget = tonumber(stats[3]) or -1
 local rate = tonumber(stats[4]) or 0
 local maxNew = tonumber(ARGV[9] or '') or 2 * prior
 local marginSd = tonumber(ARGV[10] or '') or 0
+local timedFactor = tonumber(ARGV[11] or '') or 1
 
 if budget >= 0 then
   if committed >= budget then
@@ -144,9 +158,11 @@ if budget >= 0 then
       local streamed = {}
       if redis.call('EXISTS', progressKey) == 1 then streamed = chunked('HMGET', progressKey, rids) end
       for i = 1, #rids do
-        local x = tonumber(streamed[i]) or 0
+        local x = tonumber(streamed[i])
         local started = tonumber(starts[i])
-        if started and rate > 0 then x = math.max(x, (now - started) * rate) end
+        local timed = 0
+        if started and rate > 0 then timed = (now - started) * rate end
+        if x then x = math.max(x, timed) else x = timed * timedFactor end
         xs[i] = math.floor(math.min(x, maxNew - 1))
       end
     end
@@ -204,11 +220,11 @@ if budget >= 0 then
         aq = aq + mass[b] * mean[b] * mean[b]
       end
     end
-    local floor = 0
+    local floor, varFloor = 0, 0
     if records < minCommits then
       floor = math.min(prior, maxNew)
+      varFloor = floor * floor / 3
     end
-    -- E[L | L > x], as conditionalMean() in budget-expectation.ts.
     -- E[L | L > x] and Var[L | L > x], as conditionalMean() in budget-expectation.ts.
     local function expected(x)
       local bx = bucketOf(x)
@@ -234,10 +250,10 @@ if budget >= 0 then
         q = q + tailMass * (a * a + a * maxNew + maxNew * maxNew) / 3
       end
       if n <= 1e-12 then
-        return math.max(math.min(maxNew, 1.25 * (x + 1)), floor), 0
+        return math.max(math.min(maxNew, 1.25 * (x + 1)), floor), varFloor
       end
       local m = s / n
-      return math.max(math.min(maxNew, math.max(x, m)), floor), math.max(0, q / n - m * m)
+      return math.max(math.min(maxNew, math.max(x, m)), floor), math.max(varFloor, q / n - m * m)
     end
     local total = committed
     local variance = 0
@@ -255,7 +271,8 @@ if budget >= 0 then
         return -3
       end
     end
-    if total + marginSd * math.sqrt(variance) >= budget then
+    -- The margin (empty, so 0, when nothing is in flight: the progress rule above).
+    if marginSd > 0 and total + marginSd * math.sqrt(variance) >= budget then
       return -3
     end
   end

@@ -150,7 +150,8 @@ export interface InFlightProgress {
  * flight, under the Kaplan-Meier model of the committed lengths with the requests in flight as
  * censored at their progress, + `marginSd` standard deviations of that sum (the lengths taken as
  * independent). While the commits are fewer than `minCommits`, each expectation is floored by
- * `prior`.
+ * `prior` and each variance by prior^2 / 3. With nothing in flight the margin is 0, so a dataset
+ * below its budget always admits one request.
  */
 export function reservedTokens(opts: {
   committed: number;
@@ -160,7 +161,7 @@ export function reservedTokens(opts: {
   prior: number;
   minCommits: number;
   maxNewTokens: number;
-  /** Standard deviations of the in-flight total added to the reservation (default 0). */
+  /** Standard deviations of the in-flight total added to the reservation (default 0; the workers pass the dataset's `budgetMarginSd`). */
   marginSd?: number;
 }): number {
   const xs = opts.inFlight.map((r) => Math.floor(Math.min(r.produced, opts.maxNewTokens - 1)));
@@ -168,12 +169,14 @@ export function reservedTokens(opts: {
   for (const x of xs) censored.set(lengthBucket(x), (censored.get(lengthBucket(x)) ?? 0) + 1);
   const model = lengthModel(opts.hist, censored);
   const floor = opts.records < opts.minCommits ? Math.min(opts.prior, opts.maxNewTokens) : 0;
+  // While the prior floors the means, the variances are floored by that of a length spread evenly over [0, 2 prior].
+  const varFloor = (floor * floor) / 3;
   let sum = opts.committed;
   let variance = 0;
   for (const x of xs) {
     const c = conditionalMean(model, x, opts.maxNewTokens);
     sum += Math.max(floor, c.expected);
-    variance += c.variance;
+    variance += Math.max(varFloor, c.variance);
   }
   return sum + (opts.marginSd ?? 0) * Math.sqrt(variance);
 }

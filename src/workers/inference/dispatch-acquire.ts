@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { AppError, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
+import { DEFAULT_BUDGET_MARGIN_SD } from '../../shared/config-dataset.js';
 import type { Task } from './dispatch-queue.js';
 import type { Endpoint } from './endpoint-pool.js';
 
@@ -69,6 +70,25 @@ export interface AcquireSettings {
   leaseTtlMs: number;
   minCommitsForMean: number;
   crashProbationMs: number;
+  /** Per dataset, `datasets[].budgetMarginSd`; a dataset not listed gets {@link DEFAULT_BUDGET_MARGIN_SD}. */
+  budgetMarginSd?: Readonly<Record<string, number>>;
+  /** Datasets in `budget: strict`: they stop at the budget itself, so their reservation holds no margin. */
+  strictDatasets?: ReadonlySet<string>;
+}
+
+/**
+ * Factor on the progress acquire-request.lua estimates from a request's running time (ARGV[11])
+ * when nothing is streamed: the decode rate it multiplies is a whole-life average of recent
+ * requests (queueing, prefill and lag included), and the requests left at a dataset's end decode
+ * faster as the batch empties. Taken too low, progress under-reserves (the 8 x 150 benchmark
+ * ended 4-6 % over at sigma 1.0 without it); taken too high, it only holds back more.
+ */
+export const TIMED_PROGRESS_FACTOR = 1.5;
+
+/** Standard deviations of the in-flight total that a dataset's reservation holds back (acquire-request.lua ARGV[10]). */
+export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budgetMarginSd' | 'strictDatasets'>): number {
+  if (s.strictDatasets?.has(dataset) === true) return 0;
+  return s.budgetMarginSd?.[dataset] ?? DEFAULT_BUDGET_MARGIN_SD;
 }
 
 /** Adds one acquire-request.lua call per attempt to `pipeline`, for the endpoints of one cap group. */
@@ -95,6 +115,8 @@ export function addAcquires(pipeline: RedisPipeline, attempts: readonly AcquireA
       s.crashProbationMs,
       a.task.req.sample.id,
       a.task.req.sample.maxNewTokens,
+      budgetMarginOf(dataset, s),
+      s.strictDatasets?.has(dataset) === true ? 1 : TIMED_PROGRESS_FACTOR,
     );
   }
 }

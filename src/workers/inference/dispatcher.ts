@@ -43,6 +43,8 @@ export interface DispatcherOptions {
    * committed plus those produced in flight reach the budget (budget-strict.ts).
    */
   strictBudgetDatasets?: readonly string[];
+  /** Per dataset, `datasets[].budgetMarginSd` (acquire-request.lua ARGV[10]); others get the default. */
+  budgetMarginSd?: Readonly<Record<string, number>>;
   logger?: Logger;
 }
 
@@ -487,6 +489,8 @@ export class Dispatcher {
       leaseTtlMs: this.leaseTtlMs,
       minCommitsForMean: this.minCommitsForMean,
       crashProbationMs: this.crashProbationMs,
+      ...(this.options.budgetMarginSd === undefined ? {} : { budgetMarginSd: this.options.budgetMarginSd }),
+      strictDatasets: this.strictDatasets,
     });
   }
 

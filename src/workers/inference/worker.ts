@@ -57,6 +57,8 @@ export interface InferenceWorkerOptions {
   crashProbationMs?: number;
   /** Datasets in `budget: strict` (`datasets[].budget`): streamed, and aborted at the budget. */
   strictBudgetDatasets?: readonly string[];
+  /** Per dataset, `datasets[].budgetMarginSd`; datasets not listed get the default. */
+  budgetMarginSd?: Readonly<Record<string, number>>;
   workerId?: string;
   logger?: Logger;
 }
@@ -137,6 +139,7 @@ export class InferenceWorker {
       ...(o.leaseTtlMs === undefined ? {} : { leaseTtlMs: o.leaseTtlMs }),
       ...(o.crashProbationMs === undefined ? {} : { crashProbationMs: o.crashProbationMs }),
       ...(o.strictBudgetDatasets === undefined ? {} : { strictBudgetDatasets: o.strictBudgetDatasets }),
+      ...(o.budgetMarginSd === undefined ? {} : { budgetMarginSd: o.budgetMarginSd }),
       logger: this.log,
     });
     await this.pool.start();
