@@ -3,7 +3,6 @@ import { join } from 'node:path';
 import {
   parseScannedLine,
   scanPromptFile,
-  type ChatTokenizer,
   type DatasetConfig,
   type Logger,
   type PromptFileIndex,
@@ -14,6 +13,7 @@ import {
   type ScannedLine,
   type ScriptedRedis,
 } from '../shared/index.js';
+import type { PromptEncoder } from './prompt-encoder.js';
 
 /** Prompts checked against Redis at once while scanning a file. */
 const SCAN_CHUNK = 1024;
@@ -31,7 +31,8 @@ export interface PassContext {
   file: string;
   /** The file's duplicate index (built once per version of the file). */
   index: PromptFileIndex;
-  tokenizer: ChatTokenizer;
+  /** The prompts' chat template and encoder (on a thread of its own, or this one). */
+  tokenizer: Pick<PromptEncoder, 'encodePrompts'>;
   contextLength: number | undefined;
   runDir: string;
   epoch: number;

@@ -13,13 +13,11 @@
  * probe on start) take the one-thread path.
  */
 import { stat } from 'node:fs/promises';
-import { createRequire } from 'node:module';
 import os from 'node:os';
-import path from 'node:path';
-import { pathToFileURL } from 'node:url';
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
 
 import { AppError, errorMessage, logger as componentLogger } from '../../shared/index.js';
+import { startModuleThread } from '../../shared/module-thread.js';
 import type { TokenizeContext, TokenizedRow } from './tokenize-context.js';
 import {
   ConversationTally,
@@ -46,19 +44,8 @@ const BATCH_CHARS = 1 << 20;
 /** Files smaller than this are tokenized on the calling thread: starting threads costs more. */
 export const POOL_MIN_BYTES = 4 * 1024 * 1024;
 
-/**
- * How to start a thread: the compiled `tokenize-pool-thread.js` beside this file, or, running
- * from source (tests, `tsx`), the `.ts` entry imported through tsx's API (a worker does not
- * inherit the main thread's TypeScript loader).
- */
 function startThread(workerData: ThreadInit): Worker {
-  if (!import.meta.url.endsWith('.ts')) return new Worker(new URL('./tokenize-pool-thread.js', import.meta.url), { workerData });
-  const entry = new URL('./tokenize-pool-thread.ts', import.meta.url).href;
-  // tsx's `./esm/api` export, import condition (require.resolve would give its CommonJS build).
-  const tsxDir = path.dirname(createRequire(import.meta.url).resolve('tsx/package.json'));
-  const api = pathToFileURL(path.join(tsxDir, 'dist', 'esm', 'api', 'index.mjs')).href;
-  const code = `import(${JSON.stringify(api)}).then((tsx) => tsx.tsImport(${JSON.stringify(entry)}, ${JSON.stringify(entry)}));`;
-  return new Worker(code, { eval: true, workerData });
+  return startModuleThread(import.meta.url, 'tokenize-pool-thread', workerData);
 }
 
 interface PendingBatch {
