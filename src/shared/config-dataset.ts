@@ -7,7 +7,7 @@ import { PromptSourceSchema } from './config-source.js';
  * Default of `datasets[].budgetMarginSd`: standard deviations of the in-flight total that the
  * budget reservation holds back (acquire-request.lua ARGV[10]).
  */
-export const DEFAULT_BUDGET_MARGIN_SD = 1;
+export const DEFAULT_BUDGET_MARGIN_SD = 2;
 
 /** SGLang sampling parameters; keys not listed here are passed through to SGLang unchanged. */
 export const SamplingParamsSchema = z

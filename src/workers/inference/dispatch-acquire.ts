@@ -83,7 +83,7 @@ export interface AcquireSettings {
  * faster as the batch empties. Taken too low, progress under-reserves (the 8 x 150 benchmark
  * ended 4-6 % over at sigma 1.0 without it); taken too high, it only holds back more.
  */
-export const TIMED_PROGRESS_FACTOR = 1.5;
+export const TIMED_PROGRESS_FACTOR = 1.25;
 
 /** Standard deviations of the in-flight total that a dataset's reservation holds back (acquire-request.lua ARGV[10]). */
 export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budgetMarginSd' | 'strictDatasets'>): number {
