@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import {
   parseScannedLine,
   scanPromptFile,
+  type ChatTokenizer,
   type DatasetConfig,
   type Logger,
   type PromptFileIndex,
@@ -13,7 +14,6 @@ import {
   type ScannedLine,
   type ScriptedRedis,
 } from '../shared/index.js';
-import type { PromptEncoder } from './prompt-encoder.js';
 
 /** Prompts checked against Redis at once while scanning a file. */
 const SCAN_CHUNK = 1024;
@@ -31,8 +31,7 @@ export interface PassContext {
   file: string;
   /** The file's duplicate index (built once per version of the file). */
   index: PromptFileIndex;
-  /** The prompts' chat template and encoder (on a thread of its own, or this one). */
-  tokenizer: Pick<PromptEncoder, 'encodePrompts'>;
+  tokenizer: ChatTokenizer;
   contextLength: number | undefined;
   runDir: string;
   epoch: number;

@@ -19,7 +19,6 @@ import {
   type Sample,
   type ScriptedRedis,
 } from '../shared/index.js';
-import { promptEncoder, type PromptEncoder } from './prompt-encoder.js';
 
 export interface ProducerOptions {
   /** A `worker`-role connection (commands wait out Redis restarts rather than fail). */
@@ -39,8 +38,6 @@ export interface ProducerOptions {
   windowBatches: number;
   /** How often queue depths are checked at most (a wait's first checks come sooner). */
   pollMs?: number;
-  /** Encode prompts on a thread of their own (prompt-encoder.ts); default true. */
-  encodeThread?: boolean;
   logger?: Logger;
 }
 
@@ -69,8 +66,6 @@ export class Producer {
   private readonly lock: ProcessLock;
   private stopping = false;
   private readonly pollMs: number;
-  /** Shared by every dataset's feeder, made once the tokenizer is loaded. */
-  private encoder: PromptEncoder | undefined;
   private locked = false;
   /**
    * Rejects (with a `LockLostError`) if the run's producer lock is lost while feeding — a Redis
@@ -151,7 +146,6 @@ export class Producer {
     await Promise.allSettled(this.feeders);
     await this.lock.release();
     for (const q of this.queues.values()) await q.close();
-    await this.encoder?.close();
   }
 
   private async budgetMet(ds: DatasetConfig): Promise<boolean> {
@@ -165,8 +159,6 @@ export class Producer {
     const log = this.log.child({ dataset: ds.name });
     await this.redis.hset(keys.stats(ds.name), 'status', 'in_progress');
     const tokenizer = await this.options.tokenizer;
-    this.encoder ??= promptEncoder(tokenizer, { thread: this.options.encodeThread ?? true, logger: this.log });
-    const encoder = this.encoder;
     const contextLength = await this.options.contextLength;
     let index: PromptFileIndex | undefined;
     while (!this.stopping) {
@@ -190,7 +182,7 @@ export class Producer {
         ds,
         file,
         index,
-        tokenizer: encoder,
+        tokenizer,
         contextLength,
         runDir: this.options.runDir,
         epoch,
