@@ -79,6 +79,7 @@ describe('loadConfig: valid configs', () => {
         sampling: { temperature: 0.7, top_p: 0.8, top_k: 20, min_p: 0, stop_token_ids: [151645], repetition_penalty: 1.05 },
         batchSize: 32,
         budget: 'reserve',
+        budgetMarginSd: 2,
       },
       {
         name: 'A1_deepswekimi',
@@ -87,6 +88,7 @@ describe('loadConfig: valid configs', () => {
         sampling: { temperature: 0.6, top_p: 0.95 },
         batchSize: 64,
         budget: 'reserve',
+        budgetMarginSd: 2,
       },
     ]);
     expect(c.output.dir).toBe(resolve(fixtures, '../out'));
@@ -126,6 +128,7 @@ describe('loadConfig: valid configs', () => {
       sampling: { temperature: 0.6, top_p: 0.95 },
       batchSize: 64,
       budget: 'reserve',
+      budgetMarginSd: 2,
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
     expect(c.postprocess).toEqual({ target: join(fixtures, 'out', 'demo', 'train-dataset'), keepTruncated: false, shardSizeMiB: 500, verifyWithPython: false });
