@@ -336,41 +336,55 @@ export class Dispatcher {
 
   /** Acts on each acquire's answer, in order: sends the samples that got a slot, skips, blocks or settles the others. */
   private async applyAcquires(attempts: AcquireAttempt[], pass: PumpPass): Promise<void> {
+    // Every request that got a slot goes out first, before anything here awaits Redis: between
+    // an acquire's answer and its request leaving for the server no timer runs, so a budget
+    // stop seen meanwhile (strict) or a commit meeting the budget cannot come in between.
+    const later: { a: AcquireAttempt; giveBack?: { endpoint: Endpoint; leaseKey: string; retry: boolean } }[] = [];
     for (const a of attempts) {
-      const { task, rid, probation } = a;
-      const { dataset } = task.req;
       if (a.error !== undefined) {
         pass.failure ??= a.error;
         continue;
       }
       const outcome = decodeAcquire(a.code);
-      if (outcome.kind === 'acquired') {
-        // Resumed (or its budget freed): its samples count as ready again, and those this pass passed over go next.
-        this.blockedDatasets.delete(dataset);
-        if (pass.probed.has(dataset)) this.pumpAgain = true;
-        const endpoint = a.group[outcome.endpointIndex];
-        const leaseKey = a.leaseKeys[outcome.endpointIndex];
-        if (endpoint === undefined || leaseKey === undefined) {
-          pass.failure ??= new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${a.group.length}`);
-          continue;
-        }
-        if (this.leases.expired(a.sentMs)) {
-          // Redis answered so late (it froze) that the lease may lapse before its first renewal:
-          // the slot goes back and the sample stays in line for the next pass.
-          await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
-          this.schedulePump(this.leases.checkMs);
-          continue;
-        }
-        // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
-        if (this.stopping || !this.queue.take(task)) {
-          await this.release(dataset, rid, leaseKey, probation ? endpoint : undefined);
-          if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
-          continue;
-        }
-        this.signalDemand();
-        void this.send(task, rid, endpoint, leaseKey, probation, a.sentMs);
+      if (outcome.kind !== 'acquired') {
+        later.push({ a });
         continue;
       }
+      const { task, rid, probation } = a;
+      const { dataset } = task.req;
+      // Resumed (or its budget freed): its samples count as ready again, and those this pass passed over go next.
+      this.blockedDatasets.delete(dataset);
+      if (pass.probed.has(dataset)) this.pumpAgain = true;
+      const endpoint = a.group[outcome.endpointIndex];
+      const leaseKey = a.leaseKeys[outcome.endpointIndex];
+      if (endpoint === undefined || leaseKey === undefined) {
+        pass.failure ??= new AppError(`acquire returned endpoint ${outcome.endpointIndex} of ${a.group.length}`);
+        continue;
+      }
+      if (this.leases.expired(a.sentMs)) {
+        // Redis answered so late (it froze) that the lease may lapse before its first renewal:
+        // the slot goes back and the sample stays in line for the next pass.
+        later.push({ a, giveBack: { endpoint, leaseKey, retry: true } });
+        continue;
+      }
+      // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
+      if (this.stopping || !this.queue.take(task)) {
+        later.push({ a, giveBack: { endpoint, leaseKey, retry: false } });
+        continue;
+      }
+      this.signalDemand();
+      void this.send(task, rid, endpoint, leaseKey, probation, a.sentMs);
+    }
+    for (const { a, giveBack } of later) {
+      const { task, rid, probation } = a;
+      const { dataset } = task.req;
+      if (giveBack !== undefined) {
+        await this.release(dataset, rid, giveBack.leaseKey, probation ? giveBack.endpoint : undefined);
+        if (giveBack.retry) this.schedulePump(this.leases.checkMs);
+        else if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
+        continue;
+      }
+      const outcome = decodeAcquire(a.code);
       switch (outcome.kind) {
         case 'no-slot':
           // Another process holds every lease (or a probation runs); they end as requests end.
