@@ -58,37 +58,50 @@ async function expectExactlyOnce(url: string, runDir: string, keys: RunKeys, ids
   }
 }
 
+/**
+ * Freezes Redis (SIGSTOP) for 4 s once `when` holds (requests running at the server, records
+ * committed), with two worker processes and a producer running: longer than the lease TTL
+ * (1 s) and the batch lock (2 s), so everything lapses at once. Before the leases can lapse, each worker aborts what it
+ * runs (the fence): when Redis comes back, a slot swept by another worker's acquire has nothing
+ * running on it. The run must complete, each prompt once, the cap held throughout.
+ */
+async function freezeRun(run: string, seed: number, when: (running: number, records: number) => boolean, what: string): Promise<void> {
+  // Requests of several seconds, so that many are running at the sim when Redis comes back.
+  const sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 64, seed, outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 } });
+  sims.push(sim);
+  const { configPath, runDir, keys, ids } = setup(run, 48, redis.url, sim.url);
+  const conn = redis.connection('client');
+  const producer = spawnCli(['produce', '-c', configPath]);
+  const w1 = spawnCli(['worker', '-c', configPath]);
+  const w2 = spawnCli(['worker', '-c', configPath]);
+  try {
+    await waitFor(async () => when(sim.stats().running, Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0)), what, 90_000);
+    const pid = redis.server.pid;
+    if (pid === undefined) throw new Error('no redis pid');
+    process.kill(pid, 'SIGSTOP');
+    await new Promise((r) => setTimeout(r, 2_000));
+    const runningInFreeze = sim.stats().running;
+    await new Promise((r) => setTimeout(r, 2_000));
+    process.kill(pid, 'SIGCONT');
+    expect(runningInFreeze).toBe(0);
+    expect(await producer.exited, producer.output()).toBe(0);
+  } finally {
+    w1.child.kill('SIGTERM');
+    w2.child.kill('SIGTERM');
+    await Promise.all([w1.exited, w2.exited]);
+  }
+  expect(sim.stats().maxRunningObserved).toBeLessThanOrEqual(CONCURRENCY);
+  await expectExactlyOnce(redis.url, runDir, keys, ids);
+}
+
 describe('Redis faults under a running pipeline', () => {
   it('a freeze (SIGSTOP) longer than the lease and lock TTLs: completes, no duplicates, the per-endpoint cap holds', async () => {
-    // Requests of several seconds, so that many are running at the sim when Redis comes back.
-    const sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 64, seed: 31, outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 } });
-    sims.push(sim);
-    const { configPath, runDir, keys, ids } = setup('freeze', 48, redis.url, sim.url);
-    const conn = redis.connection('client');
-    const producer = spawnCli(['produce', '-c', configPath]);
-    const w1 = spawnCli(['worker', '-c', configPath]);
-    const w2 = spawnCli(['worker', '-c', configPath]);
-    try {
-      await waitFor(async () => sim.stats().running >= CONCURRENCY && Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0) >= 4, 'both workers busy', 60_000);
-      const pid = redis.server.pid;
-      if (pid === undefined) throw new Error('no redis pid');
-      process.kill(pid, 'SIGSTOP');
-      // Longer than the lease TTL (1 s) and the batch lock (2 s): everything lapses at once.
-      // Before the leases can lapse, each worker aborts what it runs (the fence): when Redis
-      // comes back, a slot swept by another worker's acquire has nothing running on it.
-      await new Promise((r) => setTimeout(r, 2_000));
-      const runningInFreeze = sim.stats().running;
-      await new Promise((r) => setTimeout(r, 2_000));
-      process.kill(pid, 'SIGCONT');
-      expect(runningInFreeze).toBe(0);
-      expect(await producer.exited, producer.output()).toBe(0);
-    } finally {
-      w1.child.kill('SIGTERM');
-      w2.child.kill('SIGTERM');
-      await Promise.all([w1.exited, w2.exited]);
-    }
-    expect(sim.stats().maxRunningObserved).toBeLessThanOrEqual(CONCURRENCY);
-    await expectExactlyOnce(redis.url, runDir, keys, ids);
+    await freezeRun('freeze', 31, (running, records) => running >= CONCURRENCY && records >= 4, 'both workers busy');
+  }, 150_000);
+
+  it('the same freeze while the last prompts of the dataset run: their aborted requests are sent again, the run ends', async () => {
+    // 48 prompts, 8 slots: from 40 committed on, what runs is the dataset's last prompts.
+    await freezeRun('freeze-last', 33, (running, records) => running > 0 && records >= 40 && records < 48, 'the last prompts running');
   }, 150_000);
 
   it('redis-server killed with SIGKILL mid-run and restarted on the same AOF: completes, nothing committed is lost, no duplicates', async () => {

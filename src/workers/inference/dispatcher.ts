@@ -2,6 +2,7 @@ import {
   AppError,
   UpstreamHttpError,
   decodeAcquire,
+  type AcquireOutcome,
   logger as componentLogger,
   type Logger,
   type RunKeys,
@@ -46,6 +47,14 @@ export interface DispatcherOptions {
   /** Per dataset, `datasets[].budgetMarginSd` (acquire-request.lua ARGV[10]); others get the default. */
   budgetMarginSd?: Readonly<Record<string, number>>;
   logger?: Logger;
+}
+
+/** A slot an acquire got that is given back unsent: `retry` keeps the sample in line for the next pass. */
+interface GiveBack {
+  kind: 'give-back';
+  endpoint: Endpoint;
+  leaseKey: string;
+  retry: boolean;
 }
 
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
@@ -339,7 +348,7 @@ export class Dispatcher {
     // Every request that got a slot goes out first, before anything here awaits Redis: between
     // an acquire's answer and its request leaving for the server no timer runs, so a budget
     // stop seen meanwhile (strict) or a commit meeting the budget cannot come in between.
-    const later: { a: AcquireAttempt; giveBack?: { endpoint: Endpoint; leaseKey: string; retry: boolean } }[] = [];
+    const later: { a: AcquireAttempt; outcome: Exclude<AcquireOutcome, { kind: 'acquired' }> | GiveBack }[] = [];
     for (const a of attempts) {
       if (a.error !== undefined) {
         pass.failure ??= a.error;
@@ -347,7 +356,7 @@ export class Dispatcher {
       }
       const outcome = decodeAcquire(a.code);
       if (outcome.kind !== 'acquired') {
-        later.push({ a });
+        later.push({ a, outcome });
         continue;
       }
       const { task, rid, probation } = a;
@@ -364,28 +373,26 @@ export class Dispatcher {
       if (this.leases.expired(a.sentMs)) {
         // Redis answered so late (it froze) that the lease may lapse before its first renewal:
         // the slot goes back and the sample stays in line for the next pass.
-        later.push({ a, giveBack: { endpoint, leaseKey, retry: true } });
+        later.push({ a, outcome: { kind: 'give-back', endpoint, leaseKey, retry: true } });
         continue;
       }
       // Stopped, or settled by a drain, while Redis answered: give the slot back, send nothing.
       if (this.stopping || !this.queue.take(task)) {
-        later.push({ a, giveBack: { endpoint, leaseKey, retry: false } });
+        later.push({ a, outcome: { kind: 'give-back', endpoint, leaseKey, retry: false } });
         continue;
       }
       this.signalDemand();
       void this.send(task, rid, endpoint, leaseKey, probation, a.sentMs);
     }
-    for (const { a, giveBack } of later) {
+    for (const { a, outcome } of later) {
       const { task, rid, probation } = a;
       const { dataset } = task.req;
-      if (giveBack !== undefined) {
-        await this.release(dataset, rid, giveBack.leaseKey, probation ? giveBack.endpoint : undefined);
-        if (giveBack.retry) this.schedulePump(this.leases.checkMs);
-        else if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
-        continue;
-      }
-      const outcome = decodeAcquire(a.code);
       switch (outcome.kind) {
+        case 'give-back':
+          await this.release(dataset, rid, outcome.leaseKey, probation ? outcome.endpoint : undefined);
+          if (outcome.retry) this.schedulePump(this.leases.checkMs);
+          else if (this.stopping) this.queue.settle(task, { kind: 'handed-back' });
+          break;
         case 'no-slot':
           // Another process holds every lease (or a probation runs); they end as requests end.
           pass.noSlot = true;
