@@ -74,7 +74,7 @@ export const DatasetConfigSchema = z
       .min(0, { error: 'expected a number >= 0' })
       .default(DEFAULT_BUDGET_MARGIN_SD)
       .describe(
-        'With `budget: reserve`: a request starts only while the tokens committed plus those expected of the requests in flight plus this many standard deviations of the latter stay below `tokenBudget`. Near the end of the dataset the last requests then start only while the budget is likely to hold them, and later ones, when less is uncertain, top it up: the total lands closer to the budget, at the cost of a few slots idle at the dataset\'s tail (other datasets fill them). 0: start while the expected total is below the budget. With nothing in flight and the budget not met, one request always starts. Not used with `budget: strict`.',
+        'A request starts only while the tokens committed plus those expected of the requests in flight plus this many standard deviations of the latter stay below `tokenBudget`. Near the end of the dataset the last requests then start only while the budget is likely to hold them, and later ones, when less is uncertain, top it up: the total lands closer to the budget, at the cost of a few slots idle at the dataset\'s tail (other datasets fill them). With `budget: strict` too: fewer requests are in flight when the budget is met, so fewer partial outputs are aborted. 0: start while the expected total is below the budget. With nothing in flight and the budget not met, one request always starts.',
       ),
     maxNewTokens: positiveInt()
       .default(10240)

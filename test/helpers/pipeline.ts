@@ -36,7 +36,10 @@ export function writeConfig(dir: string, config: ConfigInput, name = 'tokenmill.
 
 export interface CliProcess {
   child: ChildProcess;
+  /** stdout and stderr, interleaved as they came. */
   output(): string;
+  /** stdout alone (e.g. a `--json` result). */
+  stdout(): string;
   /** Resolves with the exit code (or the signal name). */
   exited: Promise<number | string>;
 }
@@ -70,10 +73,14 @@ export function spawnCli(args: string[], options: { cwd?: string } = {}): CliPro
   liveChildren.add(child);
   child.once('exit', () => liveChildren.delete(child));
   let out = '';
-  child.stdout?.on('data', (d: Buffer) => (out += d.toString()));
+  let stdout = '';
+  child.stdout?.on('data', (d: Buffer) => {
+    out += d.toString();
+    stdout += d.toString();
+  });
   child.stderr?.on('data', (d: Buffer) => (out += d.toString()));
   const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
-  return { child, output: () => out, exited };
+  return { child, output: () => out, stdout: () => stdout, exited };
 }
 
 /** Polls `cond` until it is truthy or the deadline passes (then throws with `what`). */

@@ -1,5 +1,5 @@
 // The budget margin as the dispatcher sends it: addAcquires passes each dataset's
-// `budgetMarginSd` (default DEFAULT_BUDGET_MARGIN_SD, none for `budget: strict`) to
+// `budgetMarginSd` (default DEFAULT_BUDGET_MARGIN_SD, in both budget modes) to
 // acquire-request.lua, against a real Redis.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
@@ -95,25 +95,25 @@ async function acquireVia(ds: string, id: string, settings: Partial<AcquireSetti
 }
 
 describe('the budget margin the dispatcher sends', () => {
-  it('is the default unless the dataset sets its own, and none for a strict dataset', () => {
+  it('is the default unless the dataset sets its own', () => {
     expect(budgetMarginOf('a', {})).toBe(DEFAULT_BUDGET_MARGIN_SD);
     expect(budgetMarginOf('a', { budgetMarginSd: { a: 2.5 } })).toBe(2.5);
     expect(budgetMarginOf('a', { budgetMarginSd: { a: 0 } })).toBe(0);
     expect(budgetMarginOf('b', { budgetMarginSd: { a: 2.5 } })).toBe(DEFAULT_BUDGET_MARGIN_SD);
-    expect(budgetMarginOf('a', { budgetMarginSd: { a: 2.5 }, strictDatasets: new Set(['a']) })).toBe(0);
   });
 
   it('holds a request back at the end of a dataset by default, where the plain expectation would start it', async () => {
     await datasetAtTheEnd('dflt');
     expect(await acquireVia('dflt', 'x1', {})).toBe('budget-reserved');
     expect(await acquireVia('dflt', 'x2', { budgetMarginSd: { other: 0 } })).toBe('budget-reserved');
-    // The dataset's own setting of 0, or strict mode, start it.
+    // The dataset's own setting of 0 starts it.
     expect(await acquireVia('dflt', 'x3', { budgetMarginSd: { dflt: 0 } })).toBe('acquired');
   });
 
-  it('holds nothing back for a dataset in strict mode', async () => {
+  it('holds the margin back for a dataset in strict mode too (few requests in flight to abort at the budget), nothing with its own 0', async () => {
     await datasetAtTheEnd('strict');
-    expect(await acquireVia('strict', 'y1', { strictDatasets: new Set(['strict']) })).toBe('acquired');
+    expect(await acquireVia('strict', 'y1', { strictDatasets: new Set(['strict']) })).toBe('budget-reserved');
+    expect(await acquireVia('strict', 'y2', { strictDatasets: new Set(['strict']), budgetMarginSd: { strict: 0 } })).toBe('acquired');
   });
 
   it('scales the progress estimated from running time for a reserve dataset, not for a strict one', async () => {
@@ -129,6 +129,6 @@ describe('the budget margin the dispatcher sends', () => {
       await r.hset(keys.stats(ds), 'tokenBudget', Math.floor((at(2_100) + at(2_000 * TIMED_PROGRESS_FACTOR)) / 2));
     }
     expect(await acquireVia('timed', 'z1', { budgetMarginSd: { timed: 0 } })).toBe('budget-reserved');
-    expect(await acquireVia('timed-strict', 'z2', { strictDatasets: new Set(['timed-strict']) })).toBe('acquired');
+    expect(await acquireVia('timed-strict', 'z2', { strictDatasets: new Set(['timed-strict']), budgetMarginSd: { 'timed-strict': 0 } })).toBe('acquired');
   });
 });

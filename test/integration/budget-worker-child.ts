@@ -11,6 +11,7 @@ interface ChildOptions {
   endpoints: string[];
   concurrency: number;
   strictBudgetDatasets: string[];
+  budgetMarginSd?: Record<string, number>;
   leaseTtlMs?: number;
   workerId: string;
 }
@@ -28,6 +29,7 @@ const worker = new InferenceWorker({
   stalledIntervalMs: 1_000,
   ...(o.leaseTtlMs === undefined ? {} : { leaseTtlMs: o.leaseTtlMs }),
   strictBudgetDatasets: o.strictBudgetDatasets,
+  ...(o.budgetMarginSd === undefined ? {} : { budgetMarginSd: o.budgetMarginSd }),
   workerId: o.workerId,
 });
 await worker.start();

@@ -12,16 +12,20 @@ import { demoTrainerPython, finishDemoTraining, withDemoTraining } from '../demo
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
 const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
 
-/** The demo's datasets and budgets: a mix that ends by budget and by running out of prompts. */
-export const DEMO_DATASETS: readonly { name: string; tokenBudget: number }[] = [
-  { name: 'B1_glaive', tokenBudget: 60_000 },
-  { name: 'B2_magicoder', tokenBudget: 120_000 },
-  { name: 'B3_ultrachat', tokenBudget: 80_000 },
-  { name: 'B4_openmath', tokenBudget: 100_000 },
-  { name: 'B5_sharegpt', tokenBudget: 50_000 },
-  { name: 'B6_writing', tokenBudget: 90_000 },
-  { name: 'B7_reasoning', tokenBudget: 70_000 },
-  { name: 'B8_sweagent', tokenBudget: 1_000_000 },
+/**
+ * The demo's datasets and budgets: a mix that ends by budget and by running out of prompts. The
+ * budgets are only 20–45 requests long, so one long last request would be 5–15 % of one; the
+ * datasets that end by budget are therefore `budget: strict`, and land on it.
+ */
+export const DEMO_DATASETS: readonly { name: string; tokenBudget: number; budget: 'reserve' | 'strict' }[] = [
+  { name: 'B1_glaive', tokenBudget: 60_000, budget: 'strict' },
+  { name: 'B2_magicoder', tokenBudget: 100_000, budget: 'strict' },
+  { name: 'B3_ultrachat', tokenBudget: 80_000, budget: 'strict' },
+  { name: 'B4_openmath', tokenBudget: 100_000, budget: 'strict' },
+  { name: 'B5_sharegpt', tokenBudget: 50_000, budget: 'strict' },
+  { name: 'B6_writing', tokenBudget: 90_000, budget: 'strict' },
+  { name: 'B7_reasoning', tokenBudget: 70_000, budget: 'strict' },
+  { name: 'B8_sweagent', tokenBudget: 1_000_000, budget: 'reserve' },
 ];
 
 /**
@@ -51,6 +55,7 @@ export function demoConfig(endpoint: string, outDir: string): ConfigInput {
       name: d.name,
       ...(DEMO_SOURCES[d.name] === undefined ? { prompts: `data/demo/${d.name}.jsonl` } : { source: DEMO_SOURCES[d.name] }),
       tokenBudget: d.tokenBudget,
+      budget: d.budget,
       maxNewTokens: 8192,
       batchSize: 16,
     })),

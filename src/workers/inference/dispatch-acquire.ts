@@ -72,7 +72,7 @@ export interface AcquireSettings {
   crashProbationMs: number;
   /** Per dataset, `datasets[].budgetMarginSd`; a dataset not listed gets {@link DEFAULT_BUDGET_MARGIN_SD}. */
   budgetMarginSd?: Readonly<Record<string, number>>;
-  /** Datasets in `budget: strict`: they stop at the budget itself, so their reservation holds no margin. */
+  /** Datasets in `budget: strict`: their progress is streamed, so it is not scaled by {@link TIMED_PROGRESS_FACTOR}. */
   strictDatasets?: ReadonlySet<string>;
 }
 
@@ -86,8 +86,7 @@ export interface AcquireSettings {
 export const TIMED_PROGRESS_FACTOR = 1.25;
 
 /** Standard deviations of the in-flight total that a dataset's reservation holds back (acquire-request.lua ARGV[10]). */
-export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budgetMarginSd' | 'strictDatasets'>): number {
-  if (s.strictDatasets?.has(dataset) === true) return 0;
+export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budgetMarginSd'>): number {
   return s.budgetMarginSd?.[dataset] ?? DEFAULT_BUDGET_MARGIN_SD;
 }
 

@@ -1,0 +1,67 @@
+// The README's quick start: `tokenmill demo` as a real child process (the CLI from source), on
+// its embedded defaults: a private redis-server, the built-in simulator, the bundled datasets and
+// tokenizer. It must run every phase to the end and its status table must show each dataset that
+// ended by budget within a few percent of it (the demo's budget-bound datasets are strict).
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DEMO_DATASETS } from '../../src/cli/commands/demo.js';
+import { killCliChildren, spawnCli, tempDir } from '../helpers/pipeline.js';
+
+/** "Within a few percent". */
+const MAX_OVER = 0.03;
+
+interface DemoDatasetStatus {
+  name: string;
+  records: number;
+  outputTokens: number;
+  tokenBudget: number;
+  skipped: number;
+  failed: number;
+  status: string;
+}
+
+interface DemoStatus {
+  phases: { name: string; status: string; configured: boolean }[];
+  datasets: DemoDatasetStatus[];
+}
+
+let tmp: { dir: string; cleanup: () => void };
+
+beforeAll(() => {
+  tmp = tempDir('tm-demo-');
+});
+
+afterAll(async () => {
+  await killCliChildren();
+  tmp?.cleanup();
+});
+
+describe('tokenmill demo', () => {
+  it('runs generate, tokenize and merge to the end; every dataset that ended by budget lands within a few percent of it', async () => {
+    // Slower than the demo's default speed (25), so that a loaded test machine's lag adds little.
+    const demo = spawnCli(['demo', '--out', tmp.dir, '--fresh', '--json', '--time-scale', '10']);
+    const code = await demo.exited;
+    expect(code, demo.output().slice(-4_000)).toBe(0);
+    const status = JSON.parse(demo.stdout().trim().split('\n').at(-1) ?? '') as DemoStatus;
+
+    for (const phase of ['prepare', 'generate', 'tokenize', 'merge']) {
+      expect(status.phases.find((p) => p.name === phase)?.status, phase).toBe('completed');
+    }
+    expect(status.datasets.map((d) => d.name)).toEqual(DEMO_DATASETS.map((d) => d.name));
+    let byBudget = 0;
+    for (const d of status.datasets) {
+      expect(d.status, d.name).toBe('completed');
+      expect(d.failed, d.name).toBe(0);
+      if (d.outputTokens >= d.tokenBudget) {
+        // Ended by budget: the rest of its prompts skipped, the total on the budget.
+        byBudget += 1;
+        expect(d.skipped, d.name).toBeGreaterThan(0);
+        expect(d.outputTokens / d.tokenBudget - 1, `${d.name}: ${d.outputTokens} / ${d.tokenBudget}`).toBeLessThanOrEqual(MAX_OVER);
+      } else {
+        // Ended by running out of prompts: nothing skipped by budget.
+        expect(d.skipped, d.name).toBe(0);
+      }
+    }
+    // The demo is a mix: most datasets end by budget (B8's budget is beyond its prompts).
+    expect(byBudget).toBeGreaterThanOrEqual(5);
+  }, 300_000);
+});
