@@ -10,6 +10,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { budgetOvershoot } from './budget-overshoot.js';
 import { concurrencyAuto } from './concurrency-auto.js';
+import { demoBudgets } from './demo-budgets.js';
 import { gpuSaturation } from './gpu-saturation.js';
 import { longCompletions } from './long-completions.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
@@ -25,6 +26,7 @@ import { tokenizeThroughput } from './tokenize-throughput.js';
 const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'gpu-saturation': () => gpuSaturation(),
   'budget-overshoot': () => budgetOvershoot(),
+  'demo-budgets': () => demoBudgets(),
   'redis-memory': () => redisMemory(),
   'throughput-ceiling': () => throughputCeiling(),
   'producer-memory': () => producerMemory(),

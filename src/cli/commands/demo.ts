@@ -19,11 +19,11 @@ const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
  */
 export const DEMO_DATASETS: readonly { name: string; tokenBudget: number; budget: 'reserve' | 'strict' }[] = [
   { name: 'B1_glaive', tokenBudget: 60_000, budget: 'strict' },
-  { name: 'B2_magicoder', tokenBudget: 100_000, budget: 'strict' },
+  { name: 'B2_magicoder', tokenBudget: 90_000, budget: 'strict' },
   { name: 'B3_ultrachat', tokenBudget: 80_000, budget: 'strict' },
-  { name: 'B4_openmath', tokenBudget: 100_000, budget: 'strict' },
+  { name: 'B4_openmath', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B5_sharegpt', tokenBudget: 50_000, budget: 'strict' },
-  { name: 'B6_writing', tokenBudget: 90_000, budget: 'strict' },
+  { name: 'B6_writing', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B7_reasoning', tokenBudget: 70_000, budget: 'strict' },
   { name: 'B8_sweagent', tokenBudget: 1_000_000, budget: 'reserve' },
 ];
