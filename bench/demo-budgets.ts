@@ -3,11 +3,10 @@
 // reads, for every dataset that ended by budget, its output tokens against its budget, and how
 // many of its records are `abort` partial outputs (the demo's budget-bound datasets are strict).
 // Goal: each within a few percent (<= 3 %) of its budget, in every run.
-import { spawn } from 'node:child_process';
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { spawnCli } from '../test/helpers/pipeline.js';
 import { isMain, round, runAsScript, type BenchResult } from './lib.js';
 
 export interface DemoBudgetsOptions {
@@ -18,13 +17,10 @@ export interface DemoBudgetsOptions {
 
 export const DEFAULT_DEMO_BUDGETS: DemoBudgetsOptions = { runs: 3, maxOver: 0.03 };
 
-const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-
 interface DatasetStatus {
   name: string;
   outputTokens: number;
   tokenBudget: number;
-  skipped: number;
 }
 
 interface DatasetOutcome {
@@ -37,17 +33,10 @@ interface DatasetOutcome {
 /** One `tokenmill demo --fresh --json` into `outDir`; its final status. */
 async function runDemo(outDir: string): Promise<{ datasets: DatasetStatus[]; wallS: number }> {
   const t0 = performance.now();
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'src/cli/main.ts'), '--log-level', 'error', 'demo', '--out', outDir, '--fresh', '--json'], {
-    cwd: repoRoot,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
-  if (code !== 0) throw new Error(`tokenmill demo exited with ${code}:\n${stderr.slice(-3_000)}`);
-  const status = JSON.parse(stdout.trim().split('\n').at(-1) ?? '') as { datasets: DatasetStatus[] };
+  const demo = spawnCli(['demo', '--out', outDir, '--fresh', '--json']);
+  const code = await demo.exited;
+  if (code !== 0) throw new Error(`tokenmill demo exited with ${code}:\n${demo.output().slice(-3_000)}`);
+  const status = JSON.parse(demo.stdout().trim().split('\n').at(-1) ?? '') as { datasets: DatasetStatus[] };
   return { datasets: status.datasets, wallS: (performance.now() - t0) / 1000 };
 }
 

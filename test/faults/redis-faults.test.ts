@@ -61,9 +61,10 @@ async function expectExactlyOnce(url: string, runDir: string, keys: RunKeys, ids
 /**
  * Freezes Redis (SIGSTOP) for 4 s once `when` holds (requests running at the server, records
  * committed), with two worker processes and a producer running: longer than the lease TTL
- * (1 s) and the batch lock (2 s), so everything lapses at once. Before the leases can lapse, each worker aborts what it
- * runs (the fence): when Redis comes back, a slot swept by another worker's acquire has nothing
- * running on it. The run must complete, each prompt once, the cap held throughout.
+ * (1 s) and the batch lock (2 s), so everything lapses at once. Before the leases can lapse,
+ * each worker aborts what it runs (the fence): when Redis comes back, a slot swept by another
+ * worker's acquire has nothing running on it. The run must complete, each prompt once, the cap
+ * held throughout.
  */
 async function freezeRun(run: string, seed: number, when: (running: number, records: number) => boolean, what: string): Promise<void> {
   // Requests of several seconds, so that many are running at the sim when Redis comes back.

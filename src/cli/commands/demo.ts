@@ -14,7 +14,7 @@ const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
 
 /**
  * The demo's datasets and budgets: a mix that ends by budget and by running out of prompts. The
- * budgets are only 20–45 requests long, so one long last request would be 5–15 % of one; the
+ * budgets are only 20–47 requests long, so one long last request can be 5–16 % of one; the
  * datasets that end by budget are therefore `budget: strict`, and land on it.
  */
 export const DEMO_DATASETS: readonly { name: string; tokenBudget: number; budget: 'reserve' | 'strict' }[] = [
