@@ -62,7 +62,9 @@ const RECONCILE_WINDOW_MS = 5 * 60_000;
  * with a message. The end of the files is then reconciled with Redis (sink-reconcile.ts): a
  * result whose sample is already on disk is dropped instead of written again, so a crash
  * between 1 and 3, or Redis losing its last second of writes in an OS crash, neither
- * duplicates nor loses a line, and the counters equal the files.
+ * duplicates nor loses a line, and the counters equal the files. A running sink does the same
+ * when Redis restarts under it: each read names the server's run id, and a new one is
+ * reconciled with before anything more is written.
  *
  * **Guarantee:** every committed result is written once, and the dataset's counters equal the
  * sum over its lines, across kills of any process, Redis restarts on its AOF, and an OS crash
@@ -92,6 +94,13 @@ export class ResultsSink {
   private rejectFailed: (e: Error) => void = () => undefined;
   private loop: Promise<void> | undefined;
   private idleWaiters: (() => void)[] = [];
+  /** The Redis server instance (INFO `run_id`) the sink last reconciled with. */
+  private serverRunId: string | undefined;
+  /** Counts closes of the sink's connection: a read that spans one may come from another server. */
+  private connectionEpoch = 0;
+  private readonly onConnectionClose = (): void => {
+    this.connectionEpoch += 1;
+  };
   /** Rejects when the sink stops on an error of its own (e.g. its lock was lost); never resolves. */
   readonly failed: Promise<never>;
 
@@ -104,6 +113,7 @@ export class ResultsSink {
       this.rejectFailed = reject;
     });
     this.failed.catch(() => undefined);
+    options.redis.on('close', this.onConnectionClose);
   }
 
   /** Records written to disk so far. */
@@ -143,6 +153,7 @@ export class ResultsSink {
     await this.loop;
     await this.file?.close();
     this.file = undefined;
+    this.options.redis.off('close', this.onConnectionClose);
     await this.lock.release();
   }
 
@@ -173,6 +184,8 @@ export class ResultsSink {
   private async recover(): Promise<void> {
     const { redis, keys, dataset, dir } = this.options;
     const stream = keys.results(dataset);
+    // First: a restart during the reconciliation is then seen at the next read.
+    this.serverRunId = await this.redisRunId();
     await this.file?.close();
     this.file = undefined;
     const { checkpoint, adoptedFrom } = await recoverFiles(
@@ -199,6 +212,29 @@ export class ResultsSink {
     if (stale.length > 0) await this.write(stale);
   }
 
+  /**
+   * Redis restarted under the running sink. On its AOF it may have lost its last writes
+   * (`appendfsync everysec`: a second or two, as when it is killed while an fsync is slow):
+   * commits whose lines are on disk, trims of entries already written, which then reappear
+   * behind the sink's read position. The same reconciliation as on start puts them right
+   * before anything more is written: lost commits restored (a sample written is never
+   * generated again), reappeared entries dropped, a second commit of a sample on disk dropped.
+   */
+  private async reconcileRestart(runId: string): Promise<void> {
+    this.log.warn(
+      { redisRunId: runId, previousRunId: this.serverRunId },
+      'Redis restarted under this sink (it may have lost its last writes); reconciling the end of the files with it before writing on',
+    );
+    await this.lock.confirm();
+    await this.recover();
+  }
+
+  /** The Redis server's run id (new at every start of the server). */
+  private async redisRunId(): Promise<string> {
+    const info = await this.options.redis.info('server');
+    return /^run_id:(\S+)/m.exec(info)?.[1] ?? '';
+  }
+
   private async streamHolds(sampleId: string): Promise<boolean> {
     const { redis, keys, dataset } = this.options;
     let from = '-';
@@ -218,9 +254,20 @@ export class ResultsSink {
     const { redis, keys, dataset } = this.options;
     try {
       while (!this.stopping) {
-        const res = (await redis.xread('COUNT', this.options.readCount ?? 1_000, 'BLOCK', 200, 'STREAMS', keys.results(dataset), this.checkpoint.lastId)) as
-          | [string, [string, string[]][]][]
-          | null;
+        const epoch = this.connectionEpoch;
+        // Sent together on one connection: the run id names the server that answers the read.
+        const [runId, res] = await Promise.all([
+          this.redisRunId(),
+          redis.xread('COUNT', this.options.readCount ?? 1_000, 'BLOCK', 200, 'STREAMS', keys.results(dataset), this.checkpoint.lastId) as Promise<
+            [string, [string, string[]][]][] | null
+          >,
+        ]);
+        // Reconnected mid-read (the read may have been sent again, to another server): read again.
+        if (epoch !== this.connectionEpoch) continue;
+        if (runId !== this.serverRunId) {
+          await this.reconcileRestart(runId);
+          continue;
+        }
         const entries = res?.[0]?.[1] ?? [];
         if (entries.length > 0 && !this.stopping) await this.write(entries);
         for (const w of this.idleWaiters.splice(0)) w();
