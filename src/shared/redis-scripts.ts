@@ -36,7 +36,8 @@ function readSources(): ScriptSource[] {
 /** The commands the scripts add to a connection, typed. */
 export interface TokenmillScripts {
   acquireRequest(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number>;
-  commitSample(...keysAndArgs: (string | number)[]): Promise<[number, number]>;
+  /** Per sample: committed (1 | 0), dataset tokens after it; flat, one pair per sample. */
+  commitSample(...keysAndArgs: (string | number)[]): Promise<[number, number, ...number[]]>;
   failSample(...keysAndArgs: (string | number)[]): Promise<number>;
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;

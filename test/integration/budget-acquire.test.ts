@@ -28,7 +28,7 @@ function acquire(ds: string, rid: string, ttlMs = 60_000, marginSd = 0, timedFac
   return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW, marginSd, timedFactor);
 }
 
-function commit(ds: string, id: string, tokens: number, rid: string): Promise<[number, number]> {
+function commit(ds: string, id: string, tokens: number, rid: string): Promise<number[]> {
   return r.commitSample(
     keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), keys.endpointLeases(endpoint),
     keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),

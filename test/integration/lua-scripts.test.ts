@@ -22,7 +22,7 @@ function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep):
   return r.acquireRequest(4 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
 }
 
-function commit(ds: string, id: string, tokens: number, rid: string, endpoint = ep[0] ?? ''): Promise<[number, number]> {
+function commit(ds: string, id: string, tokens: number, rid: string, endpoint = ep[0] ?? ''): Promise<number[]> {
   return r.commitSample(
     keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), keys.endpointLeases(endpoint),
     keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),
@@ -54,6 +54,28 @@ describe('commit-sample.lua', () => {
     expect(await r.zcard(keys.endpointLeases(ep[1] ?? ''))).toBe(0);
     await commit('l', 'y', 500, 'rc');
     expect(Number(await r.hget(keys.stats('l'), 'budgetMetMs'))).toBeGreaterThan(0);
+  });
+  it('commits a group in one call exactly as one call each: duplicates in and across groups change nothing but their leases', async () => {
+    await r.hset(keys.stats('g'), 'tokenBudget', 100);
+    for (const rid of ['g1', 'g2', 'g3', 'g4']) expect(decodeAcquire(await acquire('g', rid, 10, 1, [ep[0] ?? '']))).toEqual({ kind: 'acquired', endpointIndex: 0 });
+    expect(await commit('g', 'a', 30, 'g0')).toEqual([1, 30]);
+    const rec = (id: string, tokens: number): string => JSON.stringify({ id, completion_tokens: tokens });
+    const reply = await r.commitSample(
+      keys.done('g'), keys.stats('g'), keys.results('g'), keys.inflight('g'), keys.endpointLeases(ep[0] ?? ''),
+      keys.failed('g'), keys.skipped('g'), keys.attempts('g'), keys.rate('g'),
+      'b', 40, rec('b', 40), 'g1', 10_000, 30,
+      'a', 99, rec('a', 99), 'g2', // committed before this group
+      'c', 50, rec('c', 50), 'g3', // meets the budget of 100
+      'b', 7, rec('b', 7), 'g4', // twice in one group
+    );
+    expect(reply).toEqual([1, 70, 0, 70, 1, 120, 0, 120]);
+    expect(await r.zcard(keys.inflight('g'))).toBe(0);
+    expect(await r.zcard(keys.endpointLeases(ep[0] ?? ''))).toBe(0);
+    const stream = (await r.xrange(keys.results('g'), '-', '+')).map(([, f]) => (JSON.parse(f[1] ?? '{}') as { id: string }).id);
+    expect(stream).toEqual(['a', 'b', 'c']);
+    const stats = await r.hgetall(keys.stats('g'));
+    expect([stats.records, stats.outputTokens, stats.outputTokensSq]).toEqual(['3', '120', String(30 * 30 + 40 * 40 + 50 * 50)]);
+    expect(Number(stats.budgetMetMs)).toBeGreaterThan(0);
   });
 });
 

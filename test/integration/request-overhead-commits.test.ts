@@ -9,7 +9,7 @@ import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 
 const ENDPOINT = 'http://127.0.0.1:1';
 
-function finished(keys: RunKeys, dataset: string, id: string, tokens: number, rid: string): FinishedRequest {
+function finished(keys: RunKeys, dataset: string, id: string, tokens: number, rid: string, endpoint = ENDPOINT): FinishedRequest {
   return {
     req: {
       dataset,
@@ -20,8 +20,8 @@ function finished(keys: RunKeys, dataset: string, id: string, tokens: number, ri
       attemptsSpent: 0,
     },
     rid,
-    endpointUrl: ENDPOINT,
-    leaseKey: keys.endpointLeases(ENDPOINT),
+    endpointUrl: endpoint,
+    leaseKey: keys.endpointLeases(endpoint),
     workerId: 'test',
     result: { outputIds: Array.from({ length: tokens }, (_, i) => i), promptTokens: 3, completionTokens: tokens, finishReason: { type: 'length', length: tokens }, text: '', droppedLeadingIds: 0, metaInfo: {} },
   };
@@ -78,6 +78,38 @@ describe('commits in groups', () => {
     const entries = (await conn.xrange(keys.results(ds), '-', '+')) as [string, string[]][];
     const first = entries.map(([, f]) => JSON.parse(f[1] ?? '{}') as { id: string; completion_tokens: number }).find((r) => r.id === 'p3');
     expect(first?.completion_tokens).toBe(13);
+  });
+
+  it('a group of several datasets and endpoints: one call per dataset and endpoint, each result counted in its own dataset, every lease released', async () => {
+    const keys = new RunKeys(redis.prefix, 'mixed');
+    const conn = withScripts(redis.connection());
+    const pipelines = countPipelines(conn);
+    const batcher = new CommitBatcher(conn, keys);
+    const endpoints = [ENDPOINT, 'http://127.0.0.1:2'];
+    const requests: FinishedRequest[] = [];
+    for (let i = 0; i < 40; i += 1) {
+      const ds = i % 2 === 0 ? 'even' : 'odd';
+      const ep = endpoints[i % 4 < 2 ? 0 : 1] ?? ENDPOINT;
+      requests.push(finished(keys, ds, `p${i}`, i + 1, `${ds}/p${i}#a`, ep));
+    }
+    requests.push(finished(keys, 'odd', 'p1', 50, 'odd/p1#b', endpoints[1])); // a second answer, on the other endpoint
+    for (const r of requests) {
+      await conn.zadd(r.leaseKey, Date.now() + 60_000, r.rid);
+      await conn.zadd(keys.inflight(r.req.dataset), Date.now() + 60_000, r.rid);
+    }
+    const outcomes = await Promise.all(requests.map((r) => batcher.commit(r)));
+    expect(outcomes.map((o) => o.kind)).toEqual([...Array.from({ length: 40 }, () => 'committed'), 'duplicate']);
+    expect(pipelines.count()).toBe(1);
+    for (const ds of ['even', 'odd']) {
+      const mine = requests.slice(0, 40).filter((r) => r.req.dataset === ds);
+      const [tokens, records] = await conn.hmget(keys.stats(ds), 'outputTokens', 'records');
+      expect(Number(records)).toBe(20);
+      expect(Number(tokens)).toBe(mine.reduce((a, r) => a + r.result.completionTokens, 0));
+      const ids = ((await conn.xrange(keys.results(ds), '-', '+')) as [string, string[]][]).map(([, f]) => (JSON.parse(f[1] ?? '{}') as { id: string }).id);
+      expect(ids.sort()).toEqual(mine.map((r) => r.req.sample.id).sort());
+      expect(await conn.zcard(keys.inflight(ds))).toBe(0);
+    }
+    for (const ep of endpoints) expect(await conn.zcard(keys.endpointLeases(ep))).toBe(0);
   });
 
   it('commits that arrive while a group is in flight go together in the next one', async () => {

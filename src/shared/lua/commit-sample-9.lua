@@ -1,5 +1,5 @@
 --[[
-  Commits one sample's result exactly once (DESIGN invariant 2).
+  Commits a sample's result exactly once (DESIGN invariant 2), or a group of them.
 
   The first commit of a sample id records it as done, adds its completion tokens to the
   dataset's counter and appends the result to the dataset's results stream. Any later
@@ -24,57 +24,68 @@
     ARGV[4] rid
     ARGV[5] rate bucket width (ms)
     ARGV[6] rate buckets to keep
+    ARGV[7], ARGV[8], ... further samples of the same dataset and endpoint, four arguments each
+            as ARGV[1..4]: one call commits a group of results (one script run instead of one
+            per result); each is committed exactly as if it came alone, in order
 
-  Output: { committed (1 first commit | 0 duplicate), dataset output tokens after it }
+  Output: { committed (1 first commit | 0 duplicate), dataset output tokens after it } per
+          sample, flat: { c1, t1, c2, t2, ... }
 ]]
-local id = ARGV[1]
-local tokens = tonumber(ARGV[2])
-local rid = ARGV[4]
-
-redis.call('ZREM', KEYS[4], rid)
-redis.call('ZREM', KEYS[5], rid)
--- The request's start time and streamed progress (acquire-request.lua's reservation).
-local started = redis.call('HGET', KEYS[4] .. ':start', rid)
-redis.call('HDEL', KEYS[4] .. ':start', rid)
-redis.call('HDEL', KEYS[4] .. ':progress', rid)
-
-if redis.call('SADD', KEYS[1], id) == 0 then
-  return { 0, tonumber(redis.call('HGET', KEYS[2], 'outputTokens') or '0') }
-end
-
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
-local budget = tonumber(redis.call('HGET', KEYS[2], 'tokenBudget') or '-1')
-if budget >= 0 and total >= budget and total - tokens < budget then
-  -- The moment the budget was met: after it, no request may be sent for this dataset.
-  redis.call('HSET', KEYS[2], 'budgetMetMs', now)
-end
-redis.call('HINCRBY', KEYS[2], 'records', 1)
-redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
--- The length histogram and the decode rate that acquire-request.lua reserves by.
-local lb = math.floor(8 * math.log(tokens + 1) / math.log(2))
-redis.call('HINCRBY', KEYS[2] .. ':lengths', 'c' .. lb, 1)
-redis.call('HINCRBY', KEYS[2] .. ':lengths', 't' .. lb, tokens)
-if started then
-  -- The fastest recent request (tokens / time since its acquire; decays 1 % a commit): a lagging
-  -- worker or a queued request only ever makes a request look slower, never faster.
-  local r = tonumber(redis.call('HGET', KEYS[2], 'rateMax') or '0') or 0
-  redis.call('HSET', KEYS[2], 'rateMax', math.max(tokens / math.max(1, now - tonumber(started)), 0.99 * r))
-end
-redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
-redis.call('HSET', KEYS[2], 'lastCommitMs', now)
-redis.call('XADD', KEYS[3], '*', 'r', ARGV[3])
-redis.call('HDEL', KEYS[6], id)
-redis.call('SREM', KEYS[7], id)
-redis.call('HDEL', KEYS[8], id)
-
 local width = tonumber(ARGV[5])
 local keep = tonumber(ARGV[6])
 local bucket = math.floor(now / width)
-redis.call('HINCRBY', KEYS[9], bucket, tokens)
+local out = {}
+
+local function commit(id, tokens, record, rid)
+  redis.call('ZREM', KEYS[4], rid)
+  redis.call('ZREM', KEYS[5], rid)
+  -- The request's start time and streamed progress (acquire-request.lua's reservation).
+  local started = redis.call('HGET', KEYS[4] .. ':start', rid)
+  redis.call('HDEL', KEYS[4] .. ':start', rid)
+  redis.call('HDEL', KEYS[4] .. ':progress', rid)
+
+  if redis.call('SADD', KEYS[1], id) == 0 then
+    out[#out + 1] = 0
+    out[#out + 1] = tonumber(redis.call('HGET', KEYS[2], 'outputTokens') or '0')
+    return
+  end
+
+  local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
+  local budget = tonumber(redis.call('HGET', KEYS[2], 'tokenBudget') or '-1')
+  if budget >= 0 and total >= budget and total - tokens < budget then
+    -- The moment the budget was met: after it, no request may be sent for this dataset.
+    redis.call('HSET', KEYS[2], 'budgetMetMs', now)
+  end
+  redis.call('HINCRBY', KEYS[2], 'records', 1)
+  redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
+  -- The length histogram and the decode rate that acquire-request.lua reserves by.
+  local lb = math.floor(8 * math.log(tokens + 1) / math.log(2))
+  redis.call('HINCRBY', KEYS[2] .. ':lengths', 'c' .. lb, 1)
+  redis.call('HINCRBY', KEYS[2] .. ':lengths', 't' .. lb, tokens)
+  if started then
+    -- The fastest recent request (tokens / time since its acquire; decays 1 % a commit): a lagging
+    -- worker or a queued request only ever makes a request look slower, never faster.
+    local r = tonumber(redis.call('HGET', KEYS[2], 'rateMax') or '0') or 0
+    redis.call('HSET', KEYS[2], 'rateMax', math.max(tokens / math.max(1, now - tonumber(started)), 0.99 * r))
+  end
+  redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
+  redis.call('HSET', KEYS[2], 'lastCommitMs', now)
+  redis.call('XADD', KEYS[3], '*', 'r', record)
+  redis.call('HDEL', KEYS[6], id)
+  redis.call('SREM', KEYS[7], id)
+  redis.call('HDEL', KEYS[8], id)
+  redis.call('HINCRBY', KEYS[9], bucket, tokens)
+  out[#out + 1] = 1
+  out[#out + 1] = total
+end
+
+commit(ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4])
+for i = 7, #ARGV, 4 do
+  commit(ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3])
+end
 -- Drop the bucket that just fell out of the window; the hash stays at `keep` entries.
 redis.call('HDEL', KEYS[9], bucket - keep)
 
-return { 1, total }
+return out

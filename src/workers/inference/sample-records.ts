@@ -18,12 +18,32 @@ export interface FinishedRequest {
  * is a duplicate that changes nothing but releasing its leases.
  */
 export async function commitResult(redis: ScriptedRedis, keys: RunKeys, f: FinishedRequest): Promise<SampleOutcome> {
-  const [first] = await redis.commitSample(...commitArgs(keys, f));
+  const [first] = await redis.commitSample(...commitArgs(keys, f.req.dataset, f.leaseKey, sampleArgs(f)));
   return commitOutcome(first, f);
 }
 
-/** The keys and arguments of commit-sample.lua for one finished request. */
-function commitArgs(keys: RunKeys, f: FinishedRequest): (string | number)[] {
+/** The keys and arguments of commit-sample.lua for one sample (more of the dataset and endpoint may be appended). */
+function commitArgs(keys: RunKeys, dataset: string, leaseKey: string, sample: SampleArgs): (string | number)[] {
+  return [
+    keys.done(dataset),
+    keys.stats(dataset),
+    keys.results(dataset),
+    keys.inflight(dataset),
+    leaseKey,
+    keys.failed(dataset),
+    keys.skipped(dataset),
+    keys.attempts(dataset),
+    keys.rate(dataset),
+    ...sample,
+    RATE_BUCKET_MS,
+    RATE_BUCKETS_KEPT,
+  ];
+}
+
+/** One sample's four arguments of commit-sample.lua: id, completion tokens, record, rid. */
+type SampleArgs = [string, number, string, string];
+
+function sampleArgs(f: FinishedRequest): SampleArgs {
   const { dataset, sample } = f.req;
   const record = JSON.stringify({
     id: sample.id,
@@ -38,23 +58,7 @@ function commitArgs(keys: RunKeys, f: FinishedRequest): (string | number)[] {
     attempt: f.req.attemptsSpent + 1,
     ts: new Date().toISOString(),
   });
-  return [
-    keys.done(dataset),
-    keys.stats(dataset),
-    keys.results(dataset),
-    keys.inflight(dataset),
-    f.leaseKey,
-    keys.failed(dataset),
-    keys.skipped(dataset),
-    keys.attempts(dataset),
-    keys.rate(dataset),
-    sample.id,
-    f.result.completionTokens,
-    record,
-    f.rid,
-    RATE_BUCKET_MS,
-    RATE_BUCKETS_KEPT,
-  ];
+  return [sample.id, f.result.completionTokens, record, f.rid];
 }
 
 function commitOutcome(first: number | undefined, f: FinishedRequest): SampleOutcome {
@@ -75,9 +79,11 @@ interface QueuedCommit {
 
 /**
  * Commits finished requests in groups, one round trip per group: the results that arrive
- * while a group is on its way to Redis go out together in the next one (a pipeline: one
- * write, one read). Each result is still its own commit-sample.lua call, atomic and exactly
- * once; a group only saves the round trips and system calls of one call per request.
+ * while a group is on its way to Redis go out together in the next one. The results of one
+ * dataset and endpoint in a group are one commit-sample.lua call (a pipeline holds one call per
+ * dataset and endpoint, and the acquires that ride on it); each result in it is still
+ * committed atomically and exactly once, as if alone. A group only saves the round trips,
+ * system calls and script runs of one call per request.
  */
 export class CommitBatcher {
   private queued: QueuedCommit[] = [];
@@ -116,19 +122,12 @@ export class CommitBatcher {
     this.inFlight = true;
     try {
       const pipeline = this.redis.pipeline() as unknown as ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
-      const built: QueuedCommit[] = [];
-      for (const c of group) {
-        try {
-          void pipeline.commitSample(...commitArgs(this.keys, c.f));
-          built.push(c);
-        } catch (e: unknown) {
-          c.reject(e);
-        }
-      }
-      if (built.length === 0) return;
+      const calls = this.scriptCalls(group);
+      for (const call of calls) void pipeline.commitSample(...call.args);
+      if (calls.length === 0) return;
       let ride: ReturnType<CommitRider>;
       try {
-        ride = this.rider?.(pipeline, built.length);
+        ride = this.rider?.(pipeline, calls.reduce((n, c) => n + c.commits.length, 0));
       } catch {
         ride = undefined;
       }
@@ -139,19 +138,46 @@ export class CommitBatcher {
         ride?.(null);
         throw e;
       }
-      built.forEach((c, i) => {
+      calls.forEach((call, i) => {
         const reply = replies?.[i];
-        if (reply === undefined) c.reject(new Error('Redis sent no reply to a commit of a pipeline'));
-        else if (reply[0] !== null) c.reject(reply[0]);
-        else c.resolve(commitOutcome((reply[1] as [number, number])[0], c.f));
+        const error = reply === undefined ? new Error('Redis sent no reply to a commit of a pipeline') : reply[0];
+        const out = reply?.[1] as number[] | undefined;
+        call.commits.forEach((c, j) => {
+          if (error !== null) c.reject(error);
+          else c.resolve(commitOutcome(out?.[2 * j], c.f));
+        });
       });
-      ride?.(replies === null ? null : replies.slice(built.length));
+      ride?.(replies === null ? null : replies.slice(calls.length));
     } catch (e: unknown) {
       for (const c of group) c.reject(e);
     } finally {
       this.inFlight = false;
       if (this.queued.length > 0) this.schedule();
     }
+  }
+
+  /** One commit-sample.lua call per dataset and endpoint of the group; a result whose record cannot be built is rejected alone. */
+  private scriptCalls(group: QueuedCommit[]): { args: (string | number)[]; commits: QueuedCommit[] }[] {
+    const byKey = new Map<string, { args: (string | number)[]; commits: QueuedCommit[] }>();
+    for (const c of group) {
+      let sample: SampleArgs;
+      try {
+        sample = sampleArgs(c.f);
+      } catch (e: unknown) {
+        c.reject(e);
+        continue;
+      }
+      const key = `${c.f.req.dataset}\n${c.f.leaseKey}`;
+      const call = byKey.get(key);
+      if (call === undefined) {
+        const args = commitArgs(this.keys, c.f.req.dataset, c.f.leaseKey, sample);
+        byKey.set(key, { args, commits: [c] });
+      } else {
+        call.args.push(...sample);
+        call.commits.push(c);
+      }
+    }
+    return [...byKey.values()];
   }
 }
 
