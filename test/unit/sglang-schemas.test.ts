@@ -19,8 +19,10 @@ import {
   sglangErrorMessage,
 } from '../../src/shared/sglang/errors.js';
 import {
+  GenerateResponseSchema,
   SglangSamplingParamsSchema,
   formatPath,
+  plainGenerateResponse,
   parseChatResponse,
   parseGenerateResponse,
   parseLoad,
@@ -56,6 +58,58 @@ function problemOf(outcome: { ok: boolean; problem?: string }): string {
   expect(outcome.ok).toBe(false);
   return outcome.problem ?? '';
 }
+
+describe('plainGenerateResponse (the hand check before zod)', () => {
+  it('takes only bodies zod takes, and takes the plain ones as they are', () => {
+    const metas: Record<string, unknown>[] = [
+      {},
+      { finish_reason: { type: 'length', length: 3 } },
+      { finish_reason: { type: 'length', length: -1 } },
+      { finish_reason: { type: 'length' } },
+      { finish_reason: { type: 'stop', matched: null } },
+      { finish_reason: { type: 'stop', matched: '</s>' } },
+      { finish_reason: { type: 'stop', matched: [1, 2] } },
+      { finish_reason: { type: 'stop', matched: [1, 'x'] } },
+      { finish_reason: { type: 'stop', matched: 1.5 } },
+      { finish_reason: { type: 'stop' } },
+      { finish_reason: { type: 'abort', message: 'x', status_code: 400 } },
+      { finish_reason: { type: 'abort' } },
+      { finish_reason: { type: 'other' } },
+      { finish_reason: null },
+      { finish_reason: [] },
+      { prompt_tokens: -1 },
+      { prompt_tokens: 1.5 },
+      { prompt_tokens: '14' },
+      { prompt_tokens: 2 ** 60 },
+      { completion_tokens: undefined },
+      { cached_tokens: undefined },
+      { cached_tokens: -3 },
+      { cached_tokens: null },
+      { e2e_latency: -0.1 },
+      { e2e_latency: '0.1' },
+      { e2e_latency: undefined },
+      { id: 7 },
+      { id: undefined },
+      { weight_version: { any: 'thing' } },
+    ];
+    const idLists: unknown[] = [[1, 2, 3], [], [1, -2, 3], [1, 2.5, 3], [1, '2', 3], [1, null], 'x', undefined, [0, 2 ** 53]];
+    const bodies: unknown[] = [null, [], 'x', 3, {}, { ...body05(), text: 5 }, { ...body05(), text: undefined }, { ...body05(), meta_info: [] }];
+    for (const meta of metas) for (const ids of idLists) bodies.push(body05({ output_ids: ids, meta }));
+    let taken = 0;
+    for (const body of bodies) {
+      const fast = plainGenerateResponse(body);
+      const zod = GenerateResponseSchema.safeParse(body);
+      if (fast !== undefined) {
+        taken += 1;
+        expect(zod.success, JSON.stringify(body)).toBe(true);
+        expect(fast).toEqual(zod.data);
+      }
+    }
+    // Most plain bodies are taken by hand (else the check would save nothing).
+    expect(taken).toBeGreaterThan(10);
+    expect(plainGenerateResponse(body05())).toBeDefined();
+  });
+});
 
 describe('parseGenerateResponse', () => {
   it('parses a 0.5.x body, keeping meta_info and the finish reason as sent', () => {

@@ -270,7 +270,8 @@ function parseWith<S extends z.ZodType>(schema: S, body: unknown): ParseOutcome<
  * `completion_tokens` ids of `output_ids`; fewer ids than `completion_tokens` is an error.
  */
 export function parseGenerateResponse(body: unknown): ParseOutcome<GenerateResult> {
-  const parsed = parseWith(GenerateResponseSchema, body);
+  const fast = plainGenerateResponse(body);
+  const parsed = fast === undefined ? parseWith(GenerateResponseSchema, body) : { ok: true as const, value: fast };
   if (!parsed.ok) return parsed;
   const { output_ids: allIds, meta_info: meta, text } = parsed.value;
   const completionTokens = meta.completion_tokens;
@@ -294,6 +295,38 @@ export function parseGenerateResponse(body: unknown): ParseOutcome<GenerateResul
   if (meta.cached_tokens !== undefined) result.cachedTokens = meta.cached_tokens;
   if (meta.e2e_latency !== undefined) result.e2eLatencySec = meta.e2e_latency;
   return { ok: true, value: result };
+}
+
+const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+function isFinishReason(v: unknown): v is FinishReason {
+  if (!isRecord(v)) return false;
+  if (v.type === 'length') return isCount(v.length);
+  if (v.type === 'stop') {
+    const m = v.matched;
+    return m === null || typeof m === 'string' || Number.isSafeInteger(m) || (Array.isArray(m) && m.every((x) => Number.isSafeInteger(x)));
+  }
+  return v.type === 'abort';
+}
+
+/**
+ * The body as a {@link GenerateResponse} when it plainly is one, checked by hand (a response
+ * per request: zod's walk of every output id costs more than the rest of its handling); else
+ * undefined, and zod parses it and names what is wrong. Accepts nothing that
+ * {@link GenerateResponseSchema} refuses.
+ */
+export function plainGenerateResponse(body: unknown): GenerateResponse | undefined {
+  if (!isRecord(body)) return undefined;
+  const ids = body.output_ids;
+  const meta = body.meta_info;
+  if (!Array.isArray(ids) || !isRecord(meta) || (body.text !== undefined && typeof body.text !== 'string')) return undefined;
+  for (let i = 0; i < ids.length; i += 1) if (!isCount(ids[i])) return undefined;
+  if (!isCount(meta.prompt_tokens) || !isCount(meta.completion_tokens) || !isFinishReason(meta.finish_reason)) return undefined;
+  if (meta.id !== undefined && typeof meta.id !== 'string') return undefined;
+  if (meta.cached_tokens !== undefined && !isCount(meta.cached_tokens)) return undefined;
+  if (meta.e2e_latency !== undefined && !(Number.isFinite(meta.e2e_latency) && (meta.e2e_latency as number) >= 0)) return undefined;
+  return body as GenerateResponse;
 }
 
 /** Parses a `/v1/chat/completions` body into a {@link ChatResult} (first choice). */
