@@ -35,11 +35,19 @@ describe('BatchReporter', () => {
     }
     await reporter.flush();
     const elapsed = Date.now() - started;
-    // The first at once, then about one per 100 ms, then the flush.
+    // About one per 100 ms from the start, then the flush.
     expect(r.progress.length).toBeLessThanOrEqual(Math.ceil(elapsed / 100) + 2);
     expect(r.progress.length).toBeGreaterThanOrEqual(2);
     for (let i = 1; i < r.progress.length - 1; i += 1) expect((r.progress[i]?.atMs ?? 0) - (r.progress[i - 1]?.atMs ?? 0)).toBeGreaterThanOrEqual(95);
     expect(r.progress.at(-1)?.p).toEqual(p(50));
+  });
+
+  it('a batch done within the interval sends its final counts only', async () => {
+    const r = recordingJob();
+    const reporter = new BatchReporter(r.job, pino({ level: 'silent' }), 1_000);
+    for (let i = 1; i <= 64; i += 1) reporter.progress(p(i));
+    await reporter.flush();
+    expect(r.progress.map((x) => x.p)).toEqual([p(64)]);
   });
 
   it('writes log lines in order and nothing once closed (the batch was lost to another worker)', async () => {

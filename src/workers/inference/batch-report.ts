@@ -3,13 +3,15 @@ import type { BatchProgress, Logger } from '../../shared/index.js';
 
 /**
  * What a person sees of a batch job while it runs: its progress (`job.updateProgress`, at
- * most once per `intervalMs`, so it costs no throughput) and its log (`job.log`, a line per
+ * most once per `intervalMs` from the job's start, so it costs no throughput: a batch done
+ * within the interval sends only its final counts) and its log (`job.log`, a line per
  * failed or retried prompt). Neither needs the job's lock; both stop once the batch is lost
  * to another worker.
  */
 export class BatchReporter {
   private latest: BatchProgress | undefined;
-  private sentAtMs = 0;
+  /** The job's start counts as an update: the first one is sent `intervalMs` into the job. */
+  private sentAtMs = Date.now();
   private timer: NodeJS.Timeout | undefined;
   private pending: Promise<unknown>[] = [];
   private closed = false;
