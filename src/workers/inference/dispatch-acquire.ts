@@ -4,6 +4,19 @@ import { DEFAULT_BUDGET_MARGIN_SD } from '../../shared/config-dataset.js';
 import type { Task } from './dispatch-queue.js';
 import type { Endpoint } from './endpoint-pool.js';
 
+/**
+ * Request ids end in `#<this process's random tag><a counter>`: unique across processes and
+ * restarts without a random draw per request.
+ */
+const RID_TAG = randomBytes(4).toString('hex');
+let ridCounter = 0;
+
+/** A fresh request id for a sample: `<dataset>/<sample id>#<tag><n>`. */
+export function newRid(dataset: string, sampleId: string): string {
+  ridCounter += 1;
+  return `${dataset}/${sampleId}#${RID_TAG}${ridCounter.toString(36)}`;
+}
+
 /** Crashes a sample must have been in flight for before it is sent on probation. */
 const CRASHES_BEFORE_PROBATION = 2;
 
@@ -45,7 +58,7 @@ export function newAttempts(batch: readonly Task[]): AcquireAttempt[] {
     task.state = 'acquiring';
     return {
       task,
-      rid: `${task.req.dataset}/${task.req.sample.id}#${randomBytes(4).toString('hex')}`,
+      rid: newRid(task.req.dataset, task.req.sample.id),
       probation: task.crashes >= CRASHES_BEFORE_PROBATION,
       code: -1,
       group: [],
