@@ -88,8 +88,8 @@ async function acquireVia(ds: string, id: string, settings: Partial<AcquireSetti
   const [attempt] = newAttempts([task(ds, id)]);
   if (attempt === undefined) throw new Error('no attempt');
   const group = [{ url: endpointUrl }] as unknown as Endpoint[];
-  addAcquires(pipeline, [attempt], group, 10_000, { keys, leaseTtlMs: 60_000, minCommitsForMean: MIN_COMMITS, crashProbationMs: 0, ...settings });
-  readAcquires([attempt], await pipeline.exec());
+  const calls = addAcquires(pipeline, [attempt], group, 10_000, { keys, leaseTtlMs: 60_000, minCommitsForMean: MIN_COMMITS, crashProbationMs: 0, ...settings });
+  readAcquires(calls, await pipeline.exec());
   if (attempt.error !== undefined) throw attempt.error;
   return decodeAcquire(attempt.code).kind;
 }

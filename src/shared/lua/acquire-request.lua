@@ -63,7 +63,13 @@
             rateMax falls behind their progress; E[L | L > x] grows with x, so a progress taken
             too low under-reserves, and one taken too high only holds back more.
 
-  Output:
+    ARGV[12], ARGV[13], ... further requests of the same dataset and endpoints, five arguments
+            each: rid, prior expected completion tokens, probation (1 | 0), sample id,
+            max_new_tokens (as ARGV[1], ARGV[3], ARGV[6], ARGV[8], ARGV[9]). One call then
+            decides a group of requests in order, each as if it came alone after the ones
+            before it (one script run instead of one per request).
+
+  Output (a number for one request; with further requests, a table of one number each):
     >= 1  the 1-based index (into KEYS[5..]) of the endpoint whose lease was taken
     -1    every endpoint is at its lease cap: wait for a slot
     -2    the budget is met: send nothing more for this dataset
@@ -73,21 +79,29 @@
 ]]
 local statsKey = KEYS[1]
 local inflightKey = KEYS[2]
-local rid = ARGV[1]
 local ttl = tonumber(ARGV[2])
-local prior = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
 local minCommits = tonumber(ARGV[5])
-local probation = tonumber(ARGV[6] or '0') == 1
 local probationMs = tonumber(ARGV[7] or '0')
-local sampleId = ARGV[8]
+local marginSd = tonumber(ARGV[10] or '') or 0
+local timedFactor = tonumber(ARGV[11] or '') or 1
 
-if sampleId and redis.call('SISMEMBER', KEYS[3], sampleId) == 1 then
-  return -4
+-- The requests to decide: the first from ARGV[1..11], then five arguments each from ARGV[12].
+local requests = { { ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[6] or '0') == 1, ARGV[8], tonumber(ARGV[9] or '') } }
+for i = 12, #ARGV, 5 do
+  requests[#requests + 1] = { ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]) == 1, ARGV[i + 3], tonumber(ARGV[i + 4]) }
+end
+local function answer(codes)
+  if #ARGV <= 11 then return codes[1] end
+  return codes
 end
 
 if redis.call('HEXISTS', KEYS[4], 'paused') == 1 then
-  return -5
+  local codes = {}
+  for i = 1, #requests do
+    if requests[i][4] and redis.call('SISMEMBER', KEYS[3], requests[i][4]) == 1 then codes[i] = -4 else codes[i] = -5 end
+  end
+  return answer(codes)
 end
 
 local t = redis.call('TIME')
@@ -125,181 +139,192 @@ if redis.call('HLEN', startKey) > 2 * redis.call('ZCARD', inflightKey) + 256 the
   chunked('HDEL', progressKey, stale)
 end
 
-local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'rateMax', 'budgetStopMs')
-local committed = tonumber(stats[1]) or 0
-local records = tonumber(stats[2]) or 0
-local budget = tonumber(stats[3]) or -1
-local rate = tonumber(stats[4]) or 0
-local maxNew = tonumber(ARGV[9] or '') or 2 * prior
-local marginSd = tonumber(ARGV[10] or '') or 0
-local timedFactor = tonumber(ARGV[11] or '') or 1
+-- Decides one request (after the ones before it in this call).
+local function acquire(rid, prior, probation, sampleId, maxNewArg)
+  if sampleId and redis.call('SISMEMBER', KEYS[3], sampleId) == 1 then
+    return -4
+  end
+  local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'rateMax', 'budgetStopMs')
+  local committed = tonumber(stats[1]) or 0
+  local records = tonumber(stats[2]) or 0
+  local budget = tonumber(stats[3]) or -1
+  local rate = tonumber(stats[4]) or 0
+  local maxNew = maxNewArg or 2 * prior
 
-if budget >= 0 then
-  if committed >= budget then
-    return -2
-  end
-  local inflight = redis.call('ZCARD', inflightKey)
-  if stats[5] then
-    if inflight > 0 then
-      return -3
+  if budget >= 0 then
+    if committed >= budget then
+      return -2
     end
-    redis.call('HDEL', statsKey, 'budgetStopMs')
-  end
-  if committed + inflight * maxNew >= budget then
-    local log2 = math.log(2)
-    local function bucketOf(x)
-      return math.floor(8 * math.log(x + 1) / log2)
-    end
-    -- How far each request in flight has come.
-    local xs = {}
-    if inflight > 0 then
-      local rids = redis.call('ZRANGE', inflightKey, 0, -1)
-      local starts = chunked('HMGET', startKey, rids)
-      local streamed = {}
-      if redis.call('EXISTS', progressKey) == 1 then streamed = chunked('HMGET', progressKey, rids) end
-      for i = 1, #rids do
-        local x = tonumber(streamed[i])
-        local started = tonumber(starts[i])
-        local timed = 0
-        if started and rate > 0 then timed = (now - started) * rate end
-        if x then x = math.max(x, timed) else x = timed * timedFactor end
-        xs[i] = math.floor(math.min(x, maxNew - 1))
+    local inflight = redis.call('ZCARD', inflightKey)
+    if stats[5] then
+      if inflight > 0 then
+        return -3
       end
+      redis.call('HDEL', statsKey, 'budgetStopMs')
     end
-    -- The length distribution, Kaplan-Meier: committed lengths are events, the requests in
-    -- flight censored at their progress (lengthModel() in budget-expectation.ts).
-    local lengths = redis.call('HGETALL', statsKey .. ':lengths')
-    local cnt, tok, cens, maxB = {}, {}, {}, -1
-    local atRisk = 0
-    for i = 1, #lengths, 2 do
-      local f = lengths[i]
-      local b = tonumber(string.sub(f, 2))
-      local v = tonumber(lengths[i + 1])
-      if string.sub(f, 1, 1) == 'c' then
-        cnt[b] = v
-        atRisk = atRisk + v
-      else
-        tok[b] = v
+    if committed + inflight * maxNew >= budget then
+      local log2 = math.log(2)
+      local function bucketOf(x)
+        return math.floor(8 * math.log(x + 1) / log2)
       end
-      if b > maxB then maxB = b end
-    end
-    for i = 1, #xs do
-      local b = bucketOf(xs[i])
-      cens[b] = (cens[b] or 0) + 1
-      atRisk = atRisk + 1
-      if b > maxB then maxB = b end
-    end
-    local mass, mean = {}, {}
-    local survival, lastEvent = 1, -1
-    for b = 0, maxB do
-      local d = cnt[b] or 0
-      if d > 0 and atRisk > 0 then
-        local m = survival * d / atRisk
-        mass[b] = m
-        mean[b] = (tok[b] or 0) / d
-        survival = survival - m
-        lastEvent = b
-      end
-      atRisk = atRisk - d - (cens[b] or 0)
-    end
-    local tailMass, tailFrom = 0, 0
-    if lastEvent >= 0 then
-      tailMass = math.max(0, survival)
-      tailFrom = 2 ^ ((lastEvent + 1) / 8) - 1
-    end
-    -- Mass above each bucket, its tokens and their squares.
-    local aboveMass, aboveTok, aboveSq = {}, {}, {}
-    local am, at, aq = 0, 0, 0
-    for b = maxB, 0, -1 do
-      aboveMass[b] = am
-      aboveTok[b] = at
-      aboveSq[b] = aq
-      if mass[b] then
-        am = am + mass[b]
-        at = at + mass[b] * mean[b]
-        aq = aq + mass[b] * mean[b] * mean[b]
-      end
-    end
-    local floor, varFloor = 0, 0
-    if records < minCommits then
-      floor = math.min(prior, maxNew)
-      varFloor = floor * floor / 3
-    end
-    -- E[L | L > x] and Var[L | L > x], as conditionalMean() in budget-expectation.ts.
-    local function expected(x)
-      local bx = bucketOf(x)
-      local n, s, q = 0, 0, 0
-      if bx <= maxB then
-        n = aboveMass[bx]
-        s = aboveTok[bx]
-        q = aboveSq[bx]
-        if mass[bx] then
-          local lo = 2 ^ (bx / 8) - 1
-          local hi = 2 ^ ((bx + 1) / 8) - 1
-          local part = mass[bx] * math.min(1, math.max(0, (hi - x) / (hi - lo)))
-          local v = math.max(mean[bx], (x + hi) / 2)
-          n = n + part
-          s = s + part * v
-          q = q + part * v * v
+      -- How far each request in flight has come.
+      local xs = {}
+      if inflight > 0 then
+        local rids = redis.call('ZRANGE', inflightKey, 0, -1)
+        local starts = chunked('HMGET', startKey, rids)
+        local streamed = {}
+        if redis.call('EXISTS', progressKey) == 1 then streamed = chunked('HMGET', progressKey, rids) end
+        for i = 1, #rids do
+          local x = tonumber(streamed[i])
+          local started = tonumber(starts[i])
+          local timed = 0
+          if started and rate > 0 then timed = (now - started) * rate end
+          if x then x = math.max(x, timed) else x = timed * timedFactor end
+          xs[i] = math.floor(math.min(x, maxNew - 1))
         end
       end
-      if tailMass > 0 and maxNew > x then
-        local a = math.max(x, tailFrom)
-        n = n + tailMass
-        s = s + tailMass * (a + maxNew) / 2
-        q = q + tailMass * (a * a + a * maxNew + maxNew * maxNew) / 3
+      -- The length distribution, Kaplan-Meier: committed lengths are events, the requests in
+      -- flight censored at their progress (lengthModel() in budget-expectation.ts).
+      local lengths = redis.call('HGETALL', statsKey .. ':lengths')
+      local cnt, tok, cens, maxB = {}, {}, {}, -1
+      local atRisk = 0
+      for i = 1, #lengths, 2 do
+        local f = lengths[i]
+        local b = tonumber(string.sub(f, 2))
+        local v = tonumber(lengths[i + 1])
+        if string.sub(f, 1, 1) == 'c' then
+          cnt[b] = v
+          atRisk = atRisk + v
+        else
+          tok[b] = v
+        end
+        if b > maxB then maxB = b end
       end
-      if n <= 1e-12 then
-        return math.max(math.min(maxNew, 1.25 * (x + 1)), floor), varFloor
+      for i = 1, #xs do
+        local b = bucketOf(xs[i])
+        cens[b] = (cens[b] or 0) + 1
+        atRisk = atRisk + 1
+        if b > maxB then maxB = b end
       end
-      local m = s / n
-      return math.max(math.min(maxNew, math.max(x, m)), floor), math.max(varFloor, q / n - m * m)
-    end
-    local total = committed
-    local variance = 0
-    local memoE, memoV = {}, {}
-    for i = 1, #xs do
-      local x = xs[i]
-      local e = memoE[x]
-      if not e then
-        e, memoV[x] = expected(x)
-        memoE[x] = e
+      local mass, mean = {}, {}
+      local survival, lastEvent = 1, -1
+      for b = 0, maxB do
+        local d = cnt[b] or 0
+        if d > 0 and atRisk > 0 then
+          local m = survival * d / atRisk
+          mass[b] = m
+          mean[b] = (tok[b] or 0) / d
+          survival = survival - m
+          lastEvent = b
+        end
+        atRisk = atRisk - d - (cens[b] or 0)
       end
-      total = total + e
-      variance = variance + memoV[x]
-      if total >= budget then
+      local tailMass, tailFrom = 0, 0
+      if lastEvent >= 0 then
+        tailMass = math.max(0, survival)
+        tailFrom = 2 ^ ((lastEvent + 1) / 8) - 1
+      end
+      -- Mass above each bucket, its tokens and their squares.
+      local aboveMass, aboveTok, aboveSq = {}, {}, {}
+      local am, at, aq = 0, 0, 0
+      for b = maxB, 0, -1 do
+        aboveMass[b] = am
+        aboveTok[b] = at
+        aboveSq[b] = aq
+        if mass[b] then
+          am = am + mass[b]
+          at = at + mass[b] * mean[b]
+          aq = aq + mass[b] * mean[b] * mean[b]
+        end
+      end
+      local floor, varFloor = 0, 0
+      if records < minCommits then
+        floor = math.min(prior, maxNew)
+        varFloor = floor * floor / 3
+      end
+      -- E[L | L > x] and Var[L | L > x], as conditionalMean() in budget-expectation.ts.
+      local function expected(x)
+        local bx = bucketOf(x)
+        local n, s, q = 0, 0, 0
+        if bx <= maxB then
+          n = aboveMass[bx]
+          s = aboveTok[bx]
+          q = aboveSq[bx]
+          if mass[bx] then
+            local lo = 2 ^ (bx / 8) - 1
+            local hi = 2 ^ ((bx + 1) / 8) - 1
+            local part = mass[bx] * math.min(1, math.max(0, (hi - x) / (hi - lo)))
+            local v = math.max(mean[bx], (x + hi) / 2)
+            n = n + part
+            s = s + part * v
+            q = q + part * v * v
+          end
+        end
+        if tailMass > 0 and maxNew > x then
+          local a = math.max(x, tailFrom)
+          n = n + tailMass
+          s = s + tailMass * (a + maxNew) / 2
+          q = q + tailMass * (a * a + a * maxNew + maxNew * maxNew) / 3
+        end
+        if n <= 1e-12 then
+          return math.max(math.min(maxNew, 1.25 * (x + 1)), floor), varFloor
+        end
+        local m = s / n
+        return math.max(math.min(maxNew, math.max(x, m)), floor), math.max(varFloor, q / n - m * m)
+      end
+      local total = committed
+      local variance = 0
+      local memoE, memoV = {}, {}
+      for i = 1, #xs do
+        local x = xs[i]
+        local e = memoE[x]
+        if not e then
+          e, memoV[x] = expected(x)
+          memoE[x] = e
+        end
+        total = total + e
+        variance = variance + memoV[x]
+        if total >= budget then
+          return -3
+        end
+      end
+      -- The margin (empty, so 0, when nothing is in flight: the progress rule above).
+      if marginSd > 0 and total + marginSd * math.sqrt(variance) >= budget then
         return -3
       end
     end
-    -- The margin (empty, so 0, when nothing is in flight: the progress rule above).
-    if marginSd > 0 and total + marginSd * math.sqrt(variance) >= budget then
-      return -3
+  end
+
+  local best = -1
+  local bestLoad = cap
+  for i = 5, #KEYS do
+    local key = KEYS[i]
+    -- An endpoint with a prompt on probation takes nothing else until the probation ends.
+    if redis.call('EXISTS', key .. ':probation') == 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+      local load = redis.call('ZCARD', key)
+      if load < bestLoad then
+        best = i
+        bestLoad = load
+      end
     end
   end
-end
-
-local best = -1
-local bestLoad = cap
-for i = 5, #KEYS do
-  local key = KEYS[i]
-  -- An endpoint with a prompt on probation takes nothing else until the probation ends.
-  if redis.call('EXISTS', key .. ':probation') == 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-    local load = redis.call('ZCARD', key)
-    if load < bestLoad then
-      best = i
-      bestLoad = load
-    end
+  if best < 0 then
+    return -1
   end
-end
-if best < 0 then
-  return -1
+
+  if probation then
+    redis.call('SET', KEYS[best] .. ':probation', rid, 'PX', probationMs)
+  end
+  redis.call('ZADD', KEYS[best], now + ttl, rid)
+  redis.call('ZADD', inflightKey, now + ttl, rid)
+  redis.call('HSET', startKey, rid, now)
+  return best - 4
 end
 
-if probation then
-  redis.call('SET', KEYS[best] .. ':probation', rid, 'PX', probationMs)
+local codes = {}
+for i = 1, #requests do
+  local r = requests[i]
+  codes[i] = acquire(r[1], r[2], r[3], r[4], r[5])
 end
-redis.call('ZADD', KEYS[best], now + ttl, rid)
-redis.call('ZADD', inflightKey, now + ttl, rid)
-redis.call('HSET', startKey, rid, now)
-return best - 4
+return answer(codes)

@@ -68,13 +68,20 @@ export function newAttempts(batch: readonly Task[]): AcquireAttempt[] {
   });
 }
 
-/** Puts each reply of a pipeline into its attempt: the script's code, or the error. */
-export function readAcquires(attempts: AcquireAttempt[], replies: readonly [Error | null, unknown][] | null): void {
-  attempts.forEach((a, i) => {
+/**
+ * Puts each reply of a pipeline into its attempts: the script's code, or the error. `calls`
+ * are the attempts of each acquire-request.lua call, as {@link addAcquires} returned them;
+ * `replies` start with the first of these calls.
+ */
+export function readAcquires(calls: readonly AcquireAttempt[][], replies: readonly [Error | null, unknown][] | null): void {
+  calls.forEach((call, i) => {
     const reply = replies?.[i];
-    if (reply === undefined) a.error = new AppError('Redis sent no reply to an acquire of a pipeline');
-    else if (reply[0] !== null) a.error = reply[0];
-    else a.code = Number(reply[1]);
+    const error = reply === undefined ? new AppError('Redis sent no reply to an acquire of a pipeline') : reply[0];
+    const codes = reply?.[1];
+    call.forEach((a, j) => {
+      if (error !== null) a.error = error;
+      else a.code = Number(Array.isArray(codes) ? codes[j] : codes);
+    });
   });
 }
 
@@ -103,32 +110,49 @@ export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budget
   return s.budgetMarginSd?.[dataset] ?? DEFAULT_BUDGET_MARGIN_SD;
 }
 
-/** Adds one acquire-request.lua call per attempt to `pipeline`, for the endpoints of one cap group. */
-export function addAcquires(pipeline: RedisPipeline, attempts: readonly AcquireAttempt[], group: Endpoint[], cap: number, s: AcquireSettings): void {
+/**
+ * Adds acquire-request.lua calls for `attempts` to `pipeline`, for the endpoints of one cap
+ * group: one call per run of consecutive attempts of the same dataset, so the script decides
+ * them in the order given, each as if alone. Returns the attempts of each call, for
+ * {@link readAcquires}.
+ */
+export function addAcquires(pipeline: RedisPipeline, attempts: readonly AcquireAttempt[], group: Endpoint[], cap: number, s: AcquireSettings): AcquireAttempt[][] {
   const { keys } = s;
   const leaseKeys = group.map((e) => keys.endpointLeases(e.url));
+  const calls: AcquireAttempt[][] = [];
   for (const a of attempts) {
-    const { dataset } = a.task.req;
     a.group = group;
     a.leaseKeys = leaseKeys;
-    void pipeline.acquireRequest(
+    const last = calls[calls.length - 1];
+    if (last !== undefined && last[0]?.task.req.dataset === a.task.req.dataset) last.push(a);
+    else calls.push([a]);
+  }
+  for (const call of calls) {
+    const [first, ...more] = call;
+    if (first === undefined) continue;
+    const { dataset } = first.task.req;
+    const args: (string | number)[] = [
       4 + leaseKeys.length,
       keys.stats(dataset),
       keys.inflight(dataset),
       keys.done(dataset),
       keys.queueMeta(dataset),
       ...leaseKeys,
-      a.rid,
+      first.rid,
       s.leaseTtlMs,
-      a.task.req.priorExpectedTokens,
+      first.task.req.priorExpectedTokens,
       cap,
       s.minCommitsForMean,
-      a.probation ? 1 : 0,
+      first.probation ? 1 : 0,
       s.crashProbationMs,
-      a.task.req.sample.id,
-      a.task.req.sample.maxNewTokens,
+      first.task.req.sample.id,
+      first.task.req.sample.maxNewTokens,
       budgetMarginOf(dataset, s),
       s.strictDatasets?.has(dataset) === true ? 1 : TIMED_PROGRESS_FACTOR,
-    );
+    ];
+    for (const a of more) args.push(a.rid, a.task.req.priorExpectedTokens, a.probation ? 1 : 0, a.task.req.sample.id, a.task.req.sample.maxNewTokens);
+    const [numKeys, ...keysAndArgs] = args as [number, ...(string | number)[]];
+    void pipeline.acquireRequest(numKeys, ...keysAndArgs);
   }
+  return calls;
 }

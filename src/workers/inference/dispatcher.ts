@@ -426,10 +426,10 @@ export class Dispatcher {
   }
 
   /**
-   * Runs acquire-request.lua for each sample of `batch`, in order, in one pipeline per cap
+   * Runs acquire-request.lua for the samples of `batch`, in order, in one pipeline per cap
    * group (endpoints steered by "auto" may differ): a sample goes on to the next group only
-   * when every endpoint of the last one was full. Each call is atomic on its own, exactly as
-   * if they were sent one after the other.
+   * when every endpoint of the last one was full. One call decides a run of samples of one
+   * dataset, each exactly as if the calls were sent one after the other.
    */
   private async acquireAll(batch: Task[], healthy: Endpoint[]): Promise<AcquireAttempt[]> {
     const attempts = this.beginAcquires(batch);
@@ -438,8 +438,8 @@ export class Dispatcher {
       for (const g of this.options.pool.byCap(healthy)) {
         if (open.length === 0) break;
         const pipeline = this.options.redis.pipeline() as unknown as RedisPipeline;
-        this.addAcquires(pipeline, open, g.endpoints, g.cap);
-        readAcquires(open, await pipeline.exec());
+        const calls = this.addAcquires(pipeline, open, g.endpoints, g.cap);
+        readAcquires(calls, await pipeline.exec());
         open = open.filter((a) => a.error === undefined && a.code === -1);
       }
     } finally {
@@ -470,9 +470,9 @@ export class Dispatcher {
     }
     if (batch.length === 0) return undefined;
     const attempts = this.beginAcquires(batch);
-    this.addAcquires(pipeline, attempts, first.endpoints, first.cap);
+    const calls = this.addAcquires(pipeline, attempts, first.endpoints, first.cap);
     return (replies) => {
-      readAcquires(attempts, replies);
+      readAcquires(calls, replies);
       this.endAcquires(attempts);
       void this.applyAcquires(attempts, pass)
         .then(() => {
@@ -504,8 +504,8 @@ export class Dispatcher {
     for (const a of attempts) if (a.task.state === 'acquiring') a.task.state = 'pending';
   }
 
-  private addAcquires(pipeline: RedisPipeline, attempts: AcquireAttempt[], group: Endpoint[], cap: number): void {
-    addAcquires(pipeline, attempts, group, cap, {
+  private addAcquires(pipeline: RedisPipeline, attempts: AcquireAttempt[], group: Endpoint[], cap: number): AcquireAttempt[][] {
+    return addAcquires(pipeline, attempts, group, cap, {
       keys: this.options.keys,
       leaseTtlMs: this.leaseTtlMs,
       minCommitsForMean: this.minCommitsForMean,
