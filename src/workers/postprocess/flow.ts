@@ -312,7 +312,11 @@ export async function waitForRound(
       const job = await Job.fromId(mergeQueue, flowId);
       if (job === undefined) throw new AppError(`post-process round ${flowId} is not in Redis (removed, or another Redis?)`);
       const state = await job.getState();
-      if (state === 'completed') return { status: 'completed', result: MergeJobResultSchema.parse(job.returnvalue) };
+      if (state === 'completed') {
+        // Read again: the job may have completed after it was read above, without its result.
+        const completed = job.returnvalue === null || job.returnvalue === undefined ? await Job.fromId(mergeQueue, flowId) : job;
+        return { status: 'completed', result: MergeJobResultSchema.parse(completed?.returnvalue) };
+      }
       if (state === 'failed' || job.deferredFailure) {
         const failure = await roundFailure(redis, keys, job);
         await recordRoundFailure(redis, keys, flowId, failure);
