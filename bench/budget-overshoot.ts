@@ -122,8 +122,15 @@ class RedisOrderLog {
       const numKeys = Number(args[2]);
       const keys = args.slice(3, 3 + numKeys);
       const argv = args.slice(3 + numKeys);
-      if (keys[0] === statsKey && keys[1] === inflightKey && argv[0] !== undefined) this.acquiredAt.set(argv[0], this.seq);
-      else if (keys[0] === doneKey && keys[1] === statsKey && argv[0] !== undefined) this.commits.push({ seq: this.seq, id: argv[0], tokens: Number(argv[1]) });
+      if (keys[0] === statsKey && keys[1] === inflightKey && argv[0] !== undefined) {
+        // acquire-request.lua: a rid in ARGV[1], further requests from ARGV[12], five arguments each.
+        this.acquiredAt.set(argv[0], this.seq);
+        for (let i = 11; i < argv.length; i += 5) this.acquiredAt.set(argv[i] ?? '', this.seq);
+      } else if (keys[0] === doneKey && keys[1] === statsKey && argv[0] !== undefined) {
+        // commit-sample-9.lua: a sample in ARGV[1..4], further samples from ARGV[7], four arguments each, in order.
+        this.commits.push({ seq: this.seq, id: argv[0], tokens: Number(argv[1]) });
+        for (let i = 6; i < argv.length; i += 4) this.commits.push({ seq: this.seq, id: argv[i] ?? '', tokens: Number(argv[i + 1]) });
+      }
     });
   }
 

@@ -36,7 +36,7 @@ export interface ThroughputCeilingOptions {
 
 export const DEFAULT_THROUGHPUT_CEILING: ThroughputCeilingOptions = {
   cases: [
-    { label: 'short outputs', prompts: 40_000, outputTokens: 64, concurrency: 64, timeScale: 2_000, warmupMs: 4_000, windowMs: 15_000 },
+    { label: 'short outputs', prompts: 80_000, outputTokens: 64, concurrency: 64, timeScale: 2_000, warmupMs: 4_000, windowMs: 15_000 },
     { label: 'long outputs', prompts: 20_000, outputTokens: 2_048, concurrency: 64, timeScale: 2_000, warmupMs: 4_000, windowMs: 15_000 },
   ],
 };
