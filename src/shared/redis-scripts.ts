@@ -35,6 +35,7 @@ function readSources(): ScriptSource[] {
 
 /** The commands the scripts add to a connection, typed. */
 export interface TokenmillScripts {
+  /** The code for one request; called with further requests (ARGV[12..]), an array of one code each. */
   acquireRequest(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number>;
   /** Per sample: committed (1 | 0), dataset tokens after it; flat, one pair per sample. */
   commitSample(...keysAndArgs: (string | number)[]): Promise<[number, number, ...number[]]>;

@@ -8,6 +8,7 @@
  * offending field (`meta_info.completion_tokens: expected number, got undefined`).
  */
 import { z } from 'zod';
+import { isRecord } from '../tokenizer-config.js';
 
 // ---------------------------------------------------------------------------------------------
 // Sampling parameters (request side)
@@ -298,7 +299,6 @@ export function parseGenerateResponse(body: unknown): ParseOutcome<GenerateResul
 }
 
 const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
-const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 function isFinishReason(v: unknown): v is FinishReason {
   if (!isRecord(v)) return false;

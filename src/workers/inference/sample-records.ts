@@ -1,7 +1,7 @@
 import { RATE_BUCKETS_KEPT, RATE_BUCKET_MS, type GenerateResult, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 
-/** One finished request, as the dispatcher hands it to {@link commitResult}. */
+/** One finished request, as the dispatcher hands it to {@link CommitBatcher.commit}. */
 export interface FinishedRequest {
   req: SampleRequest;
   rid: string;
@@ -10,16 +10,6 @@ export interface FinishedRequest {
   leaseKey: string;
   workerId: string;
   result: GenerateResult;
-}
-
-/**
- * Commits a sample's result through commit-sample.lua (DESIGN invariant 2): the first commit
- * of a sample counts its tokens and appends its record to the results stream; any later one
- * is a duplicate that changes nothing but releasing its leases.
- */
-export async function commitResult(redis: ScriptedRedis, keys: RunKeys, f: FinishedRequest): Promise<SampleOutcome> {
-  const [first] = await redis.commitSample(...commitArgs(keys, f.req.dataset, f.leaseKey, sampleArgs(f)));
-  return commitOutcome(first, f);
 }
 
 /** The keys and arguments of commit-sample.lua for one sample (more of the dataset and endpoint may be appended). */
