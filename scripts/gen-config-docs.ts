@@ -5,7 +5,7 @@
 //   npx tsx scripts/gen-config-docs.ts --write README.md
 //       # replace the text between <!-- config-reference:start --> and <!-- config-reference:end -->
 import { readFileSync, writeFileSync } from 'node:fs';
-import { configReferenceMarkdown } from '../src/shared/config-reference.js';
+import { configReferenceMarkdown } from '../src/shared/config/reference.js';
 
 const START = '<!-- config-reference:start -->';
 const END = '<!-- config-reference:end -->';

@@ -3,7 +3,7 @@
 // acquire-request.lua, against a real Redis.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
-import { DEFAULT_BUDGET_MARGIN_SD } from '../../src/shared/config-dataset.js';
+import { DEFAULT_BUDGET_MARGIN_SD } from '../../src/shared/config/dataset.js';
 import { histogramFromHash, reservedTokens } from '../../src/workers/inference/budget-expectation.js';
 import {
   TIMED_PROGRESS_FACTOR,

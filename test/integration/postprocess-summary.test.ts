@@ -6,7 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { describeHfDataset, type ConfigInput, type MergeJobResult } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { LARGE_DROP_FRACTION } from '../../src/workers/postprocess/drop-summary.js';
+import { LARGE_DROP_FRACTION } from '../../src/cli/drop-summary.js';
 import { killCliChildren, readGenerations, spawnCli, tempDir, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 

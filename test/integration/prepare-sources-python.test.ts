@@ -11,7 +11,7 @@ import path from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { PromptSource } from '../../src/shared/config-source.js';
+import type { PromptSource } from '../../src/shared/config/source.js';
 import { readArrowRows } from '../../src/producers/prepare/source-arrow.js';
 import { largeRowGroupNotes, readParquetRows } from '../../src/producers/prepare/source-parquet.js';
 import type { RawRow } from '../../src/producers/prepare/source-raw.js';

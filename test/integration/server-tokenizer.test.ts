@@ -13,9 +13,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError, UnavailableError } from '../../src/shared/errors.js';
 import { readDatasetMeta } from '../../src/shared/hf-dataset/reader.js';
-import { checkTokenizerKindFits, loadTokenizer } from '../../src/shared/tokenizer-load.js';
-import { ServerTokenizeClient } from '../../src/shared/tokenizer-server-client.js';
-import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer.js';
+import { checkTokenizerKindFits, loadTokenizer } from '../../src/shared/tokenizer/load.js';
+import { ServerTokenizeClient } from '../../src/shared/tokenizer/server-client.js';
+import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
 import type { ConfigInput } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { checkServerTokenizer } from '../../src/cli/tokenizer-check.js';

@@ -5,8 +5,8 @@ import path from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { KNOWN_END_OF_TURN_TOKENS, generationConfigEosIds, templateEndOfTurnTokenId } from '../../src/shared/end-of-turn.js';
-import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer.js';
+import { KNOWN_END_OF_TURN_TOKENS, generationConfigEosIds, templateEndOfTurnTokenId } from '../../src/shared/tokenizer/end-of-turn.js';
+import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
 import { createTokenizeContext, recordToRow, tokenizeConversation } from '../../src/workers/postprocess/tokenize.js';
 
 const require = createRequire(import.meta.url);

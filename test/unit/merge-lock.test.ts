@@ -5,7 +5,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { acquireLock } from '../../src/shared/hf-dataset/merge-lock.js';
+import { acquireLock } from '../../src/shared/hf-dataset/merge/lock.js';
 
 const dirs: string[] = [];
 afterEach(() => {

@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import { formatPostprocessResult } from '../../src/cli/commands/postprocess.js';
 import type { MergeJobResult, TokenizeResult } from '../../src/shared/index.js';
-import { datasetDrops, LARGE_DROP_FRACTION } from '../../src/workers/postprocess/drop-summary.js';
+import { datasetDrops, LARGE_DROP_FRACTION } from '../../src/cli/drop-summary.js';
 
 function result(dataset: string, counts: Partial<TokenizeResult>): TokenizeResult {
   return {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import type { PromptSource } from '../../src/shared/config-source.js';
+import type { PromptSource } from '../../src/shared/config/source.js';
 import { resolveLayout, type ResolvedLayout, type SampleRow } from '../../src/producers/prepare/source-detect.js';
 
 const src = (extra: Partial<PromptSource> = {}): PromptSource => ({ path: 'x', format: 'auto', ...extra });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import type { PromptSource } from '../../src/shared/config-source.js';
+import type { PromptSource } from '../../src/shared/config/source.js';
 import { convertRow, layoutOf, wantedColumns, type ConvertedRow } from '../../src/producers/prepare/source-formats.js';
 import type { SourceFormat } from '../../src/producers/prepare/source-types.js';
 

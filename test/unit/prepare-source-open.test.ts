@@ -4,7 +4,7 @@ import path from 'node:path';
 
 import { afterAll, describe, expect, it } from 'vitest';
 
-import type { PromptSource } from '../../src/shared/config-source.js';
+import type { PromptSource } from '../../src/shared/config/source.js';
 import { naturalCompare } from '../../src/producers/prepare/source-files.js';
 import { openSource, SourceError } from '../../src/producers/prepare/source.js';
 import type { SourceRow } from '../../src/producers/prepare/source-types.js';

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { PromptFileIndex, readPromptFile, readRawLines, scanPromptFile, type RawPromptLine } from '../../src/shared/index.js';
-import { firstInvalidUtf8 } from '../../src/shared/prompt-line-reader.js';
+import { firstInvalidUtf8 } from '../../src/shared/prompts/line-reader.js';
 
 async function withBytes<T>(bytes: Buffer, fn: (file: string) => Promise<T>): Promise<T> {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-line-reader-'));

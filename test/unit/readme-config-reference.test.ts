@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { configReferenceMarkdown } from '../../src/shared/config-reference.js';
+import { configReferenceMarkdown } from '../../src/shared/config/reference.js';
 
 describe('README config reference', () => {
   it('is the table generated from the schema (run `npx tsx scripts/gen-config-docs.ts --write README.md`)', () => {

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { describe, expect, it } from 'vitest';
 
-import { fastByteLevelEncoder } from '../../src/shared/tokenizer-hf-fast.js';
+import { fastByteLevelEncoder } from '../../src/shared/tokenizer/hf-fast.js';
 import { conversationCorpus } from '../fixtures/conversations/corpus.js';
 
 const require = createRequire(import.meta.url);

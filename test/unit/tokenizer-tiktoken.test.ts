@@ -8,10 +8,10 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { EnvironmentError } from '../../src/shared/errors.js';
-import { BytePairEncoder, parseRankFile } from '../../src/shared/tokenizer-bpe.js';
-import { loadTokenizer } from '../../src/shared/tokenizer-load.js';
-import { KIMI_K2_PATTERN, O200K_PATTERN, compileSplitPattern, convertSplitPattern } from '../../src/shared/tokenizer-pattern.js';
-import { TiktokenEncoder, chunkText } from '../../src/shared/tokenizer-tiktoken.js';
+import { BytePairEncoder, parseRankFile } from '../../src/shared/tokenizer/bpe.js';
+import { loadTokenizer } from '../../src/shared/tokenizer/load.js';
+import { KIMI_K2_PATTERN, O200K_PATTERN, compileSplitPattern, convertSplitPattern } from '../../src/shared/tokenizer/pattern.js';
+import { TiktokenEncoder, chunkText } from '../../src/shared/tokenizer/tiktoken.js';
 
 const b64 = (s: string): string => Buffer.from(s, 'latin1').toString('base64');
 

@@ -9,9 +9,9 @@ import {
   runDir,
   type Config,
 } from '../../shared/index.js';
-import { AtomicJsonlWriter } from '../../workers/postprocess/export-file.js';
-import { exportRows, type RowsExportStats } from '../../workers/postprocess/export-rows.js';
-import { exportSpecForgeDataset, type SpecForgeExportStats } from '../../workers/postprocess/export-specforge.js';
+import { AtomicJsonlWriter } from '../export/file.js';
+import { exportRows, type RowsExportStats } from '../export/rows.js';
+import { exportSpecForgeDataset, type SpecForgeExportStats } from '../export/specforge.js';
 import { createTokenizeContext } from '../../workers/postprocess/tokenize.js';
 
 /** The formats `export` writes. */

@@ -7,7 +7,7 @@ import { startGeneration, startPostprocess, type GenerationOptions } from '../pi
 import { startProgress } from '../progress.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/results-sink.js';
-import { dropContextOf } from '../../workers/postprocess/drop-summary.js';
+import { dropContextOf } from '../drop-summary.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
 import { runTrainWorker } from './train.js';
 import { startFresh } from './prepare.js';

@@ -8,7 +8,7 @@ import {
   type RollbackResult,
   type TokenizeResult,
 } from '../../shared/index.js';
-import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../../workers/postprocess/drop-summary.js';
+import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../drop-summary.js';
 import { PostprocessFailedError, type RoundOutcome } from '../../workers/postprocess/flow.js';
 import { startPostprocess } from '../pipeline.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';

@@ -8,7 +8,7 @@
 import { readFile, readdir, realpath, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { errorMessage } from '../../shared/errors.js';
-import { isErrno } from '../../shared/hf-dataset/fs.js';
+import { isErrno } from '../../shared/util/fs.js';
 import { readDatasetMeta } from '../../shared/hf-dataset/reader.js';
 import { SourceError } from './source-raw.js';
 

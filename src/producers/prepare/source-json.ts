@@ -4,7 +4,7 @@
  * many hub datasets do) is read as JSONL.
  */
 import { isUtf8 } from 'node:buffer';
-import { notUtf8Reason } from '../../shared/prompt-line-reader.js';
+import { notUtf8Reason } from '../../shared/prompts/line-reader.js';
 import { errorMessage } from '../../shared/errors.js';
 import { describeJsonTop, scanJsonList } from './source-json-scan.js';
 import { readJsonlRows } from './source-jsonl.js';

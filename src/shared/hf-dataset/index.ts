@@ -2,6 +2,6 @@
 export * from './schema.js';
 export * from './writer.js';
 export * from './reader.js';
-export * from './merge.js';
-export { DEFAULT_PYTHON, pythonVerifier, type PythonVerifier } from './merge-verify-python.js';
-export { exists, linkOrCopy, writeFileAtomic, type LinkMethod } from './fs.js';
+export * from './merge/merge.js';
+export { DEFAULT_PYTHON, pythonVerifier, type PythonVerifier } from './merge/verify-python.js';
+export { exists, linkOrCopy, writeFileAtomic, type LinkMethod } from '../util/fs.js';

@@ -21,7 +21,7 @@ import {
   errorMessage,
 } from '../errors.js';
 import { type Logger, logger as componentLogger } from '../logger.js';
-import { recordGenerationRequest, recordRequestStarted } from '../request-stats.js';
+import { recordGenerationRequest, recordRequestStarted } from './request-stats.js';
 import {
   EndpointMisconfiguredError,
   SglangResponseFormatError,

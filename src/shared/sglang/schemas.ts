@@ -8,7 +8,7 @@
  * offending field (`meta_info.completion_tokens: expected number, got undefined`).
  */
 import { z } from 'zod';
-import { isRecord } from '../tokenizer-config.js';
+import { isRecord } from '../tokenizer/config-json.js';
 
 // ---------------------------------------------------------------------------------------------
 // Sampling parameters (request side)

@@ -1,0 +1,45 @@
+/**
+ * `export --format jsonl`: the token rows of the training dataset (`postprocess.target`), one
+ * JSON object a line with the dataset's columns (`{id, dataset, input_ids, loss_mask,
+ * num_tokens, finish_reason}` for a dataset tokenmill made), read shard by shard and batch by
+ * batch, so memory holds one record batch whatever the dataset's size.
+ */
+import { PayloadError, readHfDataset } from '../../shared/index.js';
+import type { AtomicJsonlWriter } from './file.js';
+
+/** What the rows export wrote. */
+export interface RowsExportStats {
+  /** Rows read from the training dataset. */
+  rows: number;
+  /** Rows written (all, or those of the chosen datasets). */
+  exported: number;
+  /** Rows written per dataset (the `dataset` column; `""` when the target has none). */
+  byDataset: Record<string, number>;
+  tokens: number;
+  columns: string[];
+}
+
+/**
+ * Writes the rows of the dataset folder `target` to `writer`; with `datasets`, only the rows
+ * whose `dataset` column is one of them (a target without that column is then refused).
+ */
+export async function exportRows(target: string, writer: AtomicJsonlWriter, datasets?: readonly string[]): Promise<RowsExportStats> {
+  const ds = await readHfDataset(target);
+  const columns = ds.columns.map((c) => c.name);
+  const wanted = datasets === undefined || datasets.length === 0 ? undefined : new Set(datasets);
+  if (wanted !== undefined && !columns.includes('dataset')) {
+    throw new PayloadError(`${target} has no "dataset" column (columns: ${columns.join(', ')}): --dataset cannot choose rows of it`);
+  }
+  const stats: RowsExportStats = { rows: 0, exported: 0, byDataset: {}, tokens: 0, columns };
+  for await (const row of ds.rows()) {
+    stats.rows += 1;
+    const name = typeof row['dataset'] === 'string' ? row['dataset'] : '';
+    if (wanted !== undefined && !wanted.has(name)) continue;
+    await writer.write(row);
+    stats.exported += 1;
+    stats.byDataset[name] = (stats.byDataset[name] ?? 0) + 1;
+    const ids = row['input_ids'];
+    if (Array.isArray(ids)) stats.tokens += ids.length;
+  }
+  return stats;
+}

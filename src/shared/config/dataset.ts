@@ -1,0 +1,141 @@
+/** The `datasets` section of the config: each dataset's prompts or conversations, budget and sampling. */
+import { z } from 'zod';
+import { filePath, name, positiveInt, nonNegativeInt } from './schema-util.js';
+import { PromptSourceSchema } from './source.js';
+
+/**
+ * Default of `datasets[].budgetMarginSd`: standard deviations of the in-flight total that the
+ * budget reservation holds back (acquire-request.lua ARGV[10]).
+ */
+export const DEFAULT_BUDGET_MARGIN_SD = 2;
+
+/** SGLang sampling parameters; keys not listed here are passed through to SGLang unchanged. */
+export const SamplingParamsSchema = z
+  .strictObject({
+    temperature: z
+      .number({ error: 'expected a number >= 0' })
+      .min(0, { error: 'expected a number >= 0' })
+      .default(0.6)
+      .describe('Sampling temperature (0 = greedy).'),
+    top_p: z
+      .number({ error: 'expected a number in (0, 1]' })
+      .gt(0, { error: 'expected a number in (0, 1]' })
+      .max(1, { error: 'expected a number in (0, 1]' })
+      .default(0.95)
+      .describe('Nucleus sampling: keep the smallest set of tokens whose probability mass reaches top_p.'),
+    top_k: z
+      .int({ error: 'expected an integer (-1 disables top-k)' })
+      .optional()
+      .describe('Keep only the k most likely tokens; -1 disables it. Omitted = SGLang default.'),
+    min_p: z
+      .number({ error: 'expected a number in [0, 1]' })
+      .min(0, { error: 'expected a number in [0, 1]' })
+      .max(1, { error: 'expected a number in [0, 1]' })
+      .optional()
+      .describe('Drop tokens whose probability is below min_p times that of the most likely token. Omitted = SGLang default.'),
+    stop_token_ids: z
+      .array(nonNegativeInt('a token id (an integer >= 0)'), { error: 'expected a list of token ids' })
+      .optional()
+      .describe('Extra token ids that end a generation, besides the model\'s end-of-sequence token.'),
+  })
+  .catchall(z.unknown());
+
+/** A sampling-parameter object as SGLang receives it. */
+export type SamplingParams = z.infer<typeof SamplingParamsSchema>;
+
+/** One dataset: prompts to generate from, or conversations to tokenize as they are. */
+export const DatasetConfigSchema = z
+  .strictObject({
+    name: name().describe(
+      'Dataset name, unique in the config: names its queue (`generate-<name>`), its output folder and its Redis keys. Letters, digits, `_`, `.`, `-`.',
+    ),
+    prompts: filePath('a path to a JSONL file of prompts')
+      .optional()
+      .describe(
+        'JSONL file of prompts to generate from; one record a line: `{"id","messages":[…]}`, `{"id","conversations":[…]}` or `{"id","prompt"}`. Relative to the config file. With `source`: where `tokenmill prepare` writes it. One of `prompts` / `source` / `conversations`.',
+      ),
+    conversations: filePath('a path to a JSONL file of conversations')
+      .optional()
+      .describe(
+        'JSONL file of conversations already in the target model\'s distribution: tokenized only, never sent to SGLang. Relative to the config file. Exactly one of `prompts` / `conversations`.',
+      ),
+    source: PromptSourceSchema.optional(),
+    tokenBudget: positiveInt('a positive integer (output tokens)')
+      .optional()
+      .describe('Output tokens to generate for this dataset; generation stops once it is reached. Required with `prompts` or `source`.'),
+    budget: z
+      .enum(['reserve', 'strict'], { error: 'expected one of: reserve, strict' })
+      .default('reserve')
+      .describe(
+        '`reserve`: no request starts once the tokens committed plus those expected of the requests in flight reach `tokenBudget`; what is in flight then finishes. `strict`: in addition, when the budget is met, requests still in flight are aborted (SGLang `/abort_request`) and their partial outputs kept, marked `abort`.',
+      ),
+    budgetMarginSd: z
+      .number({ error: 'expected a number >= 0' })
+      .min(0, { error: 'expected a number >= 0' })
+      .default(DEFAULT_BUDGET_MARGIN_SD)
+      .describe(
+        'A request starts only while the tokens committed plus those expected of the requests in flight plus this many standard deviations of the latter stay below `tokenBudget`. Near the end of the dataset the last requests then start only while the budget is likely to hold them, and later ones, when less is uncertain, top it up: the total lands closer to the budget, at the cost of a few slots idle at the dataset\'s tail (other datasets fill them). With `budget: strict` too: fewer requests are in flight when the budget is met, so fewer partial outputs are aborted. 0: start while the expected total is below the budget. With nothing in flight and the budget not met, one request always starts.',
+      ),
+    maxNewTokens: positiveInt()
+      .default(10240)
+      .describe('Most output tokens per request (SGLang `max_new_tokens`).'),
+    sampling: SamplingParamsSchema.prefault({}).describe(
+      'SGLang sampling parameters for this dataset. Keys not listed here are passed through to SGLang as they are.',
+    ),
+    batchSize: positiveInt().default(64).describe('Prompts per queued job.'),
+  })
+  .superRefine(
+    (d, ctx) => {
+      // Runs even when other keys of the dataset are invalid, so that every problem is reported
+      // at once; the values may therefore have any type here.
+      if (typeof d !== 'object' || d === null || Array.isArray(d)) return;
+      const has = (v: unknown): boolean => v !== undefined && v !== null;
+      const hasSource = has(d.source);
+      // With a source, `prompts` is where `prepare` writes the prompt file.
+      const hasPrompts = has(d.prompts) || hasSource;
+      const hasConversations = has(d.conversations);
+      if (hasConversations && hasSource) {
+        ctx.addIssue({ code: 'custom', message: 'expected "source" or "conversations", got both (a source is prepared into prompts to generate from)' });
+      } else if (hasPrompts && hasConversations) {
+        ctx.addIssue({ code: 'custom', message: 'expected exactly one of "prompts" or "conversations", got both' });
+      } else if (!hasPrompts && !hasConversations) {
+        ctx.addIssue({ code: 'custom', message: 'expected exactly one of "prompts", "source" or "conversations", got none' });
+      }
+      if (hasPrompts && !hasConversations && d.tokenBudget === undefined) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['tokenBudget'],
+          message: `missing: expected a positive integer (output tokens), required when "${hasSource ? 'source' : 'prompts'}" is set`,
+        });
+      }
+    },
+    { when: () => true },
+  );
+
+/** One dataset entry of the config (paths resolved once loaded). */
+export type DatasetConfig = z.infer<typeof DatasetConfigSchema>;
+
+/** The `datasets` list: at least one, names unique. */
+export const DatasetsConfigSchema = z
+  .array(DatasetConfigSchema, { error: 'expected a list of datasets' })
+  .min(1, { error: 'expected at least one dataset' })
+  .superRefine(
+    (list: unknown, ctx) => {
+      if (!Array.isArray(list)) return;
+      const seen = new Map<string, number>();
+      list.forEach((d: unknown, i: number) => {
+        const n = typeof d === 'object' && d !== null ? (d as { name?: unknown }).name : undefined;
+        if (typeof n !== 'string') return;
+        const first = seen.get(n);
+        if (first === undefined) seen.set(n, i);
+        else
+          ctx.addIssue({
+            code: 'custom',
+            path: [i, 'name'],
+            message: `expected a unique dataset name, got "${n}" again (first used by datasets[${first}])`,
+          });
+      });
+    },
+    { when: () => true },
+  )
+  .describe('Datasets to process, each with its own queue, budget and output folder.');

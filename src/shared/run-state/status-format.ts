@@ -1,0 +1,98 @@
+/** `status` and the progress line as people read them: the table, endpoint health, ETA ranges, warnings. */
+import { describeEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
+import type { ProgressStatus, RunStatus } from './status.js';
+
+/**
+ * Warning lines for a run that is not moving: each stalled dataset, and no healthy endpoint
+ * while datasets still have prompts to generate. Empty when all is well.
+ */
+export function runStatusWarnings(status: RunStatus, nowMs = Date.now()): string[] {
+  const lines: string[] = [];
+  for (const d of status.datasets) {
+    if (d.stalled === null) continue;
+    lines.push(`! ${d.name} stalled for ${fmtDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`);
+  }
+  const generating = status.datasets.some((d) => d.status === 'in_progress' || d.status === 'pending');
+  if (generating && status.endpoints.total > 0 && status.endpoints.healthy === 0) lines.push(`waiting: ${describeEndpointHealth(status.endpoints)}`);
+  return lines;
+}
+
+function fmtInt(n: number): string {
+  return n.toLocaleString('en-US');
+}
+
+function fmtMs(ms: number): string {
+  return ms < 1000 ? `${ms}ms` : `${(ms / 1000).toFixed(1)}s`;
+}
+
+function fmtDuration(s: number | null): string {
+  if (s === null) return '?';
+  if (s < 60) return `${Math.round(s)}s`;
+  if (s < 3600) return `${Math.round(s / 60)}m`;
+  return `${(s / 3600).toFixed(1)}h`;
+}
+
+/** The status as a readable table, with the phases as a checklist. */
+export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
+  const mark: Record<ProgressStatus, string> = { completed: '[x]', in_progress: '[~]', pending: '[ ]', failed: '[!]', paused: '[=]' };
+  const lines = [`run ${status.run}`, `phases: ${status.phases.map((p) => `${p.configured ? mark[p.status] : '[-]'} ${p.name}`).join('  ')}`];
+  for (const p of status.phases) if (p.detail !== '' && p.configured) lines.push(`  ${p.name}: ${p.detail}`);
+  if (status.endpoints.reported > 0) lines.push(`endpoints: ${describeEndpointHealth(status.endpoints)}`);
+  for (const e of status.endpointRequests) {
+    if (e.requests === 0 && e.inFlight === 0) continue;
+    const errors = Object.entries(e.errors).map(([k, v]) => `${k}×${v}`).join(' ');
+    const latency = e.recentLatencyMs === null ? '' : `, latency p50 ${fmtMs(e.recentLatencyMs.p50)} p95 ${fmtMs(e.recentLatencyMs.p95)}`;
+    lines.push(`  ${e.url}: ${fmtInt(e.inFlight)} in flight${latency}${errors === '' ? '' : `, errors ${errors}`}`);
+  }
+  for (const e of status.endpoints.endpoints) {
+    if (e.concurrency !== undefined) lines.push(`  ${e.url}: concurrency auto ${fmtInt(e.concurrency.cap)} (${e.concurrency.reason})`);
+  }
+  const workers = status.workers;
+  if (workers.length > 0) {
+    const roles = new Map<string, number>();
+    for (const w of workers) roles.set(w.role, (roles.get(w.role) ?? 0) + 1);
+    lines.push(`workers: ${[...roles].map(([r, c]) => `${c} ${r}`).join(', ')}`);
+    for (const w of workers) {
+      lines.push(`  ${w.role.padEnd(11)} ${w.host}:${w.pid}  up ${fmtDuration((nowMs - w.startedMs) / 1000)}${w.role === 'inference' ? `, ${fmtInt(w.inFlight)} in flight` : ''}`);
+    }
+  }
+  lines.push('');
+  const header = ['dataset', 'status', 'tokens / budget', '%', 'records', 'in flight', 'failed', 'skipped', 'rejected', 'tok/s', 'ETA'];
+  const rows = status.datasets.map((d) => [
+    d.name,
+    d.status,
+    d.tokenBudget === null ? fmtInt(d.outputTokens) : `${fmtInt(d.outputTokens)} / ${fmtInt(d.tokenBudget)}`,
+    d.tokenBudget === null || d.tokenBudget === 0 ? '' : `${Math.min(999, Math.floor((100 * d.outputTokens) / d.tokenBudget))}%`,
+    fmtInt(d.records),
+    fmtInt(d.inFlight),
+    fmtInt(d.failed),
+    fmtInt(d.skipped),
+    fmtInt(d.rejected),
+    fmtInt(Math.round(d.tokensPerSec)),
+    d.status === 'completed' ? '-' : formatEta(d.etaSeconds),
+  ]);
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const fmt = (r: string[]): string => r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
+  lines.push(fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt));
+  const warnings = runStatusWarnings(status, nowMs);
+  if (warnings.length > 0) lines.push('', ...warnings);
+  return lines.join('\n');
+}
+
+/** An ETA range, "4m–7m" ("4m" when both ends agree), or "?" while unknown. */
+export function formatEta(eta: { low: number | null; high: number | null }): string {
+  if (eta.low === null) return '?';
+  const low = fmtDuration(eta.low);
+  const high = fmtDuration(eta.high ?? eta.low);
+  return low === high ? low : `${low}–${high}`;
+}
+
+/**
+ * Endpoint health in a few words for the progress line: "2/2 healthy", or, with none healthy,
+ * "waiting: 0/1 endpoints healthy (http://… connect ECONNREFUSED …)"; null before any worker reports.
+ */
+export function formatEndpointHealth(h: EndpointHealthSummary): string | null {
+  if (h.reported === 0) return null;
+  if (h.healthy === 0) return `waiting: ${describeEndpointHealth(h)}`;
+  return `${h.healthy}/${h.total} healthy`;
+}

@@ -1,0 +1,233 @@
+import { Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { Config } from '../config/config.js';
+import { readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
+import { generateQueueName } from '../queues/catalog.js';
+import type { EndpointRequestStats } from '../sglang/request-stats.js';
+import type { RunKeys } from '../queues/run-keys.js';
+import { preparedCounts, readPhaseDetails, type PreparedCounts } from './phases.js';
+import { readStalls } from './stall-watchdog.js';
+import { readTrainStatus, trainPhaseDetail, type TrainStatus } from './train-status.js';
+import { readWorkers, sumEndpointRequests, type WorkerInfo } from './worker-registry.js';
+
+export { formatRunStatus, runStatusWarnings, formatEta, formatEndpointHealth } from './status-format.js';
+
+/** Status of a dataset or a phase, as `status --json` prints it. */
+export type ProgressStatus = 'pending' | 'in_progress' | 'completed' | 'failed' | 'paused';
+
+/** BullMQ job states counted per dataset queue. */
+export const JOB_STATES = ['waiting', 'active', 'delayed', 'prioritized', 'waiting-children', 'failed', 'completed'] as const;
+export type JobState = (typeof JOB_STATES)[number];
+
+export interface DatasetStatus {
+  name: string;
+  /** Samples committed (records in the generations files once the sink has written them). */
+  records: number;
+  outputTokens: number;
+  /** Output-token budget; null for a dataset without one (tokenize-only). */
+  tokenBudget: number | null;
+  inFlight: number;
+  failed: number;
+  /** Skipped by budget. */
+  skipped: number;
+  /** Prompt lines rejected (bad JSON, missing fields, duplicate ids, too long). */
+  rejected: number;
+  /** What `tokenmill prepare` made of the dataset's source; null without a source or before it ran. */
+  prepared?: PreparedCounts | null;
+  /** Committed output tokens per second over the last minute. */
+  tokensPerSec: number;
+  /** Time left at the fastest and slowest recent rate; null while unknown. */
+  etaSeconds: { low: number | null; high: number | null };
+  status: ProgressStatus;
+  /** Whether the dataset's queue is paused (also while completed). */
+  paused: boolean;
+  /** Batch jobs of the dataset's queue by state; empty for a dataset without prompts. */
+  jobs: Partial<Record<JobState, number>>;
+  /**
+   * Set while the stall watchdog (in the producer) finds the dataset stalled: prompts pending,
+   * nothing in flight and an endpoint healthy for longer than `workers.stallAfterMs`.
+   */
+  stalled: { sinceMs: number; reason: string } | null;
+}
+
+export interface PhaseStatus {
+  name: 'prepare' | 'generate' | 'tokenize' | 'merge' | 'train';
+  status: ProgressStatus;
+  /** False for a stage this version or config does not run (train). */
+  configured: boolean;
+  /** The numbers that prove the phase's state ("1,200 prompts read, 3 rejected"); '' when none yet. */
+  detail: string;
+}
+
+/** One configured endpoint's requests, summed over the live inference workers. */
+export type EndpointRequests = EndpointRequestStats;
+
+export interface RunStatus {
+  run: string;
+  phases: PhaseStatus[];
+  datasets: DatasetStatus[];
+  /** SGLang endpoints' health as the live inference workers report it. */
+  endpoints: EndpointHealthSummary;
+  /** Per configured endpoint: in flight, recent latency, errors, as the live inference workers report them. */
+  endpointRequests: EndpointRequests[];
+  /** Live processes of the run (producer, inference and post-process workers), from their heartbeats. */
+  workers: WorkerInfo[];
+  /** The run's latest train job: state, attempt, progress, why it waits, environment fingerprint; null before any. */
+  train?: TrainStatus | null;
+}
+
+/** Width of the commit-rate buckets written by commit-sample.lua. */
+export const RATE_BUCKET_MS = 10_000;
+/** Buckets kept by commit-sample.lua (5 minutes). */
+export const RATE_BUCKETS_KEPT = 30;
+/** Buckets the tokens/s figure averages over (the last minute). */
+const RATE_WINDOW_BUCKETS = 6;
+
+type StatusConfig = Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> };
+
+/**
+ * Reads a run's progress from Redis: per dataset records, tokens, budget, in flight, failed,
+ * skipped, tok/s, an ETA range and its queue's jobs by state; the pipeline's phases as a
+ * checklist with their numbers; the endpoints' health and requests; the live workers.
+ */
+export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusConfig, nowMs = Date.now()): Promise<RunStatus> {
+  const datasets: DatasetStatus[] = [];
+  const [endpoints, stalls, workers] = await Promise.all([
+    readEndpointHealth(redis, keys, config.sglang?.endpoints ?? [], nowMs),
+    readStalls(redis, keys, nowMs),
+    readWorkers(redis, keys, nowMs),
+  ]);
+  for (const ds of config.datasets) {
+    const [stats, inFlight, failed, skipped, rate, queue] = await Promise.all([
+      redis.hgetall(keys.stats(ds.name)),
+      redis.zcount(keys.inflight(ds.name), nowMs, '+inf'),
+      redis.hlen(keys.failed(ds.name)),
+      redis.scard(keys.skipped(ds.name)),
+      redis.hgetall(keys.rate(ds.name)),
+      ds.prompts === undefined ? Promise.resolve({ paused: false, jobs: {} }) : queueState(redis, keys, ds.name),
+    ]);
+    const paused = queue.paused;
+    const records = Number(stats.records ?? 0);
+    const outputTokens = Number(stats.outputTokens ?? 0);
+    const tokenBudget = ds.tokenBudget ?? null;
+    const completed = stats.status === 'completed' && (tokenBudget === null || stats.completedReason !== 'budget' || outputTokens >= tokenBudget);
+    const { tokensPerSec, eta } = rateAndEta(rate, nowMs, remainingTokens(ds, stats, records, outputTokens, failed, skipped));
+    let status: ProgressStatus;
+    if (ds.prompts === undefined) status = 'completed';
+    else if (paused && !completed) status = 'paused';
+    else if (completed) status = 'completed';
+    else if (stats.status === 'in_progress' || records > 0) status = 'in_progress';
+    else status = 'pending';
+    datasets.push({
+      name: ds.name,
+      records,
+      outputTokens,
+      tokenBudget,
+      inFlight,
+      failed,
+      skipped,
+      rejected: Number(stats.rejected ?? 0),
+      prepared: preparedCounts(stats),
+      tokensPerSec,
+      etaSeconds: status === 'completed' ? { low: 0, high: 0 } : eta,
+      status,
+      paused,
+      jobs: queue.jobs,
+      stalled: stallOf(stalls.get(ds.name), status),
+    });
+  }
+  const phaseState = await redis.hgetall(keys.phases());
+  const gen = datasets.filter((d) => config.datasets.find((c) => c.name === d.name)?.prompts !== undefined);
+  const generate: ProgressStatus =
+    gen.length === 0 || gen.every((d) => d.status === 'completed')
+      ? 'completed'
+      : gen.some((d) => d.status === 'in_progress' || d.status === 'completed')
+        ? 'in_progress'
+        : gen.some((d) => d.status === 'paused')
+          ? 'paused'
+          : 'pending';
+  const stateOf = (name: PhaseStatus['name'], fallback: ProgressStatus): ProgressStatus => (phaseState[name] as ProgressStatus | undefined) ?? fallback;
+  const prepared = Object.keys(await redis.hgetall(keys.stats(config.datasets[0]?.name ?? ''))).length > 0;
+  const details = await readPhaseDetails(redis, keys, config, gen);
+  const requests = sumEndpointRequests(workers);
+  const train = await readTrainStatus(redis, keys);
+  return {
+    run: config.run,
+    phases: [
+      { name: 'prepare', status: stateOf('prepare', prepared ? 'completed' : 'pending'), configured: true, detail: details.prepare },
+      { name: 'generate', status: generate, configured: gen.length > 0, detail: details.generate },
+      { name: 'tokenize', status: stateOf('tokenize', 'pending'), configured: true, detail: details.tokenize },
+      { name: 'merge', status: stateOf('merge', 'pending'), configured: true, detail: details.merge },
+      { name: 'train', status: stateOf('train', 'pending'), configured: train !== null, detail: train === null ? 'not configured' : trainPhaseDetail(train) },
+    ],
+    datasets,
+    endpoints,
+    endpointRequests: (config.sglang?.endpoints ?? []).map((url) => requests.get(url.replace(/\/+$/, '')) ?? emptyRequests(url)),
+    workers,
+    train,
+  };
+}
+
+function emptyRequests(url: string): EndpointRequests {
+  return { url, inFlight: 0, requests: 0, latencyBuckets: [], latencySumSeconds: 0, latencyCount: 0, errors: {}, recentLatencyMs: null };
+}
+
+/** A live stall record counts only while the dataset is still being generated. */
+function stallOf(record: { sinceMs: number; reason: string } | undefined, status: ProgressStatus): DatasetStatus['stalled'] {
+  if (record === undefined || status === 'completed' || status === 'paused') return null;
+  return { sinceMs: record.sinceMs, reason: record.reason };
+}
+
+/** Whether a dataset's queue is paused, and its jobs by state. */
+async function queueState(redis: Redis, keys: RunKeys, dataset: string): Promise<{ paused: boolean; jobs: DatasetStatus['jobs'] }> {
+  const queue = new Queue(generateQueueName(dataset), { connection: redis, prefix: keys.bullPrefix });
+  try {
+    const [paused, jobs] = await Promise.all([queue.isPaused(), queue.getJobCounts(...JOB_STATES)]);
+    return { paused, jobs };
+  } finally {
+    await queue.close();
+  }
+}
+
+/** Output tokens still to generate: to the budget, or what the remaining prompts should yield. */
+function remainingTokens(
+  ds: Pick<Config['datasets'][number], 'tokenBudget'>,
+  stats: Record<string, string>,
+  records: number,
+  outputTokens: number,
+  failed: number,
+  skipped: number,
+): number | null {
+  const byBudget = ds.tokenBudget === undefined ? Infinity : Math.max(0, ds.tokenBudget - outputTokens);
+  const prompts = stats.prompts === undefined ? undefined : Number(stats.prompts);
+  const byPrompts =
+    prompts === undefined || records === 0 ? Infinity : Math.max(0, prompts - records - failed - skipped) * (outputTokens / records);
+  const r = Math.min(byBudget, byPrompts);
+  return Number.isFinite(r) ? r : null;
+}
+
+/** tok/s over the last minute, and an ETA range from the fastest and slowest recent 10 s buckets. */
+function rateAndEta(rate: Record<string, string>, nowMs: number, remaining: number | null): { tokensPerSec: number; eta: { low: number | null; high: number | null } } {
+  const current = Math.floor(nowMs / RATE_BUCKET_MS);
+  const buckets = Object.keys(rate)
+    .map(Number)
+    .filter((b) => b < current && b >= current - RATE_WINDOW_BUCKETS);
+  const earliest = Math.min(...Object.keys(rate).map(Number));
+  // Average over full buckets since the first commit, up to the last minute.
+  const span = Math.min(RATE_WINDOW_BUCKETS, Math.max(1, current - (Number.isFinite(earliest) ? earliest : current)));
+  let sum = 0;
+  for (const b of buckets) sum += Number(rate[String(b)] ?? 0);
+  const currentTokens = Number(rate[String(current)] ?? 0);
+  const elapsedInCurrentSec = (nowMs % RATE_BUCKET_MS) / 1000;
+  const tokensPerSec = buckets.length === 0 ? (elapsedInCurrentSec > 0 ? currentTokens / elapsedInCurrentSec : 0) : sum / ((span * RATE_BUCKET_MS) / 1000);
+  if (remaining === null) return { tokensPerSec, eta: { low: null, high: null } };
+  if (remaining === 0) return { tokensPerSec, eta: { low: 0, high: 0 } };
+  const rates = buckets.map((b) => Number(rate[String(b)] ?? 0) / (RATE_BUCKET_MS / 1000)).filter((r) => r > 0);
+  if (rates.length === 0) {
+    return tokensPerSec > 0 ? { tokensPerSec, eta: { low: Math.round((remaining / tokensPerSec) * 0.8), high: Math.round((remaining / tokensPerSec) * 1.25) } } : { tokensPerSec, eta: { low: null, high: null } };
+  }
+  const fastest = Math.max(...rates, tokensPerSec);
+  const slowest = Math.min(...rates, tokensPerSec > 0 ? tokensPerSec : Infinity);
+  return { tokensPerSec, eta: { low: Math.round(remaining / fastest), high: Math.round(remaining / slowest) } };
+}
+
