@@ -1,8 +1,8 @@
 import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import { Producer } from '../producers/producer.js';
-import { ResultsSink, type SinkCrashPoint } from '../producers/results-sink.js';
+import { Producer } from '../producers/index.js';
+import { ResultsSink, type SinkCrashPoint } from '../producers/index.js';
 import {
   AppError,
   closeRedisConnection,
@@ -16,12 +16,12 @@ import {
   type RunKeys,
   WorkerHeartbeat,
 } from '../shared/index.js';
-import { InferenceWorker } from '../workers/inference/worker.js';
-import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, type RoundOutcome } from '../workers/postprocess/flow.js';
-import { PostprocessWorker } from '../workers/postprocess/worker.js';
+import { InferenceWorker } from '../workers/index.js';
+import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, type RoundOutcome } from '../workers/index.js';
+import { PostprocessWorker } from '../workers/index.js';
 import { resolveContextLength, type RunContext } from './run-context.js';
 import { loadRunTokenizer } from './tokenizer-check.js';
-import { prepareForRun } from './commands/prepare.js';
+import { prepareForRun } from './prepare-run.js';
 
 export interface GenerationOptions {
   /** Run the producer and the sinks (the `produce` verb, and `run`). */

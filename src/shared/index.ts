@@ -1,30 +1,13 @@
-// The public surface of src/shared: producers, workers, the dashboard and the CLI import
-// only from here.
-export * from './errors.js';
-export * from './logger.js';
-export * from './config/config.js';
-export * from './config/reference.js';
+// The public surface of src/shared: producers, workers, the dashboard and the CLI import only from
+// here. Each subsystem's own index.ts names what it offers; see docs/design.md for the map.
+export { AppError, type AppErrorOptions, CancelledError, ConfigError, type ConfigIssue, EnvironmentError, errorMessage, isRetryable, PayloadError, TimeoutError, UnavailableError, UpstreamHttpError } from './errors.js';
+export { createRootLogger, logger, type Logger, rootLogger } from './logger.js';
+export * from './config/index.js';
+export * from './tokenizer/index.js';
 export * from './redis/index.js';
+export * from './queues/index.js';
+export * from './run-state/index.js';
+export * from './prompts/index.js';
 export * from './sglang/index.js';
-export * from './tokenizer/bundled.js';
-export { checkTokenizerKindFits, loadConfiguredTokenizer, tokenizerLoadOptions, type TokenizerKind, type TokenizerLoadOptions, type TokenizerPreset, type TokenizerConfigSource } from './tokenizer/load.js';
-export { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './tokenizer/encoder.js';
-export { ServerTokenizeClient, type ServerTokenizeOptions } from './tokenizer/server-client.js';
-export { ServerEncoder } from './tokenizer/server.js';
-export { KIMI_K2_PATTERN, O200K_PATTERN, convertSplitPattern } from './tokenizer/pattern.js';
-export { parseRankFile, readRankFile, type RankTable } from './tokenizer/bpe.js';
-export * from './queues/catalog.js';
-export * from './queues/run-keys.js';
-export * from './redis/scripts.js';
-export * from './prompts/source.js';
-export * from './run-state/status.js';
-export * from './redis/process-lock.js';
 export * from './hf-dataset/index.js';
-export * from './run-state/endpoint-health.js';
-export * from './run-state/stall-watchdog.js';
-export * from './sglang/request-stats.js';
-export * from './run-state/worker-registry.js';
-export * from './queues/dataset-pause.js';
-export * from './queues/failed-prompts.js';
-export * from './queues/train-queue.js';
-export * from './run-state/train-status.js';
+export * from './util/index.js';

@@ -19,7 +19,7 @@ import path from 'node:path';
 
 import { beforeAll, describe, expect, it } from 'vitest';
 
-import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import {
   createTokenizeContext,
   recordToRow,

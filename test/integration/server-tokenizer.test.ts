@@ -15,7 +15,7 @@ import { ConfigError, UnavailableError } from '../../src/shared/errors.js';
 import { readDatasetMeta } from '../../src/shared/hf-dataset/reader.js';
 import { checkTokenizerKindFits, loadTokenizer } from '../../src/shared/tokenizer/load.js';
 import { ServerTokenizeClient } from '../../src/shared/tokenizer/server-client.js';
-import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import type { ConfigInput } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { checkServerTokenizer } from '../../src/cli/tokenizer-check.js';

@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readRankFile, type RankTable } from '../../src/shared/tokenizer/bpe.js';
 import { KIMI_K2_PATTERN, O200K_PATTERN } from '../../src/shared/tokenizer/pattern.js';
 import { TiktokenEncoder } from '../../src/shared/tokenizer/tiktoken.js';
-import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { runPythonJson } from '../helpers/python.js';
 import { makeKimiLikeTokenizer, o200kRanks, writeO200kRankFile } from '../helpers/tiktoken-fixture.js';
 

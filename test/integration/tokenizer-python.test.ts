@@ -13,7 +13,7 @@ import path from 'node:path';
 
 import { beforeAll, describe, expect, it } from 'vitest';
 
-import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { CHAT_CASES, PLAIN_TEXTS } from '../fixtures/prompts/chat-corpus.js';
 import { runPythonJson } from '../helpers/python.js';
 

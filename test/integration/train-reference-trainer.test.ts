@@ -6,7 +6,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { demoTrainerPython } from '../../src/cli/demo-train.js';
+import { demoTrainerPython } from '../../src/cli/commands/demo-train.js';
 import { writeHfDataset, type HfRow } from '../../src/shared/hf-dataset/index.js';
 import { REPO_ROOT, VENV_PYTHON, runProcess } from '../helpers/python.js';
 import { startTrainHarness, type TrainHarness } from '../helpers/train.js';

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { KNOWN_END_OF_TURN_TOKENS, generationConfigEosIds, templateEndOfTurnTokenId } from '../../src/shared/tokenizer/end-of-turn.js';
-import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { createTokenizeContext, recordToRow, tokenizeConversation } from '../../src/workers/postprocess/tokenize.js';
 
 const require = createRequire(import.meta.url);

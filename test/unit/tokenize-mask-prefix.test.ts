@@ -7,7 +7,7 @@ import path from 'node:path';
 
 import { beforeAll, describe, expect, it } from 'vitest';
 
-import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { createTokenizeContext, findSupervisedSpans } from '../../src/workers/postprocess/tokenize.js';
 import { prefixTokenCounter, specForgeMask } from '../../src/workers/postprocess/tokenize-mask.js';
 import { Rng } from '../fixtures/conversations/corpus.js';

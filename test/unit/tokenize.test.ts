@@ -7,7 +7,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { EnvironmentError, PayloadError } from '../../src/shared/errors.js';
-import { loadTokenizer, type ChatMessage, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { loadTokenizer, type ChatMessage, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import {
   CONVERSATION_FINISH_REASON,
   assistantTurnSuffix,

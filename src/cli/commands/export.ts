@@ -9,10 +9,10 @@ import {
   runDir,
   type Config,
 } from '../../shared/index.js';
-import { AtomicJsonlWriter } from '../export/file.js';
-import { exportRows, type RowsExportStats } from '../export/rows.js';
-import { exportSpecForgeDataset, type SpecForgeExportStats } from '../export/specforge.js';
-import { createTokenizeContext } from '../../workers/postprocess/tokenize.js';
+import { AtomicJsonlWriter } from '../export/index.js';
+import { exportRows, type RowsExportStats } from '../export/index.js';
+import { exportSpecForgeDataset, type SpecForgeExportStats } from '../export/index.js';
+import { createTokenizeContext } from '../../workers/index.js';
 
 /** The formats `export` writes. */
 export const EXPORT_FORMATS = ['specforge', 'jsonl'] as const;

@@ -1,12 +1,12 @@
 import type { Command } from 'commander';
 import { AppError, autoConcurrencyOf, formatRunStatus, logger, readRunStatus, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
 import { tokenizerLoadOptions } from '../../shared/index.js';
-import type { RoundOutcome } from '../../workers/postprocess/flow.js';
-import { PostprocessWorker } from '../../workers/postprocess/worker.js';
+import type { RoundOutcome } from '../../workers/index.js';
+import { PostprocessWorker } from '../../workers/index.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
 import { startProgress } from '../progress.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
-import type { SinkCrashPoint } from '../../producers/results-sink.js';
+import type { SinkCrashPoint } from '../../producers/index.js';
 import { dropContextOf } from '../drop-summary.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
 import { runTrainWorker } from './train.js';

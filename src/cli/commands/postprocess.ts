@@ -9,7 +9,7 @@ import {
   type TokenizeResult,
 } from '../../shared/index.js';
 import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../drop-summary.js';
-import { PostprocessFailedError, type RoundOutcome } from '../../workers/postprocess/flow.js';
+import { PostprocessFailedError, type RoundOutcome } from '../../workers/index.js';
 import { startPostprocess } from '../pipeline.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 

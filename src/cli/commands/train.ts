@@ -1,8 +1,8 @@
 import type { Command } from 'commander';
 import { AppError, formatTrainProgress, type TrainResult, type TrainStatus } from '../../shared/index.js';
-import { parseGpuList } from '../../workers/train/gpus.js';
-import { cancelTrainJobs, queueTrainJob, trainPayloadOf, waitForTrainJob, type TrainOutcomeSeen } from '../../workers/train/train-jobs.js';
-import { TrainWorker } from '../../workers/train/worker.js';
+import { parseGpuList } from '../../workers/index.js';
+import { cancelTrainJobs, queueTrainJob, trainPayloadOf, waitForTrainJob, type TrainOutcomeSeen } from '../../workers/index.js';
+import { TrainWorker } from '../../workers/index.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 
 interface TrainOptions {

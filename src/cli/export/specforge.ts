@@ -38,9 +38,9 @@ import {
 } from '../../shared/index.js';
 import type { AtomicJsonlWriter } from './file.js';
 import { PromptIndex, countLines, partitionOf, partitionsFor } from './prompt-index.js';
-import { listGenerationFiles, parseGenerationRecord, recordToRow, type GenerationRecord } from '../../workers/postprocess/tokenize-records.js';
-import type { TokenizeContext } from '../../workers/postprocess/tokenize-context.js';
-import { jsonLines } from '../../workers/postprocess/tokenize-lines.js';
+import { listGenerationFiles, parseGenerationRecord, recordToRow, type GenerationRecord } from '../../workers/index.js';
+import type { TokenizeContext } from '../../workers/index.js';
+import { jsonLines } from '../../workers/index.js';
 
 /** One line of the SpecForge export. */
 export interface SpecForgeLine {

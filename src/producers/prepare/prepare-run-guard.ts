@@ -8,7 +8,7 @@ import { rm, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Redis } from 'ioredis';
 import { AppError, type Config, type RunKeys } from '../../shared/index.js';
-import { PREPARE_STATS_FIELDS } from '../../shared/run-state/phases.js';
+import { PREPARE_STATS_FIELDS } from '../../shared/index.js';
 import type { PrepareCounts } from './prepare-report.js';
 
 /** Whether the run has done anything with the dataset's prompts (enqueued, committed, failed, skipped). */

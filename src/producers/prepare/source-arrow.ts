@@ -1,7 +1,7 @@
 /** Rows of a `datasets` `save_to_disk` shard (an Arrow IPC stream), batch by batch. */
-import { errorMessage } from '../../shared/errors.js';
-import { batchRows, readShardBatches } from '../../shared/hf-dataset/reader.js';
-import { columnsOfSchema } from '../../shared/hf-dataset/schema.js';
+import { errorMessage } from '../../shared/index.js';
+import { batchRows, readShardBatches } from '../../shared/index.js';
+import { columnsOfSchema } from '../../shared/index.js';
 import { SourceError, type RawRow } from './source-raw.js';
 
 /**

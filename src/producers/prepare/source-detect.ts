@@ -4,7 +4,7 @@
  * where from; an explicit format takes its defaults, `fields` and, for `openai` or `sharegpt`
  * without `fields.messages`, the list column the rows have (`messages` or `conversations`).
  */
-import type { PromptSource } from '../../shared/config/source.js';
+import type { PromptSource } from '../../shared/index.js';
 import { PROMPT_COLUMNS, layoutOf, typeName, type SourceLayout } from './source-formats.js';
 import { SourceError, describeWhere } from './source-raw.js';
 import type { SourceRowWhere } from './source-types.js';

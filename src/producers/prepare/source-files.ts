@@ -7,9 +7,9 @@
  */
 import { readFile, readdir, realpath, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { errorMessage } from '../../shared/errors.js';
-import { isErrno } from '../../shared/util/fs.js';
-import { readDatasetMeta } from '../../shared/hf-dataset/reader.js';
+import { errorMessage } from '../../shared/index.js';
+import { isErrno } from '../../shared/index.js';
+import { readDatasetMeta } from '../../shared/index.js';
 import { SourceError } from './source-raw.js';
 
 /** The kinds of data file a source reads. */

@@ -13,7 +13,7 @@
  * than its role and content (`tool_calls`, `name`, …) are kept unless null. A row that does not
  * fit is malformed, with the reason naming the column or turn; nothing here throws for a row.
  */
-import type { PromptSource } from '../../shared/config/source.js';
+import type { PromptSource } from '../../shared/index.js';
 import { excerptOfValue, jsonText } from './source-raw.js';
 import type { ChatRole, SourceFormat, SourceMessage } from './source-types.js';
 

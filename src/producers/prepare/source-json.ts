@@ -4,8 +4,8 @@
  * many hub datasets do) is read as JSONL.
  */
 import { isUtf8 } from 'node:buffer';
-import { notUtf8Reason } from '../../shared/prompts/line-reader.js';
-import { errorMessage } from '../../shared/errors.js';
+import { notUtf8Reason } from '../../shared/index.js';
+import { errorMessage } from '../../shared/index.js';
 import { describeJsonTop, scanJsonList } from './source-json-scan.js';
 import { readJsonlRows } from './source-jsonl.js';
 import { SourceError, excerptOf, type RawRow } from './source-raw.js';

@@ -1,6 +1,6 @@
 /** Rows of a JSONL source file: one JSON value per non-blank line, streamed. */
-import { errorMessage } from '../../shared/errors.js';
-import { readRawLineChunks } from '../../shared/prompts/line-reader.js';
+import { errorMessage } from '../../shared/index.js';
+import { readRawLineChunks } from '../../shared/index.js';
 import { excerptOf, type RawRow } from './source-raw.js';
 
 /**

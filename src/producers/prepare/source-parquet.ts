@@ -2,7 +2,7 @@
 import { open, type FileHandle } from 'node:fs/promises';
 import { parquetMetadataAsync, parquetReadObjects, parquetSchema, type AsyncBuffer, type FileMetaData } from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
-import { errorMessage } from '../../shared/errors.js';
+import { errorMessage } from '../../shared/index.js';
 import { SourceError, type RawReadOptions, type RawRow } from './source-raw.js';
 
 /** An AsyncBuffer over an open file: each slice is one positioned read, so only what a row group needs is in memory. */

@@ -3,7 +3,7 @@
  * row's value as read (a JSON value, or a parquet/Arrow row as a plain object), or why the row
  * could not be read at all (a line that is not JSON, bytes that are not UTF-8).
  */
-import { AppError } from '../../shared/errors.js';
+import { AppError } from '../../shared/index.js';
 import type { SourceRowWhere } from './source-types.js';
 
 /** One row of a source file, before conversion. */

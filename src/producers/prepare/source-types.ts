@@ -2,7 +2,7 @@
  * What a source reader gives `tokenmill prepare`: one row at a time, already in chat shape, or
  * the reason it could not be read, with where it is (file and row, line for JSONL).
  */
-import type { PromptSource } from '../../shared/config/source.js';
+import type { PromptSource } from '../../shared/index.js';
 
 /** A chat role of a prepared prompt. */
 export type ChatRole = 'system' | 'user' | 'assistant' | 'tool';

@@ -2,7 +2,7 @@
  * `openSource`: a dataset's `source` opened for `tokenmill prepare`: its files listed, its
  * format resolved (detected from the first rows for `auto`), its rows streamed as chat turns.
  */
-import type { PromptSource } from '../../shared/config/source.js';
+import type { PromptSource } from '../../shared/index.js';
 import { readArrowRows } from './source-arrow.js';
 import { SAMPLE_ROWS, resolveLayout, type SampleRow } from './source-detect.js';
 import { listSourceFiles, type SourceFileKind } from './source-files.js';

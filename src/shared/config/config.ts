@@ -5,7 +5,7 @@
  * resolved against the config file's folder, or throws a {@link ConfigError} that lists every
  * problem with its path (`datasets[2].tokenBudget`) and, for YAML files, its line.
  * Nothing here runs at import time; `loadConfig` reads only the environment variables listed
- * in `config-env.ts` (e.g. `SGLANG_API_KEY`), from the `env` it is given (default `process.env`).
+ * in `env.ts` (e.g. `SGLANG_API_KEY`), from the `env` it is given (default `process.env`).
  */
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
@@ -19,17 +19,7 @@ import { SglangConfigSchema } from './sglang.js';
 import { PrepareConfigSchema } from './source.js';
 import { TrainConfigSchema } from './train.js';
 import { ConfigError } from '../errors.js';
-import { bundledTokenizerPath } from '../tokenizer/bundled.js';
-
-// `tokenizer.path` defaults to the bundled tokenizer; re-exported so config users find it here.
-export { bundledTokenizerPath };
-export { CONFIG_ENV_VARS, type ConfigEnv } from './env.js';
-export { NAME_PATTERN } from './schema-util.js';
-export { DatasetConfigSchema, SamplingParamsSchema, type DatasetConfig, type SamplingParams } from './dataset.js';
-export { SglangConfigSchema, AutoConcurrencySchema, autoConcurrencyOf, concurrencyCeiling, type AutoConcurrency, type ConcurrencySetting } from './sglang.js';
-export { PrepareConfigSchema, PromptSourceSchema, type PromptSource } from './source.js';
-export { TrainConfigSchema, TrainStepSchema, type TrainConfig, type TrainStep } from './train.js';
-export { formatConfigPath } from './issues.js';
+import { bundledTokenizerPath } from '../tokenizer/index.js';
 
 /** The config file's schema, with defaults; relative paths are resolved by {@link loadConfig}. */
 export const ConfigSchema = z.strictObject({

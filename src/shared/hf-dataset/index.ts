@@ -1,7 +1,5 @@
-// Hugging Face `datasets` on-disk format: writing, reading, merging with validation, rollback.
-export * from './schema.js';
-export * from './writer.js';
-export * from './reader.js';
-export * from './merge/merge.js';
-export { DEFAULT_PYTHON, pythonVerifier, type PythonVerifier } from './merge/verify-python.js';
-export { exists, linkOrCopy, writeFileAtomic, type LinkMethod } from '../util/fs.js';
+// Hugging Face `datasets` on-disk format: writing, reading, and merging (merge/) with validation.
+export { batchRowReader, batchRows, type DatasetMeta, describeHfDataset, type HfDataset, type HfDatasetSummary, openShardBatches, readDatasetMeta, readHfDataset, readShardBatches, readShardSchema, scanShard, type ShardScan } from './reader.js';
+export { arrowSchemaOf, arrowType, cannotHold, columnsOfSchema, type ColumnSpec, columnsString, type ColumnType, columnTypeOf, DatasetFormatError, type DatasetState, DatasetStateSchema, defaultColumns, featureOf, featuresOf, FINISH_REASONS, type HfRow, type HfTokenTypes, intBits, intRange, type IntType, isRowColumn, isSigned, newDatasetInfo, newState, REQUIRED_COLUMNS, sameColumns, sameType, shardName, typeString } from './schema.js';
+export { type HfWriteOptions, type HfWriteResult, newFingerprint, removeEmptyDir, type RowRecord, type RowSource, type SampledRow, shardSizeBytes, writeHfDataset, writeShards, type WriteShardsOptions, type WriteShardsResult } from './writer.js';
+export { assertSampleKeyedTarget, commitOffsetsWithoutMerge, type CommittedOffsets, DatasetIndex, DatasetMergeError, type DatasetOffsets, DatasetOffsetsSchema, DEFAULT_PYTHON, type EndOfTurnCount, endOfTurnFindings, type GenerationFileOffset, GenerationFileOffsetSchema, indexFileOf, KeyFilter, listMerges, MAX_WITHOUT_END_OF_TURN_FRACTION, MERGE_CRASH_POINTS, type MergeCrashPoint, mergeIntoTarget, type MergeOptions, type MergeReport, type MergeResult, type MergeSample, type MergeSource, offsetsOfState, planMergeColumns, pythonVerifier, type PythonVerifier, readCommittedOffsets, repairTarget, ROLLBACK_CRASH_POINTS, type RollbackCrashPoint, type RollbackOptions, type RollbackResult, rollbackTarget, SAMPLE_KEY_COLUMNS, sampleKey, sampleKeyProblem, type ShardIndexHeader, type SourceOffsets, SourceOffsetsSchema, stateKey } from './merge/index.js';

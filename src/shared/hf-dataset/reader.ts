@@ -7,7 +7,7 @@ import path from 'node:path';
 import { RecordBatchReader, type Data, type RecordBatch, type Schema } from 'apache-arrow';
 
 import { errorMessage } from '../errors.js';
-import { exists, isErrno } from '../util/fs.js';
+import { exists, isErrno } from '../util/index.js';
 import {
   DatasetFormatError,
   DatasetStateSchema,

@@ -16,7 +16,7 @@ import {
 } from 'apache-arrow';
 
 import { PayloadError } from '../errors.js';
-import { fsyncDir, jsonText, writeFileAtomic } from '../util/fs.js';
+import { fsyncDir, jsonText, writeFileAtomic } from '../util/index.js';
 import {
   DatasetFormatError,
   arrowSchemaOf,

@@ -3,10 +3,8 @@ import { stat } from 'node:fs/promises';
 import { PayloadError, errorMessage } from '../errors.js';
 import { BloomFilter, fastPromptId } from './id-filter.js';
 import { readRawLineChunks, readRawLines } from './line-reader.js';
-import type { ChatMessage } from '../tokenizer/bundled.js';
+import type { ChatMessage } from '../tokenizer/index.js';
 
-export { BloomFilter, fastPromptId } from './id-filter.js';
-export { readRawLineChunks, readRawLines, type RawPromptLine } from './line-reader.js';
 
 /**
  * Reads a prompt dataset (JSONL) line by line, in one of three shapes:

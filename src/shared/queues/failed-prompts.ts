@@ -1,7 +1,7 @@
 import { Queue, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { generateQueueName } from './catalog.js';
-import { withScripts } from '../redis/scripts.js';
+import { withScripts } from '../redis/index.js';
 import type { RunKeys } from './run-keys.js';
 
 /** What {@link retryFailedPrompts} did for one dataset. */

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { endpointKey, type RunKeys } from '../queues/run-keys.js';
+import { endpointKey, type RunKeys } from '../queues/index.js';
 
 /**
  * One worker's view of one SGLang endpoint, as published in `keys.endpointHealth()`.

@@ -5,9 +5,9 @@
  */
 import { Job, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type { Config } from '../config/config.js';
-import { MERGE_QUEUE, type MergeJobResult } from '../queues/catalog.js';
-import type { RunKeys } from '../queues/run-keys.js';
+import type { Config } from '../config/index.js';
+import { MERGE_QUEUE, type MergeJobResult } from '../queues/index.js';
+import type { RunKeys } from '../queues/index.js';
 
 /** What {@link readPhaseDetails} needs of each generation dataset's status. */
 interface GenerationCounts {

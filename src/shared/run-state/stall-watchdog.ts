@@ -2,8 +2,8 @@ import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { describeEndpointHealth, readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
-import { generateQueueName } from '../queues/catalog.js';
-import type { RunKeys } from '../queues/run-keys.js';
+import { generateQueueName } from '../queues/index.js';
+import type { RunKeys } from '../queues/index.js';
 
 /**
  * A dataset found stalled, as published in `keys.stalls()`: prompts pending, nothing in flight,

@@ -1,16 +1,15 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type { Config } from '../config/config.js';
+import type { Config } from '../config/index.js';
 import { readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
-import { generateQueueName } from '../queues/catalog.js';
-import type { EndpointRequestStats } from '../sglang/request-stats.js';
-import type { RunKeys } from '../queues/run-keys.js';
+import { generateQueueName } from '../queues/index.js';
+import type { EndpointRequestStats } from '../sglang/index.js';
+import type { RunKeys } from '../queues/index.js';
 import { preparedCounts, readPhaseDetails, type PreparedCounts } from './phases.js';
 import { readStalls } from './stall-watchdog.js';
 import { readTrainStatus, trainPhaseDetail, type TrainStatus } from './train-status.js';
 import { readWorkers, sumEndpointRequests, type WorkerInfo } from './worker-registry.js';
 
-export { formatRunStatus, runStatusWarnings, formatEta, formatEndpointHealth } from './status-format.js';
 
 /** Status of a dataset or a phase, as `status --json` prints it. */
 export type ProgressStatus = 'pending' | 'in_progress' | 'completed' | 'failed' | 'paused';

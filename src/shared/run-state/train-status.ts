@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
-import type { RunKeys } from '../queues/run-keys.js';
-import { TrainKeys } from '../queues/train-queue.js';
+import type { RunKeys } from '../queues/index.js';
+import { TrainKeys } from '../queues/index.js';
 
 /** State of the run's latest train job, as train workers record it. */
 export type TrainState = 'queued' | 'waiting' | 'running' | 'completed' | 'failed' | 'cancelled' | 'skipped';

@@ -7,8 +7,8 @@
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import { logger as componentLogger, type Logger } from '../logger.js';
-import { requestStatsSnapshot, type EndpointRequestStats } from '../sglang/request-stats.js';
-import type { RunKeys } from '../queues/run-keys.js';
+import { requestStatsSnapshot, type EndpointRequestStats } from '../sglang/index.js';
+import type { RunKeys } from '../queues/index.js';
 
 /** What a process does in the run. */
 export type WorkerRole = 'producer' | 'inference' | 'postprocess';

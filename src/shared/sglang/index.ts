@@ -1,43 +1,5 @@
-// SGLang HTTP client: one SglangClient per endpoint, typed errors, zod-parsed responses.
-// Named exports only, so that generic helper names stay private to this folder.
-export {
-  SglangClient,
-  type SglangClientOptions,
-  type SglangGenerateRequest,
-  type SglangChatRequest,
-  type HealthResult,
-} from './client.js';
-export {
-  EndpointMisconfiguredError,
-  isEndpointLevelStatus,
-  SglangBadRequestError,
-  SglangResponseFormatError,
-  type SglangRequestContext,
-  classifyResponse,
-  classifyTransportError,
-  errorCode,
-  sglangErrorMessage,
-} from './errors.js';
-export {
-  SglangSamplingParamsSchema,
-  type SglangSamplingParams,
-  FinishReasonSchema,
-  type FinishReason,
-  GenerateMetaInfoSchema,
-  GenerateResponseSchema,
-  type GenerateResponse,
-  type GenerateResult,
-  type ChatMessageInput,
-  ChatCompletionResponseSchema,
-  type ChatCompletionResponse,
-  type ChatFinishReason,
-  type ChatResult,
-  ModelInfoSchema,
-  type ModelInfo,
-  ServerInfoSchema,
-  type ServerInfo,
-  LoadInfoSchema,
-  type LoadInfo,
-  parseGenerateResponse,
-  parseChatResponse,
-} from './schemas.js';
+// SGLang HTTP client: one SglangClient per endpoint, typed errors, zod-parsed responses, request stats.
+export { type HealthResult, type SglangChatRequest, SglangClient, type SglangClientOptions, type SglangGenerateRequest } from './client.js';
+export { classifyResponse, classifyTransportError, EndpointMisconfiguredError, errorCode, isEndpointLevelStatus, SglangBadRequestError, sglangErrorMessage, type SglangRequestContext, SglangResponseFormatError } from './errors.js';
+export { type EndpointRequestStats, recordGenerationRequest, recordRequestStarted, REQUEST_LATENCY_BUCKETS_S, type RequestOutcome, requestStatsSnapshot } from './request-stats.js';
+export { type ChatCompletionResponse, ChatCompletionResponseSchema, type ChatFinishReason, type ChatMessageInput, type ChatResult, type FinishReason, FinishReasonSchema, GenerateMetaInfoSchema, type GenerateResponse, GenerateResponseSchema, type GenerateResult, type LoadInfo, LoadInfoSchema, type ModelInfo, ModelInfoSchema, parseChatResponse, parseGenerateResponse, type ServerInfo, ServerInfoSchema, type SglangSamplingParams, SglangSamplingParamsSchema } from './schemas.js';

@@ -8,7 +8,7 @@
  * offending field (`meta_info.completion_tokens: expected number, got undefined`).
  */
 import { z } from 'zod';
-import { isRecord } from '../tokenizer/config-json.js';
+import { isRecord } from '../tokenizer/index.js';
 
 // ---------------------------------------------------------------------------------------------
 // Sampling parameters (request side)

@@ -1,21 +1,7 @@
-/**
- * The target model's tokenizer: {@link ChatTokenizer} (tokenizer-chat.ts) over an encoder
- * (Hugging Face, tiktoken or the server's), loaded by {@link loadTokenizer} (tokenizer-load.ts),
- * and the tokenizer bundled for the simulator and the demo.
- */
+/** The tokenizer bundled for the simulator and the demo (Qwen3's), and where it lies. */
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
-export * from './chat.js';
-export {
-  ChatMessageSchema,
-  ChatRoleSchema,
-  type ApplyChatTemplateOptions,
-  type ChatMessage,
-  type ChatRole,
-  type EncodePromptOptions,
-} from './messages.js';
-export { loadTokenizer } from './load.js';
 
 /**
  * The model whose tokenizer is bundled, and which the simulator reports serving by default. A

@@ -26,7 +26,7 @@ import { deepSortKeys, normalizeMessage, type ApplyChatTemplateOptions, type Cha
 import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './encoder.js';
 import { ServerEncoder } from './server.js';
 import type { ServerTokenizeClient } from './server-client.js';
-import type { TokenizerPreset } from './load.js';
+import type { TokenizerPreset } from './tiktoken.js';
 
 /** A half-open range of token ids: `start <= id < end`. */
 export interface TokenIdRange {

@@ -26,13 +26,10 @@ import { HfEncoder } from './hf.js';
 import { KIMI_K2_PATTERN } from './pattern.js';
 import { ServerEncoder } from './server.js';
 import { ServerTokenizeClient, type ServerTokenizeOptions } from './server-client.js';
-import { KIMI_CHUNK_LIMITS, TiktokenEncoder } from './tiktoken.js';
+import { KIMI_CHUNK_LIMITS, TiktokenEncoder, type TokenizerPreset } from './tiktoken.js';
 
 /** `tokenizer.kind`. */
 export type TokenizerKind = 'auto' | 'huggingface' | 'tiktoken' | 'server';
-/** `tokenizer.preset`. */
-export type TokenizerPreset = 'kimi-k2';
-
 /** How to load a tokenizer folder. */
 export interface TokenizerLoadOptions {
   /** Default `auto`. */

@@ -33,6 +33,9 @@ const CHAR_TO_BYTE = new Map(BYTE_TO_CHAR.map((c, b) => [c, b]));
 const PY_SPACE = /[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]/u;
 
 /** How the text is cut before encoding (the `kimi-k2` preset), in code points. */
+/** `tokenizer.preset`: a tiktoken tokenizer whose split pattern and limits tokenmill knows. */
+export type TokenizerPreset = 'kimi-k2';
+
 export interface ChunkLimits {
   maxChunkChars: number;
   maxRunChars: number;

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { AppError, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
-import { DEFAULT_BUDGET_MARGIN_SD } from '../../shared/config/dataset.js';
+import { DEFAULT_BUDGET_MARGIN_SD } from '../../shared/index.js';
 import type { Task } from './dispatch-queue.js';
 import type { Endpoint } from './endpoint-pool.js';
 

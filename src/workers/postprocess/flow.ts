@@ -45,7 +45,7 @@ import {
   type TokenizeSourceKind,
   type TrainPayload,
 } from '../../shared/index.js';
-import { trainPayloadOf, withTrainParent } from '../train/train-jobs.js';
+import { trainPayloadOf, withTrainParent } from '../train/index.js';
 import type { PhaseState, PostprocessPhase } from './processor.js';
 
 /** Invalid lines tolerated in a conversation dataset (user data); generation records allow none. */

@@ -17,7 +17,7 @@ import os from 'node:os';
 import type { Worker } from 'node:worker_threads';
 
 import { AppError, errorMessage, logger as componentLogger } from '../../shared/index.js';
-import { startModuleThread } from '../../shared/util/module-thread.js';
+import { startModuleThread } from '../../shared/index.js';
 import type { TokenizeContext, TokenizedRow } from './tokenize-context.js';
 import {
   ConversationTally,

@@ -1,4 +1,4 @@
-import { runCaptured, type CapturedRun } from '../../shared/util/run-captured.js';
+import { runCaptured, type CapturedRun } from '../../shared/index.js';
 import { basename } from 'node:path';
 import type { GpuInfo } from './gpus.js';
 

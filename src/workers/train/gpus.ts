@@ -1,4 +1,4 @@
-import { runCaptured, type CapturedRun } from '../../shared/util/run-captured.js';
+import { runCaptured, type CapturedRun } from '../../shared/index.js';
 import { AppError, EnvironmentError, type GpuMemorySeen } from '../../shared/index.js';
 
 /** One GPU as `nvidia-smi` reports it. */

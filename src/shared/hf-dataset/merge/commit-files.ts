@@ -5,7 +5,7 @@
 import { rename } from 'node:fs/promises';
 import path from 'node:path';
 
-import { ensureDir, fsyncDir } from '../../util/fs.js';
+import { ensureDir, fsyncDir } from '../../util/index.js';
 import type { MergeOptions, MergeReport } from './common.js';
 import type { DatasetIndex, ShardKeyCollector } from './id-index.js';
 import { indexNewShards } from './new-shard-index.js';

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { AppError } from '../../errors.js';
 import { logger } from '../../logger.js';
 import type { EndOfTurnCount } from './end-of-turn.js';
-import type { SourceOffsets } from './offsets.js';
+import type { SourceOffsets } from './offsets-schema.js';
 import type { HfRow, HfTokenTypes } from '../schema.js';
 import type { RowSource } from '../writer.js';
 

@@ -24,7 +24,7 @@ import path from 'node:path';
 import type { RecordBatch } from 'apache-arrow';
 
 import { errorMessage } from '../../errors.js';
-import { ensureDir, fsyncDir, isErrno } from '../../util/fs.js';
+import { ensureDir, fsyncDir, isErrno } from '../../util/index.js';
 import { controlDir, log } from './common.js';
 import { scanShard, type ShardScan } from '../reader.js';
 import type { ColumnSpec } from '../schema.js';

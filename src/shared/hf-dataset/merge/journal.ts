@@ -2,7 +2,7 @@
 import { readFile, rm, unlink } from 'node:fs/promises';
 import path from 'node:path';
 
-import { exists, fsyncDir, isErrno, readdirOrEmpty, removeTempFiles } from '../../util/fs.js';
+import { exists, fsyncDir, isErrno, readdirOrEmpty, removeTempFiles } from '../../util/index.js';
 import { CONTROL_DIR, canonicalState, controlDir, historyDir, log, stagingRoot, type HistoryRecord } from './common.js';
 import { acquireLock } from './lock.js';
 import type { DatasetState } from '../schema.js';

@@ -10,7 +10,7 @@ import { open, readFile, rm, stat } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { ensureDir, isErrno } from '../../util/fs.js';
+import { ensureDir, isErrno } from '../../util/index.js';
 import { DatasetMergeError, log } from './common.js';
 
 /** What a lock file holds. */

@@ -38,7 +38,7 @@
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 
-import { ensureDir, exists, fsyncDir, jsonText, linkOrCopy, readdirOrEmpty, writeFileAtomic } from '../../util/fs.js';
+import { ensureDir, exists, fsyncDir, jsonText, linkOrCopy, readdirOrEmpty, writeFileAtomic } from '../../util/index.js';
 import {
   DatasetMergeError,
   controlDir,
@@ -64,37 +64,6 @@ import { readDatasetMeta, readShardSchema, type DatasetMeta, type ShardScan } fr
 import { columnsOfSchema, columnsString, newDatasetInfo, sameColumns, type ColumnSpec, type DatasetState } from '../schema.js';
 import { newFingerprint, removeEmptyDir } from '../writer.js';
 
-export {
-  DatasetMergeError,
-  MERGE_CRASH_POINTS,
-  ROLLBACK_CRASH_POINTS,
-  type MergeCrashPoint,
-  type MergeOptions,
-  type MergeReport,
-  type MergeResult,
-  type MergeSample,
-  type MergeSource,
-  type RollbackCrashPoint,
-} from './common.js';
-export { MAX_WITHOUT_END_OF_TURN_FRACTION, endOfTurnFindings, type EndOfTurnCount } from './end-of-turn.js';
-export { repairTarget } from './journal.js';
-export { SAMPLE_KEY_COLUMNS, assertSampleKeyedTarget, sampleKeyProblem } from './sample-key.js';
-export { planMergeColumns } from './stage.js';
-export { DatasetIndex, KeyFilter, indexFileOf, sampleKey, type ShardIndexHeader } from './id-index.js';
-export {
-  DatasetOffsetsSchema,
-  GenerationFileOffsetSchema,
-  SourceOffsetsSchema,
-  commitOffsetsWithoutMerge,
-  offsetsOfState,
-  readCommittedOffsets,
-  stateKey,
-  type CommittedOffsets,
-  type DatasetOffsets,
-  type GenerationFileOffset,
-  type SourceOffsets,
-} from './offsets.js';
-export { listMerges, rollbackTarget, type RollbackOptions, type RollbackResult } from './rollback.js';
 
 
 /**

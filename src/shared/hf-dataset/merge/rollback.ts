@@ -2,7 +2,7 @@
 import { rm, unlink } from 'node:fs/promises';
 import path from 'node:path';
 
-import { ensureDir, fsyncDir, jsonText, writeFileAtomic } from '../../util/fs.js';
+import { ensureDir, fsyncDir, jsonText, writeFileAtomic } from '../../util/index.js';
 import { DatasetMergeError, canonicalState, crashPoint, historyDir, log, newMergeId, type RollbackCrashPoint } from './common.js';
 import { listedFiles, readHistory, readStateText, repairLocked } from './journal.js';
 import { acquireLock } from './lock.js';

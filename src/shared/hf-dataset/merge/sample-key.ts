@@ -5,7 +5,7 @@
 // way out in the message.
 import path from 'node:path';
 
-import { exists } from '../../util/fs.js';
+import { exists } from '../../util/index.js';
 import { DatasetMergeError } from './common.js';
 import { readDatasetMeta, readShardSchema } from '../reader.js';
 import { columnsOfSchema, type ColumnSpec } from '../schema.js';

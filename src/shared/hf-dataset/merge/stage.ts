@@ -3,7 +3,7 @@ import path from 'node:path';
 
 import type { RecordBatch } from 'apache-arrow';
 
-import { fsyncDir, linkOrCopy } from '../../util/fs.js';
+import { fsyncDir, linkOrCopy } from '../../util/index.js';
 import { DatasetMergeError, type MergeOptions } from './common.js';
 import { batchRowReader, readDatasetMeta, readHfDataset, readShardSchema, scanShard, type DatasetMeta } from '../reader.js';
 import {

@@ -6,7 +6,7 @@
 import { fileURLToPath } from 'node:url';
 
 import { errorMessage } from '../../errors.js';
-import { runCaptured, type CapturedRun } from '../../util/run-captured.js';
+import { runCaptured, type CapturedRun } from '../../util/index.js';
 import { DatasetMergeError, log, type MergeOptions, type MergeReport } from './common.js';
 
 /** The interpreter used when `postprocess.python` is not set. */

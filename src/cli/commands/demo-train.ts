@@ -1,10 +1,10 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
-import { formatRunStatus, readRunStatus, type ConfigInput } from '../shared/index.js';
-import { formatTrainResult, runTrainJob, trainStatusLine } from './commands/train.js';
-import type { RunContext } from './run-context.js';
-import { roundTrainJobId } from '../workers/train/train-jobs.js';
+import { formatRunStatus, readRunStatus, type ConfigInput } from '../../shared/index.js';
+import { formatTrainResult, runTrainJob, trainStatusLine } from './train.js';
+import type { RunContext } from '../run-context.js';
+import { roundTrainJobId } from '../../workers/index.js';
 
 /**
  * The demo's train stage: when the reference trainer's Python environment exists

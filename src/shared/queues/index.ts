@@ -1,0 +1,6 @@
+// Queues: the BullMQ catalog (job schemas, incl. the train queue's), the run's keys, pause and retry.
+export { batchJobName, type BatchProgress, type BatchSample, batchSamples, BatchSampleSchema, type BatchSettings, decodePromptIds, encodeBatchPayload, encodePromptIds, type GenerateBatchPayload, GenerateBatchPayloadSchema, type GenerateBatchResult, GenerateBatchResultSchema, generateJobOptions, generateQueueName, InvalidLineSchema, lineRange, MERGE_QUEUE, mergeJobOptions, type MergeJobResult, MergeJobResultSchema, type MergePayload, MergePayloadSchema, type MergeReportSummary, MergeReportSummarySchema, parsePayload, type Sample, SampleSchema, TOKENIZE_QUEUE, tokenizeJobOptions, type TokenizePayload, TokenizePayloadSchema, type TokenizeResult, TokenizeResultSchema, type TokenizeSourceKind, TokenizeSourceKindSchema, TRAIN_QUEUE } from './catalog.js';
+export { isDatasetPaused, pauseDataset, resumeDataset } from './dataset-pause.js';
+export { type RetryFailedOutcome, retryFailedPrompts } from './failed-prompts.js';
+export { endpointKey, RunKeys } from './run-keys.js';
+export { TRAIN_MAX_STALLED_COUNT, trainJobOptions, TrainKeys, type TrainMode, TrainModeSchema, type TrainPayload, TrainPayloadSchema, type TrainProgress, TrainProgressSchema, type TrainResult, TrainResultSchema, type TrainStepPayload, TrainStepPayloadSchema } from './train-queue.js';
