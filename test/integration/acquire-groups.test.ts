@@ -1,24 +1,14 @@
 // Acquires in groups (addAcquires): one acquire-request.lua call decides a run of samples of
 // one dataset, each exactly as if it had its own call, in order — against a real Redis, side by
 // side with the same requests sent one call each.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
+import { describe, expect, it } from 'vitest';
+import { RunKeys, decodeAcquire } from '../../src/shared/index.js';
 import { addAcquires, newAttempts, readAcquires, type AcquireAttempt, type AcquireSettings, type RedisPipeline } from '../../src/workers/inference/dispatch-acquire.js';
 import type { Task } from '../../src/workers/inference/dispatch-queue.js';
 import type { Endpoint } from '../../src/workers/inference/endpoint-pool.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let r: ScriptedRedis;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  r = withScripts(redis.connection());
-});
-
-afterAll(async () => {
-  await redis?.stop();
-});
+const { redis, scripts: r } = useHarness({ scripts: true });
 
 function task(ds: string, id: string, crashes = 0): Task {
   return {

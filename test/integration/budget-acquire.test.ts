@@ -1,27 +1,15 @@
 // The budget decision of acquire-request.lua against a real Redis: each request in flight
 // reserves E[L | L > x] at its own progress x, computed the way budget-expectation.ts does.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
+import { describe, expect, it } from 'vitest';
+import { decodeAcquire } from '../../src/shared/index.js';
 import { histogramFromHash, histogramOf, reservedTokens } from '../../src/workers/inference/budget-expectation.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let r: ScriptedRedis;
-let keys: RunKeys;
+const { scripts: r, keys } = useHarness({ scripts: true, keys: 'budget-acquire' });
 const endpoint = 'http://budget:1';
 const MAX_NEW = 10_240;
 const PRIOR = 5_120;
 const MIN_COMMITS = 32;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  r = withScripts(redis.connection());
-  keys = new RunKeys(redis.prefix, 'budget-acquire');
-});
-
-afterAll(async () => {
-  await redis?.stop();
-});
 
 function acquire(ds: string, rid: string, ttlMs = 60_000, marginSd = 0, timedFactor = 1): Promise<number> {
   const lease = keys.endpointLeases(endpoint);

@@ -1,8 +1,8 @@
 // The budget margin as the dispatcher sends it: addAcquires passes each dataset's
 // `budgetMarginSd` (default DEFAULT_BUDGET_MARGIN_SD, in both budget modes) to
 // acquire-request.lua, against a real Redis.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, decodeAcquire, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
+import { describe, expect, it } from 'vitest';
+import { decodeAcquire } from '../../src/shared/index.js';
 import { DEFAULT_BUDGET_MARGIN_SD } from '../../src/shared/config/dataset.js';
 import { histogramFromHash, reservedTokens } from '../../src/workers/inference/budget-expectation.js';
 import {
@@ -16,26 +16,14 @@ import {
 } from '../../src/workers/inference/dispatch-acquire.js';
 import type { Task } from '../../src/workers/inference/dispatch-queue.js';
 import type { Endpoint } from '../../src/workers/inference/endpoint-pool.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let r: ScriptedRedis;
-let keys: RunKeys;
+const { scripts: r, keys } = useHarness({ scripts: true, keys: 'budget-margin' });
 const endpointUrl = 'http://margin:1';
 const MAX_NEW = 10_240;
 const PRIOR = 5_120;
 const MIN_COMMITS = 32;
 const IN_FLIGHT = 40;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  r = withScripts(redis.connection());
-  keys = new RunKeys(redis.prefix, 'budget-margin');
-});
-
-afterAll(async () => {
-  await redis?.stop();
-});
 
 function task(ds: string, id: string): Task {
   return {

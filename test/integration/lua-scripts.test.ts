@@ -1,21 +1,9 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, decodeAcquire, isDatasetPaused, pauseDataset, resumeDataset, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { describe, expect, it } from 'vitest';
+import { decodeAcquire, isDatasetPaused, pauseDataset, resumeDataset } from '../../src/shared/index.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let r: ScriptedRedis;
-let keys: RunKeys;
+const { scripts: r, keys } = useHarness({ scripts: true, keys: 'lua' });
 const ep = ['http://a:1', 'http://b:2'];
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  r = withScripts(redis.connection());
-  keys = new RunKeys(redis.prefix, 'lua');
-});
-
-afterAll(async () => {
-  await redis?.stop();
-});
 
 function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep): Promise<number> {
   const leaseKeys = endpoints.map((e) => keys.endpointLeases(e));
