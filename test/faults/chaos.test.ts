@@ -5,38 +5,27 @@
 // completed with nothing lost, nothing written twice, counters equal to the files, no prompt
 // failed, and never more requests at the server than the configured cap.
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
 const CONCURRENCY = 24;
 const A_PROMPTS = 3_000;
 const B_PROMPTS = 2_500;
 const B_BUDGET = 150_000;
 
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({
-    port: 0,
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: {
     timeScale: 20,
     maxRunningRequests: 128,
     seed: 51,
     outputLength: { distribution: 'lognormal', mean: 350, sigma: 0.6 },
     faults: { firstTry503Rate: 0.05, errorRate: 0.02 },
-  });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  },
+  tmp: true,
+  cli: true,
 });
 
 describe('chaos', () => {

@@ -1,27 +1,16 @@
 // Crash and resume with real processes: the CLI runs as child processes that are SIGKILLed.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, readGenerations, sampleIdOfRid, killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, sampleIdOfRid, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import path from 'node:path';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
   // Slow enough that a kill lands mid-generation: ~1 s per request.
-  sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 16, seed: 11, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  sim: { timeScale: 8, maxRunningRequests: 16, seed: 11, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  tmp: true,
+  cli: true,
 });
 
 function setup(run: string, prompts: number, shutdownGraceMs = 2_000): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {

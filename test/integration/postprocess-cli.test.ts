@@ -3,30 +3,19 @@
 // `worker --role postprocess`, each a real child process.
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { describeHfDataset, loadConfig, type ConfigInput, type MergeJobResult, type RunStatus } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { waitForRound } from '../../src/workers/postprocess/flow.js';
-import { readGenerations, killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.8 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.8 } },
+  tmp: true,
+  cli: true,
 });
 
 function configFor(run: string, datasets: ConfigInput['datasets']): string {

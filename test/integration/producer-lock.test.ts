@@ -1,27 +1,16 @@
 // One producer per run: a second one fails at once and names the holder; a producer whose lock
 // was taken over (after a Redis outage or a freeze longer than its TTL) stops feeding and exits
 // non-zero instead of feeding the queues alongside the new holder.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 5, maxRunningRequests: 8, seed: 71, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.4 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 5, maxRunningRequests: 8, seed: 71, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.4 } },
+  tmp: true,
+  cli: true,
 });
 
 function setup(run: string): { configPath: string; keys: RunKeys } {
