@@ -1,7 +1,7 @@
 // Benchmark 2: budget overshoot. For token budgets small and large relative to concurrency x
 // mean completion length, one or eight endpoints, two spreads of completion lengths and both
 // budget modes (reserve, strict), how far past the budget does the final count land, and is any
-// request sent after the budget was met (DESIGN invariant 3)?
+// request sent after the budget was met (docs/design.md, invariant 3)?
 import type { Redis } from 'ioredis';
 import { startSimulator, type SimRequestRecord, type SimulatorHandle } from '../src/sim/index.js';
 import { startGeneration } from '../src/cli/pipeline.js';

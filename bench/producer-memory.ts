@@ -1,7 +1,7 @@
-// Benchmark 5: the producer's memory on a big prompt file (DESIGN invariant 5 for its heap).
-// A generated file of 20M short lines, a few ids repeated, is read the way the producer reads
-// it (the duplicate index, then a pass by ids) in a child process whose old space is capped at
-// 64 MiB. Measured: peak RSS, peak V8 heap, off-heap buffers, wall and CPU time, suspects.
+// Benchmark 5: the producer's memory on a big prompt file (docs/design.md, invariant 5, for its
+// heap). A generated file of 20M short lines, a few ids repeated, is read the way the producer
+// reads it (the duplicate index, then a pass by ids) in a child process whose old space is capped
+// at 64 MiB. Measured: peak RSS, peak V8 heap, off-heap buffers, wall and CPU time, suspects.
 //   npx tsx bench/producer-memory.ts [lines]          as a script (default 20,000,000)
 //   BENCH_PRODUCER_MEMORY_LINES=2000000 npm run bench -- producer-memory
 import { mkdtempSync, rmSync } from 'node:fs';

@@ -1,7 +1,7 @@
-// Benchmark 3: Redis memory bound (DESIGN invariant 5). The same pipeline runs a small and a
-// large dataset (4x the prompts), each on a fresh redis-server, while INFO memory is sampled.
-// If Redis holds a window of batches and results leave it once written, the peak does not
-// follow the dataset's size. What does grow with it is measured key by key at the end.
+// Benchmark 3: Redis memory bound (docs/design.md, invariant 5). The same pipeline runs a small and
+// a large dataset (4x the prompts), each on a fresh redis-server, while INFO memory is sampled. If
+// Redis holds a window of batches and results leave it once written, the peak does not follow the
+// dataset's size. What does grow with it is measured key by key at the end.
 import type { Redis } from 'ioredis';
 import { startSimulator, type SimulatorHandle } from '../src/sim/index.js';
 import { RunKeys, generateJobOptions } from '../src/shared/index.js';

@@ -1,7 +1,7 @@
 /**
  * What the dashboard's buttons do to one dataset: pause, resume, send its failed prompts again.
  * The same operations as the `pause`, `resume` and `retry-failed` verbs (and Bull Board's own
- * pause and "retry all failed"): src/shared/dataset-pause.ts and failed-prompts.ts.
+ * pause and "retry all failed"): src/shared/queues/dataset-pause.ts and failed-prompts.ts.
  */
 import type { Redis } from 'ioredis';
 import { pauseDataset, resumeDataset, retryFailedPrompts, type RunKeys } from '../shared/index.js';

@@ -62,7 +62,7 @@ interface Candidate {
 }
 
 /**
- * One pass over a dataset's prompt file from line 1 (DESIGN invariants 1, 4, 5).
+ * One pass over a dataset's prompt file from line 1 (docs/design.md, invariants 1, 4, 5).
  *
  * Lines are checked against the done and failed sets in chunks before anything else is done
  * with them: a line whose id is accounted for is counted and skipped without parsing its

@@ -46,7 +46,7 @@ const PRODUCER_LOCK_TTL_MS = 30_000;
 const FIRST_POLL_MS = 2;
 
 /**
- * Feeds each dataset's queue from its prompt file (DESIGN invariants 1, 3, 4, 5).
+ * Feeds each dataset's queue from its prompt file (docs/design.md, invariants 1, 3, 4, 5).
  *
  * - A bounded window: at most `windowBatches` batches wait in a dataset's queue; more are
  *   added as workers take them, so Redis holds O(concurrency) prompts, not the dataset.

@@ -50,8 +50,8 @@ const LOCK_TTL_MS = 15_000;
 const RECONCILE_WINDOW_MS = 5 * 60_000;
 
 /**
- * Drains one dataset's results stream into `generations/part-NNNNN.jsonl` (DESIGN invariant 5),
- * exactly once across crashes:
+ * Drains one dataset's results stream into `generations/part-NNNNN.jsonl` (docs/design.md,
+ * invariant 5), exactly once across crashes:
  *
  * 1. append the entries' lines to the part file and fsync it;
  * 2. write the checkpoint (part, byte length, last entry id) atomically (temp file + rename);

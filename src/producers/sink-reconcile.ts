@@ -5,7 +5,7 @@ import { listParts, partNumber, sampleIdOfLine, type Checkpoint } from './sink-c
 
 /**
  * Reconciling the tail of the part files with Redis, so that the files and the counters agree
- * after Redis lost its last writes (DESIGN invariant 2 across an OS crash).
+ * after Redis lost its last writes (docs/design.md, invariant 2, across an OS crash).
  *
  * With `appendfsync everysec`, an OS crash or power loss loses about the last second of Redis
  * writes, while the sink's lines were fsynced: a commit can vanish from Redis although its line

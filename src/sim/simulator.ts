@@ -1,6 +1,7 @@
 /**
- * The SGLang simulator: SGLang's HTTP contract (reference/sglang-api.md) on node:http, in front
- * of a continuous-batching load model, with fault injection and an admin API under /_sim/.
+ * The SGLang simulator (docs/simulator.md): SGLang's HTTP contract (docs/design.md, SGLang's HTTP
+ * API as tokenmill uses it) on node:http, in front of a continuous-batching load model, with fault
+ * injection and an admin API under /_sim/.
  *
  * This file holds the server: listener, routing, API key, outages and crashes. The routes live
  * in generation.ts (generation, abort), info-routes.ts (info, load, metrics, tokenize) and

@@ -1,7 +1,7 @@
-// DESIGN invariant 5 for the producer's heap: a 20M-line prompt file is read with memory that
-// does not grow with its lines. The old reader kept a Map of every id (~173 B each); V8
-// refuses more than 16,777,216 entries ("Map maximum size exceeded") and, under the heap
-// limit given here, it runs out of memory after a few hundred thousand lines.
+// docs/design.md, invariant 5, for the producer's heap: a 20M-line prompt file is read with memory
+// that does not grow with its lines. The old reader kept a Map of every id (~173 B each); V8
+// refuses more than 16,777,216 entries ("Map maximum size exceeded") and, under the heap limit
+// given here, it runs out of memory after a few hundred thousand lines.
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { tempDir } from '../helpers/pipeline.js';

@@ -1,8 +1,8 @@
-// Crash safety of merge and rollback (DESIGN invariant 8): a child process runs the merge and
-// SIGKILLs itself at each crash point; Python `datasets.load_from_disk` must then load the
-// target as exactly the old dataset or exactly the new one. Retrying the same merge (same
-// mergeKey, as a retried job would) must repair the leftovers and end with the new dataset
-// exactly once: merged again when the crash came before the commit, skipped when after.
+// Crash safety of merge and rollback (docs/design.md, invariant 8): a child process runs the merge
+// and SIGKILLs itself at each crash point; Python `datasets.load_from_disk` must then load the
+// target as exactly the old dataset or exactly the new one. Retrying the same merge (same mergeKey,
+// as a retried job would) must repair the leftovers and end with the new dataset exactly once:
+// merged again when the crash came before the commit, skipped when after.
 import { cp, mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';

@@ -1,4 +1,4 @@
-// The faster byte-level BPE encode (src/shared/tokenizer-hf-fast.ts) gives the ids of
+// The faster byte-level BPE encode (src/shared/tokenizer/hf-fast.ts) gives the ids of
 // @huggingface/tokenizers' own encode, id for id, for the byte-level tokenizers tokenmill
 // supports (Qwen3, Llama 3.1, DeepSeek-V3) on the conversation corpus, rendered and raw; a
 // tokenizer of another shape (Gemma 3: SentencePiece-style, byte fallback) gets none.

@@ -114,7 +114,7 @@ export function registerStatusCommands(program: Command): void {
         const names = ctx.config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name);
         if (dataset !== undefined && !names.includes(dataset)) throw new AppError(`no generation dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
         for (const name of dataset === undefined ? names : [dataset]) {
-          // The same as Bull Board's "retry all failed", plus failures no failed job carries (src/shared/failed-prompts.ts).
+          // The same as Bull Board's "retry all failed", plus failures no failed job carries (src/shared/queues/failed-prompts.ts).
           const r = await retryFailedPrompts(ctx.redis, ctx.keys, name);
           process.stdout.write(`${name}: ${r.prompts} failed prompt(s) will be sent again (${r.jobs} failed job(s) retried)\n`);
         }

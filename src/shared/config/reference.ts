@@ -1,4 +1,4 @@
-/** The config's JSON Schema and the reference table in the README, generated from the schema. */
+/** The config's JSON Schema and the reference table in docs/config.md, generated from the schema. */
 import { z } from 'zod';
 import { ConfigSchema } from './config.js';
 
@@ -100,7 +100,7 @@ function describeType(node: JsonSchemaNode): string {
   return type;
 }
 
-/** The config reference as a Markdown table (path, type, default, description), for the README. */
+/** The config reference as a Markdown table (path, type, default, description), for docs/config.md. */
 export function configReferenceMarkdown(): string {
   const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
   const lines = ['| key | type | default | description |', '| --- | --- | --- | --- |'];

@@ -25,7 +25,7 @@ import { AppError } from '../errors.js';
 /**
  * One training record as tokenmill writes it.
  *
- * - `id`: the sample id (DESIGN invariant 1), unique within `dataset`.
+ * - `id`: the sample id (docs/design.md, invariant 1), unique within `dataset`.
  * - `dataset`: the source dataset's name, e.g. `B1_glaive`.
  * - `input_ids`: token ids of the whole rendered conversation.
  * - `loss_mask`: 0/1 per token, same length as `input_ids`; 1 on what the target model said.

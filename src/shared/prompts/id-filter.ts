@@ -5,7 +5,7 @@
  *
  * - {@link BloomFilter}: a fixed-size bit array (off the V8 heap). "No" is certain; "maybe"
  *   is a false positive with a small probability, so a positive is only ever a *suspect*,
- *   confirmed exactly elsewhere (see `PromptFileIndex` in prompt-source.ts).
+ *   confirmed exactly elsewhere (see `PromptFileIndex` in source.ts).
  * - {@link fastPromptId}: a record's `id` read from the start of its line without parsing
  *   the whole JSON, when that is safe.
  */

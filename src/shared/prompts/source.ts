@@ -14,14 +14,14 @@ import type { ChatMessage } from '../tokenizer/index.js';
  *   the conversation up to its last user turn; the assistant turns after it are dropped;
  * - `{"id", "prompt": "…"}` — one user turn.
  *
- * Sample ids (DESIGN invariant 1): the record's `id` (a string, or a number as its decimal
+ * Sample ids (docs/design.md, invariant 1): the record's `id` (a string, or a number as its decimal
  * text) when present; otherwise `h:` + the first 16 hex digits of the SHA-256 of the
  * normalized messages as compact JSON (`[{"role","content"},…]`), so the same content always
  * gets the same id, whatever line it is on.
  *
  * Malformed lines, and lines whose bytes are not UTF-8, are yielded as rejects with the file,
  * the 1-based line and the reason; the caller writes them to the rejects file and goes on. A
- * UTF-8 byte order mark before the first line is skipped (see `prompt-line-reader.ts`).
+ * UTF-8 byte order mark before the first line is skipped (see `line-reader.ts`).
  */
 export interface PromptRecord {
   id: string;
@@ -169,7 +169,7 @@ async function fingerprintOf(file: string): Promise<FileFingerprint> {
 
 /**
  * The ids that may occur more than once in a prompt file ("suspects"), found without holding
- * every id in memory (DESIGN invariant 5's spirit, for the producer's heap):
+ * every id in memory (docs/design.md, invariant 5, applied to the producer's heap):
  *
  * 1. One read of the file puts every line's id (read by {@link fastPromptId} when the line
  *    starts with it, else from the parsed line) into a {@link BloomFilter} of about 12 bits

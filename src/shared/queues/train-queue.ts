@@ -4,7 +4,7 @@ import type { RunKeys } from './run-keys.js';
 
 /**
  * The train queue's catalog: payload and result schemas, job options and the run's train keys.
- * The queue name is `TRAIN_QUEUE` in queues.ts.
+ * The queue name is `TRAIN_QUEUE` in catalog.ts.
  */
 
 /** `from-scratch`: a new training run; `resume`: continue from a checkpoint. */

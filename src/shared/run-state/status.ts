@@ -75,9 +75,9 @@ export interface RunStatus {
   train?: TrainStatus | null;
 }
 
-/** Width of the commit-rate buckets written by commit-sample.lua. */
+/** Width of the commit-rate buckets written by commit-sample-9.lua. */
 export const RATE_BUCKET_MS = 10_000;
-/** Buckets kept by commit-sample.lua (5 minutes). */
+/** Buckets kept by commit-sample-9.lua (5 minutes). */
 export const RATE_BUCKETS_KEPT = 30;
 /** Buckets the tokens/s figure averages over (the last minute). */
 const RATE_WINDOW_BUCKETS = 6;

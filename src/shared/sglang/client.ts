@@ -1,5 +1,6 @@
 /**
- * HTTP client for one SGLang endpoint (reference/sglang-api.md), on undici.
+ * HTTP client for one SGLang endpoint (docs/design.md, SGLang's HTTP API as tokenmill uses it), on
+ * undici.
  *
  * Every failure comes out as an {@link AppError} that says what to do next: a 400 fails the
  * prompt ({@link SglangBadRequestError}), a 5xx or an unusable body is retryable, an endpoint

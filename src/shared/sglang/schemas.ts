@@ -1,5 +1,6 @@
 /**
- * Request and response shapes of SGLang's HTTP API (reference/sglang-api.md), parsed with zod.
+ * Request and response shapes of SGLang's HTTP API (docs/design.md, SGLang's HTTP API as tokenmill
+ * uses it), parsed with zod.
  *
  * Strict about what tokenmill needs (output ids, token counts, finish reason), tolerant of
  * everything else: objects keep unknown keys, and keys that only some versions send (0.4.x had

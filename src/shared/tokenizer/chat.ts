@@ -1,7 +1,7 @@
 /**
  * The target model's tokenizer and chat template: a {@link TokenEncoder} (Hugging Face
  * `tokenizer.json`, a tiktoken rank file, or the server's `/tokenize`) with the folder's
- * `tokenizer_config.json` (optionally `chat_template.jinja`). Loaded by tokenizer-load.ts.
+ * `tokenizer_config.json` (optionally `chat_template.jinja`). Loaded by load.ts.
  *
  * The template engine is `@huggingface/jinja` (pure JS). Rendering and tokenization follow Python `transformers`'
  * `apply_chat_template(messages, tokenize=True, add_generation_prompt=True)` exactly, which the
@@ -51,7 +51,7 @@ const SERVER_TOKEN_ROUNDS = 32;
 /**
  * A tokenizer with its chat template: encode/decode, render a conversation, and the token ids
  * that matter to generation (end of turn, special, ordinary). Build one with `loadTokenizer`
- * (tokenizer-load.ts).
+ * (load.ts).
  */
 export class ChatTokenizer {
   /** The tokenizer's name: the config's `name_or_path`, else its folder's name. */
@@ -364,7 +364,7 @@ export class ChatTokenizer {
   /**
    * The prompt ids of many conversations ({@link encodePrompt} each), in order; an entry is the
    * error of a conversation the template rejects. With server-side tokenization the rendered
-   * prompts are tokenized by the server in batches (tokenizer-server.ts); a server failure that
+   * prompts are tokenized by the server in batches (server.ts); a server failure that
    * retries do not cure rejects the whole call.
    */
   async encodePrompts(conversations: readonly (readonly ChatMessage[])[], opts: EncodePromptOptions = {}): Promise<(number[] | Error)[]> {

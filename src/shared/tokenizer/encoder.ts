@@ -1,7 +1,7 @@
 /**
  * The encoding engine under a {@link ChatTokenizer}: text to ids and back, and the vocabulary.
- * Three kinds: `huggingface` (`tokenizer.json`, tokenizer-hf.ts), `tiktoken` (a rank file,
- * tokenizer-tiktoken.ts) and `server` (SGLang's `/tokenize`, tokenizer-server.ts).
+ * Three kinds: `huggingface` (`tokenizer.json`, hf.ts), `tiktoken` (a rank file,
+ * tiktoken.ts) and `server` (SGLang's `/tokenize`, server.ts).
  */
 import { AppError } from '../errors.js';
 import type { AddedTokenEntry } from './config-json.js';

@@ -12,7 +12,7 @@ export class HfEncoder implements TokenEncoder {
   readonly size: number;
   readonly #tokenizer: Tokenizer;
   readonly #vocab: Map<string, number>;
-  /** The same encoding, faster, for byte-level BPE tokenizers (tokenizer-hf-fast.ts). */
+  /** The same encoding, faster, for byte-level BPE tokenizers (hf-fast.ts). */
   readonly #fastEncode: ((text: string) => number[]) | undefined;
 
   constructor(tokenizerJson: Record<string, unknown>, tokenizerConfig: TokenizerConfigJson) {

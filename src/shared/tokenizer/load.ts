@@ -9,7 +9,7 @@
  *   `tokenization_kimi.py` / the config's `auto_map`) brings Kimi's pattern, its special-token
  *   layout (ids from the rank count up, `<|reserved_token_N|>` where the config names none), its
  *   long-text cutting and its sorting of tool schemas;
- * - `server`: the ids come from SGLang's `/tokenize` (tokenizer-server.ts);
+ * - `server`: the ids come from SGLang's `/tokenize` (server.ts);
  * - `auto`: `huggingface` when the folder has `tokenizer.json`, else `tiktoken` when it has a
  *   rank file.
  */

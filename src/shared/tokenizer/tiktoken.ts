@@ -6,7 +6,7 @@
  * - special tokens written in the text are matched first, as whole tokens (the leftmost; the
  *   longest of those starting there);
  * - the text between them is split by the pattern, and each piece is byte-pair merged over the
- *   ranks (tokenizer-bpe.ts);
+ *   ranks (bpe.ts);
  * - with the `kimi-k2` preset, the text is first cut as `tokenization_kimi.py` cuts it: into
  *   chunks of 400,000 code points, then where a run of whitespace or non-whitespace exceeds
  *   25,000 code points.

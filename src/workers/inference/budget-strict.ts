@@ -25,12 +25,12 @@ export interface StrictBudgetOptions {
 export const STRICT_REPORT_INTERVAL_MS = 100;
 
 /**
- * `budget: strict` (DESIGN invariant 3, tightened): the requests of a strict dataset are streamed,
- * their tokens so far reported to Redis every `intervalMs` (budget-progress-2.lua, one call per
- * dataset with requests here), and once the tokens committed plus those produced in flight (over
- * every worker) reach the budget, the script sets the dataset's stop flag and every worker aborts
- * what it has in flight for it (each learns it at its next report). The final count then lands
- * within the budget plus what the requests produced between the report and the abort.
+ * `budget: strict` (docs/design.md, invariant 3, tightened): the requests of a strict dataset are
+ * streamed, their tokens so far reported to Redis every `intervalMs` (budget-progress-2.lua, one
+ * call per dataset with requests here), and once the tokens committed plus those produced in flight
+ * (over every worker) reach the budget, the script sets the dataset's stop flag and every worker
+ * aborts what it has in flight for it (each learns it at its next report). The final count then
+ * lands within the budget plus what the requests produced between the report and the abort.
  */
 export class StrictBudget {
   private readonly tracked = new Map<string, Tracked>();

@@ -63,10 +63,10 @@ const PAUSED_RECHECK_MS = 250;
 
 
 /**
- * Keeps requests in flight continuously (DESIGN invariants 2, 3, 6, 7): the moment one request
- * ends, the next pending sample starts, whatever batch job it came from. Every start goes
- * through `acquire-request.lua`, which enforces the per-endpoint cap across all worker
- * processes and the dataset's token budget; every result goes through `commit-sample.lua`.
+ * Keeps requests in flight continuously (docs/design.md, invariants 2, 3, 6, 7): the moment one
+ * request ends, the next pending sample starts, whatever batch job it came from. Every start goes
+ * through `acquire-request.lua`, which enforces the per-endpoint cap across all worker processes
+ * and the dataset's token budget; every result goes through `commit-sample-9.lua`.
  *
  * An endpoint that is down costs a sample nothing: the sample goes back to the front of the
  * queue and waits for a healthy endpoint. Attempts are spent only against a healthy server.

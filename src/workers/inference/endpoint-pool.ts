@@ -64,7 +64,7 @@ export interface EndpointPoolOptions {
 }
 
 /**
- * The SGLang endpoints of a worker process, with their health (DESIGN invariant 7): an
+ * The SGLang endpoints of a worker process, with their health (docs/design.md, invariant 7): an
  * endpoint that refuses connections or fails its health check leaves the rotation and is
  * probed with exponential backoff until `/health_generate` answers 200 again.
  */

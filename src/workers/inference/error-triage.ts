@@ -10,7 +10,7 @@ import {
 import type { Endpoint } from './endpoint-pool.js';
 
 /**
- * What a failed request means (DESIGN invariant 7: an outage is not a failure):
+ * What a failed request means (docs/design.md, invariant 7: an outage is not a failure):
  * - `cancelled`: this process aborted it (stopping, or its endpoint slot was lost);
  * - `outage`: the endpoint cannot serve now (refused, 503, or a timeout/5xx while its health
  *   check fails): wait for it, spend nothing;

@@ -43,7 +43,7 @@ export interface FailureContext {
 }
 
 /**
- * What happens to a sample whose request failed (DESIGN invariant 7): outages and
+ * What happens to a sample whose request failed (docs/design.md, invariant 7): outages and
  * misconfigured endpoints cost nothing, a server crash is counted toward probation, a failure
  * on a healthy server spends an attempt, the prompt's own error fails it.
  */

@@ -17,11 +17,11 @@ export interface LeaseKeeperOptions {
 }
 
 /**
- * How a lease is kept (DESIGN invariant 6: the per-endpoint cap holds across every worker, after
- * any stall). Every request's two leases (its endpoint slot and its dataset's budget
+ * How a lease is kept (docs/design.md, invariant 6: the per-endpoint cap holds across every worker,
+ * after any stall). Every request's two leases (its endpoint slot and its dataset's budget
  * reservation) are renewed every third of the TTL. Each renewal is stamped, on this process's
- * monotonic clock (`performance.now()`, which a wall-clock step leaves alone), with the moment
- * it was sent: Redis ran it later, so the lease holds at least until that moment plus the TTL.
+ * monotonic clock (`performance.now()`, which a wall-clock step leaves alone), with the moment it
+ * was sent: Redis ran it later, so the lease holds at least until that moment plus the TTL.
  *
  * The fence: a request whose lease Redis has not confirmed for most of the TTL (Redis frozen,
  * unreachable, or this process stalled) is aborted here before the lease can lapse. Otherwise

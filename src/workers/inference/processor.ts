@@ -53,7 +53,7 @@ export interface GenerateBatchOutcome extends GenerateBatchResult {
 const who = (s: Sample): string => `line ${s.line} (id ${s.id})`;
 
 /**
- * Processes one batch of prompts: samples already committed are not sent again (DESIGN
+ * Processes one batch of prompts: samples already committed are not sent again (docs/design.md,
  * invariant 6); the rest are handed to the dispatcher all at once, which keeps the endpoint
  * saturated across batch boundaries. One bad prompt fails alone: the batch still commits the
  * others, and its failed prompts are returned so the job can end failed, carrying only them.

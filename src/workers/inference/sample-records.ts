@@ -12,7 +12,7 @@ export interface FinishedRequest {
   result: GenerateResult;
 }
 
-/** The keys and arguments of commit-sample.lua for one sample (more of the dataset and endpoint may be appended). */
+/** The keys and arguments of commit-sample-9.lua for one sample (more of the dataset and endpoint may be appended). */
 function commitArgs(keys: RunKeys, dataset: string, leaseKey: string, sample: SampleArgs): (string | number)[] {
   return [
     keys.done(dataset),
@@ -30,7 +30,7 @@ function commitArgs(keys: RunKeys, dataset: string, leaseKey: string, sample: Sa
   ];
 }
 
-/** One sample's four arguments of commit-sample.lua: id, completion tokens, record, rid. */
+/** One sample's four arguments of commit-sample-9.lua: id, completion tokens, record, rid. */
 type SampleArgs = [string, number, string, string];
 
 function sampleArgs(f: FinishedRequest): SampleArgs {
@@ -70,7 +70,7 @@ interface QueuedCommit {
 /**
  * Commits finished requests in groups, one round trip per group: the results that arrive
  * while a group is on its way to Redis go out together in the next one. The results of one
- * dataset and endpoint in a group are one commit-sample.lua call (a pipeline holds one call per
+ * dataset and endpoint in a group are one commit-sample-9.lua call (a pipeline holds one call per
  * dataset and endpoint, and the acquires that ride on it); each result in it is still
  * committed atomically and exactly once, as if alone. A group only saves the round trips,
  * system calls and script runs of one call per request.
@@ -146,7 +146,7 @@ export class CommitBatcher {
     }
   }
 
-  /** One commit-sample.lua call per dataset and endpoint of the group; a result whose record cannot be built is rejected alone. */
+  /** One commit-sample-9.lua call per dataset and endpoint of the group; a result whose record cannot be built is rejected alone. */
   private scriptCalls(group: QueuedCommit[]): { args: (string | number)[]; commits: QueuedCommit[] }[] {
     const byKey = new Map<string, { args: (string | number)[]; commits: QueuedCommit[] }>();
     for (const c of group) {
@@ -184,7 +184,7 @@ export interface FailureInfo {
 }
 
 /**
- * Records a sample as failed (fail-sample.lua), unless it was committed meanwhile. The record
+ * Records a sample as failed (fail-sample-6.lua), unless it was committed meanwhile. The record
  * names the batch job (`job`): a retry of that job, and only that job, claims it again.
  */
 export async function recordFailure(redis: ScriptedRedis, keys: RunKeys, req: SampleRequest, info: FailureInfo): Promise<void> {

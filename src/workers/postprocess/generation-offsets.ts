@@ -1,8 +1,8 @@
 /**
- * Incremental reading of a generations folder: where each `*.jsonl` part file was read up to in
- * the last round (the offsets committed with the training dataset, see the shared
- * merge-offsets.ts), whether those offsets still describe the files, and a line reader that
- * starts at a byte offset and says where its complete lines end.
+ * Incremental reading of a generations folder: where each `*.jsonl` part file was read up to in the
+ * last round (the offsets committed with the training dataset, see
+ * src/shared/hf-dataset/merge/offsets.ts), whether those offsets still describe the files, and a
+ * line reader that starts at a byte offset and says where its complete lines end.
  *
  * The sink only appends complete lines to its part files, so the bytes read once stay as they
  * were; a file that is gone, shorter than what was read, or whose first or last read bytes

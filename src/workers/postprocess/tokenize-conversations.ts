@@ -1,4 +1,7 @@
-/** Conversation datasets to training rows: render once, encode once, mask by the supervised spans (see tokenize.ts). */
+/**
+ * Conversation datasets to training rows: render once, encode once, mask by the supervised spans
+ * (see docs/design.md, Training rows).
+ */
 import { stat } from 'node:fs/promises';
 
 import {

@@ -1,6 +1,6 @@
 /**
  * The loss mask of a rendered conversation: which characters are the assistant's, and which
- * tokens they make supervised. See `conversationToRow` in tokenize.ts for the rule as a whole.
+ * tokens they make supervised. See docs/design.md (Training rows) for the rule as a whole.
  *
  * The mask is SpecForge's (`GeneralParser.parse`, specforge/data/parse.py), token for token:
  * for each supervised span `[start, end)` of characters ({@link findSupervisedSpans}), the

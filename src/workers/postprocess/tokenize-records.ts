@@ -1,4 +1,4 @@
-/** Generation records to training rows: the token-exact path (see tokenize.ts for the rule). */
+/** Generation records to training rows: the token-exact path (rule: docs/design.md, Training rows). */
 import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 

@@ -1,7 +1,8 @@
 // The files a merge commits beside its new shards: the index files of the new shards and the
 // tokenize offsets of the version it makes. Both are written in the staging folder, listed in the
 // merge's history record, and moved into the target with the shards before state.json is
-// replaced (see merge.ts), so they are in effect exactly when the version they describe is.
+// replaced (see docs/design.md, Merge: layout and crash safety), so they are in effect exactly
+// when the version they describe is.
 import { rename } from 'node:fs/promises';
 import path from 'node:path';
 

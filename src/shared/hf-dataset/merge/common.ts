@@ -1,5 +1,6 @@
-// What every part of a merge shares: options, report and error types, the target's control
-// folders, crash points for the crash tests. See merge.ts for how a merge works.
+// What every part of a merge shares: options, report and error types, the target's control folders,
+// crash points for the crash tests. See docs/design.md (Merge: layout and crash safety) for how a
+// merge works.
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 
@@ -75,7 +76,7 @@ export interface MergeOptions extends HfTokenTypes {
   /**
    * `postprocess.verifyWithPython`: load the merged folder with this interpreter's `datasets`
    * (`load_from_disk`) before the swap, and refuse the swap when it fails or sees other rows or
-   * columns (merge-verify-python.ts). The interpreter is checked at the start of the merge.
+   * columns (verify-python.ts). The interpreter is checked at the start of the merge.
    */
   verifyWithPython?: { python: string };
   /**
@@ -87,17 +88,17 @@ export interface MergeOptions extends HfTokenTypes {
   mergeKey?: string;
   /**
    * Refuse a target without the sample-key columns `dataset` and `id` (see
-   * merge-sample-key.ts): set by callers that skip rows the target already holds by that key.
+   * sample-key.ts): set by callers that skip rows the target already holds by that key.
    */
   requireSampleKey?: boolean;
   /**
    * End-of-turn counts of the new rows per dataset; a dataset where too many rows lack
-   * end-of-turn supervision is logged and named in the report's warnings (merge-end-of-turn.ts).
+   * end-of-turn supervision is logged and named in the report's warnings (end-of-turn.ts).
    */
   endOfTurn?: readonly EndOfTurnCount[];
   /**
    * How far the tokenize jobs of these rows read each dataset's generation files; recorded with
-   * the merged version (merge-offsets.ts), for the updates read against the current version.
+   * the merged version (offsets.ts), for the updates read against the current version.
    */
   tokenizeOffsets?: readonly SourceOffsets[];
   crashAt?: MergeCrashPoint;

@@ -1,40 +1,8 @@
-// Merging new rows into the training dataset without ever destroying data (DESIGN invariant 8).
-//
-// The target stays a plain `datasets` folder at a fixed path (so that a trainer, a bind mount or
-// rsync see an ordinary directory). Its state.json is the commit point:
-//
-//   <target>/data-…arrow            shards; old ones are never modified, new ones are added
-//   <target>/dataset_info.json      kept as it is (written only if the target had none)
-//   <target>/state.json             lists the shards of the current version; replaced atomically
-//   <target>/.tokenmill/history/    one record per merge: the state.json before and after it and
-//                                   the files it added (what rollback and repair need)
-//   <target>/.tokenmill/staging/    the merged dataset being built (removed after each merge)
-//   <target>/.tokenmill/index/      one sample-key index file per shard (merge-index.ts)
-//   <target>/.tokenmill/offsets/    how far generation files were read, per version (merge-offsets.ts)
-//   <target>.lock                   held while a merge, rollback or repair runs
-//
-// A merge (1) checks that the new rows fit the target's schema, (2) builds the complete merged
-// dataset in a staging folder: old shards as hard links, new shards written (or linked from a
-// staged folder), state.json listing old then new, (3) validates it (the old shards' counts come
-// from the index; only new shards are read) and checks each new row's key against the index,
-// (4) writes the history record, moves the new shards with their index files and the offsets
-// file into the target under names its state.json does not list, and
-// (5) replaces state.json with one rename. `load_from_disk` reads only the shards state.json
-// lists, so before step 5 the target is the old dataset and after it the new one; a crash at
-// any step leaves one of the two. The first merge, with no target yet, builds the folder as a
-// sibling `<target>.merge-<id>` and renames it into place.
-//
-// The next merge or rollback repairs leftovers first: staging folders are removed, and if the
-// last history record is not in effect (its "after" state is not the current state.json), the
-// files it added are removed with it.
-//
-// The parts: merge-common.ts (types, control folders), merge-lock.ts, merge-journal.ts (history
-// and repair), merge-stage.ts (schema plan, new shards), merge-validate.ts (the report),
-// merge-rollback.ts; merge-sample-key.ts (targets whose rows cannot be matched are refused) and
-// merge-end-of-turn.ts (rows without end-of-turn supervision are reported); merge-index.ts and
-// merge-new-index.ts (the id index beside the dataset: a merge reads the index, never the old
-// shards, and refuses a new row the target already holds); merge-offsets.ts (how far each
-// dataset's generation files were read, committed with the version they lead to).
+// Merging new rows into the training dataset without ever destroying data (docs/design.md,
+// invariant 8). The target's state.json is the commit point: the merged version is built and
+// validated in a staging folder (old shards hard-linked, new ones added), then swapped in by one
+// rename of state.json, so a crash at any step leaves the old dataset or the new one. The target's
+// layout, the steps and the repair of leftovers: docs/design.md, Merge: layout and crash safety.
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 
@@ -67,10 +35,10 @@ import { newFingerprint, removeEmptyDir } from '../writer.js';
 
 
 /**
- * Merges new rows into the training dataset at `target` (DESIGN invariant 8): old rows first,
- * then the new ones; builds and validates the merged dataset beside the current one, then
- * swaps it in with one atomic rename of state.json. See the header of this file for the
- * layout and the crash guarantees.
+ * Merges new rows into the training dataset at `target` (docs/design.md, invariant 8): old rows
+ * first, then the new ones; builds and validates the merged dataset beside the current one, then
+ * swaps it in with one atomic rename of state.json. See docs/design.md (Merge: layout and crash
+ * safety) for the layout and the crash guarantees.
  *
  * Refuses (throws {@link DatasetMergeError}, target untouched) when the schemas are
  * incompatible — the message names the column and both types — or when validation finds a

@@ -1,7 +1,7 @@
 --[[
   Decides whether one generation request may start now, and on which endpoint.
 
-  Budget rule (DESIGN invariant 3): a request may start only while
+  Budget rule (docs/design.md, invariant 3): a request may start only while
     committedTokens + sum over the requests in flight of E[L | L > x_i] < tokenBudget
   where x_i is how far request i has come and E[L | L > x] its expected final length, from the
   log-bucketed histogram of the dataset's committed lengths (`<stats>:lengths`, fields
@@ -18,7 +18,7 @@
   last length seen counts as spread evenly up to max_new_tokens. While the commits are fewer
   than ARGV[5], every expectation is floored by the prior. Far from the budget (committed + in flight
   x max_new_tokens below it) nothing is summed. A dataset in `budget: strict` whose stop flag is
-  set (stats budgetStopMs, by budget-progress.lua) starts nothing until its aborted requests
+  set (stats budgetStopMs, by budget-progress-2.lua) starts nothing until its aborted requests
   are committed; the flag is dropped when nothing of it is in flight any more and the budget is
   still not met (their worker died before committing).
 

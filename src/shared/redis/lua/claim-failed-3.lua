@@ -6,10 +6,10 @@
   A failure record (the failed hash's JSON) names the job it failed in (`job`). Only that job
   may claim it, so a prompt given back another way (`retry-failed` handing it to the producer,
   a later failure in another job) is never sent twice. The claim keeps the record, marked
-  `retrying`: the producer still skips the sample, `retry-failed` leaves it to this job, and
-  the record leaves when the sample commits (commit-sample), fails again (fail-sample rewrites
-  it) or is released (release-claims). A job that claims again after a hand-back or a stall
-  keeps the attempts spent since its first claim.
+  `retrying`: the producer still skips the sample, `retry-failed` leaves it to this job, and the
+  record leaves when the sample commits (commit-sample-9.lua), fails again (fail-sample-6.lua
+  rewrites it) or is released (release-claims-1.lua). A job that claims again after a hand-back or a
+  stall keeps the attempts spent since its first claim.
 
   Input:
     KEYS[1] dataset done set

@@ -1,5 +1,5 @@
 --[[
-  Commits a sample's result exactly once (DESIGN invariant 2), or a group of them.
+  Commits a sample's result exactly once (docs/design.md, invariant 2), or a group of them.
 
   The first commit of a sample id records it as done, adds its completion tokens to the
   dataset's counter and appends the result to the dataset's results stream. Any later

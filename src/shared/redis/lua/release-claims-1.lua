@@ -1,5 +1,5 @@
 --[[
-  Drops the failure records a retry job claimed (claim-failed) for samples that ended
+  Drops the failure records a retry job claimed (claim-failed-3.lua) for samples that ended
   without a commit or a new failure: skipped by the budget, so they count as skipped, not
   failed (raising the budget later sends them again, like any skipped sample).
 

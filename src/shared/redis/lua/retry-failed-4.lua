@@ -4,7 +4,7 @@
 
   In one script, nothing can land between reading the failed ids and deleting them: the
   fields deleted are exactly the ones read, and a failure recorded after the script (by
-  fail-sample.lua) keeps its entry. The producer's cursor is not touched: the bump of
+  fail-sample-6.lua) keeps its entry. The producer's cursor is not touched: the bump of
   `retryGen` tells a running producer that a pass from line 1 is needed (it reads the
   generation when a pass starts and completes the dataset only if it is unchanged, see
   complete-dataset-2.lua); a producer started later makes that pass anyway.
