@@ -29,58 +29,84 @@ export function promSum(text: string, name: string): number | null {
   return found ? sum : null;
 }
 
+/** Where a server's request counts come from when `/metrics` has none: SGLang < 0.5.x, then 0.5.x. */
+const LOAD_PATHS = ['/get_load', '/v1/loads'] as const;
+/** How long a server whose `/metrics` lacked the request gauges is read from its load route before `/metrics` is tried again (ms). */
+export const METRICS_RETRY_MS = 30_000;
+
 /**
  * Reads an SGLang server's load: `GET /metrics` (needs `--enable-metrics`) for running and
- * queued requests and the decoded-token counter, else `GET /get_load` (running and queued
- * only). Throws with the endpoint named when neither answers.
+ * queued requests and the decoded-token counter, else its load route (`/get_load`, or
+ * `/v1/loads` where that answers 404: running and queued only). A server that has just started
+ * answers `/metrics` without the gauges for a moment, so a `/metrics` without them is tried
+ * again every {@link METRICS_RETRY_MS}, never given up for good. Throws with the endpoint and
+ * the routes named when none answers.
  */
 export class ServerLoadProbe {
-  private metricsMissing = false;
+  /** When `/metrics` last lacked the gauges (ms, the probe's clock); null while it has them. */
+  private metricsMissingAtMs: number | null = null;
+  /** The load route that answered last. */
+  private loadPath: (typeof LOAD_PATHS)[number] = LOAD_PATHS[0];
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
+  private readonly metricsRetryMs: number;
+  private readonly now: () => number;
 
   constructor(
     readonly endpoint: string,
-    options: { apiKey?: string; timeoutMs?: number } = {},
+    options: { apiKey?: string; timeoutMs?: number; metricsRetryMs?: number; now?: () => number } = {},
   ) {
     this.headers = options.apiKey === undefined ? {} : { authorization: `Bearer ${options.apiKey}` };
     this.timeoutMs = options.timeoutMs ?? 5_000;
+    this.metricsRetryMs = options.metricsRetryMs ?? METRICS_RETRY_MS;
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Whether the last reading came from `/metrics` (false: from the load route, without the token rate). */
+  get readsMetrics(): boolean {
+    return this.metricsMissingAtMs === null;
   }
 
   async read(): Promise<ServerLoadSample> {
-    if (!this.metricsMissing) {
-      const res = await this.get('/metrics');
-      if (res.status === 200) {
-        const text = await res.text();
-        const running = promSum(text, 'sglang:num_running_reqs');
-        const queued = promSum(text, 'sglang:num_queue_reqs');
-        if (running !== null && queued !== null) {
-          return { atMs: Date.now(), running, queued, generationTokensTotal: promSum(text, 'sglang:generation_tokens_total') };
-        }
-      } else {
-        await res.body?.cancel();
+    if (this.metricsMissingAtMs === null || this.now() - this.metricsMissingAtMs >= this.metricsRetryMs) {
+      const sample = await this.readMetrics();
+      if (sample !== null) {
+        this.metricsMissingAtMs = null;
+        return sample;
       }
-      // Started without --enable-metrics: /get_load has the counts, not the token rate.
-      this.metricsMissing = true;
+      this.metricsMissingAtMs = this.now();
     }
-    const res = await this.get('/get_load');
+    return this.readLoad();
+  }
+
+  /** `/metrics` as a sample, or null when it has no request gauges (started without --enable-metrics, or just started). */
+  private async readMetrics(): Promise<ServerLoadSample | null> {
+    const res = await this.get('/metrics');
     if (res.status !== 200) {
       await res.body?.cancel();
-      throw new Error(`${this.endpoint}/get_load answered ${res.status}`);
+      return null;
     }
-    const body = (await res.json()) as unknown;
-    const ranks = Array.isArray(body) ? body : typeof body === 'object' && body !== null && Array.isArray((body as { loads?: unknown }).loads) ? (body as { loads: unknown[] }).loads : [body];
-    let running = 0;
-    let queued = 0;
-    for (const r of ranks) {
-      if (typeof r !== 'object' || r === null) continue;
-      const rank = r as Record<string, unknown>;
-      const waiting = Number(rank.num_waiting_reqs ?? 0);
-      const total = Number(rank.num_reqs ?? rank.num_total_reqs ?? 0);
-      queued += Number.isFinite(waiting) ? waiting : 0;
-      running += typeof rank.num_running_reqs === 'number' ? rank.num_running_reqs : Math.max(0, total - waiting);
+    const text = await res.text();
+    const running = promSum(text, 'sglang:num_running_reqs');
+    const queued = promSum(text, 'sglang:num_queue_reqs');
+    if (running === null || queued === null) return null;
+    return { atMs: Date.now(), running, queued, generationTokensTotal: promSum(text, 'sglang:generation_tokens_total') };
+  }
+
+  private async readLoad(): Promise<ServerLoadSample> {
+    const first = this.loadPath;
+    let res = await this.get(first);
+    if (res.status === 404) {
+      await res.body?.cancel();
+      const other = LOAD_PATHS.find((p) => p !== first) ?? first;
+      res = await this.get(other);
+      if (res.status === 200) this.loadPath = other;
     }
-    return { atMs: Date.now(), running, queued, generationTokensTotal: null };
+    if (res.status !== 200) {
+      await res.body?.cancel();
+      throw new Error(`${this.endpoint}: no load reading (/metrics has no request gauges; ${LOAD_PATHS.join(' and ')} answered ${res.status})`);
+    }
+    return { ...loadCounts((await res.json()) as unknown), atMs: Date.now(), generationTokensTotal: null };
   }
 
   private async get(path: string): Promise<Response> {
@@ -90,4 +116,20 @@ export class ServerLoadProbe {
       throw new Error(`cannot read ${this.endpoint}${path}: ${errorMessage(e)}`, { cause: e });
     }
   }
+}
+
+/** Running and queued requests summed over the ranks of a load body (a list, `{ loads: [...] }`, or one object). */
+function loadCounts(body: unknown): { running: number; queued: number } {
+  const ranks = Array.isArray(body) ? body : typeof body === 'object' && body !== null && Array.isArray((body as { loads?: unknown }).loads) ? (body as { loads: unknown[] }).loads : [body];
+  let running = 0;
+  let queued = 0;
+  for (const r of ranks) {
+    if (typeof r !== 'object' || r === null) continue;
+    const rank = r as Record<string, unknown>;
+    const waiting = Number(rank.num_waiting_reqs ?? 0);
+    const total = Number(rank.num_reqs ?? rank.num_total_reqs ?? 0);
+    queued += Number.isFinite(waiting) ? waiting : 0;
+    running += typeof rank.num_running_reqs === 'number' ? rank.num_running_reqs : Math.max(0, total - waiting);
+  }
+  return { running, queued };
 }
