@@ -1,20 +1,19 @@
 // The CLI as users run it: `run`, then `status --json`, `pause`, `resume`, `retry-failed`.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { beforeAll, describe, expect, it } from 'vitest';
 import type { RunStatus } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { loopbackPort, startFaultProxy } from '../helpers/fault-proxy.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 100, maxRunningRequests: 16, seed: 2, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 40 } },
+  tmp: true,
+  cli: true,
+});
 let configPath: string;
 
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 100, maxRunningRequests: 16, seed: 2, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 40 } });
-  tmp = tempDir();
+beforeAll(() => {
   writePrompts(tmp.dir, 'alpha', 30);
   writePrompts(tmp.dir, 'beta', 20, (i) => (i === 3 ? { id: 'beta-3', prompt: 'word '.repeat(5000) } : { id: `beta-${i}`, prompt: `beta ${i}` }));
   configPath = writeConfig(tmp.dir, {
@@ -27,13 +26,6 @@ beforeAll(async () => {
     ],
     output: { dir: 'out' },
   });
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 async function cli(args: string[]): Promise<string> {

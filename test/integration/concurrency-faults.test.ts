@@ -1,26 +1,15 @@
 // sglang.concurrency: auto at its worst moments: controllers of many processes starting at the
 // same instant (exactly one steers; a clean stop hands over at once), and a server outage while
 // it steers (the value is kept, nothing is measured across the outage).
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { describe, expect, it } from 'vitest';
 import { RunKeys, endpointConcurrencyKey, parseEndpointConcurrency } from '../../src/shared/index.js';
 import { ConcurrencyController } from '../../src/workers/inference/concurrency-controller.js';
 import { ServerLoadProbe } from '../../src/workers/inference/concurrency-probe.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger } from '../helpers/redis.js';
 import { waitFor } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 20, maxRunningRequests: 16, seed: 9 });
-});
-
-afterAll(async () => {
-  await sim?.stop();
-  await redis?.stop();
-});
+const { redis, sim } = useHarness({ redis: true, sim: { timeScale: 20, maxRunningRequests: 16, seed: 9 } });
 
 function controllers(keys: RunKeys, n: number): ConcurrencyController[] {
   return Array.from(

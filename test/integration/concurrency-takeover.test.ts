@@ -2,21 +2,20 @@
 // endpoint, exactly one steers it (the holder of its steering lease), the other takes over when
 // the first is killed, and `status` (table and JSON) shows the value chosen and who chose it.
 import { hostname } from 'node:os';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, endpointConcurrencyKey, endpointConcurrencyLeaseKey, parseEndpointConcurrency, type RunStatus } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 20, maxRunningRequests: 16, seed: 4, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 } },
+  tmp: true,
+  cli: true,
+});
 let configPath: string;
 
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 20, maxRunningRequests: 16, seed: 4, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 } });
-  tmp = tempDir();
+beforeAll(() => {
   writePrompts(tmp.dir, 'steer', 3_000);
   configPath = writeConfig(tmp.dir, {
     run: 'steer',
@@ -26,13 +25,6 @@ beforeAll(async () => {
     output: { dir: 'out' },
     workers: { shutdownGraceMs: 500 },
   });
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 async function cli(args: string[]): Promise<string> {

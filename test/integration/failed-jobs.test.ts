@@ -2,34 +2,26 @@
 // prompts until their attempts are spent; their batches end failed, carrying exactly them, with
 // the reason; Bull Board's Retry (`job.retry()`), "retry all" and `tokenmill retry-failed` send
 // them again through the normal path, each committed once.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { Queue, type Job } from 'bullmq';
 import { startGeneration, type GenerationHandle } from '../../src/cli/pipeline.js';
 import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { batchSamples, generateQueueName, GenerateBatchPayloadSchema, loadConfig, readRunStatus, type BatchProgress } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { INJECTED_500_MESSAGE, startPromptFaultProxy, type PromptFaultProxy } from '../helpers/prompt-fault-proxy.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
+const { redis, sim, tmp, defer } = useHarness({
+  redis: true,
+  tmp: true,
+  sim: { timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed', mean: 200 } },
+  cli: true,
+});
 let proxy: PromptFaultProxy;
-let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-  sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed', mean: 200 } });
   proxy = await startPromptFaultProxy(sim.url);
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await proxy?.close();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  defer(() => proxy.close());
 });
 
 function yamlFor(run: string, ds: string, n: number, batchSize: number): { path: string; cfg: ReturnType<typeof loadConfig> } {

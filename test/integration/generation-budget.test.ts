@@ -1,26 +1,14 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { Queue } from 'bullmq';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { generateQueueName, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, readGenerations, sampleIdOfRid, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, sampleIdOfRid, waitFor, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
+const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true });
 let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
 
 function config(run: string, endpoint: string, datasets: ConfigInput['datasets'], extra: Partial<ConfigInput> = {}): ReturnType<typeof loadConfig> {
   return loadConfig({
@@ -47,7 +35,7 @@ async function runToEnd(cfg: ReturnType<typeof loadConfig>): Promise<Awaited<Ret
 
 describe('generation: budgets and exactly-once accounting', () => {
   it('stops at the budget: tokens in [budget, budget + overshoot], no request after it was met, queued prompts skipped', async () => {
-    sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 32, seed: 3 });
+    sim = await startSim({ timeScale: 200, maxRunningRequests: 32, seed: 3 });
     writePrompts(tmp.dir, 'big', 600);
     const budget = 150_000;
     const cfg = config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: budget, maxNewTokens: 4096, batchSize: 16 }]);
@@ -169,7 +157,7 @@ describe('generation: budgets and exactly-once accounting', () => {
   });
   it('budget: strict in the config reaches the worker: in-flight requests are aborted at the budget and kept as abort records', async () => {
     await sim?.stop();
-    sim = await startSimulator({ port: 0, timeScale: 50, maxRunningRequests: 32, seed: 5 });
+    sim = await startSim({ timeScale: 50, maxRunningRequests: 32, seed: 5 });
     writePrompts(tmp.dir, 'strict', 400);
     const budget = 120_000;
     const cfg = config('strict', sim.url, [{ name: 'strict', prompts: 'strict.jsonl', tokenBudget: budget, budget: 'strict', maxNewTokens: 4096, batchSize: 16 }]);

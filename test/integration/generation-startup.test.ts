@@ -2,28 +2,17 @@
 // fails leaves nothing behind — no lock held, no worker running — and the next start completes.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { loadConfig, type Config } from '../../src/shared/index.js';
-import { duplicates, readGenerations, tempDir, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { duplicates, readGenerations, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 1_000, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed', mean: 8 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 1_000, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed', mean: 8 } },
+  tmp: true,
 });
 
 function config(tokenizerPath?: string): Config {

@@ -2,15 +2,15 @@
 // prompt): the text parses under a strict Prometheus text-format parser written here, and its
 // numbers are the run's — records, tokens, failed prompts, queue depths, the endpoint's health,
 // its request latency histogram and its errors by status.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { startDashboard } from '../../src/dashboard/server.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { loadConfig, readRunStatus } from '../../src/shared/index.js';
-import { tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+import { waitFor, writePrompts } from '../helpers/pipeline.js';
 import { startPromptFaultProxy, type PromptFaultProxy } from '../helpers/prompt-fault-proxy.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger } from '../helpers/redis.js';
 
 // ---------------------------------------------------------------------------------------------
 // A strict parser of the Prometheus text exposition format (0.0.4).
@@ -177,23 +177,16 @@ describe('the strict parser', () => {
   });
 });
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
+const { redis, sim, tmp, defer } = useHarness({
+  redis: true,
+  tmp: true,
+  sim: { timeScale: 200, maxRunningRequests: 16, seed: 9, outputLength: { distribution: 'fixed', mean: 50 } },
+});
 let proxy: PromptFaultProxy;
-let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-  sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 16, seed: 9, outputLength: { distribution: 'fixed', mean: 50 } });
   proxy = await startPromptFaultProxy(sim.url);
-});
-
-afterAll(async () => {
-  await proxy?.close();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  defer(() => proxy.close());
 });
 
 describe('GET /metrics', () => {

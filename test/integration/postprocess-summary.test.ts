@@ -3,29 +3,18 @@
 // says so (not "the training dataset already holds every row") with what to do, and a dataset
 // that loses a large share of its records gets a warning.
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { describeHfDataset, type ConfigInput, type MergeJobResult } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { LARGE_DROP_FRACTION } from '../../src/cli/drop-summary.js';
-import { killCliChildren, readGenerations, spawnCli, tempDir, writeConfig, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
   // Every completion is 20–100 tokens long: maxNewTokens 10 cuts all, 40 cuts most.
-  sim = await startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 16, seed: 9, outputLength: { distribution: 'uniform', mean: 60, min: 20, max: 100 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  sim: { timeScale: 200, maxRunningRequests: 16, seed: 9, outputLength: { distribution: 'uniform', mean: 60, min: 20, max: 100 } },
+  tmp: true,
+  cli: true,
 });
 
 function configFor(run: string, datasets: ConfigInput['datasets']): string {

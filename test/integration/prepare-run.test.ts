@@ -2,15 +2,17 @@
 // whose prompts changed under it is refused (the dataset named, --fresh offered) until --fresh.
 import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { beforeAll, describe, expect, it } from 'vitest';
 import type { RunStatus } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { killCliChildren, readGenerations, spawnCli, tempDir, writeConfig } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 100, maxRunningRequests: 16, seed: 3, outputLength: { distribution: 'fixed', mean: 20 } },
+  tmp: 'tm-prepare-run-',
+  cli: true,
+});
 let configPath: string;
 
 const sourceFile = (): string => path.join(tmp.dir, 'chats.jsonl');
@@ -26,10 +28,7 @@ function writeSource(n: number, variant = ''): void {
   writeFileSync(sourceFile(), `${rows.join('\n')}\n`);
 }
 
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 100, maxRunningRequests: 16, seed: 3, outputLength: { distribution: 'fixed', mean: 20 } });
-  tmp = tempDir('tm-prepare-run-');
+beforeAll(() => {
   writeSource(12);
   writeFileSync(path.join(tmp.dir, 'plain.jsonl'), `${JSON.stringify({ id: 'p1', prompt: 'plain prompt' })}\n`);
   configPath = writeConfig(tmp.dir, {
@@ -42,13 +41,6 @@ beforeAll(async () => {
     ],
     output: { dir: 'out' },
   });
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 async function cli(args: string[], expectCode = 0): Promise<string> {

@@ -1,28 +1,17 @@
 // The last pass over a big file is the costly one (issue 7, defect 4): when the counters prove
 // every enqueued prompt is committed or failed, the producer completes the dataset without
 // reading the file again; a restarted producer still makes sure nothing was left behind.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { loadConfig, readRunStatus } from '../../src/shared/index.js';
-import { duplicates, readGenerations, tempDir, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { duplicates, readGenerations, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 100, maxRunningRequests: 16, seed: 4, outputLength: { distribution: 'fixed', mean: 30 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 100, maxRunningRequests: 16, seed: 4, outputLength: { distribution: 'fixed', mean: 30 } },
+  tmp: true,
 });
 
 describe('producer: the final pass', () => {

@@ -3,28 +3,17 @@
 // watchdog read it. Real simulator over HTTP, real Redis. A worker that stops withdraws its
 // view; one that can no longer reach Redis has its view expire.
 import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { formatProgressLine } from '../../src/cli/progress.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { RunKeys, readEndpointHealth, readRunStatus, type EndpointHealthSummary } from '../../src/shared/index.js';
 import { EndpointPool } from '../../src/workers/inference/endpoint-pool.js';
 import { waitFor } from '../helpers/pipeline.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger } from '../helpers/redis.js';
 
 const INTERVAL_MS = 100;
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  sim = await startSimulator({ port: 0, timeScale: 100, seed: 3 });
-});
-
-afterAll(async () => {
-  await sim?.stop();
-  await redis?.stop();
-});
+const { redis, sim } = useHarness({ redis: true, sim: { timeScale: 100, seed: 3 } });
 
 function pool(conn: Redis, keys: RunKeys, workerId: string): EndpointPool {
   return new EndpointPool({

