@@ -1,7 +1,7 @@
 // The `prepare` step as `run`, `produce` and `demo` take it: the config's sourced datasets prepared
 // with the run's tokenizer, a line per dataset on stderr.
 import { relative } from 'node:path';
-import type { ChatTokenizer } from '../shared/index.js';
+import { formatInt, type ChatTokenizer } from '../shared/index.js';
 import { formatPrepareCounts, prepareSources, type DatasetPrepareOutcome, type PrepareCounts } from '../producers/index.js';
 import type { RunContext } from './run-context.js';
 
@@ -12,7 +12,7 @@ export function shown(file: string): string {
 
 /** One line per dataset: what was done, the numbers, where the prompts and the report are. */
 export function formatPrepareOutcome(o: DatasetPrepareOutcome): string {
-  const what = o.outcome === 'prepared' ? `prepared ${o.counts.kept.toLocaleString('en-US')} prompts into` : 'unchanged since the last prepare (sources and settings the same), kept';
+  const what = o.outcome === 'prepared' ? `prepared ${formatInt(o.counts.kept)} prompts into` : 'unchanged since the last prepare (sources and settings the same), kept';
   const format = `${o.format}${o.detectedFrom === undefined ? '' : `, detected from ${o.detectedFrom}`}`;
   const notes = o.notes === undefined ? '' : `; ${o.notes.join('; ')}`;
   return `${o.dataset}: ${what} ${shown(o.prompts)} (${formatPrepareCounts(o.counts)}; ${format}${notes}); report ${shown(o.report)}`;

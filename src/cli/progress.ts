@@ -1,4 +1,4 @@
-import { formatEndpointHealth, formatEta, readRunStatus, type RunStatus } from '../shared/index.js';
+import { formatEndpointHealth, formatEta, formatInt, readRunStatus, type RunStatus } from '../shared/index.js';
 import type { RunContext } from './run-context.js';
 
 /**
@@ -14,7 +14,7 @@ export function formatProgressLine(s: RunStatus, elapsedSec: number, nowMs = Dat
   const inFlight = gen.reduce((a, d) => a + d.inFlight, 0);
   const rate = gen.reduce((a, d) => a + d.tokensPerSec, 0);
   const failed = gen.reduce((a, d) => a + d.failed, 0);
-  let line = `[${elapsedSec}s] generate: ${done}/${gen.length} datasets completed, ${tokens.toLocaleString('en-US')} tokens, ${inFlight} in flight, ${Math.round(rate).toLocaleString('en-US')} tok/s${failed > 0 ? `, ${failed} failed` : ''}`;
+  let line = `[${elapsedSec}s] generate: ${done}/${gen.length} datasets completed, ${formatInt(tokens)} tokens, ${inFlight} in flight, ${formatInt(Math.round(rate))} tok/s${failed > 0 ? `, ${failed} failed` : ''}`;
   const active = gen.filter((d) => d.status === 'in_progress' || d.status === 'pending');
   const generating = active.length > 0;
   // The run ends with its slowest dataset: the range of the latest ETAs, once every one is known.

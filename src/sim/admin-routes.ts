@@ -2,9 +2,9 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
-import { errorMessage } from '../shared/index.js';
+import { errorMessage, isRecord } from '../shared/index.js';
 import { type FaultConfig, validateFaults } from './faults.js';
-import { isRecord, nativeError, parseJsonBody, readBody, sendJson } from './http-util.js';
+import { nativeError, parseJsonBody, readBody, sendJson } from './http-util.js';
 import type { SimStats } from './types.js';
 
 /** What the admin routes drive. */

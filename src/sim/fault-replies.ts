@@ -6,8 +6,9 @@
 import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
+import { isRecord } from '../shared/index.js';
 import type { BadAnswer } from './faults.js';
-import { isRecord, sendJson, sendText } from './http-util.js';
+import { sendJson, sendText } from './http-util.js';
 
 /** SGLang's body for a full queue (`--max-queued-requests`), status 503. */
 export const QUEUE_FULL_BODY = { object: 'error', message: 'The request queue is full.', type: '503', param: null, code: 503 };

@@ -3,11 +3,12 @@
  * OpenAI chat route, /abort_request, and the requests they hold in the load model.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+
+import { isRecord } from '../shared/index.js';
 import { type Active, ActiveRequests, type Outcome } from './active-requests.js';
 import { dropConnection, replyBadAnswer, replyQueueFull, replyServerError, replyTruncated } from './fault-replies.js';
 import type { FaultKind } from './faults.js';
 import {
-  isRecord,
   nativeError,
   openAiError,
   parseJsonBody,

@@ -1,5 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 
+import { errorMessage } from '../shared/index.js';
+
 /** Largest request body accepted (a 128k-token prompt as JSON is about 1 MB). */
 export const MAX_BODY_BYTES = 64 * 1024 * 1024;
 
@@ -56,7 +58,7 @@ export function parseJsonBody(body: Buffer, allowEmpty = false): unknown {
   try {
     return JSON.parse(text) as unknown;
   } catch (e: unknown) {
-    const reason = e instanceof Error ? e.message : String(e);
+    const reason = errorMessage(e);
     throw validationError(`1 validation error:\n  {'type': 'json_invalid', 'loc': ('body', 0), 'msg': 'JSON decode error', 'ctx': {'error': '${reason}'}}`);
   }
 }
@@ -108,8 +110,4 @@ export function startEventStream(res: ServerResponse): void {
 export function writeEvent(res: ServerResponse, data: unknown): void {
   if (res.destroyed || res.writableEnded) return;
   res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
-}
-
-export function isRecord(value: unknown): value is Record<string, unknown> {
-  return value !== null && typeof value === 'object' && !Array.isArray(value);
 }

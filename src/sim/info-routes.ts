@@ -1,8 +1,8 @@
 /** SGLang's info, load, cache, metrics and tokenizer routes, answered from the simulator's state. */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 
-import { errorMessage } from '../shared/index.js';
-import { HttpReply, isRecord, openAiError, parseJsonBody, readBody, requireJsonContentType, sendJson, sendText } from './http-util.js';
+import { errorMessage, isRecord } from '../shared/index.js';
+import { HttpReply, openAiError, parseJsonBody, readBody, requireJsonContentType, sendJson, sendText } from './http-util.js';
 import { renderMetrics } from './metrics.js';
 import { SimValueError, parseChat } from './request-parsing.js';
 import { WEIGHT_VERSION } from './responses.js';

@@ -5,7 +5,8 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import { HttpReply, isRecord, validationError } from './http-util.js';
+import { isRecord } from '../shared/index.js';
+import { HttpReply, validationError } from './http-util.js';
 import type { SimVersion } from './types.js';
 
 /** What SGLang raises as `ValueError`: a 400 whose body shape depends on the route. */

@@ -6,7 +6,7 @@
 // A fresh clone has neither; the first test that needs one builds it (a minute or two each), and
 // setup-python.sh serializes concurrent builds on a lock file. If it cannot be built, the test
 // fails with pip's output.
-import { runCaptured, type CapturedRun } from '../../src/shared/util/run-captured.js';
+import { runCaptured, type CapturedRun } from '../../src/shared/util/process.js';
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';

@@ -4,6 +4,7 @@ import {
   PayloadError,
   EnvironmentError,
   exists,
+  formatInt,
   loadConfig,
   loadConfiguredTokenizer,
   runDir,
@@ -30,10 +31,6 @@ interface ExportOptions {
 export type ExportResult =
   | { format: 'specforge'; out: string; exported: number; datasets: SpecForgeExportStats[]; skipped: { dataset: string; reason: string }[] }
   | ({ format: 'jsonl'; out: string; target: string } & RowsExportStats);
-
-function fmtInt(n: number): string {
-  return n.toLocaleString('en-US');
-}
 
 /** Checks `--format`; throws a PayloadError naming the accepted ones. */
 export function parseExportFormat(value: string): ExportFormat {
@@ -109,29 +106,29 @@ async function exportJsonl(config: Config, chosen: Config['datasets'], names: re
 export function formatExportResult(r: ExportResult): string {
   if (r.format === 'jsonl') {
     const per = Object.entries(r.byDataset)
-      .map(([name, n]) => `${name || '(no dataset column)'} ${fmtInt(n)}`)
+      .map(([name, n]) => `${name || '(no dataset column)'} ${formatInt(n)}`)
       .join(', ');
     return [
-      `exported ${fmtInt(r.exported)} of ${fmtInt(r.rows)} rows (${fmtInt(r.tokens)} tokens) of ${r.target} to ${r.out}`,
+      `exported ${formatInt(r.exported)} of ${formatInt(r.rows)} rows (${formatInt(r.tokens)} tokens) of ${r.target} to ${r.out}`,
       `columns: ${r.columns.join(', ')}`,
       ...(per === '' ? [] : [`by dataset: ${per}`]),
     ].join('\n');
   }
-  const lines = [`exported ${fmtInt(r.exported)} conversations (SpecForge JSONL) to ${r.out}`];
+  const lines = [`exported ${formatInt(r.exported)} conversations (SpecForge JSONL) to ${r.out}`];
   for (const d of r.datasets) {
     const dropped = d.droppedTruncated + d.droppedAborted + d.droppedEmpty;
-    const parts = [`${fmtInt(d.lines)} generations`, `${fmtInt(d.exported)} exported`];
-    if (d.keptTruncated > 0) parts.push(`${fmtInt(d.keptTruncated)} of them truncated (postprocess.keepTruncated)`);
-    if (d.stopWithoutEndOfTurn > 0) parts.push(`${fmtInt(d.stopWithoutEndOfTurn)} of them stopped without the end-of-turn token`);
+    const parts = [`${formatInt(d.lines)} generations`, `${formatInt(d.exported)} exported`];
+    if (d.keptTruncated > 0) parts.push(`${formatInt(d.keptTruncated)} of them truncated (postprocess.keepTruncated)`);
+    if (d.stopWithoutEndOfTurn > 0) parts.push(`${formatInt(d.stopWithoutEndOfTurn)} of them stopped without the end-of-turn token`);
     if (dropped > 0) {
       parts.push(
-        `${fmtInt(dropped)} left out as tokenize leaves them out (${fmtInt(d.droppedTruncated)} truncated, ${fmtInt(d.droppedAborted)} aborted, ${fmtInt(d.droppedEmpty)} empty)`,
+        `${formatInt(dropped)} left out as tokenize leaves them out (${formatInt(d.droppedTruncated)} truncated, ${formatInt(d.droppedAborted)} aborted, ${formatInt(d.droppedEmpty)} empty)`,
       );
     }
-    if (d.duplicates > 0) parts.push(`${fmtInt(d.duplicates)} duplicates`);
-    if (d.invalid > 0) parts.push(`${fmtInt(d.invalid)} invalid lines`);
-    if (d.promptMissing > 0) parts.push(`${fmtInt(d.promptMissing)} without a prompt line`);
-    if (d.promptChanged > 0) parts.push(`${fmtInt(d.promptChanged)} whose prompt line changed`);
+    if (d.duplicates > 0) parts.push(`${formatInt(d.duplicates)} duplicates`);
+    if (d.invalid > 0) parts.push(`${formatInt(d.invalid)} invalid lines`);
+    if (d.promptMissing > 0) parts.push(`${formatInt(d.promptMissing)} without a prompt line`);
+    if (d.promptChanged > 0) parts.push(`${formatInt(d.promptChanged)} whose prompt line changed`);
     lines.push(`  ${d.dataset}: ${parts.join(', ')}`);
     for (const x of d.examples) lines.push(`    ${x}`);
   }

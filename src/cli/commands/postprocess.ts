@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import {
+  formatInt,
   loadConfig,
   readRunStatus,
   rollbackTarget,
@@ -12,10 +13,6 @@ import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothin
 import { PostprocessFailedError, type RoundOutcome } from '../../workers/index.js';
 import { startPostprocess } from '../pipeline.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
-
-function fmtInt(n: number): string {
-  return n.toLocaleString('en-US');
-}
 
 function fmtPct(x: number): string {
   return `${(100 * x).toFixed(1)}%`;
@@ -32,14 +29,14 @@ function datasetRow(d: TokenizeResult): string[] {
   return [
     d.dataset,
     d.kind,
-    fmtInt(d.lines),
-    fmtInt(d.rows),
-    fmtInt(d.tokens),
+    formatInt(d.lines),
+    formatInt(d.rows),
+    formatInt(d.tokens),
     d.tokens === 0 ? '' : fmtPct(d.supervisedTokens / d.tokens),
-    fmtInt(d.alreadyMerged),
-    fmtInt(dropped),
-    fmtInt(d.duplicates),
-    fmtInt(d.invalid),
+    formatInt(d.alreadyMerged),
+    formatInt(dropped),
+    formatInt(d.duplicates),
+    formatInt(d.invalid),
   ];
 }
 
@@ -51,7 +48,7 @@ export function formatDrops(result: MergeJobResult, ctx: DropContext = {}): stri
   const lines: string[] = [];
   for (const d of result.datasets.map((t) => datasetDrops(t, ctx))) {
     if (d.total === 0) continue;
-    lines.push(`  ${d.dataset}: ${fmtInt(d.total)} of ${fmtInt(d.lines)} records (${fmtPct(d.fraction)}) — ${dropsSentence(d, fmtInt)}`);
+    lines.push(`  ${d.dataset}: ${formatInt(d.total)} of ${formatInt(d.lines)} records (${fmtPct(d.fraction)}) — ${dropsSentence(d, formatInt)}`);
   }
   return lines;
 }
@@ -64,7 +61,7 @@ export function largeDropWarnings(result: MergeJobResult): string[] {
     .map(
       (d) =>
         `${d.dataset}: ${fmtPct(d.fraction)} of its records were dropped (more than ${fmtPct(LARGE_DROP_FRACTION)}): ` +
-        d.byReason.map((c) => `${fmtInt(c.count)} ${c.what}`).join(', '),
+        d.byReason.map((c) => `${formatInt(c.count)} ${c.what}`).join(', '),
     );
 }
 
@@ -78,7 +75,7 @@ export function formatPostprocessResult(result: MergeJobResult, ctx: DropContext
   const headline: Record<MergeJobResult['status'], string> = {
     merged: 'merged into the training dataset',
     'already-merged': 'already merged (by an earlier attempt of this round)',
-    'nothing-new': nothingNewHeadline(result, fmtInt),
+    'nothing-new': nothingNewHeadline(result, formatInt),
   };
   const lines = [`post-processing ${result.flowId}: ${headline[result.status]}`, ''];
   if (result.datasets.length > 0) {
@@ -100,11 +97,11 @@ export function formatPostprocessResult(result: MergeJobResult, ctx: DropContext
     lines.push(
       `validation report (${r.reportPath})`,
       `  target              ${r.target}${r.firstMerge ? ' (created)' : ''}`,
-      `  rows                ${fmtInt(r.oldRows)} -> ${fmtInt(r.rows)} (+${fmtInt(r.newRows)})`,
-      `  tokens              ${fmtInt(r.oldTokens)} -> ${fmtInt(r.tokens)} (+${fmtInt(r.newTokens)})`,
+      `  rows                ${formatInt(r.oldRows)} -> ${formatInt(r.rows)} (+${formatInt(r.newRows)})`,
+      `  tokens              ${formatInt(r.oldTokens)} -> ${formatInt(r.tokens)} (+${formatInt(r.newTokens)})`,
       `  loss-mask coverage  ${fmtPct(r.lossMaskCoverage)} (new rows: ${fmtPct(r.newLossMaskCoverage)})`,
-      `  shards              ${fmtInt(r.shards)} (+${fmtInt(r.newShards)})`,
-      `  samples checked     ${fmtInt(r.checkedSamples)} read back equal to what was written`,
+      `  shards              ${formatInt(r.shards)} (+${formatInt(r.newShards)})`,
+      `  samples checked     ${formatInt(r.checkedSamples)} read back equal to what was written`,
       `  problems            ${r.problems.length === 0 ? 'none' : r.problems.join('; ')}`,
     );
     for (const w of r.warnings) lines.push(`  warning             ${w}`);
@@ -115,8 +112,8 @@ export function formatPostprocessResult(result: MergeJobResult, ctx: DropContext
 /** What `rollback` did, for people. */
 export function formatRollbackResult(r: RollbackResult): string {
   return [
-    `rolled back merge ${r.undoneMergeId}: ${fmtInt(r.undoneNewRows)} rows removed from ${r.target}`,
-    `restored: ${fmtInt(r.restored.rows)} rows, ${fmtInt(r.restored.tokens)} tokens, ${fmtInt(r.restored.shards)} shards`,
+    `rolled back merge ${r.undoneMergeId}: ${formatInt(r.undoneNewRows)} rows removed from ${r.target}`,
+    `restored: ${formatInt(r.restored.rows)} rows, ${formatInt(r.restored.tokens)} tokens, ${formatInt(r.restored.shards)} shards`,
     `merges that can still be rolled back: ${r.remainingMerges}`,
     `record: ${r.reportPath}`,
   ].join('\n');

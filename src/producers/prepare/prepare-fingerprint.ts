@@ -7,8 +7,8 @@
 import { createHash } from 'node:crypto';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { PromptSource } from '../../shared/index.js';
-import { writeFileAtomic, type WrittenFile } from './prompt-file-writer.js';
+import { writeFileAtomic, type PromptSource } from '../../shared/index.js';
+import type { WrittenFile } from './prompt-file-writer.js';
 import type { PrepareCounts } from './prepare-report.js';
 
 /** Bumped when the same inputs would give a different prompt file. */

@@ -2,6 +2,7 @@
  * The numbers of one dataset's `prepare` and the first few rows of each kind it dropped, as
  * written to `<output.dir>/<run>/<dataset>/prepare-report.json` and shown by `status`.
  */
+import { formatInt } from '../../shared/index.js';
 import type { SourceRowWhere } from './source-types.js';
 
 /** Rows of each outcome. `rowsRead` = kept + every drop + `overLimit` (when the whole source was read). */
@@ -77,15 +78,11 @@ export class ExampleLog {
   }
 }
 
-function n(x: number): string {
-  return x.toLocaleString('en-US');
-}
-
 /** One line of numbers: "1,000 rows read, 950 kept, 30 duplicates, 5 too long, 10 empty, 5 malformed". */
 export function formatPrepareCounts(c: PrepareCounts): string {
-  const parts = [`${n(c.rowsRead)} rows read`, `${n(c.kept)} kept`, `${n(c.duplicates + c.duplicatesAcross)} duplicates`];
-  parts.push(`${n(c.tooLong)} too long`, `${n(c.empty)} empty`, `${n(c.malformed)} malformed`);
-  if (c.overLimit > 0) parts.push(`${n(c.overLimit)} over the limit`);
-  if (c.idsRenamed > 0) parts.push(`${n(c.idsRenamed)} ids made unique`);
+  const parts = [`${formatInt(c.rowsRead)} rows read`, `${formatInt(c.kept)} kept`, `${formatInt(c.duplicates + c.duplicatesAcross)} duplicates`];
+  parts.push(`${formatInt(c.tooLong)} too long`, `${formatInt(c.empty)} empty`, `${formatInt(c.malformed)} malformed`);
+  if (c.overLimit > 0) parts.push(`${formatInt(c.overLimit)} over the limit`);
+  if (c.idsRenamed > 0) parts.push(`${formatInt(c.idsRenamed)} ids made unique`);
   return parts.join(', ');
 }

@@ -11,6 +11,7 @@ import {
   loadConfiguredTokenizer,
   logger as componentLogger,
   runDir,
+  writeFileAtomic,
   type ChatTokenizer,
   type Config,
   type DatasetConfig,
@@ -31,7 +32,6 @@ import {
 import type { PrepareCounts, PrepareReport } from './prepare-report.js';
 import type { Hash64Set } from './prompt-hash.js';
 import { checkRunPrompts, recordPrepared } from './prepare-run-guard.js';
-import { writeFileAtomic } from './prompt-file-writer.js';
 import { openSource } from './source.js';
 import type { OpenedSource } from './source-types.js';
 

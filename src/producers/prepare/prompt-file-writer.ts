@@ -8,6 +8,8 @@ import { mkdir, open, readdir, rename, rm, stat, type FileHandle } from 'node:fs
 import { hostname } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 
+import { isProcessAlive } from '../../shared/index.js';
+
 const FLUSH_BYTES = 1 << 20;
 
 /** What a committed file is: its SHA-256, size, lines, and the stat that identifies this version. */
@@ -103,32 +105,11 @@ export class AtomicLineWriter {
   }
 }
 
-/** Writes a small text file atomically (temp + rename). */
-export async function writeFileAtomic(file: string, text: string): Promise<void> {
-  const w = await AtomicLineWriter.open(file);
-  try {
-    await w.writeLine(text.endsWith('\n') ? text.slice(0, -1) : text);
-    await w.commit();
-  } catch (e: unknown) {
-    await w.abort();
-    throw e;
-  }
-}
-
 const HOST = createHash('sha256').update(hostname()).digest('hex').slice(0, 8);
 
 /** `.<name>.<host>.<pid>.<random>.<kind>` next to `file`: whose it is, so that what a dead process left can be removed. */
 export function tempNameFor(file: string, kind: 'tmp' | 'subset'): string {
   return join(dirname(file), `.${basename(file)}.${HOST}.${process.pid}.${randomBytes(4).toString('hex')}.${kind}`);
-}
-
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e: unknown) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /** Removes the temp files of `file` that a process of this host, no longer running, left behind. */
@@ -138,7 +119,7 @@ export async function removeAbandonedTempFiles(file: string): Promise<string[]> 
   for (const name of await readdir(dirname(file)).catch(() => [] as string[])) {
     if (!name.startsWith(prefix)) continue;
     const m = /^(\d+)\.[0-9a-f]+\.(tmp|subset)$/.exec(name.slice(prefix.length));
-    if (m === null || isAlive(Number(m[1]))) continue;
+    if (m === null || isProcessAlive(Number(m[1]))) continue;
     await rm(join(dirname(file), name), { force: true });
     removed.push(name);
   }

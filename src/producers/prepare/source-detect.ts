@@ -4,7 +4,7 @@
  * where from; an explicit format takes its defaults, `fields` and, for `openai` or `sharegpt`
  * without `fields.messages`, the list column the rows have (`messages` or `conversations`).
  */
-import type { PromptSource } from '../../shared/index.js';
+import { isRecord, type PromptSource } from '../../shared/index.js';
 import { PROMPT_COLUMNS, layoutOf, typeName, type SourceLayout } from './source-formats.js';
 import { SourceError, describeWhere } from './source-raw.js';
 import type { SourceRowWhere } from './source-types.js';
@@ -87,7 +87,7 @@ function detectTurns(source: PromptSource, samples: readonly SampleRow[], descri
     for (const column of candidates) {
       const list = sample.value[column];
       if (!Array.isArray(list)) continue;
-      const turn = (list as unknown[]).find((t): t is Record<string, unknown> => typeof t === 'object' && t !== null && !Array.isArray(t));
+      const turn = (list as unknown[]).find(isRecord);
       if (turn === undefined) {
         listSeen ??= { column, keys: [], sample };
         continue;

@@ -13,7 +13,7 @@
  * than its role and content (`tool_calls`, `name`, …) are kept unless null. A row that does not
  * fit is malformed, with the reason naming the column or turn; nothing here throws for a row.
  */
-import type { PromptSource } from '../../shared/index.js';
+import { isRecord, type PromptSource } from '../../shared/index.js';
 import { excerptOfValue, jsonText } from './source-raw.js';
 import type { ChatRole, SourceFormat, SourceMessage } from './source-types.js';
 
@@ -124,10 +124,6 @@ export type ConvertedRow = { ok: true; id?: string; messages: SourceMessage[] } 
 
 /** Thrown inside the conversion of one row; caught by {@link convertRow} and turned into a malformed row. */
 class RowProblem extends Error {}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 /** `a string`, `a list`, `null`…: the type of a value, for reasons. */
 export function typeName(value: unknown): string {

@@ -2,7 +2,7 @@
  * `openSource`: a dataset's `source` opened for `tokenmill prepare`: its files listed, its
  * format resolved (detected from the first rows for `auto`), its rows streamed as chat turns.
  */
-import type { PromptSource } from '../../shared/index.js';
+import { isRecord, type PromptSource } from '../../shared/index.js';
 import { readArrowRows } from './source-arrow.js';
 import { SAMPLE_ROWS, resolveLayout, type SampleRow } from './source-detect.js';
 import { listSourceFiles, type SourceFileKind } from './source-files.js';
@@ -56,7 +56,7 @@ async function sampleRows(files: readonly string[], read: RawRowReader): Promise
   let seen = 0;
   for (const file of files) {
     for await (const r of read(file, { maxRows: SAMPLE_ROWS - seen })) {
-      if (r.ok && typeof r.value === 'object' && r.value !== null && !Array.isArray(r.value)) ok.push({ value: r.value as Record<string, unknown>, where: r.where });
+      if (r.ok && isRecord(r.value)) ok.push({ value: r.value, where: r.where });
       else if (!r.ok) bad ??= r;
       if (++seen >= SAMPLE_ROWS) break;
     }

@@ -1,5 +1,7 @@
 /** The `train` section of the config: the train stage's command or chain of steps. */
 import { z } from 'zod';
+
+import { errorMessage } from '../errors.js';
 import { name, nonNegativeInt, positiveInt } from './schema-util.js';
 
 /** A `train.progressRegex`: a valid regular expression with at least one of its named groups. */
@@ -12,7 +14,7 @@ const progressRegex = () =>
       try {
         re = new RegExp(s);
       } catch (e: unknown) {
-        ctx.addIssue({ code: 'custom', message: `expected a valid regular expression: ${e instanceof Error ? e.message : String(e)}` });
+        ctx.addIssue({ code: 'custom', message: `expected a valid regular expression: ${errorMessage(e)}` });
         return;
       }
       const groups = ['step', 'total', 'loss'].filter((g) => re.source.includes(`(?<${g}>`));

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { RecordBatchReader, type Data, type RecordBatch, type Schema } from 'apache-arrow';
 
 import { errorMessage } from '../errors.js';
-import { exists, isErrno } from '../util/index.js';
+import { exists, isErrno, isRecord } from '../util/index.js';
 import {
   DatasetFormatError,
   DatasetStateSchema,
@@ -70,7 +70,7 @@ export async function readDatasetMeta(dir: string): Promise<DatasetMeta> {
     infoText = await readFile(infoPath, 'utf8');
     try {
       const v: unknown = JSON.parse(infoText);
-      info = typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
+      info = isRecord(v) ? v : {};
     } catch (e: unknown) {
       throw new DatasetFormatError(`${infoPath} is not valid JSON: ${errorMessage(e)}`, { cause: e });
     }

@@ -4,6 +4,7 @@ import { PayloadError, errorMessage } from '../errors.js';
 import { BloomFilter, fastPromptId } from './id-filter.js';
 import { readRawLineChunks, readRawLines } from './line-reader.js';
 import type { ChatMessage } from '../tokenizer/index.js';
+import { isRecord } from '../util/index.js';
 
 
 /**
@@ -37,10 +38,6 @@ export interface RejectedLine {
 }
 
 export type PromptLine = { ok: true; record: PromptRecord } | { ok: false; reject: RejectedLine };
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 /** The sample id of a record without an `id`: a hash of its normalized messages. */
 export function contentSampleId(messages: readonly ChatMessage[]): string {
@@ -119,7 +116,7 @@ export function parsePromptLine(text: string, file: string, line: number): Promp
   try {
     value = JSON.parse(text);
   } catch (e: unknown) {
-    return reject(`invalid JSON: ${e instanceof Error ? e.message : String(e)}`);
+    return reject(`invalid JSON: ${errorMessage(e)}`);
   }
   if (typeof value !== 'object' || value === null || Array.isArray(value)) return reject('expected a JSON object');
   const rec = value as Record<string, unknown>;

@@ -21,6 +21,7 @@ import path from 'node:path';
 import { Redis } from 'ioredis';
 import { AppError, EnvironmentError, TimeoutError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
+import { isProcessAlive } from '../util/index.js';
 
 /** Options of {@link EmbeddedRedis}. */
 export interface EmbeddedRedisOptions {
@@ -523,16 +524,6 @@ function readServerInfo(port: number): Promise<{ processId: number | undefined; 
       configFile: configFile === undefined || configFile === '' ? undefined : configFile,
     };
   });
-}
-
-function isProcessAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e: unknown) {
-    // EPERM: it exists but belongs to someone else.
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /** On Linux, whether the process looks like a redis-server; elsewhere assume it may be one. */

@@ -3,6 +3,7 @@ import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import { AppError } from '../errors.js';
 import type { Logger } from '../logger.js';
+import { isProcessAlive } from '../util/index.js';
 import { withScripts, type ScriptedRedis } from './scripts.js';
 
 /** Who holds a lock, read from its value `<host>:<pid>:<sinceMs>:<nonce>`. */
@@ -209,10 +210,5 @@ export class ProcessLock {
 function isDeadLocalProcess(value: string): boolean {
   const { host, pid } = parseLockHolder(value);
   if (host !== hostname() || pid === undefined || pid === process.pid) return false;
-  try {
-    process.kill(pid, 0);
-    return false;
-  } catch (e: unknown) {
-    return (e as NodeJS.ErrnoException).code === 'ESRCH';
-  }
+  return !isProcessAlive(pid);
 }

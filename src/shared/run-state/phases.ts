@@ -8,6 +8,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from '../config/index.js';
 import { MERGE_QUEUE, type MergeJobResult } from '../queues/index.js';
 import type { RunKeys } from '../queues/index.js';
+import { formatInt } from '../util/index.js';
 
 /** What {@link readPhaseDetails} needs of each generation dataset's status. */
 interface GenerationCounts {
@@ -60,10 +61,6 @@ export interface PhaseDetails {
   merge: string;
 }
 
-function n(x: number): string {
-  return x.toLocaleString('en-US');
-}
-
 /** Reads the numbers of each phase (a few round trips; the merge job only once a round ran). */
 export async function readPhaseDetails(
   redis: Redis,
@@ -80,7 +77,7 @@ export async function readPhaseDetails(
     prompts += Number(p ?? 0);
     rejected += Number(r ?? 0);
   }
-  const read = counted === 0 ? '' : `${n(prompts)} prompts read, ${n(rejected)} rejected`;
+  const read = counted === 0 ? '' : `${formatInt(prompts)} prompts read, ${formatInt(rejected)} rejected`;
   const prepare = [await preparedSources(redis, keys, config), read].filter((x) => x !== '').join('; ');
 
   const records = generation.reduce((a, d) => a + d.records, 0);
@@ -91,7 +88,7 @@ export async function readPhaseDetails(
   const generate =
     generation.length === 0
       ? 'no dataset with prompts'
-      : `${n(records)} records, ${n(tokens)}${budget === null ? '' : ` / ${n(budget)}`} output tokens, ${n(failed)} failed, ${n(skipped)} skipped`;
+      : `${formatInt(records)} records, ${formatInt(tokens)}${budget === null ? '' : ` / ${formatInt(budget)}`} output tokens, ${formatInt(failed)} failed, ${formatInt(skipped)} skipped`;
 
   const round = await redis.hgetall(keys.postprocess());
   let tokenize = '';
@@ -106,11 +103,11 @@ export async function readPhaseDetails(
       const rows = result.datasets.reduce((a, d) => a + d.rows, 0);
       const tok = result.datasets.reduce((a, d) => a + d.tokens, 0);
       const dropped = result.datasets.reduce((a, d) => a + d.droppedTruncated + d.droppedAborted + d.droppedEmpty + d.droppedUnsupervised + d.invalid, 0);
-      tokenize = `${label}: ${n(rows)} rows, ${n(tok)} tokens from ${result.datasets.length} datasets, ${n(dropped)} dropped`;
+      tokenize = `${label}: ${formatInt(rows)} rows, ${formatInt(tok)} tokens from ${result.datasets.length} datasets, ${formatInt(dropped)} dropped`;
       merge =
         result.report === null
           ? `${label}: ${result.status}`
-          : `${label}: ${n(result.report.rows)} rows, ${n(result.report.tokens)} tokens in ${n(result.report.shards)} shards (${n(result.report.newRows)} new)`;
+          : `${label}: ${formatInt(result.report.rows)} rows, ${formatInt(result.report.tokens)} tokens in ${formatInt(result.report.shards)} shards (${formatInt(result.report.newRows)} new)`;
     }
   }
   return { prepare, generate, tokenize, merge };
@@ -128,7 +125,7 @@ async function preparedSources(redis: Redis, keys: RunKeys, config: Pick<Config,
     values.forEach((v, i) => (sums[i] = (sums[i] ?? 0) + Number(v ?? 0)));
   }
   if (sources === 0) return '';
-  const [rows, kept, duplicates, tooLong, empty, malformed] = sums.map((x) => n(x));
+  const [rows, kept, duplicates, tooLong, empty, malformed] = sums.map((x) => formatInt(x));
   return `${sources} source${sources === 1 ? '' : 's'}: ${rows} rows read, ${kept} kept, ${duplicates} duplicates, ${tooLong} too long, ${empty} empty, ${malformed} malformed`;
 }
 

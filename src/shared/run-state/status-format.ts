@@ -1,4 +1,5 @@
 /** `status` and the progress line as people read them: the table, endpoint health, ETA ranges, warnings. */
+import { formatDuration, formatInt } from '../util/index.js';
 import { describeEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
 import type { ProgressStatus, RunStatus } from './status.js';
 
@@ -10,26 +11,15 @@ export function runStatusWarnings(status: RunStatus, nowMs = Date.now()): string
   const lines: string[] = [];
   for (const d of status.datasets) {
     if (d.stalled === null) continue;
-    lines.push(`! ${d.name} stalled for ${fmtDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`);
+    lines.push(`! ${d.name} stalled for ${formatDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`);
   }
   const generating = status.datasets.some((d) => d.status === 'in_progress' || d.status === 'pending');
   if (generating && status.endpoints.total > 0 && status.endpoints.healthy === 0) lines.push(`waiting: ${describeEndpointHealth(status.endpoints)}`);
   return lines;
 }
 
-function fmtInt(n: number): string {
-  return n.toLocaleString('en-US');
-}
-
 function fmtMs(ms: number): string {
   return ms < 1000 ? `${ms}ms` : `${(ms / 1000).toFixed(1)}s`;
-}
-
-function fmtDuration(s: number | null): string {
-  if (s === null) return '?';
-  if (s < 60) return `${Math.round(s)}s`;
-  if (s < 3600) return `${Math.round(s / 60)}m`;
-  return `${(s / 3600).toFixed(1)}h`;
 }
 
 /** The status as a readable table, with the phases as a checklist. */
@@ -42,10 +32,10 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     if (e.requests === 0 && e.inFlight === 0) continue;
     const errors = Object.entries(e.errors).map(([k, v]) => `${k}×${v}`).join(' ');
     const latency = e.recentLatencyMs === null ? '' : `, latency p50 ${fmtMs(e.recentLatencyMs.p50)} p95 ${fmtMs(e.recentLatencyMs.p95)}`;
-    lines.push(`  ${e.url}: ${fmtInt(e.inFlight)} in flight${latency}${errors === '' ? '' : `, errors ${errors}`}`);
+    lines.push(`  ${e.url}: ${formatInt(e.inFlight)} in flight${latency}${errors === '' ? '' : `, errors ${errors}`}`);
   }
   for (const e of status.endpoints.endpoints) {
-    if (e.concurrency !== undefined) lines.push(`  ${e.url}: concurrency auto ${fmtInt(e.concurrency.cap)} (${e.concurrency.reason})`);
+    if (e.concurrency !== undefined) lines.push(`  ${e.url}: concurrency auto ${formatInt(e.concurrency.cap)} (${e.concurrency.reason})`);
   }
   const workers = status.workers;
   if (workers.length > 0) {
@@ -53,7 +43,7 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     for (const w of workers) roles.set(w.role, (roles.get(w.role) ?? 0) + 1);
     lines.push(`workers: ${[...roles].map(([r, c]) => `${c} ${r}`).join(', ')}`);
     for (const w of workers) {
-      lines.push(`  ${w.role.padEnd(11)} ${w.host}:${w.pid}  up ${fmtDuration((nowMs - w.startedMs) / 1000)}${w.role === 'inference' ? `, ${fmtInt(w.inFlight)} in flight` : ''}`);
+      lines.push(`  ${w.role.padEnd(11)} ${w.host}:${w.pid}  up ${formatDuration((nowMs - w.startedMs) / 1000)}${w.role === 'inference' ? `, ${formatInt(w.inFlight)} in flight` : ''}`);
     }
   }
   lines.push('');
@@ -61,14 +51,14 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
   const rows = status.datasets.map((d) => [
     d.name,
     d.status,
-    d.tokenBudget === null ? fmtInt(d.outputTokens) : `${fmtInt(d.outputTokens)} / ${fmtInt(d.tokenBudget)}`,
+    d.tokenBudget === null ? formatInt(d.outputTokens) : `${formatInt(d.outputTokens)} / ${formatInt(d.tokenBudget)}`,
     d.tokenBudget === null || d.tokenBudget === 0 ? '' : `${Math.min(999, Math.floor((100 * d.outputTokens) / d.tokenBudget))}%`,
-    fmtInt(d.records),
-    fmtInt(d.inFlight),
-    fmtInt(d.failed),
-    fmtInt(d.skipped),
-    fmtInt(d.rejected),
-    fmtInt(Math.round(d.tokensPerSec)),
+    formatInt(d.records),
+    formatInt(d.inFlight),
+    formatInt(d.failed),
+    formatInt(d.skipped),
+    formatInt(d.rejected),
+    formatInt(Math.round(d.tokensPerSec)),
     d.status === 'completed' ? '-' : formatEta(d.etaSeconds),
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
@@ -82,8 +72,8 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
 /** An ETA range, "4m–7m" ("4m" when both ends agree), or "?" while unknown. */
 export function formatEta(eta: { low: number | null; high: number | null }): string {
   if (eta.low === null) return '?';
-  const low = fmtDuration(eta.low);
-  const high = fmtDuration(eta.high ?? eta.low);
+  const low = formatDuration(eta.low);
+  const high = formatDuration(eta.high ?? eta.low);
   return low === high ? low : `${low}–${high}`;
 }
 

@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { RunKeys } from '../queues/index.js';
 import { TrainKeys } from '../queues/index.js';
+import { formatDuration } from '../util/index.js';
 
 /** State of the run's latest train job, as train workers record it. */
 export type TrainState = 'queued' | 'waiting' | 'running' | 'completed' | 'failed' | 'cancelled' | 'skipped';
@@ -92,19 +93,13 @@ export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<Trai
   };
 }
 
-function fmtSeconds(s: number): string {
-  if (s < 60) return `${Math.round(s)}s`;
-  if (s < 3600) return `${Math.round(s / 60)}m`;
-  return `${(s / 3600).toFixed(1)}h`;
-}
-
 /** One line of progress: `step 40/100  loss 2.3100  3.20 steps/s  ETA 19s`. */
 export function formatTrainProgress(t: Pick<TrainStatus, 'step' | 'total' | 'loss' | 'stepsPerSec' | 'etaSeconds'>): string {
   const parts: string[] = [];
   if (t.step !== null) parts.push(`step ${t.step}${t.total === null ? '' : `/${t.total}`}`);
   if (t.loss !== null) parts.push(`loss ${t.loss.toPrecision(5)}`);
   if (t.stepsPerSec !== null) parts.push(`${t.stepsPerSec.toFixed(2)} steps/s`);
-  if (t.etaSeconds !== null) parts.push(`ETA ${fmtSeconds(t.etaSeconds)}`);
+  if (t.etaSeconds !== null) parts.push(`ETA ${formatDuration(t.etaSeconds)}`);
   return parts.join('  ');
 }
 

@@ -11,6 +11,7 @@ import {
   UnavailableError,
   UpstreamHttpError,
 } from '../errors.js';
+import { isRecord } from '../util/index.js';
 
 /** Where a request went, for error messages. */
 export interface SglangRequestContext {
@@ -79,8 +80,8 @@ export function sglangErrorMessage(bodyText: string): string | undefined {
   } catch {
     return truncate(trimmed);
   }
-  if (body !== null && typeof body === 'object' && !Array.isArray(body)) {
-    const o = body as Record<string, unknown>;
+  if (isRecord(body)) {
+    const o = body;
     const err = o['error'];
     if (err !== null && typeof err === 'object' && typeof (err as Record<string, unknown>)['message'] === 'string') {
       return truncate((err as Record<string, string>)['message'] ?? '');

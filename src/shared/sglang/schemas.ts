@@ -9,7 +9,7 @@
  * offending field (`meta_info.completion_tokens: expected number, got undefined`).
  */
 import { z } from 'zod';
-import { isRecord } from '../tokenizer/index.js';
+import { isRecord } from '../util/index.js';
 
 // ---------------------------------------------------------------------------------------------
 // Sampling parameters (request side)

@@ -2,6 +2,8 @@
  * Reading a Hugging Face tokenizer's JSON: tokens given as strings or `{content}` objects, the
  * added tokens of tokenizer.json and `added_tokens_decoder`, and `chat_template` in its shapes.
  */
+import { isRecord } from '../util/index.js';
+
 /** Parsed `added_tokens` entry of tokenizer.json / value of `added_tokens_decoder`. */
 export interface AddedTokenEntry {
   id: number;
@@ -20,10 +22,6 @@ export function tokenContent(value: unknown): string | undefined {
     if (typeof content === 'string') return content;
   }
   return undefined;
-}
-
-export function isRecord(value: unknown): value is Record<string, unknown> {
-  return value !== null && typeof value === 'object' && !Array.isArray(value);
 }
 
 /** `chat_template` as a string, a list of `{name, template}`, or an object by name. */

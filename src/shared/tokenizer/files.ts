@@ -3,7 +3,7 @@ import { readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 
 import { EnvironmentError, errorMessage } from '../errors.js';
-import { isRecord } from './config-json.js';
+import { isRecord } from '../util/index.js';
 
 export async function readJsonFile(file: string, what: string): Promise<Record<string, unknown>> {
   let text: string;
@@ -14,6 +14,11 @@ export async function readJsonFile(file: string, what: string): Promise<Record<s
     const reason = code === 'ENOENT' ? 'is missing' : `cannot be read (${errorMessage(e)})`;
     throw new EnvironmentError(`${what}: ${file} ${reason}`, { cause: e });
   }
+  return parseJsonObject(text, file, what);
+}
+
+/** `text` (read from `file`) as a JSON object, else an {@link EnvironmentError} naming the file. */
+function parseJsonObject(text: string, file: string, what: string): Record<string, unknown> {
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
@@ -62,13 +67,5 @@ export async function readTemplateFiles(dir: string): Promise<Map<string, string
  */
 export async function readOptionalJsonFile(file: string, what: string): Promise<Record<string, unknown> | undefined> {
   const text = await readOptionalText(file);
-  if (text === undefined) return undefined;
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(text);
-  } catch (e: unknown) {
-    throw new EnvironmentError(`${what}: ${file} is not valid JSON (${errorMessage(e)})`, { cause: e });
-  }
-  if (!isRecord(parsed)) throw new EnvironmentError(`${what}: ${file} is not a JSON object`);
-  return parsed;
+  return text === undefined ? undefined : parseJsonObject(text, file, what);
 }

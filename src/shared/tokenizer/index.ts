@@ -2,7 +2,6 @@
 export { parseRankFile, type RankTable, readRankFile } from './bpe.js';
 export { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from './bundled.js';
 export { ChatTokenizer, type TokenIdRange } from './chat.js';
-export { isRecord } from './config-json.js';
 export { type EncoderKind, ServerTokensNeeded, type TokenEncoder } from './encoder.js';
 export { checkTokenizerKindFits, loadConfiguredTokenizer, loadTokenizer, type TokenizerConfigSource, type TokenizerKind, tokenizerLoadOptions, type TokenizerLoadOptions } from './load.js';
 export { type ApplyChatTemplateOptions, type ChatMessage, ChatMessageSchema, type ChatRole, ChatRoleSchema, type EncodePromptOptions } from './messages.js';

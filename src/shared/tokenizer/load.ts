@@ -17,9 +17,10 @@ import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 
 import { AppError, ConfigError, EnvironmentError, errorMessage } from '../errors.js';
+import { isRecord } from '../util/index.js';
 import { ChatTokenizer } from './chat.js';
 import { readRankFile } from './bpe.js';
-import { collectAddedTokens, isRecord, templatesFromConfig, tokenContent, type AddedTokenEntry, type TokenizerConfigJson } from './config-json.js';
+import { collectAddedTokens, templatesFromConfig, tokenContent, type AddedTokenEntry, type TokenizerConfigJson } from './config-json.js';
 import type { TokenEncoder } from './encoder.js';
 import { readJsonFile, readOptionalJsonFile, readTemplateFiles } from './files.js';
 import { HfEncoder } from './hf.js';

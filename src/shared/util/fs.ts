@@ -1,5 +1,6 @@
 // Durable filesystem steps shared by the writer and the merge: fsync of files and folders,
-// atomic JSON replacement, hard links with a logged copy fallback.
+// atomic replacement of small files, hard links with a logged copy fallback.
+import { randomBytes } from 'node:crypto';
 import { constants as fsConstants } from 'node:fs';
 import { copyFile, link, mkdir, open, readdir, rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
@@ -27,21 +28,30 @@ export async function fsyncFile(file: string): Promise<void> {
 }
 
 /**
- * Writes `text` to `file` so that readers see either the old content or the new one, never a
- * part: a temporary sibling is written and fsynced, renamed over `file`, then the folder is
- * fsynced. The temporary name starts with `.tmp-`, which {@link removeTempFiles} cleans up.
+ * Writes `data` (text as UTF-8, or bytes) to `file` so that readers see either the old content
+ * or the new one, never a part: `file`'s folder is created if missing, a temporary sibling of
+ * this process alone (created exclusively, with a random part, so that writers of the same file
+ * in one or several processes never share one) is written and fsynced, renamed over `file`, then
+ * the folder is fsynced. A write that fails removes its temporary file; the temporary name starts
+ * with `.tmp-`, which {@link removeTempFiles} cleans up after a killed process.
  */
-export async function writeFileAtomic(file: string, text: string): Promise<void> {
+export async function writeFileAtomic(file: string, data: string | Uint8Array): Promise<void> {
   const dir = path.dirname(file);
-  const tmp = path.join(dir, `.tmp-${path.basename(file)}-${process.pid}-${Date.now()}`);
-  const fh = await open(tmp, 'w');
+  await mkdir(dir, { recursive: true });
+  const tmp = path.join(dir, `.tmp-${path.basename(file)}-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const fh = await open(tmp, 'wx');
   try {
-    await fh.writeFile(text, 'utf8');
-    await fh.sync();
-  } finally {
-    await fh.close();
+    try {
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await rename(tmp, file);
+  } catch (e: unknown) {
+    await rm(tmp, { force: true });
+    throw e;
   }
-  await rename(tmp, file);
   await fsyncDir(dir);
 }
 

@@ -1,5 +1,23 @@
-/** Runs a short helper program (Python probes, nvidia-smi) and collects its output, with a deadline. */
+/**
+ * Other processes: running a short helper program (Python probes, nvidia-smi) and collecting its
+ * output with a deadline, and asking whether a process of this machine still runs.
+ */
 import { spawn } from 'node:child_process';
+
+import { isErrno } from './fs.js';
+
+/**
+ * Whether process `pid` of this machine runs (signal 0 reaches it, or it exists but belongs to
+ * another user: EPERM). False once it is gone (ESRCH) or when `pid` is no pid at all.
+ */
+export function isProcessAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e: unknown) {
+    return isErrno(e, 'EPERM');
+  }
+}
 
 /** How a {@link runCaptured} program ended, with its whole output. */
 export interface CapturedRun {

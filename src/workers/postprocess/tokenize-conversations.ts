@@ -10,12 +10,13 @@ import {
   contentSampleId,
   parseChatMessage,
   errorMessage,
+  isRecord,
   logger as componentLogger,
   type ChatMessage,
   type Logger,
 } from '../../shared/index.js';
 import { CONVERSATION_FINISH_REASON, type TokenizeContext, type TokenizedRow } from './tokenize-context.js';
-import { isRecord, jsonLines, noteInvalid, type InvalidLine } from './tokenize-lines.js';
+import { jsonLines, noteInvalid, type InvalidLine } from './tokenize-lines.js';
 import { findSupervisedSpans, specForgeMask, type CharSpan } from './tokenize-mask.js';
 
 

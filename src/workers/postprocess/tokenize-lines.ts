@@ -15,11 +15,6 @@ export interface InvalidLine {
 /** At most this many invalid lines are kept as examples in the counters. */
 export const INVALID_EXAMPLES = 20;
 
-/** Whether `value` is a JSON object (not null, not an array). */
-export function isRecord(value: unknown): value is Record<string, unknown> {
-  return value !== null && typeof value === 'object' && !Array.isArray(value);
-}
-
 
 /** The non-blank lines of a text file, with their 1-based numbers. */
 export async function* jsonLines(file: string): AsyncGenerator<{ line: number; text: string }> {

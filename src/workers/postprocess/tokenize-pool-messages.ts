@@ -3,7 +3,7 @@
  * a batch's line outcomes travel: token ids and masks packed in one `Int32Array` and one
  * `Uint8Array` per batch, moved (transferred), not copied.
  */
-import type { ChatMessage, TokenizerPreset } from '../../shared/index.js';
+import { errorMessage, type ChatMessage, type TokenizerPreset } from '../../shared/index.js';
 import type { ConversationLineOutcome } from './tokenize-conversations.js';
 import type { TokenizeContext } from './tokenize-context.js';
 
@@ -141,7 +141,7 @@ export function contextFingerprint(ctx: TokenizeContext): string {
   try {
     rendered = ctx.tokenizer.applyChatTemplate(PROBE_CONVERSATION, { addGenerationPrompt: false, templateKwargs: ctx.templateKwargs });
   } catch (e: unknown) {
-    rendered = `error: ${e instanceof Error ? e.message : String(e)}`;
+    rendered = `error: ${errorMessage(e)}`;
   }
   return JSON.stringify({
     name: ctx.tokenizer.name,

@@ -7,6 +7,7 @@ import {
   FinishReasonSchema,
   PayloadError,
   errorMessage,
+  isRecord,
   logger as componentLogger,
   type FinishReason,
   type Logger,
@@ -14,7 +15,7 @@ import {
 import type { TokenizeContext, TokenizedRow } from './tokenize-context.js';
 import type { AssistantTurnFormat } from './tokenize-template.js';
 import { linesFrom, type FileStart } from './generation-offsets.js';
-import { isRecord, noteInvalid, type InvalidLine } from './tokenize-lines.js';
+import { noteInvalid, type InvalidLine } from './tokenize-lines.js';
 
 /** One line of `<run>/<dataset>/generations/*.jsonl` (the keys this step reads; others ignored). */
 export interface GenerationRecord {

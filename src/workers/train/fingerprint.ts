@@ -1,4 +1,4 @@
-import { runCaptured, type CapturedRun } from '../../shared/index.js';
+import { errorMessage, runCaptured, type CapturedRun } from '../../shared/index.js';
 import { basename } from 'node:path';
 import type { GpuInfo } from './gpus.js';
 
@@ -72,13 +72,13 @@ async function runProbe(python: string, cwd: string, timeoutMs: number): Promise
   try {
     run = await runCaptured(python, ['-c', PROBE, ...FINGERPRINT_PACKAGES], { cwd, timeoutMs });
   } catch (e: unknown) {
-    return { ok: false, problem: `${python} could not run: ${e instanceof Error ? e.message : String(e)}` };
+    return { ok: false, problem: `${python} could not run: ${errorMessage(e)}` };
   }
   try {
     if (run.code !== 0) throw new Error(run.stderr.trim().split('\n').at(-1) ?? `exit ${run.code}`);
     return { ok: true, value: JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '') as { python: string; packages: Record<string, string>; cuda: string | null } };
   } catch (e: unknown) {
-    return { ok: false, problem: `${python} could not be probed: ${e instanceof Error ? e.message : String(e)}` };
+    return { ok: false, problem: `${python} could not be probed: ${errorMessage(e)}` };
   }
 }
 

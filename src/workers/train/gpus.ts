@@ -1,5 +1,5 @@
 import { runCaptured, type CapturedRun } from '../../shared/index.js';
-import { AppError, EnvironmentError, type GpuMemorySeen } from '../../shared/index.js';
+import { AppError, EnvironmentError, errorMessage, type GpuMemorySeen } from '../../shared/index.js';
 
 /** One GPU as `nvidia-smi` reports it. */
 export interface GpuInfo extends GpuMemorySeen {
@@ -56,7 +56,7 @@ export async function probeGpus(command = 'nvidia-smi', timeoutMs = 20_000): Pro
     run = await runCaptured(command, NVIDIA_SMI_ARGS, { timeoutMs });
   } catch (e: unknown) {
     const missing = (e as NodeJS.ErrnoException).code === 'ENOENT';
-    return { gpus: [], problem: missing ? 'no GPU on this worker (nvidia-smi not found on the PATH)' : `nvidia-smi could not run: ${e instanceof Error ? e.message : String(e)}` };
+    return { gpus: [], problem: missing ? 'no GPU on this worker (nvidia-smi not found on the PATH)' : `nvidia-smi could not run: ${errorMessage(e)}` };
   }
   const stderr = run.stderr.trim();
   if (run.code !== 0) {
@@ -65,7 +65,7 @@ export async function probeGpus(command = 'nvidia-smi', timeoutMs = 20_000): Pro
   try {
     return { gpus: parseNvidiaSmi(run.stdout), problem: null };
   } catch (e: unknown) {
-    return { gpus: [], problem: e instanceof Error ? e.message : String(e) };
+    return { gpus: [], problem: errorMessage(e) };
   }
 }
 

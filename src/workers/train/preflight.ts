@@ -1,3 +1,4 @@
+import { formatInt } from '../../shared/index.js';
 import type { GpuInfo, GpuProbe } from './gpus.js';
 
 /** What a train job needs from the GPUs. */
@@ -8,10 +9,6 @@ export interface GpuNeed {
 
 /** Preflight's verdict: start on these GPUs, or wait (with why, in numbers). */
 export type PreflightVerdict = { ok: true; assigned: GpuInfo[]; seen: GpuInfo[] } | { ok: false; reason: string; seen: GpuInfo[] };
-
-function fmtMiB(n: number): string {
-  return n.toLocaleString('en-US');
-}
 
 /**
  * Chooses the GPUs for a job: among those this worker may use (`allowed`, from `--gpus`; all
@@ -32,6 +29,6 @@ export function preflight(need: GpuNeed, probe: GpuProbe, allowed?: readonly num
   if (fit.length >= need.gpus) return { ok: true, assigned: fit.slice(0, need.gpus), seen: usable };
   const short = usable
     .filter((g) => g.freeMiB < need.minFreeGpuMemMiB)
-    .map((g) => `GPU ${g.index}: ${fmtMiB(g.freeMiB)} MiB free, ${fmtMiB(need.minFreeGpuMemMiB)} needed`);
-  return { ok: false, reason: `${need.gpus} GPU(s) with ${fmtMiB(need.minFreeGpuMemMiB)} MiB free needed, ${fit.length} have it — ${short.join('; ')}`, seen: usable };
+    .map((g) => `GPU ${g.index}: ${formatInt(g.freeMiB)} MiB free, ${formatInt(need.minFreeGpuMemMiB)} needed`);
+  return { ok: false, reason: `${need.gpus} GPU(s) with ${formatInt(need.minFreeGpuMemMiB)} MiB free needed, ${fit.length} have it — ${short.join('; ')}`, seen: usable };
 }

@@ -5,6 +5,7 @@ import {
   AppError,
   CancelledError,
   TrainPayloadSchema,
+  formatInt,
   parsePayload,
   type Logger,
   type TrainPayload,
@@ -65,14 +66,10 @@ export class TrainCancelledError extends AppError {
   }
 }
 
-function fmtMiB(n: number): string {
-  return n.toLocaleString('en-US');
-}
-
 /** `GPU 0 (NVIDIA H200): 21,000 of 143,771 MiB free` for each GPU preflight saw. */
 function describeSeen(seen: readonly GpuInfo[], assigned: readonly GpuInfo[], need: number): string {
-  const list = (assigned.length > 0 ? assigned : seen).map((g) => `GPU ${g.index} (${g.name}): ${fmtMiB(g.freeMiB)} of ${fmtMiB(g.totalMiB)} MiB free`);
-  return list.length === 0 ? 'no GPU' : `${list.join('; ')} (${fmtMiB(need)} MiB needed)`;
+  const list = (assigned.length > 0 ? assigned : seen).map((g) => `GPU ${g.index} (${g.name}): ${formatInt(g.freeMiB)} of ${formatInt(g.totalMiB)} MiB free`);
+  return list.length === 0 ? 'no GPU' : `${list.join('; ')} (${formatInt(need)} MiB needed)`;
 }
 
 /**

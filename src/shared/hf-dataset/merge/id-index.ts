@@ -18,13 +18,13 @@
 //   keys: the UTF-8 text of `dataset \0 id` of each entry, in entry order
 // A lookup compares 64-bit hashes and then the key itself, so it is exact: a hash collision
 // costs one read of the key, never a wrong answer.
-import { open, rename, stat } from 'node:fs/promises';
+import { open, stat } from 'node:fs/promises';
 import path from 'node:path';
 
 import type { RecordBatch } from 'apache-arrow';
 
 import { errorMessage } from '../../errors.js';
-import { ensureDir, fsyncDir, isErrno } from '../../util/index.js';
+import { isErrno, writeFileAtomic } from '../../util/index.js';
 import { controlDir, log } from './common.js';
 import { scanShard, type ShardScan } from '../reader.js';
 import type { ColumnSpec } from '../schema.js';
@@ -293,10 +293,7 @@ export async function openShardIndex(dir: string, shard: string, opts: { persist
   log().info({ dir, shard, why }, 'merge index: building the index of a shard from its rows');
   const buf = await buildShardIndex(dir, shard);
   const layout = parseLayout(buf, file);
-  if (opts.persist) {
-    await ensureDir(path.dirname(file));
-    await writeFileBytesAtomic(file, buf);
-  }
+  if (opts.persist) await writeFileAtomic(file, buf);
   return { shard, header: layout.header, rebuilt: true, layout, bytes: memoryBytes(buf) };
 }
 
@@ -310,21 +307,6 @@ async function blobLength(file: string, layout: IndexLayout): Promise<number> {
   } finally {
     await fh.close();
   }
-}
-
-/** fs.ts's `writeFileAtomic`, for bytes: a fsynced `.tmp-` sibling renamed over `file`. */
-async function writeFileBytesAtomic(file: string, buf: Buffer): Promise<void> {
-  const dir = path.dirname(file);
-  const tmp = path.join(dir, `.tmp-${path.basename(file)}-${process.pid}-${Date.now()}`);
-  const fh = await open(tmp, 'w');
-  try {
-    await fh.writeFile(buf);
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-  await rename(tmp, file);
-  await fsyncDir(dir);
 }
 
 /** The index of every shard of a dataset version, opened. */
@@ -448,6 +430,5 @@ export class KeyFilter {
 
 /** Writes the index bytes of a new shard to `file` (its parent folder is created). */
 export async function writeShardIndex(file: string, buf: Buffer): Promise<void> {
-  await ensureDir(path.dirname(file));
-  await writeFileBytesAtomic(file, buf);
+  await writeFileAtomic(file, buf);
 }

@@ -10,7 +10,7 @@ import { open, readFile, rm, stat } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { ensureDir, isErrno } from '../../util/index.js';
+import { ensureDir, isErrno, isProcessAlive } from '../../util/index.js';
 import { DatasetMergeError, log } from './common.js';
 
 /** What a lock file holds. */
@@ -105,7 +105,7 @@ async function removeStale(lockPath: string, judged: string): Promise<boolean> {
 function holderGone(holder: MergeLockHolder, host: string): string | undefined {
   if (holder.host !== undefined && holder.host !== host) return undefined; // cannot tell from here
   if (typeof holder.pid !== 'number') return 'the lock file names no process';
-  if (!processAlive(holder.pid)) return `process ${holder.pid} no longer runs`;
+  if (!isProcessAlive(holder.pid)) return `process ${holder.pid} no longer runs`;
   if (holder.startTime === undefined) return undefined;
   const now = processStartTime(holder.pid);
   if (now !== undefined && now !== holder.startTime) {
@@ -130,13 +130,4 @@ export function processStartTime(pid: number): string | undefined {
   const fields = text.slice(text.lastIndexOf(')') + 2).split(' ');
   const start = fields[22 - 3];
   return start !== undefined && /^\d+$/.test(start) ? start : undefined;
-}
-
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e: unknown) {
-    return !isErrno(e, 'ESRCH');
-  }
 }
