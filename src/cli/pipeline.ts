@@ -6,7 +6,6 @@ import { ResultsSink, type SinkCrashPoint } from '../producers/index.js';
 import {
   AppError,
   closeRedisConnection,
-  autoConcurrencyOf,
   concurrencyCeiling,
   createRedisConnection,
   generateQueueName,
@@ -78,7 +77,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       keys,
       endpoints: config.sglang.endpoints,
       concurrency: config.sglang.concurrency,
-      autoConcurrency: autoConcurrencyOf(config.sglang),
+      autoConcurrency: config.sglang.autoConcurrency,
       requestTimeoutMs: config.sglang.requestTimeoutMs,
       ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
       healthCheckIntervalMs: config.sglang.healthCheckIntervalMs,

@@ -6,7 +6,6 @@ import {
   removeEndpointHealth,
   writeEndpointHealth,
   type AutoConcurrency,
-  type ConcurrencySetting,
   type EndpointHealthReport,
   type Logger,
   type RunKeys,
@@ -37,15 +36,17 @@ export interface EndpointHealthPublishing {
   intervalMs?: number;
 }
 
+/**
+ * Requests in flight per endpoint, summed over every worker process: a fixed number, or `"auto"`
+ * steered per endpoint within `auto`'s bounds and pace, defaults applied
+ * (`resolveInferenceOptions` resolves the worker's setting into this).
+ */
+export type PoolConcurrency = number | { auto: AutoConcurrency };
+
 export interface EndpointPoolOptions {
   endpoints: readonly string[];
-  /**
-   * Requests in flight per endpoint, summed over every worker process, or `"auto"` (steered
-   * per endpoint within `autoConcurrency`; needs `publish` for its Redis).
-   */
-  concurrency: ConcurrencySetting;
-  /** Bounds and pace of `"auto"`. */
-  autoConcurrency?: AutoConcurrency;
+  /** Fixed or `"auto"` (which needs `publish` for its Redis). */
+  concurrency: PoolConcurrency;
   /** Shorter steering samples and lease (tests); see {@link ConcurrencyController}. */
   autoConcurrencyTiming?: { sampleMs?: number; leaseTtlMs?: number; refreshMs?: number };
   requestTimeoutMs: number;
@@ -90,7 +91,7 @@ export class EndpointPool {
     this.probeInitialMs = options.probeInitialMs ?? 250;
     this.probeMaxMs = options.probeMaxMs ?? 5_000;
     this.caps = poolCaps(options, this.log);
-    const connections = options.concurrency === 'auto' ? (options.autoConcurrency?.max ?? 1) : options.concurrency;
+    const connections = typeof options.concurrency === 'number' ? options.concurrency : options.concurrency.auto.max;
     this.endpoints = options.endpoints.map((url) => ({
       url,
       client: new SglangClient({
@@ -276,15 +277,15 @@ export class EndpointPool {
 }
 
 function poolCaps(o: EndpointPoolOptions, log: Logger): ConcurrencyCaps {
-  if (o.concurrency !== 'auto') return new FixedConcurrencyCaps(o.concurrency);
+  if (typeof o.concurrency === 'number') return new FixedConcurrencyCaps(o.concurrency);
   const p = o.publish;
-  if (p === undefined || o.autoConcurrency === undefined) throw new AppError('sglang.concurrency: "auto" needs Redis and sglang.autoConcurrency in the endpoint pool');
+  if (p === undefined) throw new AppError('sglang.concurrency: "auto" needs Redis in the endpoint pool');
   const t = o.autoConcurrencyTiming ?? {};
   return new AutoConcurrencyCaps({
     redis: p.redis,
     keys: p.keys,
     endpoints: o.endpoints,
-    settings: o.autoConcurrency,
+    settings: o.concurrency.auto,
     workerId: p.workerId,
     ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
     ...(t.refreshMs === undefined ? {} : { refreshMs: t.refreshMs }),

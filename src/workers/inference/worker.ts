@@ -21,7 +21,7 @@ import {
 } from '../../shared/index.js';
 import { BatchReporter } from './batch-report.js';
 import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
-import { EndpointPool, type EndpointPoolOptions } from './endpoint-pool.js';
+import { EndpointPool, type EndpointPoolOptions, type PoolConcurrency } from './endpoint-pool.js';
 import { failedJobReason, parseFailureRecord } from './failure-records.js';
 import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
 
@@ -34,8 +34,8 @@ export interface InferenceWorkerOptions {
   endpoints: readonly string[];
   /** Requests in flight per endpoint, summed over every worker process; `"auto"`: steered per endpoint within `autoConcurrency`. */
   concurrency: ConcurrencySetting;
-  /** Bounds and pace of `"auto"` (default: the config's defaults). */
-  autoConcurrency?: AutoConcurrency;
+  /** Bounds and pace of `"auto"` (default: the config's defaults); ignored for a fixed number. */
+  autoConcurrency?: AutoConcurrency | undefined;
   /** Shorter `"auto"` steering samples and lease (tests). */
   autoConcurrencyTiming?: EndpointPoolOptions['autoConcurrencyTiming'];
   requestTimeoutMs: number;
@@ -61,6 +61,18 @@ export interface InferenceWorkerOptions {
   budgetMarginSd?: Readonly<Record<string, number>>;
   workerId?: string;
   logger?: Logger;
+}
+
+/** {@link InferenceWorkerOptions} with the concurrency setting resolved, as the endpoint pool takes it. */
+export type ResolvedInferenceOptions = Omit<InferenceWorkerOptions, 'concurrency' | 'autoConcurrency'> & { concurrency: PoolConcurrency };
+
+/**
+ * Applies the defaults of an inference worker's options, once: `"auto"` takes `autoConcurrency`,
+ * or `sglang.autoConcurrency`'s defaults when none is given; a fixed number stays as it is.
+ */
+export function resolveInferenceOptions(o: InferenceWorkerOptions): ResolvedInferenceOptions {
+  const { concurrency, autoConcurrency, ...rest } = o;
+  return { ...rest, concurrency: concurrency === 'auto' ? { auto: autoConcurrencyOf({ autoConcurrency }) } : concurrency };
 }
 
 /** A batch job this process took, while its samples run. */
@@ -94,7 +106,10 @@ export class InferenceWorker {
   private readonly settling = new Set<Promise<void>>();
   readonly workerId: string;
 
-  constructor(private readonly options: InferenceWorkerOptions) {
+  private readonly options: ResolvedInferenceOptions;
+
+  constructor(options: InferenceWorkerOptions) {
+    this.options = resolveInferenceOptions(options);
     this.workerId = options.workerId ?? `${hostname()}:${process.pid}`;
     this.log = options.logger ?? componentLogger('inference-worker', { worker: this.workerId });
   }
@@ -121,7 +136,6 @@ export class InferenceWorker {
     this.pool = new EndpointPool({
       endpoints: o.endpoints,
       concurrency: o.concurrency,
-      autoConcurrency: o.autoConcurrency ?? autoConcurrencyOf({}),
       ...(o.autoConcurrencyTiming === undefined ? {} : { autoConcurrencyTiming: o.autoConcurrencyTiming }),
       requestTimeoutMs: o.requestTimeoutMs,
       ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
@@ -152,7 +166,7 @@ export class InferenceWorker {
       }, o.discoverIntervalMs ?? 2_000);
       this.discoverTimer.unref();
     }
-    this.log.info({ endpoints: o.endpoints, concurrency: o.concurrency }, 'inference worker started');
+    this.log.info({ endpoints: o.endpoints, concurrency: typeof o.concurrency === 'number' ? o.concurrency : 'auto' }, 'inference worker started');
   }
 
   private async discover(): Promise<void> {
