@@ -53,6 +53,8 @@ export async function runBatchAndWait(o: BatchAndWaitOptions): Promise<BatchAndW
   if (o.urls.length === 0) throw new Error('runBatchAndWait: urls is empty');
   const started = performance.now();
   const perServer = Math.ceil(o.slots / o.urls.length);
+  // The options hold `sampling_params` as sent (the semaphore loop posts them as they are); the client takes the limit apart.
+  const { max_new_tokens: maxNewTokens, ...samplingParams } = o.samplingParams;
   const clients = o.urls.map((endpoint) => new SglangClient({ endpoint, concurrency: perServer, requestTimeoutMs: o.requestTimeoutMs ?? 600_000 }));
   const out = o.outFile === undefined ? undefined : createWriteStream(o.outFile, { flags: 'a' });
   const prefix = o.ridPrefix ?? 'bw';
@@ -68,7 +70,8 @@ export async function runBatchAndWait(o: BatchAndWaitOptions): Promise<BatchAndW
           const client = clients[i % clients.length] as SglangClient;
           const r = await client.generate({
             inputIds: p.inputIds,
-            samplingParams: o.samplingParams,
+            maxNewTokens,
+            samplingParams,
             rid: `${prefix}/${p.id}#${randomBytes(4).toString('hex')}`,
           });
           totals.completed += 1;

@@ -163,7 +163,7 @@ describe('SglangClient against the simulator', () => {
   });
 
   it('generates: ids and counts agree, a stop on EOS ends with the stop token', async () => {
-    const r = await c.generate({ inputIds: prompt(30), samplingParams: { max_new_tokens: 100, temperature: 0.6 }, rid: 'eos-1' });
+    const r = await c.generate({ inputIds: prompt(30), maxNewTokens: 100, samplingParams: { temperature: 0.6 }, rid: 'eos-1' });
     expect(r.finishReason.type).toBe('stop');
     expect(r.completionTokens).toBe(20);
     expect(r.outputIds).toHaveLength(20);
@@ -178,7 +178,7 @@ describe('SglangClient against the simulator', () => {
   });
 
   it('generates: stops with length at max_new_tokens', async () => {
-    const r = await c.generate({ inputIds: prompt(12), samplingParams: { max_new_tokens: 5 }, rid: 'len-1' });
+    const r = await c.generate({ inputIds: prompt(12), maxNewTokens: 5, rid: 'len-1' });
     expect(r.finishReason).toEqual({ type: 'length', length: 5 });
     expect(r.completionTokens).toBe(5);
     expect(r.outputIds).toHaveLength(5);
@@ -187,7 +187,8 @@ describe('SglangClient against the simulator', () => {
   it('chats through /v1/chat/completions with rid and max_tokens', async () => {
     const r = await c.chat({
       messages: [{ role: 'user', content: 'What is 2+2?' }],
-      samplingParams: { max_new_tokens: 64, temperature: 0.6, top_p: 0.95 },
+      maxNewTokens: 64,
+      samplingParams: { temperature: 0.6, top_p: 0.95 },
       rid: 'chat-1',
       chatTemplateKwargs: { enable_thinking: false },
     });
@@ -201,7 +202,7 @@ describe('SglangClient against the simulator', () => {
   });
 
   it('turns a prompt longer than the context into a non-retryable SglangBadRequestError', async () => {
-    const e = await rejectionOf(c.generate({ inputIds: prompt(5000), samplingParams: { max_new_tokens: 10 }, rid: 'long-1' }));
+    const e = await rejectionOf(c.generate({ inputIds: prompt(5000), maxNewTokens: 10, rid: 'long-1' }));
     expect(e).toBeInstanceOf(SglangBadRequestError);
     const bad = e as SglangBadRequestError;
     expect(bad.retryable).toBe(false);
@@ -209,14 +210,14 @@ describe('SglangClient against the simulator', () => {
     expect(bad.contextLengthExceeded).toBe(true);
     expect(bad.sglangMessage).toMatch(/5000 tokens.*context length.*4096/);
 
-    const e2 = await rejectionOf(c.generate({ inputIds: prompt(4000), samplingParams: { max_new_tokens: 500 }, rid: 'long-2' }));
+    const e2 = await rejectionOf(c.generate({ inputIds: prompt(4000), maxNewTokens: 500, rid: 'long-2' }));
     expect(e2).toBeInstanceOf(SglangBadRequestError);
     expect((e2 as SglangBadRequestError).contextLengthExceeded).toBe(true);
     expect((e2 as SglangBadRequestError).sglangMessage).toMatch(/context length/);
   });
 
   it('turns an invalid top_p into a non-retryable SglangBadRequestError naming top_p', async () => {
-    const e = await rejectionOf(c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10, top_p: 1.5 }, rid: 'topp-1' }));
+    const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 10, samplingParams: { top_p: 1.5 }, rid: 'topp-1' }));
     expect(e).toBeInstanceOf(SglangBadRequestError);
     expect((e as SglangBadRequestError).retryable).toBe(false);
     expect((e as SglangBadRequestError).contextLengthExceeded).toBe(false);
@@ -225,7 +226,7 @@ describe('SglangClient against the simulator', () => {
 
   it('makes a 500 retryable with its status', async () => {
     fast.setFaults({ errorRate: 1 });
-    const e = await rejectionOf(c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'err-1' }));
+    const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'err-1' }));
     expect(e).toBeInstanceOf(UpstreamHttpError);
     expect(e).not.toBeInstanceOf(SglangBadRequestError);
     expect((e as UpstreamHttpError).status).toBe(500);
@@ -235,29 +236,29 @@ describe('SglangClient against the simulator', () => {
   it('makes a 503 burst retryable, then succeeds', async () => {
     fast.setFaults({ burst503: 2 });
     for (const rid of ['b503-1', 'b503-2']) {
-      const e = await rejectionOf(c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid }));
+      const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid }));
       expect(e).toBeInstanceOf(UpstreamHttpError);
       expect((e as UpstreamHttpError).status).toBe(503);
       expect((e as UpstreamHttpError).retryable).toBe(true);
     }
-    const ok = await c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'b503-3' });
+    const ok = await c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'b503-3' });
     expect(ok.completionTokens).toBeGreaterThan(0);
   });
 
   it('turns a dropped connection into UnavailableError', async () => {
     fast.setFaults({ dropRate: 1 });
-    const e = await rejectionOf(c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'drop-1' }));
+    const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'drop-1' }));
     expect(e).toBeInstanceOf(UnavailableError);
     expect((e as UnavailableError).endpoint).toBe(fast.url);
     fast.clearFaults();
     // The pool recovers on its own.
-    const ok = await c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'drop-2' });
+    const ok = await c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'drop-2' });
     expect(ok.completionTokens).toBeGreaterThan(0);
   });
 
   it('turns malformed JSON into a retryable SglangResponseFormatError', async () => {
     fast.setFaults({ malformedRate: 1 });
-    const e = await rejectionOf(c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'bad-json-1' }));
+    const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'bad-json-1' }));
     expect(e).toBeInstanceOf(SglangResponseFormatError);
     expect((e as SglangResponseFormatError).retryable).toBe(true);
     expect((e as SglangResponseFormatError).status).toBe(200);
@@ -269,7 +270,7 @@ describe('SglangClient against the simulator', () => {
     fast.setFaults({ hangRate: 1 });
     const before = fast.stats().aborted;
     const t0 = Date.now();
-    const e = await rejectionOf(short.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'hang-1' }));
+    const e = await rejectionOf(short.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'hang-1' }));
     const elapsedMs = Date.now() - t0;
     expect(e).toBeInstanceOf(TimeoutError);
     expect((e as TimeoutError).retryable).toBe(true);
@@ -299,7 +300,7 @@ describe('SglangClient against the simulator', () => {
     onTestFinished(() => controller.abort());
     const hung = handled(
       [1, 2, 3].map((i) =>
-        small.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: `busy-${i}`, signal: controller.signal }),
+        small.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: `busy-${i}`, signal: controller.signal }),
       ),
     );
     // Two reach the server, the third waits for a connection in the client.
@@ -319,11 +320,11 @@ describe('SglangClient against the simulator', () => {
     const controller = new AbortController();
     controller.abort();
     const e = await rejectionOf(
-      c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'pre-aborted', signal: controller.signal }),
+      c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'pre-aborted', signal: controller.signal }),
     );
     expect(e).toBeInstanceOf(CancelledError);
     // A request sent after it is seen first: had the aborted one been sent, it would count too.
-    await c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 10 }, rid: 'after-pre-aborted' });
+    await c.generate({ inputIds: prompt(10), maxNewTokens: 10, rid: 'after-pre-aborted' });
     expect(fast.stats().requestsReceived - before).toBe(1);
   });
 
@@ -343,7 +344,7 @@ describe('SglangClient against the simulator', () => {
 
 describe('SGLang version quirks', () => {
   it('0.5.2rc1: drops the extra leading output ids and yields the same completion as 0.5.4', async () => {
-    const req = { inputIds: prompt(40), samplingParams: { max_new_tokens: 100 }, rid: 'quirk-1' };
+    const req = { inputIds: prompt(40), maxNewTokens: 100, rid: 'quirk-1' };
     const a = await client(fast.url).generate(req);
     const b = await client(rc1.url).generate(req);
     expect(b.droppedLeadingIds).toBe(5);
@@ -353,7 +354,7 @@ describe('SGLang version quirks', () => {
   });
 
   it('0.4.10: parses the older meta_info', async () => {
-    const r = await client(old.url).generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 50 }, rid: 'old-1' });
+    const r = await client(old.url).generate({ inputIds: prompt(20), maxNewTokens: 50, rid: 'old-1' });
     expect(r.completionTokens).toBe(20);
     expect(r.outputIds).toHaveLength(20);
     expect(r.droppedLeadingIds).toBe(0);
@@ -369,7 +370,7 @@ describe('SGLang version quirks', () => {
         meta_info: { id: 'short-1', finish_reason: { type: 'length', length: 3 }, prompt_tokens: 4, completion_tokens: 3 },
       }),
     );
-    const e = await rejectionOf(client(s.url).generate({ inputIds: [1, 2, 3, 4], samplingParams: { max_new_tokens: 3 }, rid: 'short-1' }));
+    const e = await rejectionOf(client(s.url).generate({ inputIds: [1, 2, 3, 4], maxNewTokens: 3, rid: 'short-1' }));
     expect(e).toBeInstanceOf(SglangResponseFormatError);
     expect((e as Error).message).toMatch(/output_ids: has 2 ids, fewer than meta_info\.completion_tokens \(3\)/);
     expect((e as SglangResponseFormatError).retryable).toBe(true);
@@ -379,7 +380,7 @@ describe('SGLang version quirks', () => {
     const s = await literal((_req, res) =>
       json(res, 200, { text: '', output_ids: [1], meta_info: { finish_reason: { type: 'length', length: 1 }, prompt_tokens: 1 } }),
     );
-    const e = await rejectionOf(client(s.url).generate({ inputIds: [1], samplingParams: { max_new_tokens: 1 }, rid: 'm-1' }));
+    const e = await rejectionOf(client(s.url).generate({ inputIds: [1], maxNewTokens: 1, rid: 'm-1' }));
     expect(e).toBeInstanceOf(SglangResponseFormatError);
     expect((e as Error).message).toContain('meta_info.completion_tokens: expected number, got undefined');
   });
@@ -426,7 +427,7 @@ describe('cancellation', () => {
     // A failed assertion must not leave requests running into the next test.
     onTestFinished(() => controller.abort());
     const p = handledOne(
-      c.generate({ inputIds: [1, 2], samplingParams: { max_new_tokens: 10 }, rid: 'cancel-me', signal: controller.signal }),
+      c.generate({ inputIds: [1, 2], maxNewTokens: 10, rid: 'cancel-me', signal: controller.signal }),
     );
     await waitFor(() => s.seen.some((r) => r.url === '/generate'), 'the request at the server');
     controller.abort();
@@ -437,7 +438,7 @@ describe('cancellation', () => {
     expect(JSON.parse(abortCall?.body ?? '{}')).toEqual({ rid: 'cancel-me' });
 
     const short = client(s.url, { requestTimeoutMs: 200 });
-    expect(await rejectionOf(short.generate({ inputIds: [1], samplingParams: { max_new_tokens: 1 }, rid: 'too-slow' }))).toBeInstanceOf(
+    expect(await rejectionOf(short.generate({ inputIds: [1], maxNewTokens: 1, rid: 'too-slow' }))).toBeInstanceOf(
       TimeoutError,
     );
     await waitFor(
@@ -466,7 +467,7 @@ describe('SglangClient against a busy simulator', () => {
     // A failed assertion must not leave requests running into the next test.
     onTestFinished(() => controller.abort());
     const p = handledOne(
-      c.generate({ inputIds: prompt(50), samplingParams: { max_new_tokens: 8000 }, rid: 'slow-cancel', signal: controller.signal }),
+      c.generate({ inputIds: prompt(50), maxNewTokens: 8000, rid: 'slow-cancel', signal: controller.signal }),
     );
     await waitFor(() => slow.stats().running === 1, 'the request to be running');
     controller.abort();
@@ -483,7 +484,7 @@ describe('SglangClient against a busy simulator', () => {
     onTestFinished(() => controller.abort());
     const calls = handled(
       Array.from({ length: 16 }, (_, i) =>
-        limited.generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 8000 }, rid: `lim-${i}`, signal: controller.signal }),
+        limited.generate({ inputIds: prompt(20), maxNewTokens: 8000, rid: `lim-${i}`, signal: controller.signal }),
       ),
     );
     await waitFor(() => slow.stats().running === 8, '8 running');
@@ -514,7 +515,7 @@ describe('SglangClient against a busy simulator', () => {
     onTestFinished(() => controller.abort());
     const calls = handled(
       Array.from({ length: 32 }, (_, i) =>
-        wide.generate({ inputIds: prompt(20), samplingParams: { max_new_tokens: 8000 }, rid: `wide-${i}`, signal: controller.signal }),
+        wide.generate({ inputIds: prompt(20), maxNewTokens: 8000, rid: `wide-${i}`, signal: controller.signal }),
       ),
     );
     await waitFor(() => slow.stats().maxRunningObserved >= 32, '32 running at once');
@@ -534,7 +535,7 @@ describe('endpoint down', () => {
     const url = s.url;
     await s.close();
     const c = client(url);
-    const e = await rejectionOf(c.generate({ inputIds: [1], samplingParams: { max_new_tokens: 1 }, rid: 'refused' }));
+    const e = await rejectionOf(c.generate({ inputIds: [1], maxNewTokens: 1, rid: 'refused' }));
     expect(e).toBeInstanceOf(UnavailableError);
     expect((e as UnavailableError).endpoint).toBe(url);
     expect((e as Error).message).toContain('ECONNREFUSED');
@@ -547,20 +548,20 @@ describe('endpoint down', () => {
   it('turns an outage into UnavailableError for requests in flight and new ones, then recovers', async () => {
     const s = flaky;
     const c = client(s.url);
-    await c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 20 }, rid: 'pre-outage' });
+    await c.generate({ inputIds: prompt(10), maxNewTokens: 20, rid: 'pre-outage' });
     s.setFaults({ hangRate: 1 });
     const inFlight = handledOne(
-      c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 20 }, rid: 'during-outage' }),
+      c.generate({ inputIds: prompt(10), maxNewTokens: 20, rid: 'during-outage' }),
     );
     await waitFor(() => s.stats().requests.some((r) => r.rid === 'during-outage'), 'the request at the server');
     s.clearFaults();
     await s.outage(1_500);
     expect(await rejectionOf(inFlight)).toBeInstanceOf(UnavailableError);
-    const e = await rejectionOf(c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 20 }, rid: 'in-outage' }));
+    const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 20, rid: 'in-outage' }));
     expect(e).toBeInstanceOf(UnavailableError);
     expect((await c.healthGenerate()).ok).toBe(false);
     await waitFor(async () => (await c.healthGenerate()).ok, 'the endpoint to come back');
-    const r = await c.generate({ inputIds: prompt(10), samplingParams: { max_new_tokens: 50 }, rid: 'post-outage' });
+    const r = await c.generate({ inputIds: prompt(10), maxNewTokens: 50, rid: 'post-outage' });
     expect(r.completionTokens).toBe(20);
   });
 });
@@ -587,8 +588,8 @@ describe('sglang.apiKey', () => {
     const c = client(s.url, { apiKey: 'sk-test-1' });
     expect((await c.healthGenerate()).ok).toBe(true);
     await c.health();
-    await c.generate({ inputIds: [1], samplingParams: { max_new_tokens: 1 }, rid: 'k-1' });
-    await c.chat({ messages: [{ role: 'user', content: 'x' }], samplingParams: { max_new_tokens: 1 }, rid: 'k-2' });
+    await c.generate({ inputIds: [1], maxNewTokens: 1, rid: 'k-1' });
+    await c.chat({ messages: [{ role: 'user', content: 'x' }], maxNewTokens: 1, rid: 'k-2' });
     await c.abort('k-1');
     expect(auth.map((a) => a.url)).toEqual(['/model_info', '/health_generate', '/health', '/generate', '/v1/chat/completions', '/abort_request']);
     expect(auth.every((a) => a.authorization === 'Bearer sk-test-1')).toBe(true);

@@ -75,7 +75,7 @@ function client(endpoint: string, options: Partial<SglangClientOptions> = {}): S
   clients.push(c);
   return c;
 }
-const generate = (c: SglangClient, rid: string) => c.generate({ inputIds: [1, 2, 3], samplingParams: { max_new_tokens: 4 }, rid });
+const generate = (c: SglangClient, rid: string) => c.generate({ inputIds: [1, 2, 3], maxNewTokens: 4, rid });
 
 const FAST: SimulatorOptions = { timeScale: 1000, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 8 }, seed: 11 };
 let sim: SimulatorHandle;

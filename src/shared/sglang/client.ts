@@ -39,7 +39,7 @@ import {
   type LoadInfo,
   type ModelInfo,
   type ParseOutcome,
-  type SglangSamplingParams,
+  type SglangSamplingOptions,
   type ServerInfo,
   parseChatResponse,
   parseGenerateResponse,
@@ -84,7 +84,10 @@ export interface SglangClientOptions {
 /** A `/generate` request: rendered prompt ids in, completion ids out. */
 export interface SglangGenerateRequest {
   inputIds: number[];
-  samplingParams: SglangSamplingParams;
+  /** Most tokens to generate, sent as `sampling_params.max_new_tokens`. */
+  maxNewTokens: number;
+  /** The other sampling parameters, sent in `sampling_params` as they are. */
+  samplingParams?: SglangSamplingOptions;
   /** Request id, unique among requests in flight on this server; `/abort_request` uses it. */
   rid: string;
   /** Aborting it rejects with `CancelledError` and aborts the request on the server too. */
@@ -100,7 +103,10 @@ export interface SglangGenerateRequest {
 /** A `/v1/chat/completions` request (SGLang applies the chat template). */
 export interface SglangChatRequest {
   messages: readonly ChatMessageInput[];
-  samplingParams: SglangSamplingParams;
+  /** Most tokens to generate, sent as `max_tokens`. */
+  maxNewTokens: number;
+  /** The other sampling parameters, sent under their own names. */
+  samplingParams?: SglangSamplingOptions;
   rid: string;
   signal?: AbortSignal;
   /** Passed as `chat_template_kwargs`, e.g. `{ enable_thinking: false }`. */
@@ -226,7 +232,7 @@ export class SglangClient {
     const onProgress = req.onProgress;
     const res = await this.sendGeneration({
       path: '/generate',
-      body: { input_ids: req.inputIds, sampling_params: req.samplingParams, rid: req.rid, stream: onProgress !== undefined },
+      body: { input_ids: req.inputIds, sampling_params: { ...req.samplingParams, max_new_tokens: req.maxNewTokens }, rid: req.rid, stream: onProgress !== undefined },
       signal: req.signal,
       rid: req.rid,
       ...(onProgress === undefined ? {} : { onEvent: (data: string) => reportCompletionTokens(data, onProgress) }),
@@ -247,16 +253,15 @@ export class SglangClient {
   }
 
   /**
-   * `POST /v1/chat/completions` (non-streamed). `samplingParams.max_new_tokens` is sent as
-   * `max_tokens`, the other parameters under their own names.
+   * `POST /v1/chat/completions` (non-streamed). `maxNewTokens` is sent as `max_tokens`, the
+   * other parameters under their own names.
    */
   async chat(req: SglangChatRequest): Promise<ChatResult> {
-    const { max_new_tokens: maxNewTokens, ...rest } = req.samplingParams;
     const body: Record<string, unknown> = {
-      ...rest,
+      ...req.samplingParams,
       model: this.chatModel,
       messages: req.messages,
-      max_tokens: maxNewTokens,
+      max_tokens: req.maxNewTokens,
       rid: req.rid,
       stream: false,
     };

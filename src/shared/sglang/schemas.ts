@@ -15,12 +15,10 @@ import { isRecord } from '../util/index.js';
 // Sampling parameters (request side)
 
 /**
- * SGLang's `sampling_params` for `/generate`. Unknown keys are passed through untouched, so new
- * SGLang parameters work without a change here. `/v1/chat/completions` gets the same values,
- * with `max_new_tokens` sent as `max_tokens`.
+ * SGLang's `sampling_params` besides `max_new_tokens`, which a request gives as `maxNewTokens`.
+ * Unknown keys are passed through untouched, so new SGLang parameters work without a change here.
  */
-export const SglangSamplingParamsSchema = z.looseObject({
-  max_new_tokens: z.number().int().nonnegative(),
+export const SglangSamplingOptionsSchema = z.looseObject({
   temperature: z.number().nonnegative().optional(),
   top_p: z.number().optional(),
   top_k: z.number().int().optional(),
@@ -35,6 +33,16 @@ export const SglangSamplingParamsSchema = z.looseObject({
   frequency_penalty: z.number().optional(),
   presence_penalty: z.number().optional(),
   n: z.number().int().positive().optional(),
+});
+/** Sampling parameters besides the token limit; see {@link SglangSamplingOptionsSchema}. */
+export type SglangSamplingOptions = z.infer<typeof SglangSamplingOptionsSchema>;
+
+/**
+ * SGLang's `sampling_params` for `/generate` as sent: the options and `max_new_tokens`.
+ * `/v1/chat/completions` gets the same values, with `max_new_tokens` sent as `max_tokens`.
+ */
+export const SglangSamplingParamsSchema = SglangSamplingOptionsSchema.extend({
+  max_new_tokens: z.number().int().nonnegative(),
 });
 /** SGLang sampling parameters; see {@link SglangSamplingParamsSchema}. */
 export type SglangSamplingParams = z.infer<typeof SglangSamplingParamsSchema>;

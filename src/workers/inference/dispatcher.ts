@@ -541,7 +541,8 @@ export class Dispatcher {
     try {
       const result = await endpoint.client.generate({
         inputIds: req.sample.promptIds,
-        samplingParams: { ...req.sampling, max_new_tokens: req.sample.maxNewTokens },
+        maxNewTokens: req.sample.maxNewTokens,
+        samplingParams: req.sampling,
         rid,
         signal: abort.signal,
         ...(onProgress === undefined ? {} : { onProgress }),
