@@ -1,34 +1,15 @@
 // The dispatcher under faults at the worst moments: 503 bursts on the last prompts of a
 // dataset, and a Redis freeze longer than the request leases.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
 import { loadConfig, type ConfigInput } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, readGenerations, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger } from '../helpers/redis.js';
+import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-const sims: SimulatorHandle[] = [];
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  for (const s of sims) await s.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
-
-async function sim(options: SimulatorOptions): Promise<SimulatorHandle> {
-  const s = await startSimulator({ port: 0, ...options });
-  sims.push(s);
-  return s;
-}
+const { redis, tmp, startSim: sim } = useHarness({ redis: true, tmp: true });
 
 function config(run: string, endpoint: string, prompts: string, sglang: Record<string, unknown> = {}, workers: Record<string, unknown> = {}): ReturnType<typeof loadConfig> {
   return loadConfig({

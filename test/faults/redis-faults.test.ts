@@ -2,28 +2,14 @@
 // and killed with SIGKILL then restarted on the same AOF. Producer and workers are real child
 // processes; the SGLang simulator counts how many requests ever ran at once.
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { EmbeddedRedis, RunKeys, createRedisConnection, closeRedisConnection, type ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger } from '../helpers/redis.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-const sims: SimulatorHandle[] = [];
+const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true, cli: true });
 const CONCURRENCY = 8;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  for (const s of sims) await s.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
 
 function setup(run: string, prompts: number, url: string, endpoint: string): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
@@ -68,8 +54,7 @@ async function expectExactlyOnce(url: string, runDir: string, keys: RunKeys, ids
  */
 async function freezeRun(run: string, seed: number, when: (running: number, records: number) => boolean, what: string): Promise<void> {
   // Requests of several seconds, so that many are running at the sim when Redis comes back.
-  const sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 64, seed, outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 } });
-  sims.push(sim);
+  const sim = await startSim({ timeScale: 8, maxRunningRequests: 64, seed, outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 } });
   const { configPath, runDir, keys, ids } = setup(run, 48, redis.url, sim.url);
   const conn = redis.connection('client');
   const producer = spawnCli(['produce', '-c', configPath]);
@@ -106,8 +91,7 @@ describe('Redis faults under a running pipeline', () => {
   }, 150_000);
 
   it('redis-server killed with SIGKILL mid-run and restarted on the same AOF: completes, nothing committed is lost, no duplicates', async () => {
-    const sim = await startSimulator({ port: 0, timeScale: 20, maxRunningRequests: 64, seed: 32, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.5 } });
-    sims.push(sim);
+    const sim = await startSim({ timeScale: 20, maxRunningRequests: 64, seed: 32, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.5 } });
     // A server of its own: this test kills it.
     const dataDir = path.join(tmp.dir, 'redis-kill');
     const first = new EmbeddedRedis({ dataDir, logger: quietLogger() });

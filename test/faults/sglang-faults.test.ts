@@ -1,34 +1,15 @@
 // SGLang misbehaving the way real servers do, each at a moment that used to hurt: the exact
 // 503 "queue full" pattern that once hung a run forever, a prompt that crashes the server,
 // a proxy answering 401 to everything, hung requests, dropped connections and a 30 s outage.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { loadConfig, type ConfigInput } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, readGenerations, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-const sims: SimulatorHandle[] = [];
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  for (const s of sims) await s.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
-
-async function sim(options: SimulatorOptions): Promise<SimulatorHandle> {
-  const s = await startSimulator({ port: 0, ...options });
-  sims.push(s);
-  return s;
-}
+const { redis, tmp, startSim: sim } = useHarness({ redis: true, tmp: true });
 
 interface RunResult {
   ids: string[];

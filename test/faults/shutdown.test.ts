@@ -3,23 +3,15 @@
 // private redis-server with it, and a second `run` finishes the job without duplicates.
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  sim = await startSimulator({ port: 0, timeScale: 10, maxRunningRequests: 16, seed: 61, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 }, faults: { firstTry503Rate: 0.3 } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  tmp?.cleanup();
+const { sim, tmp } = useHarness({
+  sim: { timeScale: 10, maxRunningRequests: 16, seed: 61, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 }, faults: { firstTry503Rate: 0.3 } },
+  tmp: true,
+  cli: true,
 });
 
 function alive(pid: number): boolean {

@@ -6,12 +6,11 @@
 // exactly once, and the cut-off worker must carry on, without a restart, once the network is back.
 import { hostname } from 'node:os';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, generateQueueName, type ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { loopbackPort, startFaultProxy, type FaultProxy } from '../helpers/fault-proxy.js';
-import { sampleIdOfRid, duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { sampleIdOfRid, duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
 
 /** Requests in flight per endpoint URL. The proxied worker reaches the same simulator under another URL, so it has a cap of its own. */
 const CONCURRENCY = 4;
@@ -19,28 +18,21 @@ const CONCURRENCY = 4;
 const PROMPTS = 224;
 const CUT_MS = 30_000;
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
+const { redis, sim, tmp, defer } = useHarness({
+  redis: true,
+  // About a second per request, so that work remains after the cut.
+  sim: { timeScale: 8, maxRunningRequests: 16, seed: 41, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  tmp: true,
+  cli: true,
+});
 let redisProxy: FaultProxy;
 let simProxy: FaultProxy;
-let tmp: { dir: string; cleanup: () => void };
 
 beforeAll(async () => {
-  redis = await startTestRedis();
-  // About a second per request, so that work remains after the cut.
-  sim = await startSimulator({ port: 0, timeScale: 8, maxRunningRequests: 16, seed: 41, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } });
   redisProxy = await startFaultProxy({ target: { host: '127.0.0.1', port: redis.port } });
+  defer(() => redisProxy.close());
   simProxy = await startFaultProxy({ target: { host: '127.0.0.1', port: loopbackPort(sim.url) } });
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await redisProxy?.close();
-  await simProxy?.close();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+  defer(() => simProxy.close());
 });
 
 function config(run: string, redisUrl: string, endpoint: string): ConfigInput {

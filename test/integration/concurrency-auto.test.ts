@@ -1,35 +1,23 @@
 // sglang.concurrency: auto against a real simulator, with the generation stage in this process:
 // it raises while the server's queue is empty and throughput rises, steps back when the server
 // queues or answers 503, and `status` shows the value it chose.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { endpointConcurrencyKey, formatRunStatus, loadConfig, parseEndpointConcurrency, readRunStatus, type EndpointConcurrency } from '../../src/shared/index.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { waitFor, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-const sims: SimulatorHandle[] = [];
+const { redis, tmp, startSim: sim } = useHarness({
+  redis: true,
+  tmp: true,
+  simDefaults: { timeScale: 20, seed: 3, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 } },
+});
 
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
+beforeAll(() => {
   writePrompts(tmp.dir, 'auto', 3_000);
 });
-
-afterAll(async () => {
-  for (const s of sims) await s.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
-
-async function sim(options: SimulatorOptions): Promise<SimulatorHandle> {
-  const s = await startSimulator({ port: 0, timeScale: 20, seed: 3, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 }, ...options });
-  sims.push(s);
-  return s;
-}
 
 interface Running {
   ctx: RunContext;

@@ -2,31 +2,18 @@
 // of a queue stop a dataset's new requests within a second on every worker — including the
 // samples of batches a worker already holds — while requests in flight finish and the other
 // datasets go on; resume continues where it stopped, with the same budget semantics.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { Queue } from 'bullmq';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { generateQueueName, isDatasetPaused, loadConfig, pauseDataset, readRunStatus, resumeDataset } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger } from '../helpers/redis.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-const sims: SimulatorHandle[] = [];
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  for (const s of sims) await s.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true, cli: true });
 
 function setup(run: string, endpoint: string, datasets: { name: string; n: number; tokenBudget: number; batchSize: number }[], concurrency: number): { path: string; cfg: ReturnType<typeof loadConfig> } {
   for (const d of datasets) writePrompts(tmp.dir, d.name, d.n);
@@ -51,8 +38,7 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 describe('pause means pause', () => {
   it('CLI, dashboard and Bull Board pauses stop one dataset within a second on every worker while the other goes on; resume keeps the budget semantics', async () => {
     // Real-time requests (1.25 s each): the work done while the CLI starts stays small.
-    const sim = await startSimulator({ port: 0, timeScale: 1, maxRunningRequests: 16, seed: 21, outputLength: { distribution: 'fixed', mean: 100 } });
-    sims.push(sim);
+    const sim = await startSim({ timeScale: 1, maxRunningRequests: 16, seed: 21, outputLength: { distribution: 'fixed', mean: 100 } });
     const budget = 20_000;
     const { path: cfgPath, cfg } = setup('pause-mid', sim.url, [
       { name: 'pa', n: 400, tokenBudget: budget, batchSize: 8 },
@@ -144,8 +130,7 @@ describe('pause means pause', () => {
   }, 180_000);
 
   it('pausing with a held batch half in flight, then with the last prompts in flight: in-flight requests finish, nothing new is sent, resume sends the rest once', async () => {
-    const sim = await startSimulator({ port: 0, timeScale: 10, maxRunningRequests: 16, seed: 22, outputLength: { distribution: 'fixed', mean: 2000 } });
-    sims.push(sim);
+    const sim = await startSim({ timeScale: 10, maxRunningRequests: 16, seed: 22, outputLength: { distribution: 'fixed', mean: 2000 } });
     const n = 24;
     const { cfg } = setup('pause-tail', sim.url, [{ name: 'pc', n, tokenBudget: 1_000_000_000, batchSize: n }], 16);
     const ctx = await openRunContextFor(cfg);
