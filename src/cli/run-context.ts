@@ -4,6 +4,7 @@ import {
   RunKeys,
   SglangClient,
   closeRedisConnection,
+  configuredRedisUrl,
   createRedisConnection,
   loadConfig,
   logger,
@@ -33,7 +34,7 @@ export async function openRunContext(configPath: string): Promise<RunContext> {
 export async function openRunContextFor(config: Config): Promise<RunContext> {
   const dir = runDir(config);
   const opened: OpenedRedis = await openRedis({
-    ...(config.redis.url === undefined ? {} : { url: config.redis.url }),
+    ...(configuredRedisUrl(config.redis) === undefined ? {} : { url: configuredRedisUrl(config.redis) }),
     dataDir: join(dir, 'redis'),
     logger: logger('redis'),
   });
@@ -73,15 +74,44 @@ export async function resolveContextLength(config: Config): Promise<number | und
   return undefined;
 }
 
-/** Resolves on the first SIGINT or SIGTERM. */
+/** Resolves on the first SIGINT or SIGTERM (remembered for {@link exitInterrupted}). */
 export function onceSignalled(): Promise<NodeJS.Signals> {
   return new Promise((resolve) => {
     const handler = (sig: NodeJS.Signals): void => {
       process.off('SIGINT', handler);
       process.off('SIGTERM', handler);
+      lastSignal = sig;
       resolve(sig);
     };
     process.on('SIGINT', handler);
     process.on('SIGTERM', handler);
   });
+}
+
+let lastSignal: NodeJS.Signals | undefined;
+
+/** The exit code of a command stopped by `signal` before its work was done: 130 (SIGINT), 143 (SIGTERM). */
+export function signalExitCode(signal: NodeJS.Signals | undefined = lastSignal): number {
+  return signal === 'SIGINT' ? 130 : 143;
+}
+
+/**
+ * Marks the process as stopped before its work was done: exit code 130 after SIGINT, 143 after
+ * SIGTERM (the last signal {@link onceSignalled} saw), so `tokenmill run && next` does not go on.
+ */
+export function exitInterrupted(): void {
+  process.exitCode = signalExitCode();
+}
+
+/**
+ * After a stop signal, the hard bound on the rest of the process's life: if it is still alive
+ * `limitMs` later (a stop stuck on a Redis that is gone, say), it says so in one line and exits
+ * with the signal's code. The timer does not keep the process alive.
+ */
+export function armStopDeadline(limitMs: number): void {
+  const timer = setTimeout(() => {
+    process.stderr.write(`tokenmill: stop abandoned after ${Math.round(limitMs / 1000)} s; exiting (leases and locks lapse on their own)\n`);
+    process.exit(signalExitCode());
+  }, limitMs);
+  timer.unref();
 }

@@ -91,7 +91,9 @@ export function registerDemoCommand(program: Command): void {
         try {
           if (opts.dashboard === true) dashboard = await demoDashboard(ctx, opts.dashboardPort);
           // Generate, then tokenize and merge; prints the status table and the validation report.
-          await runPipeline(ctx, { progressMs: 3_000, ...(opts.json === undefined ? {} : { json: opts.json }) });
+          const pipeline = await runPipeline(ctx, { progressMs: 3_000, ...(opts.json === undefined ? {} : { json: opts.json }) });
+          // Stopped before the end (exit code 130 / 143 already set): no training on unfinished data.
+          if (pipeline === 'signalled') return;
           if (!(await finishDemoTraining(ctx, trainPython, { ...(opts.json === undefined ? {} : { json: opts.json }) }))) process.exitCode = 1;
           if (dashboard !== undefined) {
             process.stderr.write(`tokenmill demo: finished; the dashboard stays open at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token}); Ctrl-C to stop\n`);

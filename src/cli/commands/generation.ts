@@ -1,11 +1,11 @@
 import type { Command } from 'commander';
-import { AppError, autoConcurrencyOf, formatRunStatus, logger, readRunStatus, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
+import { AppError, autoConcurrencyOf, formatRunStatus, logger, readRunStatus, redactRedisUrl, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
 import { tokenizerLoadOptions } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/index.js';
 import { PostprocessWorker } from '../../workers/index.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
 import { startProgress } from '../progress.js';
-import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/index.js';
 import { dropContextOf } from '../drop-summary.js';
 import { formatPostprocessResult, runPostprocess, throwIfFailed } from './postprocess.js';
@@ -33,18 +33,48 @@ export async function runGeneration(
   const watchdog = options.produce ? stallWatchdog(ctx) : undefined;
   watchdog?.start();
   let outcome: 'finished' | 'signalled';
+  const graceMs = ctx.config.workers.shutdownGraceMs;
   try {
     outcome = await Promise.race([handle.finished.then(() => 'finished' as const), signal.then(() => 'signalled' as const)]);
+    if (outcome === 'signalled') {
+      // Unfinished: a non-zero exit (143 / 130), and a bound on the whole stop even when Redis is gone.
+      // A worker alone (`worker --role inference`) has nothing to finish: SIGTERM is how it ends, exit 0.
+      if (options.produce) exitInterrupted();
+      armStopDeadline(graceMs + STOP_MARGIN_MS);
+      process.stderr.write(
+        `tokenmill: ${await signal}: stopping; requests in flight get up to ${Math.round(graceMs / 1000)} s, then are aborted and handed back (exits within ${Math.round((graceMs + STOP_MARGIN_MS) / 1000)} s)\n`,
+      );
+    }
   } finally {
     await watchdog?.stop();
     stopProgress();
-    await stopWithin(handle, ctx.config.workers.shutdownGraceMs + STOP_MARGIN_MS);
+    await stopWithin(handle, graceMs + STOP_MARGIN_MS - CLOSE_RESERVE_MS);
   }
-  if (options.quiet !== true) {
-    const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    process.stdout.write(options.json === true ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);
-  }
+  if (options.quiet !== true) await printFinalStatus(ctx, options.json === true);
   return outcome;
+}
+
+/** Of the stop's bound, what is kept for closing Redis and printing the status (ms). */
+const CLOSE_RESERVE_MS = 5_000;
+/** How long the final status may take to read before it is left out (Redis gone). */
+const FINAL_STATUS_TIMEOUT_MS = 3_000;
+
+/** The run's status table (or JSON); one line instead when Redis does not answer in time. */
+async function printFinalStatus(ctx: RunContext, json: boolean): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => {
+    timer = setTimeout(() => resolve('late'), FINAL_STATUS_TIMEOUT_MS);
+  });
+  try {
+    const status = await Promise.race([readRunStatus(ctx.redis, ctx.keys, ctx.config), late]);
+    if (status === 'late') {
+      process.stderr.write(`tokenmill: no final status: Redis at ${redactRedisUrl(ctx.redisUrl)} did not answer within ${FINAL_STATUS_TIMEOUT_MS / 1000} s\n`);
+      return;
+    }
+    process.stdout.write(json ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** Beyond the grace period, how long a stop may take before it is abandoned (ms). */
@@ -196,7 +226,7 @@ export async function printRunSummary(ctx: RunContext, options: { json?: boolean
  * merge) served in this process; prints the status and the validation report. A failed round
  * fails the command with its reason. Exported for `demo`.
  */
-export async function runPipeline(ctx: RunContext, options: { json?: boolean; crashAt?: SinkCrashPoint; progressMs?: number }): Promise<void> {
+export async function runPipeline(ctx: RunContext, options: { json?: boolean; crashAt?: SinkCrashPoint; progressMs?: number }): Promise<'completed' | 'signalled'> {
   const generation = await runGeneration(ctx, {
     produce: true,
     infer: true,
@@ -205,8 +235,15 @@ export async function runPipeline(ctx: RunContext, options: { json?: boolean; cr
     ...(options.progressMs === undefined ? {} : { progressMs: options.progressMs }),
   });
   const postprocess = generation === 'finished' ? await runPostprocess(ctx) : undefined;
+  if (postprocess === 'signalled') {
+    // Stopped mid-round: unfinished, so a non-zero exit; the round stays queued for the next `run`.
+    exitInterrupted();
+    armStopDeadline(ctx.config.workers.shutdownGraceMs + STOP_MARGIN_MS);
+    process.stderr.write('tokenmill: interrupted during post-processing; the round stays queued and the next `run` or `postprocess` joins it\n');
+  }
   await printRunSummary(ctx, { ...(options.json === undefined ? {} : { json: options.json }), ...(postprocess === undefined ? {} : { postprocess }) });
   if (postprocess !== undefined) throwIfFailed(postprocess);
+  return generation === 'finished' && postprocess !== 'signalled' ? 'completed' : 'signalled';
 }
 
 function hiddenCrashOption(program: Command) {

@@ -12,7 +12,7 @@ import {
 import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../drop-summary.js';
 import { PostprocessFailedError, type RoundOutcome } from '../../workers/index.js';
 import { startPostprocess } from '../pipeline.js';
-import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+import { exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 
 function fmtPct(x: number): string {
   return `${(100 * x).toFixed(1)}%`;
@@ -165,7 +165,7 @@ export function registerPostprocessCommands(program: Command): void {
         const outcome = await runPostprocess(ctx);
         if (outcome === 'signalled') {
           process.stderr.write('tokenmill: interrupted; the round stays queued and the next `postprocess` joins it\n');
-          process.exitCode = 130;
+          exitInterrupted();
           return;
         }
         if (outcome.status === 'failed') throw new PostprocessFailedError(outcome.flowId, outcome.reason);

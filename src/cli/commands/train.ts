@@ -3,7 +3,7 @@ import { AppError, formatTrainProgress, type TrainResult, type TrainStatus } fro
 import { parseGpuList } from '../../workers/index.js';
 import { cancelTrainJobs, queueTrainJob, trainPayloadOf, waitForTrainJob, type TrainOutcomeSeen } from '../../workers/index.js';
 import { TrainWorker } from '../../workers/index.js';
-import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+import { exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 
 interface TrainOptions {
   config: string;
@@ -118,7 +118,7 @@ export function registerTrainCommand(program: Command): void {
         const outcome = await runTrainJob(ctx, jobId, { worker: opts.worker !== false, ...(gpus === undefined ? {} : { gpus }) });
         if (outcome === 'signalled') {
           process.stderr.write(`tokenmill: stopped waiting; train job ${jobId} stays queued for train workers (cancel it with \`tokenmill train --cancel\`)\n`);
-          process.exitCode = 130;
+          exitInterrupted();
           return;
         }
         if (outcome.status === 'failed') throw new AppError(`train job ${jobId} failed: ${outcome.reason}`);

@@ -1,0 +1,73 @@
+// Every stop path of an unfinished command exits non-zero (143 after SIGTERM, 130 after SIGINT),
+// so `tokenmill run && next` does not carry on; 0 only when the run completed. Real CLI children
+// against the simulator and a private Redis.
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../../src/shared/index.js';
+import { useHarness } from '../helpers/fixture.js';
+import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  // ~1 s per request: a signal lands mid-generation.
+  sim: { timeScale: 8, maxRunningRequests: 16, seed: 23, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  tmp: true,
+  cli: true,
+});
+
+function setup(run: string, prompts: number, extra: Partial<ConfigInput> = {}): { configPath: string; runDir: string } {
+  writePrompts(tmp.dir, run, prompts);
+  const config: ConfigInput = {
+    run,
+    redis: { url: redis.url, prefix: redis.prefix },
+    sglang: { endpoints: [sim.url], concurrency: 16, requestTimeoutMs: 60_000 },
+    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 8 }],
+    output: { dir: 'out' },
+    workers: { shutdownGraceMs: 1_000 },
+    ...extra,
+  };
+  return { configPath: writeConfig(tmp.dir, config, `${run}.yaml`), runDir: path.join(tmp.dir, 'out', run) };
+}
+
+async function exitWithin(cli: ReturnType<typeof spawnCli>, ms: number): Promise<number | string> {
+  return Promise.race([cli.exited, new Promise<string>((r) => setTimeout(() => r('still running'), ms))]);
+}
+
+describe('stop paths exit non-zero when work is unfinished', () => {
+  it('SIGTERM to `run` mid-generation exits 143 and says it is stopping', async () => {
+    const { configPath, runDir } = setup('term-gen', 200);
+    const run = spawnCli(['run', '-c', configPath]);
+    await waitFor(() => readGenerations(runDir, 'ds').length >= 8, 'first commits on disk', 60_000);
+    run.child.kill('SIGTERM');
+    expect(await exitWithin(run, 30_000), run.output().slice(-2_000)).toBe(143);
+    expect(run.output()).toMatch(/SIGTERM: stopping/);
+    expect(readGenerations(runDir, 'ds').length).toBeLessThan(200);
+  }, 120_000);
+
+  it('SIGINT to `produce` mid-generation exits 130', async () => {
+    const { configPath, runDir } = setup('int-produce', 200);
+    const produce = spawnCli(['produce', '-c', configPath]);
+    const worker = spawnCli(['worker', '-c', configPath]);
+    await waitFor(() => readGenerations(runDir, 'ds').length >= 8, 'first commits on disk', 60_000);
+    produce.child.kill('SIGINT');
+    expect(await exitWithin(produce, 30_000), produce.output().slice(-2_000)).toBe(130);
+    // A worker alone has nothing to finish: SIGTERM is its normal end.
+    worker.child.kill('SIGTERM');
+    expect(await exitWithin(worker, 30_000), worker.output().slice(-2_000)).toBe(0);
+  }, 120_000);
+
+  it('SIGTERM to `run` during post-processing exits 143; a completed run exits 0', async () => {
+    // Many records and a slow simulator-free phase: the signal lands while the round is running.
+    const { configPath } = setup('term-pp', 48);
+    const run = spawnCli(['run', '-c', configPath]);
+    await waitFor(() => /post-processing \S+:/.test(run.output()), 'the post-process round to start', 90_000);
+    run.child.kill('SIGTERM');
+    const code = await exitWithin(run, 30_000);
+    const out = run.output();
+    expect(out, 'the signal must land during the round').toMatch(/interrupted during post-processing/);
+    expect(code, out.slice(-2_000)).toBe(143);
+
+    const again = spawnCli(['run', '-c', configPath]);
+    expect(await exitWithin(again, 90_000), again.output().slice(-2_000)).toBe(0);
+  }, 240_000);
+});
