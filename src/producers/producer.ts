@@ -189,7 +189,7 @@ export class Producer {
         fromLine,
         log,
         isStopping: () => this.stopping,
-        addBatch: (samples) => this.addBatch(ds, queue, epoch, samples),
+        addBatch: (samples) => this.addBatch(ds, queue, epoch, samples, tokenizer.vocabSize),
       });
       if (this.stopping) return;
       await this.waitIdle(ds, queue);
@@ -222,7 +222,7 @@ export class Producer {
   }
 
   /** Waits for room in the window, then enqueues; false when the budget was met meanwhile. */
-  private async addBatch(ds: DatasetConfig, queue: Queue, epoch: number, samples: Sample[]): Promise<boolean> {
+  private async addBatch(ds: DatasetConfig, queue: Queue, epoch: number, samples: Sample[], vocabSize: number): Promise<boolean> {
     const { keys } = this.options;
     // Checked again soon, then less and less often: a fast worker frees a slot within
     // milliseconds (the window must not run dry between polls), a slow one costs few checks.
@@ -244,6 +244,7 @@ export class Producer {
         sampling: ds.sampling,
         maxAttempts: this.options.maxAttempts,
         priorExpectedTokens: Math.ceil(ds.maxNewTokens / 2),
+        vocabSize,
       },
       samples,
     );

@@ -13,6 +13,9 @@ import { sendJson, sendText } from './http-util.js';
 /** SGLang's body for a full queue (`--max-queued-requests`), status 503. */
 export const QUEUE_FULL_BODY = { object: 'error', message: 'The request queue is full.', type: '503', param: null, code: 503 };
 
+/** The output id the `out-of-vocab` bad answer puts first. */
+export const OUT_OF_VOCAB_ID = 999_999_999;
+
 /** What nginx in front of a dead upstream answers. */
 const HTML_502 =
   '<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n';
@@ -57,7 +60,7 @@ export function replyStatus(res: ServerResponse, status: number): void {
 }
 
 /** Applies a bad-answer shape to a complete, valid response body (generate or chat). */
-function reshape(kind: 'wrong-shape' | 'no-output-ids' | 'negative-count', body: unknown): unknown {
+function reshape(kind: 'wrong-shape' | 'no-output-ids' | 'negative-count' | 'out-of-vocab', body: unknown): unknown {
   const items = Array.isArray(body) ? body : [body];
   const out = items.map((item: unknown) => {
     if (!isRecord(item)) return item;
@@ -75,6 +78,10 @@ function reshape(kind: 'wrong-shape' | 'no-output-ids' | 'negative-count', body:
       case 'negative-count':
         if (meta !== undefined) meta.completion_tokens = -1;
         if (usage !== undefined) usage.completion_tokens = -1;
+        return copy;
+      case 'out-of-vocab':
+        // A well-formed answer whose first output id is no token of any real vocabulary.
+        if (Array.isArray(copy.output_ids) && copy.output_ids.length > 0) copy.output_ids[0] = OUT_OF_VOCAB_ID;
         return copy;
     }
   });

@@ -1,7 +1,7 @@
 import { mulberry32, type Rng } from './output-model.js';
 
 /** Shapes of a bad answer the simulator can give instead of a generation (`badAnswer`). */
-export const BAD_ANSWERS = ['html502', 'wrong-shape', 'no-output-ids', 'negative-count', 'truncated', '413'] as const;
+export const BAD_ANSWERS = ['html502', 'wrong-shape', 'no-output-ids', 'negative-count', 'out-of-vocab', 'truncated', '413'] as const;
 export type BadAnswer = (typeof BAD_ANSWERS)[number];
 
 /** Faults the simulator injects into generation requests (and health checks). */

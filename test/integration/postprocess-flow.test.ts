@@ -277,7 +277,8 @@ describe('a failed tokenize job', () => {
     expect(Date.now() - started).toBeLessThan(20_000);
     expect(outcome.status).toBe('failed');
     const reason = outcome.status === 'failed' ? outcome.reason : '';
-    expect(reason).toContain('tokenize H: dataset H: 1 of 3 lines are invalid (none allowed)');
+    expect(reason).toContain('tokenize H: dataset H: 1 of 3 lines are invalid (at most 5% allowed)');
+    expect(reason).toContain('fix or delete the lines named');
     expect(reason).toContain(`${path.join(ctx.runDir, 'H', 'generations', 'part-00000.jsonl')}:2: invalid JSON`);
     expect(existsSync(ctx.config.postprocess.target)).toBe(false);
     // The worker records the failure in the checklist and the round's hash.
@@ -299,6 +300,21 @@ describe('a failed tokenize job', () => {
     const fixed = completed(await round(ctx));
     expect(fixed.flowId).toBe('bad-pp-2');
     expect(fixed.report).toMatchObject({ newRows: 4, rows: 4 });
+  });
+
+  // A record with an id outside the vocabulary (written by a version that did not refuse it)
+  // used to fail every later round ("1 of 21 lines are invalid (none allowed)").
+  it('one out-of-vocabulary record among 21 lines is skipped, named in the report; the round completes', async () => {
+    const ctx = await openRun('oov', [{ name: 'V', prompts: 'v.jsonl', tokenBudget: 1000 }]);
+    const bad = { ...record('V', 'v-bad'), output_ids: [999_999_999, 1, 2] };
+    bad.completion_tokens = bad.output_ids.length;
+    const lines = Array.from({ length: 20 }, (_, i) => record('V', `v-${i}`));
+    writePart(ctx.runDir, 'V', 0, [...lines.slice(0, 7), bad, ...lines.slice(7)]);
+    const result = completed(await round(ctx));
+    expect(result.report).toMatchObject({ newRows: 20, rows: 20 });
+    const text = JSON.stringify(result);
+    expect(text).toContain('output_ids[0] is 999999999');
+    expect(text).toContain(`${path.join(ctx.runDir, 'V', 'generations', 'part-00000.jsonl')}`);
   });
 
   it('a conversation file that cannot be read fails the round, naming the file', async () => {

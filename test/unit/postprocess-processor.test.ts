@@ -233,7 +233,7 @@ describe('post-process round flow', () => {
       expect(String(c.opts?.jobId)).not.toContain(':');
     }
     const [gen, conv] = children.map((c) => TokenizePayloadSchema.parse(c.data));
-    expect(gen).toMatchObject({ kind: 'generations', source: plan.datasets[0]?.source, stagedDir: stagedDirOf('/out/r', flowId, 'B1_glaive'), maxInvalidFraction: 0 });
+    expect(gen).toMatchObject({ kind: 'generations', source: plan.datasets[0]?.source, stagedDir: stagedDirOf('/out/r', flowId, 'B1_glaive'), maxInvalidFraction: 0.05 });
     expect(gen?.stagedDir).toBe('/out/r/postprocess/r-pp-4/B1_glaive');
     expect(conv).toMatchObject({ kind: 'conversations', maxInvalidFraction: 0.05, target: plan.target });
     // The same plan and round give the same flow.

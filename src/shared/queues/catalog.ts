@@ -55,6 +55,11 @@ export const GenerateBatchPayloadSchema = z
      */
     retryOfFailed: z.boolean().optional(),
     /**
+     * The producer's tokenizer's vocabulary size: a worker refuses an answer with an output id
+     * at or above it (an attempt, like any unusable answer), so no such record is committed.
+     */
+    vocabSize: z.number().int().positive().optional(),
+    /**
      * Each sample's prompt token ids, in the order of `samples`: base64 of little-endian
      * uint32s, last and compact, so the ids and lines come first when a person opens the job.
      */
@@ -100,7 +105,10 @@ export function batchJobName(dataset: string, samples: readonly { line: number }
 }
 
 /** What a batch job carries besides its samples. */
-export type BatchSettings = Pick<GenerateBatchPayload, 'dataset' | 'batchId' | 'sampling' | 'maxAttempts' | 'priorExpectedTokens'> & { retryOfFailed?: boolean };
+export type BatchSettings = Pick<GenerateBatchPayload, 'dataset' | 'batchId' | 'sampling' | 'maxAttempts' | 'priorExpectedTokens'> & {
+  retryOfFailed?: boolean;
+  vocabSize?: number | undefined;
+};
 
 /** Builds (and checks) a batch job's payload: readable sample ids and lines first, the token ids last and compact. */
 export function encodeBatchPayload(settings: BatchSettings, samples: readonly Sample[]): GenerateBatchPayload {
@@ -115,6 +123,7 @@ export function encodeBatchPayload(settings: BatchSettings, samples: readonly Sa
       maxAttempts: settings.maxAttempts,
       priorExpectedTokens: settings.priorExpectedTokens,
       ...(settings.retryOfFailed === true ? { retryOfFailed: true } : {}),
+      ...(settings.vocabSize === undefined ? {} : { vocabSize: settings.vocabSize }),
       prompts: samples.map((s) => encodePromptIds(s.promptIds)),
     },
     'generate batch',

@@ -14,6 +14,8 @@ export interface SampleRequest {
   sampling: Record<string, unknown>;
   maxAttempts: number;
   priorExpectedTokens: number;
+  /** The producer's vocabulary size: an answer with an output id at or above it is refused (an attempt). */
+  vocabSize?: number;
   /** Attempts already spent on this sample (from Redis), so the record says which attempt won. */
   attemptsSpent: number;
   /** The batch job (its lock token) this sample came with; lets a lost batch be withdrawn. */

@@ -14,7 +14,7 @@ import type { Endpoint, EndpointPool } from './endpoint-pool.js';
 import { LeaseKeeper } from './lease-keeper.js';
 import { SlotWantedFlag } from './slot-wanted.js';
 import { addAcquires, newAttempts, newPass, readAcquires, type AcquireAttempt, type PumpPass, type RedisPipeline } from './dispatch-acquire.js';
-import { CommitBatcher } from './sample-records.js';
+import { CommitBatcher, checkOutputVocabulary } from './sample-records.js';
 import { StrictBudget } from './budget-strict.js';
 import { FailureHandler, type Running } from './failure-handling.js';
 
@@ -560,6 +560,7 @@ export class Dispatcher {
       if (result.finishReason.type === 'abort' && !budgetStopped) {
         throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
       }
+      checkOutputVocabulary(result, req.vocabSize, endpoint.url);
       const outcome = await this.commits.commit({ req, rid, endpointUrl: endpoint.url, leaseKey, workerId: this.options.workerId, result });
       if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
       this.queue.settle(task, outcome);

@@ -131,6 +131,7 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
         sampling: payload.sampling,
         maxAttempts: payload.maxAttempts,
         priorExpectedTokens: payload.priorExpectedTokens,
+        ...(payload.vocabSize === undefined ? {} : { vocabSize: payload.vocabSize }),
         attemptsSpent: spent[k] ?? 0,
         ...(deps.jobId === undefined ? {} : { jobId: deps.jobId }),
         onAttemptFailed: (attempt, message) => deps.log?.(`${who(sample)}: attempt ${attempt} of ${payload.maxAttempts} failed, will retry: ${message}`),

@@ -1,4 +1,4 @@
-import { RATE_BUCKETS_KEPT, RATE_BUCKET_MS, type GenerateResult, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
+import { RATE_BUCKETS_KEPT, RATE_BUCKET_MS, SglangResponseFormatError, type GenerateResult, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 
 /** One finished request, as the dispatcher hands it to {@link CommitBatcher.commit}. */
@@ -10,6 +10,27 @@ export interface FinishedRequest {
   leaseKey: string;
   workerId: string;
   result: GenerateResult;
+}
+
+/**
+ * Refuses an answer whose output ids are not all token ids of the run's tokenizer (`[0,
+ * vocabSize)`), before it is committed: such a record would be counted against the budget and
+ * written, then be an invalid line for post-processing. The error is a retryable unusable
+ * answer (an attempt, like a negative count); after `sglang.maxAttempts` the sample ends
+ * failed with this reason. Without a known vocabulary size nothing is checked.
+ */
+export function checkOutputVocabulary(result: GenerateResult, vocabSize: number | undefined, endpointUrl: string): void {
+  if (vocabSize === undefined) return;
+  const ids = result.outputIds;
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i] as number;
+    if (id >= vocabSize || id < 0) {
+      throw new SglangResponseFormatError(
+        `output_ids[${i}] is ${id}, not a token id of the run's tokenizer (vocabulary size ${vocabSize}): the server's model and tokenizer.path disagree, or the server is faulty; nothing was committed`,
+        { endpoint: endpointUrl, route: 'POST /generate', status: 200 },
+      );
+    }
+  }
 }
 
 /** The keys and arguments of commit-sample-9.lua for one sample (more of the dataset and endpoint may be appended). */

@@ -342,8 +342,8 @@ export class InferenceWorker {
     const { job, token } = held;
     const reason = failedJobReason(job.name, outcome.samples.length, outcome.failures);
     await job.moveToFailed(new UnrecoverableError(reason), token, false);
-    const { dataset, batchId, sampling, maxAttempts, priorExpectedTokens } = outcome.payload;
-    await job.updateData(encodeBatchPayload({ dataset, batchId, sampling, maxAttempts, priorExpectedTokens, retryOfFailed: true }, outcome.failures.map((f) => f.sample)));
+    const { dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize } = outcome.payload;
+    await job.updateData(encodeBatchPayload({ dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize, retryOfFailed: true }, outcome.failures.map((f) => f.sample)));
     this.log.warn({ queue: job.queueName, jobId: job.id, dataset, failed: outcome.failures.length }, 'batch ended with failed prompts: its job is failed, carrying them for a retry');
   }
 

@@ -48,8 +48,16 @@ import {
 import { trainPayloadOf, withTrainParent } from '../train/index.js';
 import type { PhaseState, PostprocessPhase } from './processor.js';
 
-/** Invalid lines tolerated in a conversation dataset (user data); generation records allow none. */
+/** Invalid lines tolerated in a conversation dataset (user data). */
 export const CONVERSATION_MAX_INVALID_FRACTION = 0.05;
+
+/**
+ * Invalid lines tolerated in a dataset's generation files, over every line of the dataset read
+ * so far: workers refuse bad answers before they are committed, so such a line comes from an
+ * older version or a hand edit. It is skipped with a warning naming its file and line (and
+ * listed in the round's report) instead of blocking every later round.
+ */
+export const GENERATION_MAX_INVALID_FRACTION = 0.05;
 
 /** One dataset of a round. */
 export interface PostprocessDatasetPlan {
@@ -137,7 +145,7 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
         stagedDir: stagedDirOf(plan.runDir, flowId, d.name),
         target: plan.target,
         shardSizeMiB: plan.shardSizeMiB,
-        maxInvalidFraction: d.kind === 'generations' ? 0 : CONVERSATION_MAX_INVALID_FRACTION,
+        maxInvalidFraction: d.kind === 'generations' ? GENERATION_MAX_INVALID_FRACTION : CONVERSATION_MAX_INVALID_FRACTION,
       },
       'tokenize',
     ),

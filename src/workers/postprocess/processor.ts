@@ -104,6 +104,7 @@ export function invalidLinesError(
   dataset: string,
   stats: { lines: number; invalid: number; invalidExamples: readonly InvalidLine[] },
   maxInvalidFraction: number,
+  hint = '',
 ): PayloadError | undefined {
   if (stats.invalid === 0 || stats.invalid <= maxInvalidFraction * stats.lines) return undefined;
   const examples = stats.invalidExamples
@@ -111,7 +112,7 @@ export function invalidLinesError(
     .map((x) => `${x.file}:${x.line}: ${x.reason}`)
     .join('; ');
   const allowed = maxInvalidFraction === 0 ? 'none allowed' : `at most ${Math.round(maxInvalidFraction * 1000) / 10}% allowed`;
-  return new PayloadError(`dataset ${dataset}: ${stats.invalid} of ${stats.lines} lines are invalid (${allowed}): ${examples}`);
+  return new PayloadError(`dataset ${dataset}: ${stats.invalid} of ${stats.lines} lines are invalid (${allowed}): ${examples}${hint}`);
 }
 
 async function hasState(dir: string): Promise<boolean> {
@@ -249,7 +250,15 @@ async function tokenizeAgainst(
 
   await rm(p.stagedDir, { recursive: true, force: true });
   const written = await writeHfDataset(p.stagedDir, fresh(), { shardSizeMiB: p.shardSizeMiB });
-  const invalid = invalidLinesError(p.dataset, stats, p.maxInvalidFraction);
+  // Generation lines count against the share over the whole dataset read so far (the lines of
+  // earlier rounds too), so a small incremental round is not failed by one old bad line.
+  const linesBefore = resume === undefined ? 0 : [...resume.values()].reduce((n, s) => n + s.lines, 0);
+  const invalid = invalidLinesError(
+    p.dataset,
+    { ...stats, lines: stats.lines + linesBefore },
+    p.maxInvalidFraction,
+    p.kind === 'generations' ? '; fix or delete the lines named (back up the file first), then run `tokenmill postprocess -c <config>` again' : '',
+  );
   if (invalid !== undefined) {
     await rm(p.stagedDir, { recursive: true, force: true });
     throw invalid;
