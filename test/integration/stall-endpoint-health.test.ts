@@ -63,7 +63,7 @@ describe('endpoint health published by the inference workers', () => {
       const cfg = { run: 'health', datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }], sglang: { endpoints: [sim.url] } } as never;
       await reader.hset(keys.stats('alpha'), 'status', 'in_progress');
       const line = formatProgressLine(await readRunStatus(reader, keys, cfg), 12);
-      expect(line).toBe(`[12s] generate: 0/1 datasets completed, 0 tokens, 0 in flight, 0 tok/s; waiting: 0/1 endpoints healthy (GET /health on ${sim.url} answered 503)`);
+      expect(line).toBe(`[12s] generate: 0/1 datasets completed, 0 tokens, 0 in flight, 0 tok/s, ETA unknown; waiting: 0/1 endpoints healthy (GET /health on ${sim.url} answered 503)`);
 
       // Healthy again: back in rotation, with a new "since".
       const downSince = down?.endpoints[0]?.sinceMs ?? 0;

@@ -50,7 +50,7 @@ describe('status warnings', () => {
     expect(table.split('\n').at(-1)).toBe(`! B1_glaive stalled for 2m: ${stalled.reason} — a bug; see the producer's log`);
     expect(table).toMatch(/^endpoints: 1\/1 endpoints healthy$/m);
     expect(formatProgressLine(s, 600, NOW)).toBe(
-      `[600s] generate: 0/1 datasets completed, 5,000 tokens, 0 in flight, 0 tok/s, endpoints 1/1 healthy; STALLED: B1_glaive for 125s (${stalled.reason}; a bug, see the log)`,
+      `[600s] generate: 0/1 datasets completed, 5,000 tokens, 0 in flight, 0 tok/s, ETA unknown, endpoints 1/1 healthy; STALLED: B1_glaive for 125s (${stalled.reason}; a bug, see the log)`,
     );
   });
 
@@ -71,11 +71,20 @@ describe('status warnings', () => {
     expect(runStatusWarnings(status(dataset({ inFlight: 16, tokensPerSec: 900 }), endpoints(true)), NOW)).toEqual([]);
     expect(runStatusWarnings(status(dataset({ status: 'completed' }), endpoints(false, 'down')), NOW)).toEqual([]);
     expect(formatProgressLine(status(dataset({ inFlight: 16, tokensPerSec: 900 }), endpoints(true)), 5, NOW)).toBe(
-      '[5s] generate: 0/1 datasets completed, 5,000 tokens, 16 in flight, 900 tok/s, endpoints 1/1 healthy',
+      '[5s] generate: 0/1 datasets completed, 5,000 tokens, 16 in flight, 900 tok/s, ETA unknown, endpoints 1/1 healthy',
     );
     // With a known ETA per dataset, the line shows the range of the slowest one.
     expect(formatProgressLine(status(dataset({ inFlight: 16, tokensPerSec: 900, etaSeconds: { low: 100, high: 300 } }), endpoints(true)), 5, NOW)).toBe(
       '[5s] generate: 0/1 datasets completed, 5,000 tokens, 16 in flight, 900 tok/s, ETA 2m–5m, endpoints 1/1 healthy',
     );
+  });
+
+  // A paused dataset used to make `run` print "0 in flight, 0 tok/s" with no word of why.
+  it('a paused dataset: the progress line says so, with the command that resumes it', () => {
+    const s = status(dataset({ status: 'paused', paused: true }), endpoints(true));
+    const line = formatProgressLine(s, 40, NOW, '/runs/my run.yaml');
+    expect(line).toContain("; paused: B1_glaive (resume with `tokenmill resume -c '/runs/my run.yaml' B1_glaive`)");
+    expect(line).not.toContain('ETA');
+    expect(formatProgressLine(s, 40, NOW, 'tokenmill.yaml')).toContain('`tokenmill resume -c tokenmill.yaml B1_glaive`');
   });
 });

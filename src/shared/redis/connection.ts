@@ -7,6 +7,8 @@ import { Redis, type RedisOptions } from 'ioredis';
 import { AppError, EnvironmentError, UnavailableError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
 import { EmbeddedRedis } from './embedded-redis.js';
+import { awaitFirstAnswer, FIRST_ANSWER_TIMEOUT_MS, reportSilentServer } from './first-answer.js';
+import { isSentinelUrl, parseSentinelUrl, redactRedisUrl, sentinelRedisOptions } from './target.js';
 
 /**
  * What a connection is for, which decides how it behaves when Redis is down (BullMQ's rules):
@@ -23,6 +25,10 @@ export interface RedisConnectionOptions {
   /** Shown by `CLIENT LIST` (e.g. `tokenmill:inference-worker`). */
   name?: string;
   logger?: Logger;
+  /** Connection errors at debug only: the caller reports them (the server check). */
+  quiet?: boolean;
+  /** ioredis's ready check (default true); off for the server check, which sends its own PING first. */
+  readyCheck?: boolean;
 }
 
 /** Reconnect attempts a `client` command survives before it fails. */
@@ -32,14 +38,16 @@ const CLIENT_CONNECT_TIMEOUT_MS = 5_000;
 const ERROR_LOG_INTERVAL_MS = 10_000;
 
 /**
- * Opens an ioredis connection to `url` (`redis://[:password@]host:port[/db]` or `rediss://…`)
- * configured for its role. Connection errors are logged (with the URL's password redacted)
- * instead of being unhandled `error` events. Close it with {@link closeRedisConnection}.
+ * Opens an ioredis connection to `url` (`redis://[:password@]host:port[/db]`, `rediss://…`, or
+ * a Sentinel-managed primary as `redis-sentinel://…`, see `target.ts`) configured for its role.
+ * Connection errors are logged (with the URL's password redacted) instead of being unhandled
+ * `error` events; a server that accepts the connection but stays silent is reported too. Close
+ * it with {@link closeRedisConnection}.
  */
 export function createRedisConnection(url: string, options: RedisConnectionOptions): Redis {
   const log = (options.logger ?? componentLogger('redis')).child({ redis: redactRedisUrl(url), role: options.role });
   const common: RedisOptions = {
-    enableReadyCheck: true,
+    enableReadyCheck: options.readyCheck ?? true,
     // TCP keepalive after 10 s idle: a peer that vanished without a reset (a host cut off, a
     // NAT that forgot the flow) is noticed and reconnected, instead of after the OS's 2 hours.
     keepAlive: 10_000,
@@ -53,12 +61,15 @@ export function createRedisConnection(url: string, options: RedisConnectionOptio
           connectTimeout: CLIENT_CONNECT_TIMEOUT_MS,
           retryStrategy: (times: number) => Math.min(times * 100, 2_000),
         };
-  const conn = new Redis(url, { ...common, ...roleOptions });
+  const conn = isSentinelUrl(url)
+    ? new Redis({ ...sentinelRedisOptions(parseSentinelUrl(url)), ...common, ...roleOptions })
+    : new Redis(url, { ...common, ...roleOptions });
+  if (options.quiet !== true) reportSilentServer(conn, url, log);
 
   let lastWarnAt = 0;
   conn.on('error', (err: unknown) => {
     const now = Date.now();
-    if (now - lastWarnAt >= ERROR_LOG_INTERVAL_MS) {
+    if (options.quiet !== true && now - lastWarnAt >= ERROR_LOG_INTERVAL_MS) {
       lastWarnAt = now;
       log.warn({ err }, 'redis connection error');
     } else {
@@ -159,22 +170,6 @@ function compareVersions(a: string, b: string): number {
   return 0;
 }
 
-/**
- * The URL with its password (and any `password` query parameter) replaced by `***`, for logs
- * and messages: `redis://:s3cret@host:6379/0` → `redis://:***@host:6379/0`.
- */
-export function redactRedisUrl(url: string): string {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password !== '') parsed.password = '***';
-    if (parsed.searchParams.has('password')) parsed.searchParams.set('password', '***');
-    return parsed.toString();
-  } catch {
-    // Not a URL: hide whatever sits between `//` and `@`.
-    return url.replace(/\/\/[^/@]*@/, '//***@');
-  }
-}
-
 /** Options of {@link openRedis}. */
 export interface OpenRedisOptions {
   /** `redis.url` from the config; when absent, the embedded server at `dataDir` is used. */
@@ -228,7 +223,7 @@ export async function openRedis(options: OpenRedisOptions): Promise<OpenedRedis>
 }
 
 async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck> {
-  const conn = createRedisConnection(url, { role: 'client', name: 'tokenmill:check', logger: log });
+  const conn = createRedisConnection(url, { role: 'client', name: 'tokenmill:check', logger: log, quiet: true, readyCheck: false });
   // The command's own error only says that retries ran out; the connection error says why.
   let connectionError: unknown;
   conn.on('error', (e: unknown) => {
@@ -237,7 +232,9 @@ async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck
   try {
     let server: RedisServerCheck;
     try {
-      server = await checkRedisServer(conn, url);
+      // A bounded first answer: a port that accepts TCP but never answers fails here, naming the URL.
+      await awaitFirstAnswer(conn, url, log);
+      server = await withDeadline(checkRedisServer(conn, url), FIRST_ANSWER_TIMEOUT_MS, () => new UnavailableError(`Redis at ${redactRedisUrl(url)} answered PING but not INFO within ${FIRST_ANSWER_TIMEOUT_MS / 1000} s: check that it is not frozen or overloaded`));
     } catch (e: unknown) {
       if (e instanceof AppError) throw e;
       const reason = errorMessage(connectionError ?? e);
@@ -247,5 +244,20 @@ async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck
     return server;
   } finally {
     await closeRedisConnection(conn);
+  }
+}
+
+/** `promise`, or the error `onTimeout` makes when it has not settled within `ms`. */
+async function withDeadline<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(onTimeout()), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
   }
 }

@@ -59,7 +59,7 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     formatInt(d.skipped),
     formatInt(d.rejected),
     formatInt(Math.round(d.tokensPerSec)),
-    d.status === 'completed' ? '-' : formatEta(d.etaSeconds),
+    d.status === 'completed' ? '-' : d.status === 'paused' ? 'paused' : formatEta(d.etaSeconds),
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
   const fmt = (r: string[]): string => r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
@@ -69,9 +69,9 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
   return lines.join('\n');
 }
 
-/** An ETA range, "4m–7m" ("4m" when both ends agree), or "?" while unknown. */
+/** An ETA range, "4m–7m" ("4m" when both ends agree), or "unknown" until the rate is measured. */
 export function formatEta(eta: { low: number | null; high: number | null }): string {
-  if (eta.low === null) return '?';
+  if (eta.low === null) return 'unknown';
   const low = formatDuration(eta.low);
   const high = formatDuration(eta.high ?? eta.low);
   return low === high ? low : `${low}–${high}`;

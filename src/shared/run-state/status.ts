@@ -2,6 +2,7 @@ import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../config/index.js';
 import { readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
+import { estimateRateAndEta } from './eta.js';
 import { generateQueueName } from '../queues/index.js';
 import type { EndpointRequestStats } from '../sglang/index.js';
 import type { RunKeys } from '../queues/index.js';
@@ -79,7 +80,7 @@ export interface RunStatus {
 export const RATE_BUCKET_MS = 10_000;
 /** Buckets kept by commit-sample-9.lua (5 minutes). */
 export const RATE_BUCKETS_KEPT = 30;
-/** Buckets the tokens/s figure averages over (the last minute). */
+/** Buckets the tokens/s figure and the ETA measure over at most (the last minute). */
 const RATE_WINDOW_BUCKETS = 6;
 
 type StatusConfig = Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> };
@@ -110,7 +111,12 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusC
     const outputTokens = Number(stats.outputTokens ?? 0);
     const tokenBudget = ds.tokenBudget ?? null;
     const completed = stats.status === 'completed' && (tokenBudget === null || stats.completedReason !== 'budget' || outputTokens >= tokenBudget);
-    const { tokensPerSec, eta } = rateAndEta(rate, nowMs, remainingTokens(ds, stats, records, outputTokens, failed, skipped));
+    const { tokensPerSec, eta } = estimateRateAndEta(rate, nowMs, remainingTokens(ds, stats, records, outputTokens, failed, skipped), {
+      bucketMs: RATE_BUCKET_MS,
+      windowBuckets: RATE_WINDOW_BUCKETS,
+      firstCommitMs: stats.firstCommitMs === undefined ? null : Number(stats.firstCommitMs),
+      meanTokens: records > 0 ? outputTokens / records : null,
+    });
     let status: ProgressStatus;
     if (ds.prompts === undefined) status = 'completed';
     else if (paused && !completed) status = 'paused';
@@ -128,7 +134,8 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusC
       rejected: Number(stats.rejected ?? 0),
       prepared: preparedCounts(stats),
       tokensPerSec,
-      etaSeconds: status === 'completed' ? { low: 0, high: 0 } : eta,
+      // A paused dataset has no ETA: nothing moves until `resume`.
+      etaSeconds: status === 'completed' ? { low: 0, high: 0 } : status === 'paused' ? { low: null, high: null } : eta,
       status,
       paused,
       jobs: queue.jobs,
@@ -204,29 +211,3 @@ function remainingTokens(
   const r = Math.min(byBudget, byPrompts);
   return Number.isFinite(r) ? r : null;
 }
-
-/** tok/s over the last minute, and an ETA range from the fastest and slowest recent 10 s buckets. */
-function rateAndEta(rate: Record<string, string>, nowMs: number, remaining: number | null): { tokensPerSec: number; eta: { low: number | null; high: number | null } } {
-  const current = Math.floor(nowMs / RATE_BUCKET_MS);
-  const buckets = Object.keys(rate)
-    .map(Number)
-    .filter((b) => b < current && b >= current - RATE_WINDOW_BUCKETS);
-  const earliest = Math.min(...Object.keys(rate).map(Number));
-  // Average over full buckets since the first commit, up to the last minute.
-  const span = Math.min(RATE_WINDOW_BUCKETS, Math.max(1, current - (Number.isFinite(earliest) ? earliest : current)));
-  let sum = 0;
-  for (const b of buckets) sum += Number(rate[String(b)] ?? 0);
-  const currentTokens = Number(rate[String(current)] ?? 0);
-  const elapsedInCurrentSec = (nowMs % RATE_BUCKET_MS) / 1000;
-  const tokensPerSec = buckets.length === 0 ? (elapsedInCurrentSec > 0 ? currentTokens / elapsedInCurrentSec : 0) : sum / ((span * RATE_BUCKET_MS) / 1000);
-  if (remaining === null) return { tokensPerSec, eta: { low: null, high: null } };
-  if (remaining === 0) return { tokensPerSec, eta: { low: 0, high: 0 } };
-  const rates = buckets.map((b) => Number(rate[String(b)] ?? 0) / (RATE_BUCKET_MS / 1000)).filter((r) => r > 0);
-  if (rates.length === 0) {
-    return tokensPerSec > 0 ? { tokensPerSec, eta: { low: Math.round((remaining / tokensPerSec) * 0.8), high: Math.round((remaining / tokensPerSec) * 1.25) } } : { tokensPerSec, eta: { low: null, high: null } };
-  }
-  const fastest = Math.max(...rates, tokensPerSec);
-  const slowest = Math.min(...rates, tokensPerSec > 0 ? tokensPerSec : Infinity);
-  return { tokensPerSec, eta: { low: Math.round(remaining / fastest), high: Math.round(remaining / slowest) } };
-}
-
