@@ -5,6 +5,7 @@ import type { RoundOutcome } from '../../workers/index.js';
 import { PostprocessWorker } from '../../workers/index.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
 import { startProgress } from '../progress.js';
+import { watchRedisOutage } from '../redis-outage.js';
 import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/index.js';
 import { dropContextOf } from '../drop-summary.js';
@@ -28,6 +29,10 @@ export async function runGeneration(
 ): Promise<'finished' | 'signalled'> {
   const handle = await startGeneration(ctx, options);
   const signal = onceSignalled();
+  // A Redis that goes away mid-run is said in a line a person reads, not only in JSON logs.
+  const stopOutageWatch = watchRedisOutage(ctx.redisUrl, {
+    waiting: ctx.config.redis.url === undefined ? 'the embedded server is restarted on its AOF; generation waits' : 'generation waits for it to come back',
+  });
   const stopProgress = options.progressMs === undefined ? () => undefined : startProgress(ctx, options.progressMs);
   // The producer's process always exists while generating: it watches for a run that silently sits.
   const watchdog = options.produce ? stallWatchdog(ctx) : undefined;
@@ -47,6 +52,7 @@ export async function runGeneration(
     }
   } finally {
     await watchdog?.stop();
+    await stopOutageWatch();
     stopProgress();
     await stopWithin(handle, graceMs + STOP_MARGIN_MS - CLOSE_RESERVE_MS);
   }

@@ -209,6 +209,8 @@ export async function openRedis(options: OpenRedisOptions): Promise<OpenedRedis>
     // Other commands on the same run (a worker, `status`) may attach to this server: it stays
     // up while they use it.
     keepWhileInUse: true,
+    // A server that dies mid-run (OOM-killed) comes back on the same port and AOF.
+    restartOnExit: true,
     ...(options.redisServerPath === undefined ? {} : { redisServerPath: options.redisServerPath }),
     logger: options.logger ?? componentLogger('embedded-redis'),
   });

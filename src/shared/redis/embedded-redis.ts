@@ -9,8 +9,12 @@
  * - `redis.log`    everything the server printed (appended)
  * - `redis.pid`    pid of the running server (removed by the owner's `stop()`)
  * - `redis.port`   its TCP port on 127.0.0.1 (removed by the owner's `stop()`)
- * - `redis.start.lock`  held only while a process starts a server, so that two commands
- *                  started together do not run two servers on the same AOF
+ * - `redis.start.lock`  held only while a process starts, attaches to or stops a server, so that
+ *                  two commands started together do not run two servers on the same AOF, and an
+ *                  owner never stops the server under a process that is attaching to it
+ * - `redis.users/<pid>-<n>`  one per process attached to the server (removed by its `stop()`;
+ *                  a file whose pid is dead is ignored): the owner's `stop()` leaves the server
+ *                  running while one names a live process, even before it has connected
  * - `appendonlydir/`  the AOF itself
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -43,6 +47,14 @@ export interface EmbeddedRedisOptions {
    * it. Default false: `stop()` always stops a server this instance started.
    */
   keepWhileInUse?: boolean;
+  /**
+   * When the server this instance started exits on its own (OOM-killed, say) and `stop()` was not
+   * called, start it again on the same port and AOF, so every connection reconnects to the same
+   * URL with the state the AOF holds (all but its last second at most). Default false.
+   */
+  restartOnExit?: boolean;
+  /** Test hook: awaited by `stop()` after it decided to stop the server, before it signals it. */
+  beforeStopForTest?: () => Promise<void>;
   logger?: Logger;
 }
 
@@ -61,6 +73,10 @@ const POLL_INTERVAL_MS = 25;
 const START_ATTEMPTS_WITH_FREE_PORT = 3;
 /** A start lock whose owner pid cannot be read is considered abandoned after this long. */
 const UNREADABLE_LOCK_STALE_MS = 10_000;
+/** Restarts after an unexpected exit: at most this many within {@link RESTART_WINDOW_MS}. */
+const MAX_RESTARTS_IN_WINDOW = 5;
+const RESTART_WINDOW_MS = 60_000;
+let userFileSeq = 0;
 
 /**
  * Finds a TCP port that is free on 127.0.0.1 right now (listens on port 0, reads the port the
@@ -102,7 +118,13 @@ export class EmbeddedRedis {
   private readonly readyTimeoutMs: number;
   private readonly stopTimeoutMs: number;
   private readonly keepWhileInUse: boolean;
+  private readonly restartOnExit: boolean;
+  private readonly beforeStopForTest: (() => Promise<void>) | undefined;
   private readonly log: Logger;
+  /** This instance's file in `redis.users/` while it is attached. */
+  private userFile: string | undefined;
+  private stopping = false;
+  private restartTimes: number[] = [];
 
   private child: ChildProcess | undefined;
   private childExit: Promise<void> | undefined;
@@ -120,6 +142,8 @@ export class EmbeddedRedis {
     this.readyTimeoutMs = options.readyTimeoutMs ?? 30_000;
     this.stopTimeoutMs = options.stopTimeoutMs ?? 10_000;
     this.keepWhileInUse = options.keepWhileInUse ?? false;
+    this.restartOnExit = options.restartOnExit ?? false;
+    this.beforeStopForTest = options.beforeStopForTest;
     this.log = options.logger ?? componentLogger('embedded-redis');
   }
 
@@ -161,6 +185,7 @@ export class EmbeddedRedis {
     if (this.starting !== undefined) {
       await this.starting.catch(() => undefined);
     }
+    this.stopping = true;
     const child = this.child;
     const exited = this.childExit;
     const owned = this.owned;
@@ -172,17 +197,36 @@ export class EmbeddedRedis {
     if (!owned || child === undefined || exited === undefined) {
       const pid = this.serverPid;
       this.serverPid = undefined;
+      await this.removeUserFile();
       // Attached to a server whose owner has gone: the last process to leave stops it.
-      if (this.keepWhileInUse && port !== undefined && pid !== undefined && (await countOtherClients(port)) === 0) {
-        await this.shutdownAttached(port, pid);
+      if (this.keepWhileInUse && port !== undefined && pid !== undefined) {
+        await this.underStartLock(async () => {
+          if ((await this.liveUsers()) === 0 && (await countOtherClients(port)) === 0) await this.shutdownAttached(port, pid);
+        });
       }
       return;
     }
+    // Under the start lock: a process attaching now either registered itself before (and is
+    // counted) or attaches after the server is gone (and starts a new one on the same AOF).
+    await this.underStartLock(async () => {
+      // A restart after an unexpected exit may have finished while we waited for the lock.
+      const current = this.child ?? child;
+      const currentExit = this.childExit ?? exited;
+      this.child = undefined;
+      this.childExit = undefined;
+      this.owned = false;
+      this.endpoint = undefined;
+      await this.stopOwned(current, currentExit, port);
+    });
+  }
+
+  private async stopOwned(child: ChildProcess, exited: Promise<void>, port: number | undefined): Promise<void> {
     if (this.keepWhileInUse && child.exitCode === null && child.signalCode === null && port !== undefined) {
       // Other tokenmill processes attached to this server (a worker, a second command on the
-      // same run) are still using it: leave it running for them. Its data is in the AOF, and
-      // the next command on this run attaches to it.
-      const others = await countOtherClients(port);
+      // same run, one still connecting) are using it: leave it running for them. Its data is in
+      // the AOF, and the next command on this run attaches to it.
+      const users = await this.liveUsers();
+      const others = users > 0 ? users : await countOtherClients(port);
       if (others > 0) {
         this.log.info({ pid: child.pid, clients: others }, 'embedded redis left running: other processes still use it');
         child.unref();
@@ -190,6 +234,7 @@ export class EmbeddedRedis {
         return;
       }
     }
+    await this.beforeStopForTest?.();
     if (child.exitCode === null && child.signalCode === null) {
       child.kill('SIGTERM');
       if ((await withTimeout(exited, this.stopTimeoutMs)) === 'timeout') {
@@ -213,22 +258,75 @@ export class EmbeddedRedis {
   }
 
   private async doStart(): Promise<EmbeddedRedisEndpoint> {
+    this.stopping = false;
     await fs.mkdir(this.dataDir, { recursive: true });
     this.realDataDir = await fs.realpath(this.dataDir);
     const deadline = Date.now() + this.readyTimeoutMs;
 
-    const attached = await this.tryAttach(deadline);
-    if (attached) return attached;
-
+    // Attaching happens under the start lock, and registers this process in `redis.users/`
+    // before the lock is released: an owner stopping at the same moment either sees it, or
+    // has stopped the server before we look (and we start a new one on the same AOF).
     const release = await this.acquireStartLock(deadline);
     try {
-      // Another process may have started a server while we waited for the lock.
-      const attachedAfterLock = await this.tryAttach(deadline);
-      if (attachedAfterLock) return attachedAfterLock;
+      const attached = await this.tryAttach(deadline);
+      if (attached) {
+        await this.addUserFile();
+        return attached;
+      }
       return await this.spawnServer();
     } finally {
       await release();
     }
+  }
+
+  /** Runs `fn` holding the start lock; if the lock cannot be had in time, runs it anyway (logged). */
+  private async underStartLock(fn: () => Promise<void>): Promise<void> {
+    let release: (() => Promise<void>) | undefined;
+    try {
+      release = await this.acquireStartLock(Date.now() + this.readyTimeoutMs + this.stopTimeoutMs);
+    } catch (e: unknown) {
+      this.log.warn({ err: e, dataDir: this.dataDir }, 'could not take the redis start lock; stopping without it');
+    }
+    try {
+      await fn();
+    } finally {
+      await release?.();
+    }
+  }
+
+  private usersDir(): string {
+    return this.file('redis.users');
+  }
+
+  private async addUserFile(): Promise<void> {
+    await fs.mkdir(this.usersDir(), { recursive: true });
+    userFileSeq += 1;
+    const file = path.join(this.usersDir(), `${process.pid}-${userFileSeq}`);
+    await fs.writeFile(file, `${process.pid}\n`);
+    this.userFile = file;
+  }
+
+  private async removeUserFile(): Promise<void> {
+    if (this.userFile === undefined) return;
+    await fs.rm(this.userFile, { force: true });
+    this.userFile = undefined;
+  }
+
+  /** Processes attached to the server now (files in `redis.users/` whose pid is alive); removes the others. */
+  private async liveUsers(): Promise<number> {
+    let names: string[];
+    try {
+      names = await fs.readdir(this.usersDir());
+    } catch {
+      return 0;
+    }
+    let live = 0;
+    for (const name of names) {
+      const pid = Number(/^(\d+)-/.exec(name)?.[1] ?? NaN);
+      if (Number.isInteger(pid) && isProcessAlive(pid)) live += 1;
+      else await fs.rm(path.join(this.usersDir(), name), { force: true });
+    }
+    return live;
   }
 
   /** Attaches to the server recorded in the pid and port files, if it is alive and really ours. */
@@ -337,7 +435,39 @@ export class EmbeddedRedis {
     this.serverPid = pid;
     this.owned = true;
     this.log.info({ pid, port, dataDir: this.dataDir }, 'embedded redis started');
+    if (this.restartOnExit) void this.childExit?.then(() => this.restartAfterExit(child, port));
     return this.endpoint;
+  }
+
+  /**
+   * The server this instance started exited although `stop()` was not called (OOM-killed,
+   * say): starts it again on the same port and AOF, so every connection reconnects to the same
+   * URL. Tries every second while it fails (the port taken meanwhile, a full disk), saying so.
+   */
+  private async restartAfterExit(child: ChildProcess, port: number): Promise<void> {
+    if (this.stopping || this.child !== child) return;
+    const how = child.signalCode !== null ? `killed by ${child.signalCode}` : `exit code ${child.exitCode}`;
+    const now = Date.now();
+    this.restartTimes = this.restartTimes.filter((t) => now - t < RESTART_WINDOW_MS);
+    if (this.restartTimes.length >= MAX_RESTARTS_IN_WINDOW) {
+      this.log.error({ pid: child.pid, port, log: this.file('redis.log') }, `embedded redis-server exited (${how}) ${MAX_RESTARTS_IN_WINDOW} times within ${RESTART_WINDOW_MS / 1000} s; not restarting it (see its log)`);
+      return;
+    }
+    this.restartTimes.push(now);
+    this.log.warn({ pid: child.pid, port, dataDir: this.dataDir }, `embedded redis-server exited unexpectedly (${how}); restarting it on port ${port} with its AOF`);
+    for (let attempt = 1; !this.stopping; attempt++) {
+      try {
+        await this.underStartLock(async () => {
+          if (!this.stopping) await this.spawnOnPort(port);
+        });
+        return;
+      } catch (e: unknown) {
+        if (attempt === 1 || attempt % 30 === 0) {
+          this.log.error({ err: errorMessage(e), port, attempt }, 'embedded redis-server could not be restarted; retrying every second');
+        }
+        await delay(1_000);
+      }
+    }
   }
 
   private async waitUntilReady(child: ChildProcess, port: number, logPath: string, logStartOffset: number): Promise<void> {
