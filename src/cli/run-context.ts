@@ -33,8 +33,10 @@ export async function openRunContext(configPath: string): Promise<RunContext> {
 
 export async function openRunContextFor(config: Config): Promise<RunContext> {
   const dir = runDir(config);
+  // `redis.url`, or the Sentinels' `redis-sentinel://` string; neither = the embedded server.
+  const url = configuredRedisUrl(config.redis);
   const opened: OpenedRedis = await openRedis({
-    ...(configuredRedisUrl(config.redis) === undefined ? {} : { url: configuredRedisUrl(config.redis) }),
+    ...(url === undefined ? {} : { url }),
     dataDir: join(dir, 'redis'),
     logger: logger('redis'),
   });

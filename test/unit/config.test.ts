@@ -213,7 +213,7 @@ describe('loadConfig: errors name their path, say what was expected and what was
 
   it('lists the allowed keys when an unknown key resembles none', () => {
     const err = yamlError(`${minimalDataset}redis: { flavour: vanilla }\n`);
-    expect(issueAt(err, 'redis.flavour').message).toBe('unknown key (allowed keys: url, prefix)');
+    expect(issueAt(err, 'redis.flavour').message).toBe('unknown key (allowed keys: url, sentinels, name, password, sentinelPassword, tls, db, prefix)');
   });
 
   it('requires exactly one of prompts and conversations, on the dataset\'s path', () => {

@@ -7,10 +7,12 @@ interface ConfigCommandOptions {
   reference?: boolean;
 }
 
-/** A copy of the config that is safe to print: the Redis password, the dashboard token and the SGLang API key are masked. */
+/** A copy of the config that is safe to print: the Redis and Sentinel passwords, the dashboard token and the SGLang API key are masked. */
 export function printableConfig(config: Config): Config {
   if (config.dashboard.token !== undefined) config = { ...config, dashboard: { ...config.dashboard, token: '***' } };
   if (config.sglang.apiKey !== undefined) config = { ...config, sglang: { ...config.sglang, apiKey: '***' } };
+  if (config.redis.password !== undefined) config = { ...config, redis: { ...config.redis, password: '***' } };
+  if (config.redis.sentinelPassword !== undefined) config = { ...config, redis: { ...config.redis, sentinelPassword: '***' } };
   const url = config.redis.url;
   if (url === undefined) return config;
   let masked = url;

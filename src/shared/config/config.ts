@@ -14,6 +14,7 @@ import { z } from 'zod';
 import { type ConfigEnv, configEnvProblems, readConfigEnv } from './env.js';
 import { configIssues, type PathSegment } from './issues.js';
 import { DatasetsConfigSchema } from './dataset.js';
+import { RedisConfigSchema } from './redis.js';
 import { filePath, name, positiveInt } from './schema-util.js';
 import { SglangConfigSchema } from './sglang.js';
 import { PrepareConfigSchema } from './source.js';
@@ -26,22 +27,7 @@ export const ConfigSchema = z.strictObject({
   run: name()
     .default('demo')
     .describe('Name of the run: output goes to `<output.dir>/<run>/`, and its Redis keys are kept apart from other runs\'.'),
-  redis: z
-    .strictObject({
-      url: z
-        .url({ protocol: /^rediss?$/, error: 'expected a redis:// or rediss:// URL' })
-        .optional()
-        .describe(
-          'Redis (>= 6.2, `maxmemory-policy noeviction`) to use, e.g. `redis://host:6379/0`. Omitted = tokenmill starts a private `redis-server` whose data lives in the run folder.',
-        ),
-      prefix: z
-        .string({ error: 'expected a key prefix' })
-        .regex(/^[A-Za-z0-9_.:{}-]+$/, { error: 'expected a key prefix of letters, digits, "_", ".", ":", "{", "}" or "-"' })
-        .default('tm')
-        .describe('Prefix of every Redis key tokenmill writes (BullMQ queues included).'),
-    })
-    .prefault({})
-    .describe('Redis connection.'),
+  redis: RedisConfigSchema,
   sglang: SglangConfigSchema,
   tokenizer: z
     .strictObject({

@@ -4,6 +4,7 @@ export { type DatasetConfig, DatasetConfigSchema, DEFAULT_BUDGET_MARGIN_SD, type
 export { CONFIG_ENV_VARS, type ConfigEnv } from './env.js';
 export { formatConfigPath } from './issues.js';
 export { configJsonSchema, configReferenceMarkdown, type ConfigReferenceRow, configReferenceRows, type JsonSchemaNode } from './reference.js';
+export { type RedisConfig, RedisConfigSchema } from './redis.js';
 export { NAME_PATTERN } from './schema-util.js';
 export { type AutoConcurrency, autoConcurrencyOf, AutoConcurrencySchema, concurrencyCeiling, type ConcurrencySetting, SglangConfigSchema } from './sglang.js';
 export { PrepareConfigSchema, type PromptSource, PromptSourceSchema } from './source.js';

@@ -1,0 +1,134 @@
+/**
+ * The server's first answer, bounded. A port that accepts TCP but never answers (a frozen Redis,
+ * a TLS-only port, another service) would otherwise leave a process waiting in silence: ioredis's
+ * `connectTimeout` ends at the TCP handshake and its ready check has no deadline.
+ *
+ * - {@link awaitFirstAnswer}: a PING with a deadline whose failure names the URL and what to
+ *   check (every process opens its Redis through it, in `openRedis`);
+ * - {@link reportSilentServer}: long-lived connections that wait for Redis by design say so in a
+ *   log line, once and then every minute, while a connected server does not answer.
+ */
+import type { Redis } from 'ioredis';
+import { UnavailableError, errorMessage } from '../errors.js';
+import type { Logger } from '../logger.js';
+import { redactRedisUrl } from './target.js';
+
+/** How long the first PING may take before the server counts as not answering. */
+export const FIRST_ANSWER_TIMEOUT_MS = 10_000;
+/** A connected server silent this long is reported, then every {@link SILENT_REPORT_INTERVAL_MS}. */
+const SILENT_REPORT_AFTER_MS = 15_000;
+const SILENT_REPORT_INTERVAL_MS = 60_000;
+/** While Redis loads its data set it answers `LOADING`: that is reported this often. */
+const LOADING_REPORT_INTERVAL_MS = 30_000;
+
+/** `Protocol error, got "<" as reply type byte. Please report this.` → `Protocol error, got "<"`. */
+function protocolError(e: unknown): string | undefined {
+  if (!(e instanceof Error) || e.name !== 'ParserError') return undefined;
+  const m = /^Protocol error, got (".*?") as reply type byte/.exec(e.message);
+  return m === null ? e.message.replace(/\. Please report this\.$/, '') : `Protocol error, got ${m[1]}`;
+}
+
+/**
+ * Waits for the server behind `conn` to answer a PING, within `timeoutMs`. An error reply other
+ * than a refused password counts as an answer (it speaks RESP); `LOADING` is waited out with a
+ * line every 30 s. Throws {@link UnavailableError} naming the URL (password masked) when the
+ * server cannot be reached, stays silent, or is not Redis.
+ */
+export async function awaitFirstAnswer(conn: Redis, url: string, log: Logger, timeoutMs = FIRST_ANSWER_TIMEOUT_MS): Promise<void> {
+  const where = redactRedisUrl(url);
+  let connected = false;
+  let protocol: string | undefined;
+  let lastError: unknown;
+  const onConnect = (): void => {
+    connected = true;
+  };
+  const onError = (e: unknown): void => {
+    protocol ??= protocolError(e);
+    lastError = e;
+  };
+  conn.on('connect', onConnect);
+  conn.on('error', onError);
+  let loadingSince: number | undefined;
+  let loadingReportedAt = 0;
+  try {
+    for (;;) {
+      let timer: NodeJS.Timeout | undefined;
+      const timedOut = new Promise<'timeout'>((resolve) => {
+        timer = setTimeout(() => resolve('timeout'), timeoutMs);
+      });
+      let reply: unknown;
+      try {
+        reply = await Promise.race([conn.ping().then(() => 'ok' as const), timedOut]);
+      } catch (e: unknown) {
+        reply = e;
+      } finally {
+        clearTimeout(timer);
+      }
+      if (reply === 'ok') return;
+      if (reply === 'timeout') {
+        throw new UnavailableError(
+          connected
+            ? `Redis at ${where} accepted the connection but did not answer within ${timeoutMs / 1000} s: check that this host and port is a Redis server (not another service), that it needs no TLS (else use rediss://), and that it is not frozen or overloaded`
+            : `cannot connect to Redis at ${where} within ${timeoutMs / 1000} s${lastError === undefined ? '' : ` (${errorMessage(lastError)})`}: check that Redis runs there and that the host and port are right`,
+        );
+      }
+      protocol ??= protocolError(reply);
+      if (protocol !== undefined) {
+        throw new UnavailableError(`cannot use Redis at ${where}: ${protocol}: is ${where} a Redis server? (something else answers on that port)`, { cause: reply });
+      }
+      const message = errorMessage(reply);
+      if (reply instanceof Error && reply.name === 'ReplyError') {
+        if (/^(NOAUTH|WRONGPASS)/.test(message)) {
+          throw new UnavailableError(`Redis at ${where} refused the password: ${message}: check the password in the config's redis section`, { cause: reply });
+        }
+        if (message.startsWith('LOADING')) {
+          const now = Date.now();
+          loadingSince ??= now;
+          if (now - loadingReportedAt >= LOADING_REPORT_INTERVAL_MS) {
+            loadingReportedAt = now;
+            log.warn({ redis: where, waitingMs: now - loadingSince }, `Redis at ${where} is loading its data set into memory; waiting for it`);
+          }
+          await new Promise((r) => setTimeout(r, 500));
+          continue;
+        }
+        return;
+      }
+      throw new UnavailableError(`cannot use Redis at ${where}: ${errorMessage(lastError ?? reply)}`, { cause: reply });
+    }
+  } finally {
+    conn.off('connect', onConnect);
+    conn.off('error', onError);
+  }
+}
+
+/**
+ * Logs a warning, once after 15 s and then every minute, while `conn` is connected (TCP) but the
+ * server has not answered its ready check: a wait that is otherwise silent. Stops with the
+ * connection.
+ */
+export function reportSilentServer(conn: Redis, url: string, log: Logger): void {
+  const where = redactRedisUrl(url);
+  let timer: NodeJS.Timeout | undefined;
+  let since = 0;
+  const stop = (): void => {
+    clearTimeout(timer);
+    timer = undefined;
+  };
+  const report = (): void => {
+    log.warn(
+      { redis: where, silentMs: Date.now() - since },
+      `Redis at ${where} accepted the connection but has not answered for ${Math.round((Date.now() - since) / 1000)} s; waiting (check that it is a Redis server, not frozen or loading a large data set)`,
+    );
+    timer = setTimeout(report, SILENT_REPORT_INTERVAL_MS);
+    timer.unref();
+  };
+  conn.on('connect', () => {
+    stop();
+    since = Date.now();
+    timer = setTimeout(report, SILENT_REPORT_AFTER_MS);
+    timer.unref();
+  });
+  conn.on('ready', stop);
+  conn.on('close', stop);
+  conn.on('end', stop);
+}

@@ -1,0 +1,92 @@
+// A redis.url whose port is not a working Redis: one that accepts TCP and never answers, and one
+// where an HTTP server answers. `status` and `run` (real CLI children) end within a bound, non-zero,
+// with one line that names the URL (password masked) and what to check, and no stack trace.
+import net from 'node:net';
+import { createServer, type Server } from 'node:http';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+
+const { tmp } = useHarness({ tmp: true, cli: true });
+
+let silent: net.Server;
+let http: Server;
+const sockets = new Set<net.Socket>();
+
+function listen(server: net.Server | Server): Promise<number> {
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)));
+}
+
+let silentPort: number;
+let httpPort: number;
+
+beforeAll(async () => {
+  // Accepts every connection, reads what comes, never writes a byte.
+  silent = net.createServer((s) => {
+    sockets.add(s);
+    s.on('error', () => undefined);
+    s.on('close', () => sockets.delete(s));
+  });
+  http = createServer((_req, res) => res.writeHead(404, { 'content-type': 'text/html' }).end('<html>not found</html>'));
+  silentPort = await listen(silent);
+  httpPort = await listen(http);
+  writePrompts(tmp.dir, 'a', 3);
+});
+
+afterAll(async () => {
+  for (const s of sockets) s.destroy();
+  await new Promise((r) => silent.close(r));
+  http.closeAllConnections();
+  await new Promise((r) => http.close(r));
+});
+
+function config(port: number, name: string): string {
+  return writeConfig(
+    tmp.dir,
+    {
+      run: 'silent',
+      redis: { url: `redis://:s3cret-pass@127.0.0.1:${port}/0` },
+      sglang: { endpoints: ['http://127.0.0.1:9'], concurrency: 1, contextLength: 4096 },
+      datasets: [{ name: 'a', prompts: 'a.jsonl', tokenBudget: 1000, maxNewTokens: 8 }],
+      output: { dir: 'out' },
+    },
+    name,
+  );
+}
+
+async function runBounded(args: string[], boundMs: number): Promise<{ code: number | string; output: string; ms: number }> {
+  const started = Date.now();
+  const p = spawnCli(args);
+  const timer = setTimeout(() => p.child.kill('SIGKILL'), boundMs);
+  const code = await p.exited;
+  clearTimeout(timer);
+  return { code, output: p.output(), ms: Date.now() - started };
+}
+
+describe('a redis.url that is not a working Redis', () => {
+  // The first answer is bounded at 10 s; the CLI's own start takes a few seconds on a busy machine.
+  const BOUND_MS = 45_000;
+
+  for (const verb of ['status', 'run']) {
+    it(`${verb}: a port that accepts TCP and never answers ends with a line naming the URL`, async () => {
+      const url = `redis://:***@127.0.0.1:${silentPort}/0`;
+      const r = await runBounded([verb, '-c', config(silentPort, `silent-${verb}.yaml`)], BOUND_MS);
+      expect(r.code, r.output).toBe(1);
+      expect(r.ms).toBeLessThan(BOUND_MS);
+      expect(r.output).toContain(`tokenmill: Redis at ${url} accepted the connection but did not answer within 10 s`);
+      expect(r.output).toMatch(/check that this host and port is a Redis server/);
+      expect(r.output).not.toContain('s3cret-pass');
+      expect(r.output).not.toMatch(/\n\s+at /);
+    });
+  }
+
+  it('status: an HTTP server on the Redis port is named as what it is, not "max retries"', async () => {
+    const url = `redis://:***@127.0.0.1:${httpPort}/0`;
+    const r = await runBounded(['status', '-c', config(httpPort, 'http.yaml')], BOUND_MS);
+    expect(r.code, r.output).toBe(1);
+    expect(r.output).toContain(`tokenmill: cannot use Redis at ${url}: Protocol error, got "H": is ${url} a Redis server?`);
+    expect(r.output).not.toMatch(/max retries per request/i);
+    expect(r.output).not.toContain('s3cret-pass');
+    expect(r.output).not.toMatch(/\n\s+at |"stack"/);
+  });
+});
