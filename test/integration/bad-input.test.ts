@@ -8,30 +8,18 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError, RunKeys, loadConfig } from '../../src/shared/index.js';
-import { BAD_ANSWERS, type SimulatorHandle, startSimulator } from '../../src/sim/index.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { BAD_ANSWERS } from '../../src/sim/index.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  [redis, sim] = await Promise.all([
-    startTestRedis(),
-    startSimulator({ port: 0, timeScale: 200, maxRunningRequests: 16, seed: 5, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 24 } }),
-  ]);
-  tmp = tempDir('tm-bad-input-');
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await sim?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 200, maxRunningRequests: 16, seed: 5, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 24 } },
+  tmp: 'tm-bad-input-',
+  cli: true,
 });
 
 async function cli(args: string[], env: Record<string, string> = {}): Promise<{ code: number | string; output: string }> {
@@ -278,13 +266,12 @@ describe('bad server answers: one run through a mix of faults, nothing lost', ()
 });
 
 describe('a server that wants an API key', () => {
-  let keyed: SimulatorHandle;
+  const { sim: keyed } = useHarness({ sim: { timeScale: 200, seed: 6, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 }, apiKey: 'sk-catalogue' } });
   let dir: string;
   let cfg: string;
   const keys = () => new RunKeys(redis.prefix, 'api-key');
 
-  beforeAll(async () => {
-    keyed = await startSimulator({ port: 0, timeScale: 200, seed: 6, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 }, apiKey: 'sk-catalogue' });
+  beforeAll(() => {
     dir = path.join(tmp.dir, 'key-run');
     mkdirSync(dir, { recursive: true });
     writeFileSync(path.join(dir, 'k.jsonl'), Array.from({ length: 12 }, (_, i) => JSON.stringify({ id: `k-${i}`, prompt: `Key ${i}` })).join('\n'));
@@ -295,9 +282,6 @@ describe('a server that wants an API key', () => {
       datasets: [{ name: 'k', prompts: 'k.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
       output: { dir: 'out' },
     });
-  });
-  afterAll(async () => {
-    await keyed?.stop();
   });
 
   it('without the key: the 401 names the endpoint and sglang.apiKey, takes the endpoint out of rotation, fails nothing', async () => {

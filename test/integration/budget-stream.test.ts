@@ -1,21 +1,19 @@
 // The streamed /generate that `budget: strict` relies on: progress as it comes, the same result
 // as a plain request, and the partial output of a request stopped with /abort_request.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { SglangClient } from '../../src/shared/index.js';
+import { useHarness } from '../helpers/fixture.js';
 import { waitFor } from '../helpers/pipeline.js';
 
-let sim: SimulatorHandle;
+const { sim } = useHarness({ sim: { timeScale: 4, maxRunningRequests: 8, seed: 23, outputLength: { distribution: 'fixed', mean: 600 } } });
 let client: SglangClient;
 
-beforeAll(async () => {
-  sim = await startSimulator({ port: 0, timeScale: 4, maxRunningRequests: 8, seed: 23, outputLength: { distribution: 'fixed', mean: 600 } });
+beforeAll(() => {
   client = new SglangClient({ endpoint: sim.url, concurrency: 8, requestTimeoutMs: 60_000 });
 });
 
 afterAll(async () => {
   await client?.close();
-  await sim?.stop();
 });
 
 const prompt = [9707, 11, 1879, 0];

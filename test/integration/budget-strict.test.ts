@@ -8,11 +8,11 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { RunKeys, loadConfig, type Config } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
-import { duplicates, readGenerations, tempDir, waitFor, writePrompts, type GenerationRecord } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, waitFor, writePrompts, type GenerationRecord } from '../helpers/pipeline.js';
 
 const TIME_SCALE = 8;
 /** The simulator's speed of one request decoding alone (its default), times TIME_SCALE: no request decodes faster. */
@@ -22,28 +22,23 @@ const ROUND_TRIP_S = 1.5;
 const CONCURRENCY = 16;
 const BUDGET = 150_000;
 
-let redis: TestRedis;
-let sim: SimulatorHandle;
+const { redis, sim, tmp, startSim } = useHarness({
+  redis: true,
+  // Long completions (mean 3,000): a request in flight at the budget still has thousands of tokens to go.
+  sim: { timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 17, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } },
+  tmp: true,
+});
 /** A second server: each worker process of a race has an endpoint (and its slots) of its own. */
 let sim2: SimulatorHandle;
-let tmp: { dir: string; cleanup: () => void };
 const children = new Set<ChildProcess>();
 
 beforeAll(async () => {
-  redis = await startTestRedis();
-  // Long completions (mean 3,000): a request in flight at the budget still has thousands of tokens to go.
-  sim = await startSimulator({ port: 0, timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 17, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } });
-  sim2 = await startSimulator({ port: 0, timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 18, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } });
-  tmp = tempDir();
+  sim2 = await startSim({ timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 18, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } });
   writePrompts(tmp.dir, 'prompts', 400);
 });
 
-afterAll(async () => {
+afterAll(() => {
   for (const c of children) c.kill('SIGKILL');
-  await sim?.stop();
-  await sim2?.stop();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 /** `marginSd`: the dataset's `budgetMarginSd` (omitted: the default). */

@@ -7,14 +7,14 @@ import { chromium } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startDashboard, type Dashboard } from '../../src/dashboard/server.js';
 import { RunKeys, generateQueueName, loadConfig, type Config, type RunStatus } from '../../src/shared/index.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig } from '../helpers/pipeline.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig } from '../helpers/pipeline.js';
+import { quietLogger } from '../helpers/redis.js';
 
 const CHROMIUM = '/usr/bin/chromium';
 const TOKEN = 'dashboard-test-token-0123456789';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, tmp } = useHarness({ redis: true, tmp: true, cli: true });
 let config: Config;
 let keys: RunKeys;
 let dashboard: Dashboard;
@@ -26,8 +26,6 @@ const basic = (user: string, password: string): Record<string, string> => ({
 });
 
 beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
   config = loadConfig({
     object: {
       run: 'dash',
@@ -58,11 +56,8 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await killCliChildren();
   await dashboard?.stop();
   await alpha?.close();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 async function get(path: string, headers: Record<string, string> = {}): Promise<Response> {

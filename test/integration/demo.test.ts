@@ -2,9 +2,10 @@
 // its embedded defaults: a private redis-server, the built-in simulator, the bundled datasets and
 // tokenizer. It must run every phase to the end and its status table must show each dataset that
 // ended by budget within a few percent of it (the demo's budget-bound datasets are strict).
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { DEMO_DATASETS } from '../../src/cli/commands/demo.js';
-import { killCliChildren, spawnCli, tempDir } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli } from '../helpers/pipeline.js';
 
 /** "Within a few percent". */
 const MAX_OVER = 0.03;
@@ -24,16 +25,7 @@ interface DemoStatus {
   datasets: DemoDatasetStatus[];
 }
 
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(() => {
-  tmp = tempDir('tm-demo-');
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  tmp?.cleanup();
-});
+const { tmp } = useHarness({ tmp: 'tm-demo-', cli: true });
 
 describe('tokenmill demo', () => {
   it('runs generate, tokenize and merge to the end; every dataset that ended by budget lands within a few percent of it', async () => {

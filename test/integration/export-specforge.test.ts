@@ -11,7 +11,7 @@
 import { readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 
 import { bundledTokenizerPath, loadTokenizer, parsePromptLine, type ChatMessage, type ChatTokenizer } from '../../src/shared/index.js';
 import { generationCorpus, Rng } from '../fixtures/conversations/corpus.js';
@@ -20,9 +20,9 @@ import { AtomicJsonlWriter } from '../../src/cli/export/file.js';
 import { exportSpecForgeDataset } from '../../src/cli/export/specforge.js';
 import { createTokenizeContext } from '../../src/workers/postprocess/tokenize.js';
 import { buildProgram } from '../../src/cli/main.js';
-import { killCliChildren, spawnCli, tempDir, writeConfig } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, writeConfig } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 
 const PROMPTS = 400;
 const DATASET = 'B1';
@@ -46,19 +46,7 @@ interface PyReport {
   results: PyResult[];
 }
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir('tm-export-');
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp } = useHarness({ redis: true, tmp: 'tm-export-', cli: true });
 
 /** Runs `tokenmill <args>` in this process; resolves to what it printed, rejects with its error. */
 async function inProcess(args: string[]): Promise<string> {

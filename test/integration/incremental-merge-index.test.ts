@@ -11,7 +11,7 @@
 import { openSync, readFileSync, readdirSync, rmSync, statSync, utimesSync, writeFileSync, copyFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import {
   DatasetMergeError,
@@ -25,21 +25,18 @@ import {
   type HfRow,
 } from '../../src/shared/index.js';
 import { makeRows } from '../fixtures/hf/rows.js';
+import { useHarness } from '../helpers/fixture.js';
 import { appendRecords, bundledTokenizer, fullRound, generationRecord, type RoundSetup } from '../helpers/incremental-round.js';
-import { tempDir } from '../helpers/pipeline.js';
 
-let tmp: { dir: string; cleanup: () => void };
+const { tmp } = useHarness({ tmp: 'tm-inc-index-' });
 let tok: ChatTokenizer;
 let logFile: string;
 
 beforeAll(async () => {
-  tmp = tempDir('tm-inc-index-');
   logFile = path.join(tmp.dir, 'log.ndjson');
   createRootLogger({ level: 'info', destination: openSync(logFile, 'a') });
   tok = await bundledTokenizer();
 });
-
-afterAll(() => tmp?.cleanup());
 
 function setup(name: string, datasets: string[] = ['A']): RoundSetup {
   const dir = path.join(tmp.dir, name);

@@ -14,25 +14,23 @@ import { spawnSync } from 'node:child_process';
 import { openSync, readFileSync, readdirSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger, readHfDataset, readCommittedOffsets, type ChatTokenizer } from '../../src/shared/index.js';
+import { useHarness } from '../helpers/fixture.js';
 import { appendRecords, bundledTokenizer, fullRound, generationRecord, generationsDir, tokenizeRound, type RoundSetup } from '../helpers/incremental-round.js';
-import { repoRoot, tempDir } from '../helpers/pipeline.js';
+import { repoRoot } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 
-let tmp: { dir: string; cleanup: () => void };
+const { tmp } = useHarness({ tmp: 'tm-inc-tokenize-' });
 let tok: ChatTokenizer;
 let logFile: string;
 
 beforeAll(async () => {
-  tmp = tempDir('tm-inc-tokenize-');
   logFile = path.join(tmp.dir, 'log.ndjson');
   createRootLogger({ level: 'info', destination: openSync(logFile, 'a') });
   tok = await bundledTokenizer();
 });
-
-afterAll(() => tmp?.cleanup());
 
 function setup(name: string, datasets: string[] = ['A']): RoundSetup {
   const dir = path.join(tmp.dir, name);

@@ -23,28 +23,24 @@ import {
 } from '../../src/shared/index.js';
 import { ensurePostprocessRound, planPostprocess, roundStagingDir, tokenizeJobId, waitForRound, type RoundOutcome } from '../../src/workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../src/workers/postprocess/worker.js';
+import { useHarness } from '../helpers/fixture.js';
 import type { GenerationRecord } from '../helpers/pipeline.js';
-import { startTestRedis, quietLogger, type TestRedis } from '../helpers/redis.js';
-import { tempDir, waitFor } from '../helpers/pipeline.js';
+import { quietLogger } from '../helpers/redis.js';
+import { waitFor } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, tmp } = useHarness({ redis: true, tmp: true });
 let tok: ChatTokenizer;
 const contexts: RunContext[] = [];
 
 beforeAll(async () => {
   // The failure tests make workers log errors on purpose: quiet unless asked.
   createRootLogger({ level: process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'fatal' });
-  redis = await startTestRedis();
-  tmp = tempDir();
   tok = await loadTokenizer(bundledTokenizerPath());
 });
 
 afterAll(async () => {
   for (const c of contexts) await c.close();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 /** A generation record as the results sink writes it, with real Qwen3 ids. */

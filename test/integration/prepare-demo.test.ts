@@ -1,20 +1,19 @@
 // The demo's sources (a ShareGPT parquet file, an Alpaca JSONL file) prepare, in JS alone, into
 // the very prompts of the demo's prompt files they were made from.
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { DEMO_DATASETS, DEMO_SOURCES, demoConfig } from '../../src/cli/commands/demo.js';
 import { loadConfig, readPromptFile, type Config, type PromptRecord } from '../../src/shared/index.js';
 import { prepareSources } from '../../src/producers/prepare/prepare.js';
-import { repoRoot, tempDir } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { repoRoot } from '../helpers/pipeline.js';
 
-let tmp: { dir: string; cleanup: () => void };
+const { tmp } = useHarness({ tmp: 'tm-prepare-demo-' });
 let config: Config;
 
 beforeAll(() => {
-  tmp = tempDir('tm-prepare-demo-');
   config = loadConfig({ object: demoConfig('http://127.0.0.1:1', tmp.dir), baseDir: repoRoot });
 });
-afterAll(() => tmp?.cleanup());
 
 async function records(file: string): Promise<Pick<PromptRecord, 'id' | 'messages'>[]> {
   const out = [];

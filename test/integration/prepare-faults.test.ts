@@ -3,22 +3,11 @@
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig } from '../helpers/pipeline.js';
+import { describe, expect, it } from 'vitest';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir('tm-prepare-faults-');
-});
-afterAll(async () => {
-  await killCliChildren();
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp } = useHarness({ redis: true, tmp: 'tm-prepare-faults-', cli: true });
 
 /** A ShareGPT JSONL source of `n` rows; `tag` changes every prompt. */
 function writeSource(file: string, n: number, tag: string): void {

@@ -2,20 +2,18 @@
 // filter with the bundled Qwen3 tokenizer, limit/shuffle, idempotence and the report.
 import { readFileSync, statSync, writeFileSync, utimesSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { contentSampleId, loadConfig, loadConfiguredTokenizer, readPromptFile, type ChatTokenizer, type Config, type ConfigInput, type PromptLine } from '../../src/shared/index.js';
 import { prepareSources, type DatasetPrepareOutcome } from '../../src/producers/prepare/prepare.js';
 import type { PrepareReport } from '../../src/producers/prepare/prepare-report.js';
-import { tempDir } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
 
-let tmp: { dir: string; cleanup: () => void };
+const { tmp } = useHarness({ tmp: 'tm-prepare-' });
 let tokenizer: ChatTokenizer;
 
 beforeAll(async () => {
-  tmp = tempDir('tm-prepare-');
   tokenizer = await loadConfiguredTokenizer(loadConfig({ object: { datasets: [{ name: 'x', prompts: 'x.jsonl', tokenBudget: 1 }] }, baseDir: tmp.dir }));
 });
-afterAll(() => tmp?.cleanup());
 
 function writeJsonl(name: string, rows: readonly (object | string)[]): string {
   const file = path.join(tmp.dir, name);

@@ -2,7 +2,7 @@
 // an inference worker in the same process keeps sending and committing while the producer
 // tokenizes, and a full batch is enqueued as soon as its prompts are tokenized.
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { ENCODE_CHUNK, runPass } from '../../src/producers/producer-pass.js';
 import {
   PromptFileIndex,
@@ -15,22 +15,15 @@ import {
   type ChatTokenizer,
   type Sample,
 } from '../../src/shared/index.js';
-import { tempDir, writePrompts } from '../helpers/pipeline.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { writePrompts } from '../helpers/pipeline.js';
+import { quietLogger } from '../helpers/redis.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, tmp } = useHarness({ redis: true, tmp: true });
 let tokenizer: ChatTokenizer;
 
 beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
   tokenizer = await loadTokenizer(bundledTokenizerPath());
-});
-
-afterAll(async () => {
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 type Event = { kind: 'encode'; size: number; ticks: number } | { kind: 'batch'; size: number; ticks: number };

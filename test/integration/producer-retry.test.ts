@@ -1,30 +1,13 @@
 // `retry-failed` while a producer runs (issue 7, defect 8): one atomic script gives the
 // failures back (none recorded meanwhile is lost), and the running producer sends them again.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
-import { RunKeys, loadConfig, readRunStatus, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
-import { duplicates, killCliChildren, readGenerations, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { RunKeys, loadConfig, readRunStatus } from '../../src/shared/index.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
-let redis: TestRedis;
-let r: ScriptedRedis;
-let tmp: { dir: string; cleanup: () => void };
-const sims: SimulatorHandle[] = [];
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  r = withScripts(redis.connection());
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  for (const s of sims) await s.stop();
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, scripts: r, tmp, startSim } = useHarness({ scripts: true, tmp: true, cli: true });
 
 function retry(keys: RunKeys, ds: string): Promise<number> {
   return r.retryFailed(keys.failed(ds), keys.attempts(ds), keys.stats(ds), keys.producer(ds));
@@ -107,8 +90,7 @@ describe('retry-failed-4.lua', () => {
 
 describe('retry-failed while a producer runs', () => {
   it('the running producer sends the given-back prompts again: all commit, none failed, no duplicates', async () => {
-    const s = await startSimulator({ port: 0, timeScale: 20, maxRunningRequests: 8, seed: 11, outputLength: { distribution: 'fixed', mean: 300 } });
-    sims.push(s);
+    const s = await startSim({ timeScale: 20, maxRunningRequests: 8, seed: 11, outputLength: { distribution: 'fixed', mean: 300 } });
     const n = 400;
     writePrompts(tmp.dir, 'flaky', n);
     const yaml = {

@@ -2,10 +2,10 @@
 // exactly once, commands riding on a group run after its commits, and a group that cannot
 // reach Redis fails every commit in it (and tells its rider).
 import { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
 import { CommitBatcher, type FinishedRequest } from '../../src/workers/inference/sample-records.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
 
 const ENDPOINT = 'http://127.0.0.1:1';
 
@@ -39,13 +39,7 @@ function countPipelines(redis: ScriptedRedis): { count: () => number } {
 }
 
 describe('commits in groups', () => {
-  let redis: TestRedis;
-  beforeAll(async () => {
-    redis = await startTestRedis();
-  });
-  afterAll(async () => {
-    await redis.stop();
-  });
+  const { redis } = useHarness({ redis: true });
 
   it('results finishing together go in one pipeline; a sample committed twice in the same group counts once', async () => {
     const keys = new RunKeys(redis.prefix, 'groups');

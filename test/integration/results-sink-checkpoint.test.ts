@@ -2,24 +2,14 @@
 // never answered by truncating lines that are no longer in Redis (issue 7, defect 3).
 import { appendFileSync, readFileSync, rmSync, statSync, truncateSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys } from '../../src/shared/index.js';
-import { duplicates, tempDir } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates } from '../helpers/pipeline.js';
+import { type TestRedis } from '../helpers/redis.js';
 import { commitResult, datasetStats, drainOnce, readParts, startSink } from '../helpers/results-sink.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp } = useHarness({ redis: true, tmp: true });
 
 function setup(run: string): { keys: RunKeys; dir: string; conn: ReturnType<TestRedis['connection']> } {
   return { keys: new RunKeys(redis.prefix, run), dir: path.join(tmp.dir, run, 'ds', 'generations'), conn: redis.connection() };

@@ -2,24 +2,13 @@
 // in XREAD most of the time, and a check queued behind it waited out the block (the last
 // 200 ms of every run).
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys } from '../../src/shared/index.js';
-import { tempDir, waitFor } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { waitFor } from '../helpers/pipeline.js';
 import { commitResult, readParts, startSink } from '../helpers/results-sink.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp } = useHarness({ redis: true, tmp: true });
 
 describe('results sink: drained', () => {
   it('resolves through the probe connection while the sink connection is blocked; waits for entries not yet written', async () => {

@@ -7,25 +7,18 @@ import { hostname } from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { LockLostError, ProcessLock, RunKeys, type Logger } from '../../src/shared/index.js';
-import { duplicates, repoRoot, tempDir, waitFor } from '../helpers/pipeline.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, repoRoot, waitFor } from '../helpers/pipeline.js';
+import { quietLogger } from '../helpers/redis.js';
 import { commitResult, datasetStats, readParts, startSink } from '../helpers/results-sink.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
+const { redis, tmp } = useHarness({ redis: true, tmp: true });
 const children: ReturnType<typeof spawn>[] = [];
 
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
+afterAll(() => {
   for (const c of children) c.kill('SIGKILL');
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 /** A logger whose lines (parsed) are kept in `lines`. */

@@ -2,24 +2,13 @@
 // lines were fsynced. Commits on disk but gone from Redis are restored; a sample committed a
 // second time is not written twice; the counters equal the files (issue 7, defect 9).
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys } from '../../src/shared/index.js';
-import { duplicates, tempDir } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates } from '../helpers/pipeline.js';
 import { commitResult, datasetStats, drainOnce, readParts } from '../helpers/results-sink.js';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp } = useHarness({ redis: true, tmp: true });
 
 describe('results sink after Redis lost its last writes', () => {
   it('restores lost commits of lines on disk and drops second commits: no duplicates, counters equal the files', async () => {

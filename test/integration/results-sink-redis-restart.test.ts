@@ -6,22 +6,15 @@
 // generated again after the restart not written twice; and it still drains to the end.
 import { cpSync, rmSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { EmbeddedRedis, RunKeys, closeRedisConnection, createRedisConnection } from '../../src/shared/index.js';
-import { duplicates, tempDir, waitFor } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, waitFor } from '../helpers/pipeline.js';
 import { startFaultProxy, type FaultProxy } from '../helpers/fault-proxy.js';
 import { quietLogger } from '../helpers/redis.js';
 import { commitResult, datasetStats, readParts, startSink } from '../helpers/results-sink.js';
 
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(() => {
-  tmp = tempDir();
-});
-
-afterAll(() => {
-  tmp?.cleanup();
-});
+const { tmp } = useHarness({ tmp: true });
 
 describe('results sink when Redis restarts under it', () => {
   it('restores what the new server lost, drops what reappeared and what was generated again; drains to the end', async () => {

@@ -2,26 +2,14 @@
 // endpoint reported healthy and no inference worker taking them, `produce` logs an error naming
 // the dataset and the counts after `workers.stallAfterMs`, `status` shows it, and SIGTERM
 // withdraws the record.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RunKeys, writeEndpointHealth, type RunStatus } from '../../src/shared/index.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 const EP = 'http://127.0.0.1:39998';
 
-let redis: TestRedis;
-let tmp: { dir: string; cleanup: () => void };
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-  tmp = tempDir();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await redis?.stop();
-  tmp?.cleanup();
-});
+const { redis, tmp } = useHarness({ redis: true, tmp: true, cli: true });
 
 async function cliOk(args: string[]): Promise<string> {
   const p = spawnCli(args);

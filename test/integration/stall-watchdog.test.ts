@@ -5,7 +5,7 @@
 import { Queue, Worker } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { pino } from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
   RunKeys,
   StallWatchdog,
@@ -19,32 +19,23 @@ import {
   type RunStatus,
   type StallWatchdogOptions,
 } from '../../src/shared/index.js';
-import { killCliChildren, spawnCli, tempDir, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 const EP = 'http://127.0.0.1:39999';
 const STALL_MS = 400;
 
-let redis: TestRedis;
+const { redis, tmp } = useHarness({ redis: true, tmp: true, cli: true });
 let conn: Redis;
-let tmp: { dir: string; cleanup: () => void };
 const cleanups: (() => Promise<unknown>)[] = [];
 let runNo = 0;
 
-beforeAll(async () => {
-  redis = await startTestRedis();
+beforeAll(() => {
   conn = redis.connection('client');
-  tmp = tempDir();
 });
 
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
-});
-
-afterAll(async () => {
-  await killCliChildren();
-  await redis?.stop();
-  tmp?.cleanup();
 });
 
 interface Logged {
