@@ -18,7 +18,8 @@ import {
   type SglangClientOptions,
   SglangResponseFormatError,
 } from '../../src/shared/sglang/index.js';
-import { type SimulatorHandle, type SimulatorOptions, startSimulator } from '../../src/sim/index.js';
+import { type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
+import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
 
 // ---------------------------------------------------------------------------------------------
@@ -67,12 +68,7 @@ function client(endpoint: string, options: Partial<SglangClientOptions> = {}): S
   return c;
 }
 
-const sims: SimulatorHandle[] = [];
-async function sim(options: SimulatorOptions): Promise<SimulatorHandle> {
-  const s = await startSimulator({ port: 0, seed: 7, ...options });
-  sims.push(s);
-  return s;
-}
+const { startSim: sim } = useHarness({ simDefaults: { seed: 7 } });
 
 /** A literal HTTP server: every request is recorded, `handle` answers (or never does). */
 interface LiteralServer {
@@ -145,7 +141,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await Promise.allSettled(clients.map((c) => c.destroy()));
-  await Promise.allSettled(sims.map((s) => s.stop()));
   await Promise.allSettled(literals.map((s) => s.close()));
 });
 

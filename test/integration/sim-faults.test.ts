@@ -14,6 +14,7 @@ import {
   SglangResponseFormatError,
 } from '../../src/shared/sglang/index.js';
 import { BAD_ANSWERS, type SimulatorHandle, type SimulatorOptions, startSimulator } from '../../src/sim/index.js';
+import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
 
 interface Reply {
@@ -78,16 +79,15 @@ function client(endpoint: string, options: Partial<SglangClientOptions> = {}): S
 const generate = (c: SglangClient, rid: string) => c.generate({ inputIds: [1, 2, 3], maxNewTokens: 4, rid });
 
 const FAST: SimulatorOptions = { timeScale: 1000, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 8 }, seed: 11 };
-let sim: SimulatorHandle;
+const { sim, startSim } = useHarness({ sim: FAST });
 let keyed: SimulatorHandle;
 
 beforeAll(async () => {
-  [sim, keyed] = await Promise.all([startSimulator(FAST), startSimulator({ ...FAST, apiKey: 'sk-sim-key' })]);
+  keyed = await startSim({ ...FAST, apiKey: 'sk-sim-key' });
 });
 
 afterAll(async () => {
   await Promise.allSettled(clients.map((c) => c.destroy()));
-  await Promise.allSettled([sim?.stop(), keyed?.stop()]);
 });
 
 afterEach(() => {

@@ -7,9 +7,10 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 
-import { type SimulatorHandle, batchThroughput, startSimulator } from '../../src/sim/index.js';
+import { batchThroughput, startSimulator } from '../../src/sim/index.js';
+import { useHarness } from '../helpers/fixture.js';
 
 const EOS = 151645; // <|im_end|>
 const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -76,19 +77,13 @@ const gen = (ids: number[], sampling: Record<string, unknown> = {}, extra: Recor
   ...extra,
 });
 
-let sim: SimulatorHandle;
-
-beforeAll(async () => {
-  sim = await startSimulator({
+const { sim } = useHarness({
+  sim: {
     timeScale: 20,
     maxRunningRequests: 4,
     contextLength: 4096,
     outputLength: { distribution: 'fixed', mean: 32 },
-  });
-});
-
-afterAll(async () => {
-  await sim?.stop();
+  },
 });
 
 afterEach(() => {
