@@ -10,11 +10,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration, type GenerationHandle } from '../../src/cli/pipeline.js';
 import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
 import { startDashboard, type Dashboard } from '../../src/dashboard/server.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { loadConfig, type Config } from '../../src/shared/index.js';
-import { repoRoot, tempDir, waitFor, writePrompts } from '../helpers/pipeline.js';
+import { useHarness, type TempDir } from '../helpers/fixture.js';
+import { repoRoot, waitFor, writePrompts } from '../helpers/pipeline.js';
 import { INJECTED_500_MESSAGE, startPromptFaultProxy, type PromptFaultProxy } from '../helpers/prompt-fault-proxy.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { quietLogger, type TestRedis } from '../helpers/redis.js';
 
 const CHROMIUM = '/usr/bin/chromium';
 const TOKEN = 'browser-test-token-0123456789';
@@ -26,7 +27,7 @@ const ARTIFACTS = join(repoRoot, 'test-artifacts');
 let redis: TestRedis;
 let sim: SimulatorHandle;
 let proxy: PromptFaultProxy;
-let tmp: { dir: string; cleanup: () => void };
+let tmp: TempDir;
 let config: Config;
 let ctx: RunContext;
 let run: GenerationHandle;
@@ -46,12 +47,15 @@ async function records(dataset: string): Promise<number> {
 const cell = (dataset: string, field: string) => page.locator(`#datasets tr[data-dataset="${dataset}"] td[data-field="${field}"]`);
 
 describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a run', () => {
-  beforeAll(async () => {
-    redis = await startTestRedis();
-    tmp = tempDir();
+  ({ redis, sim, tmp } = useHarness({
+    redis: true,
+    tmp: true,
     // ~150 ms a request: the run goes on for minutes unless stopped, so it is still running
     // through every step below.
-    sim = await startSimulator({ port: 0, timeScale: 10, maxRunningRequests: 32, seed: 3, outputLength: { distribution: 'fixed', mean: 100 } });
+    sim: { timeScale: 10, maxRunningRequests: 32, seed: 3, outputLength: { distribution: 'fixed', mean: 100 } },
+  }));
+
+  beforeAll(async () => {
     proxy = await startPromptFaultProxy(sim.url);
     proxy.failing.add(BAD);
     for (const d of DATASETS) writePrompts(tmp.dir, d, 1_200);
@@ -82,9 +86,6 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
     await dashboard?.stop();
     await ctx?.close();
     await proxy?.close();
-    await sim?.stop();
-    await redis?.stop();
-    tmp?.cleanup();
   });
 
   it('lists every dataset, the endpoint and the workers, and updates without a reload', async () => {

@@ -2,7 +2,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Queue, Worker } from 'bullmq';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import {
   EnvironmentError,
   UnavailableError,
@@ -15,17 +15,10 @@ import {
   redactRedisUrl,
   type OpenedRedis,
 } from '../../src/shared/index.js';
-import { quietLogger, startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { quietLogger, startTestRedis } from '../helpers/redis.js';
 
-let redis: TestRedis;
-
-beforeAll(async () => {
-  redis = await startTestRedis();
-});
-
-afterAll(async () => {
-  await redis.stop();
-});
+const { redis } = useHarness({ redis: true });
 
 describe('checkRedisServer', () => {
   it('accepts the embedded server without warnings', async () => {

@@ -5,11 +5,10 @@
 // first differing position; transient failures are retried, persistent ones fail clearly; the
 // post-processing format is fetched once; conversation datasets are refused; and `tokenmill run`
 // produces the ids a local tokenizer would.
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { cp, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError, UnavailableError } from '../../src/shared/errors.js';
 import { readDatasetMeta } from '../../src/shared/hf-dataset/reader.js';
@@ -17,50 +16,41 @@ import { checkTokenizerKindFits, loadTokenizer } from '../../src/shared/tokenize
 import { ServerTokenizeClient } from '../../src/shared/tokenizer/server-client.js';
 import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import type { ConfigInput } from '../../src/shared/index.js';
-import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
+import { type SimulatorHandle } from '../../src/sim/index.js';
 import { checkServerTokenizer } from '../../src/cli/tokenizer-check.js';
 import { createTokenizeContext, recordToRow } from '../../src/workers/postprocess/tokenize.js';
-import { killCliChildren, readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
+import { useHarness } from '../helpers/fixture.js';
+import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
 
 const MODEL = 'moonshotai/Kimi-K2.5';
 
-let tmp: string;
+const { redis, tmp, startSim } = useHarness({ redis: true, tmp: 'tokenmill-server-tok-', cli: true });
 let kimiDir: string;
 let local: ChatTokenizer;
 let remote: ChatTokenizer;
-let redis: TestRedis;
 let sim: SimulatorHandle;
 let otherTemplateSim: SimulatorHandle;
 let qwenSim: SimulatorHandle;
 
 beforeAll(async () => {
-  tmp = await mkdtemp(path.join(os.tmpdir(), 'tokenmill-server-tok-'));
-  kimiDir = await makeKimiLikeTokenizer(path.join(tmp, 'Kimi-K2.5'));
+  kimiDir = await makeKimiLikeTokenizer(path.join(tmp.dir, 'Kimi-K2.5'));
   // The same tokenizer with a template that writes the system turn differently.
-  const otherDir = path.join(tmp, 'Kimi-other-template');
+  const otherDir = path.join(tmp.dir, 'Kimi-other-template');
   await cp(kimiDir, otherDir, { recursive: true });
   const cfgFile = path.join(otherDir, 'tokenizer_config.json');
   const cfg = JSON.parse(await readFile(cfgFile, 'utf8')) as { chat_template: string };
   cfg.chat_template = cfg.chat_template.replace('<|im_system|>system<|im_middle|>\n', '<|im_system|>System<|im_middle|>\n');
   await writeFile(cfgFile, JSON.stringify(cfg));
-  const simOptions = { port: 0, timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed' as const, mean: 12 } };
-  [redis, sim, otherTemplateSim, qwenSim] = await Promise.all([
-    startTestRedis(),
-    startSimulator({ ...simOptions, modelPath: MODEL, tokenizerPath: kimiDir }),
-    startSimulator({ ...simOptions, modelPath: MODEL, tokenizerPath: otherDir }),
-    startSimulator(simOptions),
+  const simOptions = { timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed' as const, mean: 12 } };
+  [sim, otherTemplateSim, qwenSim] = await Promise.all([
+    startSim({ ...simOptions, modelPath: MODEL, tokenizerPath: kimiDir }),
+    startSim({ ...simOptions, modelPath: MODEL, tokenizerPath: otherDir }),
+    startSim(simOptions),
   ]);
   local = await loadTokenizer(kimiDir);
   remote = await loadTokenizer(kimiDir, { kind: 'server', server: { endpoints: [sim.url] } });
 }, 120_000);
-
-afterAll(async () => {
-  await killCliChildren();
-  await Promise.all([sim?.stop(), otherTemplateSim?.stop(), qwenSim?.stop(), redis?.stop()]);
-  if (tmp !== undefined) await rm(tmp, { recursive: true, force: true });
-});
 
 const conversations = (n: number): ChatMessage[][] =>
   Array.from({ length: n }, (_, i) => [
@@ -160,7 +150,7 @@ describe('server-side tokenization', () => {
 
   it('`tokenmill run` with tokenizer.kind server sends the ids the local tokenizer makes', async () => {
     const run = 'server-kind';
-    writePrompts(tmp, run, 6);
+    writePrompts(tmp.dir, run, 6);
     const c: ConfigInput = {
       run,
       redis: { url: redis.url, prefix: redis.prefix },
@@ -169,18 +159,18 @@ describe('server-side tokenization', () => {
       datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 2 }],
       output: { dir: 'out' },
     };
-    const p = spawnCli(['run', '-c', writeConfig(tmp, c, `${run}.yaml`)]);
+    const p = spawnCli(['run', '-c', writeConfig(tmp.dir, c, `${run}.yaml`)]);
     const code = await p.exited;
     expect(code, p.output()).toBe(0);
-    const records = readGenerations(path.join(tmp, 'out', run), 'ds');
+    const records = readGenerations(path.join(tmp.dir, 'out', run), 'ds');
     expect(records).toHaveLength(6);
-    const prompts = (await readFile(path.join(tmp, `${run}.jsonl`), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as { id: string; prompt: string });
+    const prompts = (await readFile(path.join(tmp.dir, `${run}.jsonl`), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as { id: string; prompt: string });
     for (const r of records) {
       const prompt = prompts.find((x) => x.id === r.id)?.prompt ?? '';
       expect(r.prompt_ids).toEqual(local.encodePrompt([{ role: 'user', content: prompt }]));
     }
     // Post-processing ran with the server's ids too: the training dataset was written.
-    const meta = await readDatasetMeta(path.join(tmp, 'out', run, 'train-dataset'));
+    const meta = await readDatasetMeta(path.join(tmp.dir, 'out', run, 'train-dataset'));
     expect(meta.shards.length).toBeGreaterThan(0);
   }, 90_000);
 });

@@ -5,17 +5,15 @@
 // `postprocess.python`. Last, the config setting reaches the merge of a `postprocess` round.
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { describeHfDataset, mergeIntoTarget, type HfRow } from '../../src/shared/hf-dataset/index.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
-import { killCliChildren, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, writeConfig } from '../helpers/pipeline.js';
 import { ensurePythonEnv, runPythonJson } from '../helpers/python.js';
-import { startTestRedis, type TestRedis } from '../helpers/redis.js';
 
 const V = (dtype: string): Record<string, string> => ({ dtype, _type: 'Value' });
 /** The features of tokenmill's columns, as Python `datasets` 5.x spells them when it saves. */
@@ -28,28 +26,20 @@ const TOKENMILL_FEATURES_AS_5X = {
   finish_reason: V('string'),
 };
 
-let root: string;
+const { redis, tmp } = useHarness({ redis: true, tmp: 'tm-verify-py-', cli: true });
 let py5: string;
 let py3: string;
 /** A Python with no `datasets` (a bare virtual environment). */
 let pyBare: string;
-let redis: TestRedis;
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(tmpdir(), 'tm-verify-py-'));
-  [py5, py3, redis] = await Promise.all([ensurePythonEnv('main'), ensurePythonEnv('datasets3'), startTestRedis()]);
-  execFileSync(py5, ['-m', 'venv', '--without-pip', path.join(root, 'bare')]);
-  pyBare = path.join(root, 'bare', 'bin', 'python');
+  [py5, py3] = await Promise.all([ensurePythonEnv('main'), ensurePythonEnv('datasets3')]);
+  execFileSync(py5, ['-m', 'venv', '--without-pip', path.join(tmp.dir, 'bare')]);
+  pyBare = path.join(tmp.dir, 'bare', 'bin', 'python');
 }, 300_000);
 
-afterAll(async () => {
-  await killCliChildren();
-  await redis?.stop();
-  if (root !== undefined) await rm(root, { recursive: true, force: true });
-});
-
 function mergeOpts(target: string, rows: HfRow[], python: string): Parameters<typeof mergeIntoTarget>[0] {
-  return { target, newRows: rows, runDir: path.join(root, 'run'), shardSizeMiB: 1, verifyWithPython: { python } };
+  return { target, newRows: rows, runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1, verifyWithPython: { python } };
 }
 
 async function loadIn(env: 'main' | 'datasets3', dir: string): Promise<PyLoad> {
@@ -61,7 +51,7 @@ async function loadIn(env: 'main' | 'datasets3', dir: string): Promise<PyLoad> {
 
 describe('postprocess.verifyWithPython', () => {
   it('merges verified by datasets 3.6 and then by 5.x are swapped in', async () => {
-    const target = path.join(root, 'verified');
+    const target = path.join(tmp.dir, 'verified');
     const a = makeRows('a', 30, 1);
     const b = makeRows('b', 20, 2);
     const first = await mergeIntoTarget(mergeOpts(target, a, py3));
@@ -76,7 +66,7 @@ describe('postprocess.verifyWithPython', () => {
   it('refuses the swap when Python cannot load the merged dataset; the target stays as it was', async () => {
     // A target saved by Python datasets 5.x spells its list features "List", which 3.6 cannot
     // read; the merge keeps the target's dataset_info.json, so 3.6 cannot load the result.
-    const target = path.join(root, 'by-5x');
+    const target = path.join(tmp.dir, 'by-5x');
     const old = makeRows('p', 12, 3);
     await runPythonJson('hf_datasets.py', [], { ops: [{ op: 'save', dir: target, columns: toColumns(old), features: TOKENMILL_FEATURES_AS_5X, num_shards: 1 }] });
     const stateBefore = readFileSync(path.join(target, 'state.json'), 'utf8');
@@ -97,7 +87,7 @@ describe('postprocess.verifyWithPython', () => {
   }, 120_000);
 
   it('a missing interpreter, or one without datasets, is refused at the start of the merge, naming postprocess.python', async () => {
-    const target = path.join(root, 'never');
+    const target = path.join(tmp.dir, 'never');
     await expect(mergeIntoTarget(mergeOpts(target, makeRows('x', 3), '/nonexistent/python3'))).rejects.toThrow(
       'postprocess.verifyWithPython: cannot run the Python interpreter "/nonexistent/python3" (postprocess.python): spawn /nonexistent/python3 ENOENT',
     );
@@ -112,10 +102,10 @@ describe('postprocess.verifyWithPython', () => {
     const conversations = Array.from({ length: 4 }, (_, i) =>
       JSON.stringify({ id: `c${i}`, conversations: [{ role: 'user', content: `question ${i}` }, { role: 'assistant', content: `answer ${i}` }] }),
     );
-    writeFileSync(path.join(root, 'conv.jsonl'), `${conversations.join('\n')}\n`);
+    writeFileSync(path.join(tmp.dir, 'conv.jsonl'), `${conversations.join('\n')}\n`);
     const configFor = (run: string, python: string): string =>
       writeConfig(
-        root,
+        tmp.dir,
         {
           run,
           redis: { url: redis.url, prefix: redis.prefix },
@@ -128,10 +118,10 @@ describe('postprocess.verifyWithPython', () => {
     const bare = spawnCli(['postprocess', '-c', configFor('bare', pyBare)]);
     expect(await bare.exited, bare.output()).toBe(1);
     expect(bare.output()).toContain(`"${pyBare}" (postprocess.python) cannot import datasets: ModuleNotFoundError`);
-    expect(existsSync(path.join(root, 'out', 'bare', 'train-dataset'))).toBe(false);
+    expect(existsSync(path.join(tmp.dir, 'out', 'bare', 'train-dataset'))).toBe(false);
 
     const good = spawnCli(['postprocess', '-c', configFor('good', py3)]);
     expect(await good.exited, good.output()).toBe(0);
-    expect((await describeHfDataset(path.join(root, 'out', 'good', 'train-dataset'))).rows).toBe(4);
+    expect((await describeHfDataset(path.join(tmp.dir, 'out', 'good', 'train-dataset'))).rows).toBe(4);
   }, 120_000);
 });
