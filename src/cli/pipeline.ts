@@ -191,6 +191,7 @@ async function startSinks(
       dataset: ds.name,
       dir: join(ctx.runDir, ds.name, 'generations'),
       ...(crashAt === undefined ? {} : { crashAt }),
+      notify: (line) => process.stderr.write(`tokenmill: ${line}\n`),
     });
     await sink.start();
     started.push(sink);

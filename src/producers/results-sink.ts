@@ -13,7 +13,7 @@ import {
   type ScriptedRedis,
 } from '../shared/index.js';
 import { partName, partNumber, recoverFiles, sampleIdOfLine, writeCheckpoint, type Checkpoint } from './sink-checkpoint.js';
-import { DiskTailFilter, compareStreamIds, readDiskTail, restoreDone } from './sink-reconcile.js';
+import { DiskTailFilter, compareStreamIds, readDiskTail, rebuildFromFiles, restoreDone } from './sink-reconcile.js';
 
 /** Points at which a sink can be made to crash, to test recovery with real process kills. */
 export type SinkCrashPoint = 'after-write' | 'after-checkpoint';
@@ -43,6 +43,8 @@ export interface ResultsSinkOptions {
   reconcileWindowMs?: number;
   /** Test hook: SIGKILL this process at that point of the first write. */
   crashAt?: SinkCrashPoint;
+  /** Lines for a person (the state rebuilt from the files after Redis lost it). */
+  notify?: (line: string) => void;
   logger?: Logger;
 }
 
@@ -194,6 +196,7 @@ export class ResultsSink {
       this.log,
     );
     this.checkpoint = checkpoint;
+    await this.rebuildIfLost(checkpoint);
     const tail = await readDiskTail(dir, checkpoint, {
       windowMs: this.options.reconcileWindowMs ?? RECONCILE_WINDOW_MS,
       minLines: 2 * (this.options.readCount ?? 1_000),
@@ -210,6 +213,25 @@ export class ResultsSink {
     // passed through write(), which drops those on disk and writes any that are not.
     const stale = (await redis.xrange(stream, '-', this.checkpoint.lastId)) as [string, string[]][];
     if (stale.length > 0) await this.write(stale);
+  }
+
+  /**
+   * Redis holds fewer committed samples than the files (a new, empty server; a deleted AOF): the
+   * files are the truth, so every sample on disk is committed again before the producer reads
+   * the done set (it starts after the sinks), and none is generated twice.
+   */
+  private async rebuildIfLost(checkpoint: Checkpoint): Promise<void> {
+    const { redis, keys, dataset, dir } = this.options;
+    if (checkpoint.records === 0) return;
+    const held = await redis.scard(keys.done(dataset));
+    if (held >= checkpoint.records) return;
+    const r = await rebuildFromFiles(this.redis, keys, dataset, dir, checkpoint);
+    if (r.restored === 0) return;
+    const line =
+      `dataset ${dataset}: Redis held ${held} of the ${r.records} samples written in ${dir} (a new or emptied Redis); ` +
+      `rebuilt ${r.restored} committed ids and ${r.tokens} output tokens from the files, so none is generated again`;
+    this.log.warn({ held, records: r.records, restored: r.restored, tokens: r.tokens }, line);
+    this.options.notify?.(line);
   }
 
   /**

@@ -150,3 +150,79 @@ export function compareStreamIds(a: string, b: string): number {
   if (am !== bm) return am < bm ? -1 : 1;
   return as === bs ? 0 : as < bs ? -1 : 1;
 }
+
+/** What {@link rebuildFromFiles} found and put back. */
+export interface RebuildResult {
+  /** Records read from the part files. */
+  records: number;
+  /** Samples Redis lacked, now committed again (done set and counters). */
+  restored: number;
+  /** Completion tokens of the restored samples. */
+  tokens: number;
+}
+
+/**
+ * Redis holds fewer committed samples than the part files (a new, empty server; a deleted or
+ * lost AOF): the files are the truth. Reads every record of the parts (the current one up to
+ * the checkpoint) and commits again, as `sink-restore-5.lua` does, each sample Redis lacks:
+ * the done set (so the producer never sends it again) and the counters (records, output tokens,
+ * the budget). Streams the files in batches; memory does not grow with the dataset.
+ */
+export async function rebuildFromFiles(redis: ScriptedRedis, keys: RunKeys, dataset: string, dir: string, checkpoint: Checkpoint): Promise<RebuildResult> {
+  const result: RebuildResult = { records: 0, restored: 0, tokens: 0 };
+  const parts = (await listParts(dir)).filter((p) => partNumber(p) <= partNumber(checkpoint.part));
+  const tokensNow = async (): Promise<number> => Number((await redis.hget(keys.stats(dataset), 'outputTokens')) ?? 0);
+  const tokensBefore = await tokensNow();
+  let batch = new Map<string, number>();
+  const flush = async (): Promise<void> => {
+    if (batch.size === 0) return;
+    result.restored += await restoreDone(redis, keys, dataset, batch);
+    batch = new Map();
+  };
+  for (const part of parts) {
+    const path = join(dir, part);
+    const end = part === checkpoint.part ? checkpoint.bytes : await stat(path).then((s) => s.size);
+    for await (const line of linesForward(path, end)) {
+      let rec: { id?: unknown; completion_tokens?: unknown };
+      try {
+        rec = JSON.parse(line) as typeof rec;
+      } catch {
+        continue;
+      }
+      if (typeof rec.id !== 'string' || typeof rec.completion_tokens !== 'number') continue;
+      result.records += 1;
+      batch.set(rec.id, rec.completion_tokens);
+      if (batch.size >= 500) await flush();
+    }
+  }
+  await flush();
+  result.tokens = (await tokensNow()) - tokensBefore;
+  return result;
+}
+
+/** Lines of `[0, end)` of a file, first first. */
+async function* linesForward(path: string, end: number): AsyncGenerator<string> {
+  const fh = await open(path, 'r');
+  try {
+    const chunkBytes = 256 * 1024;
+    let pos = 0;
+    let carry = Buffer.alloc(0); // the start of the line that spans the chunk boundary
+    while (pos < end) {
+      const buf = Buffer.alloc(Math.min(chunkBytes, end - pos));
+      const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
+      if (bytesRead === 0) break;
+      pos += bytesRead;
+      const data = Buffer.concat([carry, buf.subarray(0, bytesRead)]);
+      let lineStart = 0;
+      for (let i = 0; i < data.length; i += 1) {
+        if (data[i] !== 0x0a) continue;
+        if (i > lineStart) yield data.subarray(lineStart, i).toString('utf8');
+        lineStart = i + 1;
+      }
+      carry = data.subarray(lineStart);
+    }
+    if (carry.length > 0) yield carry.toString('utf8');
+  } finally {
+    await fh.close();
+  }
+}
