@@ -216,15 +216,17 @@ export class ResultsSink {
   }
 
   /**
-   * Redis holds fewer committed samples than the files (a new, empty server; a deleted AOF): the
-   * files are the truth, so every sample on disk is committed again before the producer reads
+   * Redis holds no committed sample of a dataset whose files have records (a new, empty server;
+   * a deleted AOF): the files are the truth, so every sample on disk is committed again before the producer reads
    * the done set (it starts after the sinks), and none is generated twice.
    */
   private async rebuildIfLost(checkpoint: Checkpoint): Promise<void> {
     const { redis, keys, dataset, dir } = this.options;
     if (checkpoint.records === 0) return;
+    // Only a Redis with no commits of the dataset at all: a Redis that lost just its last writes
+    // is reconciled over the end of the files (readDiskTail), which costs the window, not the dataset.
     const held = await redis.scard(keys.done(dataset));
-    if (held >= checkpoint.records) return;
+    if (held > 0) return;
     const r = await rebuildFromFiles(this.redis, keys, dataset, dir, checkpoint);
     if (r.restored === 0) return;
     const line =

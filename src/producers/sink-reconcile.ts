@@ -162,8 +162,8 @@ export interface RebuildResult {
 }
 
 /**
- * Redis holds fewer committed samples than the part files (a new, empty server; a deleted or
- * lost AOF): the files are the truth. Reads every record of the parts (the current one up to
+ * Redis holds no committed sample of a dataset that has part files (a new, empty server; a
+ * deleted or lost AOF): the files are the truth. Reads every record of the parts (the current one up to
  * the checkpoint) and commits again, as `sink-restore-5.lua` does, each sample Redis lacks:
  * the done set (so the producer never sends it again) and the counters (records, output tokens,
  * the budget). Streams the files in batches; memory does not grow with the dataset.
