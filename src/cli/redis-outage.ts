@@ -1,5 +1,4 @@
-import { Redis } from 'ioredis';
-import { errorMessage, formatDuration, redactRedisUrl } from '../shared/index.js';
+import { errorMessage, formatDuration, newIoredis, redactRedisUrl } from '../shared/index.js';
 
 /** Options of {@link watchRedisOutage}. */
 export interface RedisOutageOptions {
@@ -27,7 +26,7 @@ export function watchRedisOutage(url: string, options: RedisOutageOptions = {}):
   const remindEveryMs = options.remindEveryMs ?? 30_000;
   const write = options.write ?? ((line: string) => process.stderr.write(`${line}\n`));
   const shown = redactRedisUrl(url);
-  const conn = new Redis(url, {
+  const conn = newIoredis(url, {
     lazyConnect: true,
     enableOfflineQueue: false,
     maxRetriesPerRequest: 0,

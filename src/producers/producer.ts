@@ -10,6 +10,7 @@ import {
   generateQueueName,
   logger as componentLogger,
   PromptFileIndex,
+  throttledErrorLog,
   withScripts,
   type ChatTokenizer,
   type DatasetConfig,
@@ -115,7 +116,7 @@ export class Producer {
         prefix: keys.bullPrefix,
         defaultJobOptions: generateJobOptions,
       });
-      queue.on('error', (err) => this.log.error({ err, dataset: ds.name }, 'queue error'));
+      queue.on('error', throttledErrorLog(this.log, 'queue error', { dataset: ds.name }));
       this.queues.set(ds.name, queue);
       await this.redis
         .multi()

@@ -31,7 +31,12 @@ export async function runGeneration(
   const signal = onceSignalled();
   // A Redis that goes away mid-run is said in a line a person reads, not only in JSON logs.
   const stopOutageWatch = watchRedisOutage(ctx.redisUrl, {
-    waiting: ctx.config.redis.url === undefined ? 'the embedded server is restarted on its AOF; generation waits' : 'generation waits for it to come back',
+    waiting:
+      ctx.config.redis.sentinels !== undefined
+        ? 'generation waits for the Sentinels to name a primary'
+        : ctx.config.redis.url === undefined
+          ? 'the embedded server is restarted on its AOF; generation waits'
+          : 'generation waits for it to come back',
   });
   const stopProgress = options.progressMs === undefined ? () => undefined : startProgress(ctx, options.progressMs);
   // The producer's process always exists while generating: it watches for a run that silently sits.

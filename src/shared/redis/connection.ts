@@ -3,12 +3,12 @@
  * Redis the same way: {@link openRedis} (a given `redis.url`, or the run's embedded server), then
  * {@link createRedisConnection} per use.
  */
-import { Redis, type RedisOptions } from 'ioredis';
+import type { Redis, RedisOptions } from 'ioredis';
 import { AppError, EnvironmentError, UnavailableError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
 import { EmbeddedRedis } from './embedded-redis.js';
 import { awaitFirstAnswer, FIRST_ANSWER_TIMEOUT_MS, reportSilentServer } from './first-answer.js';
-import { isSentinelUrl, parseSentinelUrl, redactRedisUrl, sentinelRedisOptions } from './target.js';
+import { newIoredis, redactRedisUrl } from './target.js';
 
 /**
  * What a connection is for, which decides how it behaves when Redis is down (BullMQ's rules):
@@ -61,9 +61,7 @@ export function createRedisConnection(url: string, options: RedisConnectionOptio
           connectTimeout: CLIENT_CONNECT_TIMEOUT_MS,
           retryStrategy: (times: number) => Math.min(times * 100, 2_000),
         };
-  const conn = isSentinelUrl(url)
-    ? new Redis({ ...sentinelRedisOptions(parseSentinelUrl(url)), ...common, ...roleOptions })
-    : new Redis(url, { ...common, ...roleOptions });
+  const conn = newIoredis(url, { ...common, ...roleOptions });
   if (options.quiet !== true) reportSilentServer(conn, url, log);
 
   let lastWarnAt = 0;

@@ -7,7 +7,7 @@
  * built from the config's `redis.sentinels` by {@link configuredRedisUrl}. ioredis asks the
  * Sentinels for the primary on every (re)connect, so a connection follows a failover.
  */
-import type { RedisOptions } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 
 const SENTINEL_SCHEME = 'redis-sentinel://';
 
@@ -101,10 +101,12 @@ export function parseSentinelUrl(url: string): RedisSentinelTarget {
 }
 
 /**
- * ioredis options for a Sentinel-managed primary. `failoverDetector` subscribes to the Sentinels'
- * `+switch-master`, so a connection to a primary that was demoted (not only one that died)
- * moves on; a `READONLY` reply (a write that reached a replica during the switch) reconnects
- * through the Sentinels and sends the command again.
+ * ioredis options for a Sentinel-managed primary: every (re)connect asks the Sentinels for the
+ * primary. A primary that died closes its connections; one that is demoted alive is told by the
+ * Sentinels to drop its clients (`CLIENT KILL TYPE normal`). Should a command still reach a
+ * replica, `READONLY` (a write) or `UNBLOCKED` (a blocking read ended by the switch) reconnects
+ * through the Sentinels and sends it again. (ioredis's `failoverDetector` is not used: its
+ * disconnect on `+switch-master` can land in the middle of a reconnect and fail it for good.)
  */
 export function sentinelRedisOptions(t: RedisSentinelTarget): RedisOptions {
   return {
@@ -114,11 +116,15 @@ export function sentinelRedisOptions(t: RedisSentinelTarget): RedisOptions {
     ...(t.sentinelPassword === undefined ? {} : { sentinelPassword: t.sentinelPassword }),
     ...(t.db === undefined ? {} : { db: t.db }),
     ...(t.tls === true ? { tls: {}, sentinelTLS: {}, enableTLSForSentinelMode: true } : {}),
-    failoverDetector: true,
     // The Sentinels themselves may all be restarting: try them again every second or two.
     sentinelRetryStrategy: (times: number) => Math.min(times * 200, 2_000),
-    reconnectOnError: (err: Error) => (err.message.startsWith('READONLY') ? 2 : false),
+    reconnectOnError: (err: Error) => (/^(READONLY|UNBLOCKED)/.test(err.message) ? 2 : false),
   };
+}
+
+/** A plain ioredis connection to `url`, a server's URL or a `redis-sentinel://` string, with `options`. */
+export function newIoredis(url: string, options: RedisOptions): Redis {
+  return isSentinelUrl(url) ? new Redis({ ...sentinelRedisOptions(parseSentinelUrl(url)), ...options }) : new Redis(url, options);
 }
 
 /**

@@ -11,6 +11,7 @@ import {
   createRedisConnection,
   encodeBatchPayload,
   generateQueueName,
+  throttledErrorLog,
   logger as componentLogger,
   withScripts,
   type AutoConcurrency,
@@ -189,7 +190,7 @@ export class InferenceWorker {
       maxStalledCount: 10,
       autorun: false,
     });
-    worker.on('error', (err) => this.log.error({ err, dataset }, 'queue worker error'));
+    worker.on('error', throttledErrorLog(this.log, 'queue worker error', { dataset }));
     // Batches of a killed worker go back to the queue once their lock lapses.
     void worker.startStalledCheckTimer().catch((e: unknown) => this.log.error({ err: e, dataset }, 'stalled-job checker failed'));
     this.workers.set(dataset, worker);
