@@ -38,6 +38,11 @@ export interface FaultConfig {
   statusAll: number | null;
   /** With `statusAll`: health checks answer it too. */
   statusAllHealth: boolean;
+  /**
+   * Every POST but /_sim/* (generation, `/abort_request`) answers this status, while GETs
+   * (health checks, `/model_info`) are served: a gateway that allows GET only; null = off.
+   */
+  statusPost: number | null;
   /** Every route but /_sim/* drops its connection (an outage you clear with clearFaults). */
   outage: boolean;
   /** Fraction of generation requests answered with the `badAnswer` shape. */
@@ -60,6 +65,7 @@ export const NO_FAULTS: FaultConfig = {
   poisonDownMs: 500,
   statusAll: null,
   statusAllHealth: false,
+  statusPost: null,
   outage: false,
   badAnswerRate: 0,
   badAnswer: 'wrong-shape',
@@ -75,6 +81,13 @@ function rate(value: unknown, name: string): number {
 function bool(value: unknown, name: string): boolean {
   if (typeof value !== 'boolean') throw new RangeError(`fault ${name} must be a boolean, got ${String(value)}`);
   return value;
+}
+
+function errorStatus(status: unknown, name: string): number | null {
+  if (status !== null && (typeof status !== 'number' || !Number.isInteger(status) || status < 400 || status > 599)) {
+    throw new RangeError(`fault ${name} must be an HTTP error status (400-599) or null, got ${String(status)}`);
+  }
+  return status as number | null;
 }
 
 /** The rates drawn per request; together at most 1. */
@@ -114,13 +127,8 @@ export function validateFaults(partial: Partial<FaultConfig>): Partial<FaultConf
     }
     out.poisonDownMs = ms;
   }
-  if (partial.statusAll !== undefined) {
-    const status: unknown = partial.statusAll;
-    if (status !== null && (typeof status !== 'number' || !Number.isInteger(status) || status < 400 || status > 599)) {
-      throw new RangeError(`fault statusAll must be an HTTP error status (400-599) or null, got ${String(status)}`);
-    }
-    out.statusAll = status as number | null;
-  }
+  if (partial.statusAll !== undefined) out.statusAll = errorStatus(partial.statusAll, 'statusAll');
+  if (partial.statusPost !== undefined) out.statusPost = errorStatus(partial.statusPost, 'statusPost');
   if (partial.badAnswer !== undefined) {
     if (!(BAD_ANSWERS as readonly unknown[]).includes(partial.badAnswer)) {
       throw new RangeError(`fault badAnswer must be one of ${BAD_ANSWERS.join(', ')}, got ${String(partial.badAnswer)}`);

@@ -234,7 +234,8 @@ export class Simulator implements AdminTarget {
 
   /**
    * What answers before any route: an outage drops the connection, a missing or wrong API key
-   * gets SGLang's 401, `statusAll` answers its status. Returns true when it answered.
+   * gets SGLang's 401, `statusAll` (or, for a POST, `statusPost`) answers its status. Returns
+   * true when it answered.
    */
   private gate(req: IncomingMessage, res: ServerResponse, pathname: string): boolean {
     if (pathname.startsWith('/_sim/')) return false;
@@ -256,6 +257,12 @@ export class Simulator implements AdminTarget {
       req.resume();
       this.countRefused(pathname);
       replyStatus(res, faults.statusAll);
+      return true;
+    }
+    if (faults.statusPost !== null && req.method === 'POST') {
+      req.resume();
+      this.countRefused(pathname);
+      replyStatus(res, faults.statusPost);
       return true;
     }
     return false;

@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import {
   AppError,
   SglangClient,
+  errorMessage,
   logger as rootChild,
   removeEndpointHealth,
   writeEndpointHealth,
@@ -25,6 +26,13 @@ export interface Endpoint {
   /** Since when (ms since epoch) it has been up, or down. */
   sinceMs: number;
 }
+
+/** First wait before a misconfigured endpoint (an endpoint-level 4xx to POST /generate) is tried again. */
+export const MISCONFIGURED_PROBE_INITIAL_MS = 1_000;
+/** Longest wait between those tries. */
+export const MISCONFIGURED_PROBE_MAX_MS = 60_000;
+/** An endpoint back for this long without another endpoint-level 4xx starts its backoff afresh. */
+const MISCONFIGURED_FORGET_MS = 5 * 60_000;
 
 /** Where the pool publishes its endpoints' health, so that other processes (status, the stall watchdog) see it. */
 export interface EndpointHealthPublishing {
@@ -72,6 +80,12 @@ export interface EndpointPoolOptions {
 export class EndpointPool {
   private readonly endpoints: Endpoint[];
   private readonly probing = new Map<Endpoint, NodeJS.Timeout>();
+  /**
+   * Endpoints out of rotation for an endpoint-level 4xx, with the last wait between tries: they
+   * come back only when a tiny `POST /generate` works (a gateway may allow GET only, so a
+   * health check proves nothing), after a wait that doubles each time, also across episodes.
+   */
+  private readonly misconfigured = new Map<Endpoint, { delayMs: number; lastMs: number; active: boolean }>();
   private readonly log: Logger;
   private readonly probeInitialMs: number;
   private readonly probeMaxMs: number;
@@ -157,7 +171,10 @@ export class EndpointPool {
     await Promise.all(
       this.endpoints.map(async (e) => {
         const h = await e.client.healthGenerate();
-        if (!h.ok) this.markDown(e, h.error ?? `health check answered ${h.status ?? 'nothing'}`);
+        const reason = h.error ?? `health check answered ${h.status ?? 'nothing'}`;
+        if (h.ok) return;
+        if (h.misconfigured === true) this.markMisconfigured(e, reason);
+        else this.markDown(e, reason);
       }),
     );
     const publish = this.options.publish;
@@ -194,6 +211,60 @@ export class EndpointPool {
     if (!this.probing.has(endpoint)) this.scheduleProbe(endpoint, this.probeInitialMs);
   }
 
+  /**
+   * Takes an endpoint out of rotation for an endpoint-level 4xx (401/403/404/405…) that every
+   * request would get: it is tried again with a real `POST /generate` of one token, after a
+   * backoff from {@link MISCONFIGURED_PROBE_INITIAL_MS} doubling to
+   * {@link MISCONFIGURED_PROBE_MAX_MS}, kept across episodes (an endpoint that failed again soon
+   * after it came back waits longer). One log line when it leaves, one when it is back.
+   */
+  markMisconfigured(endpoint: Endpoint, reason: string): void {
+    if (this.stopped) return;
+    const now = Date.now();
+    const last = this.misconfigured.get(endpoint);
+    const wasUp = endpoint.up;
+    if (wasUp) {
+      const fresh = last === undefined || now - last.lastMs > MISCONFIGURED_FORGET_MS;
+      const delayMs = fresh ? MISCONFIGURED_PROBE_INITIAL_MS : Math.min(last.delayMs * 2, MISCONFIGURED_PROBE_MAX_MS);
+      this.misconfigured.set(endpoint, { delayMs, lastMs: now, active: true });
+      endpoint.up = false;
+      endpoint.downReason = reason;
+      endpoint.sinceMs = now;
+      this.log.warn({ endpoint: endpoint.url, reason, retryInMs: delayMs }, 'endpoint out of rotation (it refuses POST /generate); trying it again with growing waits');
+      this.options.onChange?.();
+      void this.publish();
+    } else if (last?.active !== true) {
+      // Down for another reason already: from now on it must pass the generate probe too.
+      this.misconfigured.set(endpoint, { delayMs: last?.delayMs ?? MISCONFIGURED_PROBE_INITIAL_MS, lastMs: now, active: true });
+      endpoint.downReason = reason;
+    } else {
+      last.lastMs = now;
+    }
+    const entry = this.misconfigured.get(endpoint);
+    const pending = this.probing.get(endpoint);
+    if (wasUp || pending === undefined) {
+      if (pending !== undefined) clearTimeout(pending);
+      this.scheduleProbe(endpoint, entry?.delayMs ?? MISCONFIGURED_PROBE_INITIAL_MS);
+    }
+  }
+
+  /** A tiny `POST /generate` (one token): what a misconfigured endpoint must answer to come back. */
+  private async generateProbe(endpoint: Endpoint): Promise<boolean> {
+    try {
+      await endpoint.client.generate({ inputIds: [0], maxNewTokens: 1, rid: `tokenmill-probe-${process.pid}-${Date.now()}` });
+      return true;
+    } catch (e: unknown) {
+      const reason = errorMessage(e);
+      if (endpoint.downReason !== reason) {
+        // The reason changed (another status, a refused connection): a state change worth one line.
+        endpoint.downReason = reason;
+        this.log.warn({ endpoint: endpoint.url, reason }, 'endpoint still out of rotation, for another reason now');
+        void this.publish();
+      }
+      return false;
+    }
+  }
+
   private scheduleProbe(endpoint: Endpoint, delayMs: number): void {
     const timer = setTimeout(() => {
       void this.probe(endpoint, delayMs);
@@ -204,14 +275,30 @@ export class EndpointPool {
 
   private async probe(endpoint: Endpoint, lastDelayMs: number): Promise<void> {
     if (this.stopped) return;
-    const h = await endpoint.client.healthGenerate();
+    const entry = this.misconfigured.get(endpoint);
+    const misconfigured = entry?.active === true ? entry : undefined;
+    if (misconfigured !== undefined) {
+      const works = await this.generateProbe(endpoint);
+      if (this.stopped) return;
+      if (!works) {
+        misconfigured.delayMs = Math.min(lastDelayMs * 2, MISCONFIGURED_PROBE_MAX_MS);
+        misconfigured.lastMs = Date.now();
+        this.scheduleProbe(endpoint, misconfigured.delayMs);
+        return;
+      }
+      misconfigured.lastMs = Date.now();
+      misconfigured.active = false;
+    }
+    const h = misconfigured !== undefined ? { ok: true } : await endpoint.client.healthGenerate();
     if (this.stopped) return;
     if (h.ok) {
       this.probing.delete(endpoint);
       endpoint.up = true;
       endpoint.downReason = null;
       endpoint.sinceMs = Date.now();
-      this.log.info({ endpoint: endpoint.url }, 'endpoint healthy again; back in rotation');
+      // After a refused POST (a warning a person saw), its end is said at the same level.
+      if (misconfigured !== undefined) this.log.warn({ endpoint: endpoint.url }, 'endpoint answers POST /generate again; back in rotation');
+      else this.log.info({ endpoint: endpoint.url }, 'endpoint healthy again; back in rotation');
       this.options.onChange?.();
       void this.publish();
       return;

@@ -73,7 +73,8 @@ export class FailureHandler {
         case 'endpoint-misconfigured':
           // Not the prompt's fault: no attempt spent, it waits for a healthy endpoint.
           await this.ctx.release(req.dataset, rid, leaseKey);
-          pool.markDown(endpoint, errorMessage(e));
+          if (verdict === 'outage') pool.markDown(endpoint, errorMessage(e));
+          else pool.markMisconfigured(endpoint, errorMessage(e));
           this.requeue(task, 'front');
           return;
         case 'connection-dropped': {
