@@ -75,6 +75,37 @@ describe('ServerLoadProbe on a server that is still starting (SGLang 0.5.23 rout
     expect((await probe.read()).generationTokensTotal).toBe(1234);
   });
 
+  it('with the default retry, a restarted server\'s gauges are read again within a second, then the wait doubles up to 30 s', async () => {
+    let clock = 0;
+    const probe = new ServerLoadProbe(url, { now: () => clock });
+    state.gauges = false;
+    state.hits.length = 0;
+    await probe.read();
+    expect(state.hits).toEqual(['/metrics', '/get_load', '/v1/loads']);
+    // Retries of /metrics after 1 s, then 2 s, 4 s, … while the gauges stay missing.
+    const retriedAt: number[] = [];
+    for (let t = 0; t < 70_000; t += 250) {
+      clock = t;
+      state.hits.length = 0;
+      await probe.read();
+      if (state.hits.includes('/metrics')) retriedAt.push(t);
+    }
+    expect(retriedAt.slice(0, 5)).toEqual([1_000, 3_000, 7_000, 15_000, 31_000]);
+    expect(retriedAt[5]).toBe(61_000);
+    // The gauges back (the server scheduled its first batch): read at the next retry, and the wait starts from 1 s again.
+    state.gauges = true;
+    clock = 91_000;
+    expect((await probe.read()).generationTokensTotal).toBe(1234);
+    state.gauges = false;
+    clock = 91_010;
+    await probe.read();
+    state.gauges = true;
+    state.hits.length = 0;
+    clock = 92_010;
+    expect((await probe.read()).generationTokensTotal).toBe(1234);
+    expect(state.hits).toEqual(['/metrics']);
+  });
+
   it('names the endpoint and the routes when no route has a reading', async () => {
     const probe = new ServerLoadProbe(`${url}/nothing-here`);
     await expect(probe.read()).rejects.toThrow(/nothing-here: no load reading .*\/get_load and \/v1\/loads answered 404/);

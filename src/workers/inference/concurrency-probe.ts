@@ -31,20 +31,29 @@ export function promSum(text: string, name: string): number | null {
 
 /** Where a server's request counts come from when `/metrics` has none: SGLang < 0.5.x, then 0.5.x. */
 const LOAD_PATHS = ['/get_load', '/v1/loads'] as const;
-/** How long a server whose `/metrics` lacked the request gauges is read from its load route before `/metrics` is tried again (ms). */
+/** The longest a server whose `/metrics` lacked the request gauges is read from its load route before `/metrics` is tried again (ms). */
 export const METRICS_RETRY_MS = 30_000;
+/**
+ * The first such wait (ms); it doubles with each `/metrics` still without the gauges, up to
+ * {@link METRICS_RETRY_MS}. A real SGLang 0.5.23 that has just (re)started answers without them
+ * until it has scheduled a batch: a fixed 30 s left `auto` without a token rate for that long.
+ */
+export const METRICS_FIRST_RETRY_MS = 1_000;
 
 /**
  * Reads an SGLang server's load: `GET /metrics` (needs `--enable-metrics`) for running and
  * queued requests and the decoded-token counter, else its load route (`/get_load`, or
  * `/v1/loads` where that answers 404: running and queued only). A server that has just started
  * answers `/metrics` without the gauges for a moment, so a `/metrics` without them is tried
- * again every {@link METRICS_RETRY_MS}, never given up for good. Throws with the endpoint and
+ * again after {@link METRICS_FIRST_RETRY_MS}, then twice as long each time it still lacks them,
+ * up to every {@link METRICS_RETRY_MS}: never given up for good. Throws with the endpoint and
  * the routes named when none answers.
  */
 export class ServerLoadProbe {
   /** When `/metrics` last lacked the gauges (ms, the probe's clock); null while it has them. */
   private metricsMissingAtMs: number | null = null;
+  /** How long after {@link metricsMissingAtMs} `/metrics` is tried again (doubles while the gauges stay missing). */
+  private metricsRetryDelayMs: number;
   /** The load route that answered last. */
   private loadPath: (typeof LOAD_PATHS)[number] = LOAD_PATHS[0];
   private readonly headers: Record<string, string>;
@@ -59,6 +68,7 @@ export class ServerLoadProbe {
     this.headers = options.apiKey === undefined ? {} : { authorization: `Bearer ${options.apiKey}` };
     this.timeoutMs = options.timeoutMs ?? 5_000;
     this.metricsRetryMs = options.metricsRetryMs ?? METRICS_RETRY_MS;
+    this.metricsRetryDelayMs = Math.min(METRICS_FIRST_RETRY_MS, this.metricsRetryMs);
     this.now = options.now ?? Date.now;
   }
 
@@ -68,12 +78,15 @@ export class ServerLoadProbe {
   }
 
   async read(): Promise<ServerLoadSample> {
-    if (this.metricsMissingAtMs === null || this.now() - this.metricsMissingAtMs >= this.metricsRetryMs) {
+    if (this.metricsMissingAtMs === null || this.now() - this.metricsMissingAtMs >= this.metricsRetryDelayMs) {
+      const retried = this.metricsMissingAtMs !== null;
       const sample = await this.readMetrics();
       if (sample !== null) {
         this.metricsMissingAtMs = null;
+        this.metricsRetryDelayMs = Math.min(METRICS_FIRST_RETRY_MS, this.metricsRetryMs);
         return sample;
       }
+      if (retried) this.metricsRetryDelayMs = Math.min(this.metricsRetryDelayMs * 2, this.metricsRetryMs);
       this.metricsMissingAtMs = this.now();
     }
     return this.readLoad();
