@@ -157,6 +157,25 @@ export async function startRealSglang(options: { dir?: string; port?: number; ar
   }
 }
 
+/**
+ * kill -9 of the process group named by `DIR/server-PORT.pid` (the server on PORT, whoever started
+ * it), then waits until the group is gone and the port no longer answers (at most 15 s).
+ */
+export async function killServerOnPort(port: number, dir = realSglangDir()): Promise<void> {
+  const pidFile = path.join(dir, `server-${port}.pid`);
+  const pgid = Number(readFileSync(pidFile, 'utf8').trim());
+  if (!Number.isInteger(pgid) || pgid <= 1) throw new Error(`${pidFile}: expected a process group id`);
+  try {
+    process.kill(-pgid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 15_000;
+  while ((groupAlive(pgid) || (await healthy(url))) && Date.now() < deadline) await sleep(100);
+  if (groupAlive(pgid)) throw new Error(`the real SGLang server's process group ${pgid} (port ${port}) is still alive 15 s after kill -9`);
+}
+
 /** The shared server of the suite, as its global setup gave it. */
 export function realSglang(): RealSglangInfo {
   return inject('realSglang');
