@@ -3,11 +3,10 @@
 // `datasets` 3.6 (the last before 4.0, which knows list features only as `Sequence`) and in the
 // current 5.x, with the same rows; and tokenmill must read folders that either version wrote
 // (`Sequence` from 3.x, `List` from 4.x/5.x).
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import {
   mergeIntoTarget,
@@ -18,6 +17,7 @@ import {
   type HfWriteResult,
 } from '../../src/shared/hf-dataset/index.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
+import { useHarness } from '../helpers/fixture.js';
 import { runPythonJson, type PythonEnvName } from '../helpers/python.js';
 
 const SHARD_MIB = 0.02; // 20 KiB: a few hundred rows make several shards
@@ -42,7 +42,7 @@ function expectRows(d: PyLoad | undefined, rows: readonly HfRow[]): void {
 }
 
 describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
-  let root: string;
+  const { tmp } = useHarness({ tmp: 'tm-hf-compat-' });
   const rows = makeRows('B1_glaive', 300, 11);
   const rows64 = makeRows('B2_code', 40, 12);
   const more = makeRows('B3_more', 120, 13);
@@ -51,21 +51,16 @@ describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
   let py5: PyOut;
 
   beforeAll(async () => {
-    root = await mkdtemp(path.join(tmpdir(), 'tm-hf-compat-'));
-    written = await writeHfDataset(path.join(root, 'fresh'), rows, { shardSizeMiB: SHARD_MIB });
-    await writeHfDataset(path.join(root, 'wide'), rows64, { shardSizeMiB: 1, inputIdsType: 'int64', lossMaskType: 'int8' });
+    written = await writeHfDataset(path.join(tmp.dir, 'fresh'), rows, { shardSizeMiB: SHARD_MIB });
+    await writeHfDataset(path.join(tmp.dir, 'wide'), rows64, { shardSizeMiB: 1, inputIdsType: 'int64', lossMaskType: 'int8' });
     // A target created by a merge, then grown by a second one (new shards listed after the old).
-    const target = path.join(root, 'merged');
-    const runDir = path.join(root, 'run');
+    const target = path.join(tmp.dir, 'merged');
+    const runDir = path.join(tmp.dir, 'run');
     await mergeIntoTarget({ target, newRows: rows, runDir, shardSizeMiB: SHARD_MIB, mergeKey: 'compat-1/a' });
     await mergeIntoTarget({ target, newRows: more, runDir, shardSizeMiB: SHARD_MIB, mergeKey: 'compat-2/b' });
-    const dirs = ['fresh', 'wide', 'merged'].map((d) => path.join(root, d));
+    const dirs = ['fresh', 'wide', 'merged'].map((d) => path.join(tmp.dir, d));
     [py3, py5] = await Promise.all([load('datasets3', dirs), load('main', dirs)]);
   }, 600_000);
-
-  afterAll(async () => {
-    await rm(root, { recursive: true, force: true });
-  });
 
   it('spells list features `Sequence` in dataset_info.json and in every shard’s metadata', async () => {
     const want = {
@@ -76,11 +71,11 @@ describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
       num_tokens: VALUE('int32'),
       finish_reason: VALUE('string'),
     };
-    const info = JSON.parse(await readFile(path.join(root, 'fresh', 'dataset_info.json'), 'utf8')) as { features: unknown };
+    const info = JSON.parse(await readFile(path.join(tmp.dir, 'fresh', 'dataset_info.json'), 'utf8')) as { features: unknown };
     expect(info.features).toEqual(want);
     expect(written.shards.length).toBeGreaterThan(1);
     for (const s of written.shards) {
-      const schema = await readShardSchema(path.join(root, 'fresh', s));
+      const schema = await readShardSchema(path.join(tmp.dir, 'fresh', s));
       expect(JSON.parse(schema.metadata.get('huggingface') ?? '{}')).toEqual({ info: { features: want } });
     }
   });
@@ -105,11 +100,10 @@ describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
 });
 
 describe('tokenmill reads folders written by datasets 3.x (`Sequence`) and 5.x (`List`)', () => {
-  let root: string;
+  const { tmp } = useHarness({ tmp: 'tm-hf-compat-py-' });
   const rows = makeRows('B4_py', 60, 21);
 
   beforeAll(async () => {
-    root = await mkdtemp(path.join(tmpdir(), 'tm-hf-compat-py-'));
     const features = (list: (t: string) => Record<string, unknown>): Record<string, unknown> => ({
       id: VALUE('string'),
       dataset: VALUE('string'),
@@ -122,21 +116,17 @@ describe('tokenmill reads folders written by datasets 3.x (`Sequence`) and 5.x (
       runPythonJson<PyOut>(
         'hf_datasets.py',
         [],
-        { ops: [{ op: 'save', dir: path.join(root, dir), columns: toColumns(rows), features: features(list), num_shards: 2 }] },
+        { ops: [{ op: 'save', dir: path.join(tmp.dir, dir), columns: toColumns(rows), features: features(list), num_shards: 2 }] },
         { env, timeoutMs: 180_000 },
       );
     await Promise.all([save('datasets3', 'by-3x', SEQ), save('main', 'by-5x', LIST)]);
   }, 600_000);
 
-  afterAll(async () => {
-    await rm(root, { recursive: true, force: true });
-  });
-
   it.each([
     ['by-3x', 'Sequence'],
     ['by-5x', 'List'],
   ])('%s: features spelled %s, same rows', async (dir, spelling) => {
-    const ds = await readHfDataset(path.join(root, dir));
+    const ds = await readHfDataset(path.join(tmp.dir, dir));
     expect((ds.features['input_ids'] as { _type: string })._type).toBe(spelling);
     expect(ds.meta.shards).toHaveLength(2);
     const read: unknown[] = [];

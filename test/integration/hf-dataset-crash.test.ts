@@ -3,15 +3,15 @@
 // target as exactly the old dataset or exactly the new one. Retrying the same merge (same mergeKey,
 // as a retried job would) must repair the leftovers and end with the new dataset exactly once:
 // merged again when the crash came before the commit, skipped when after.
-import { cp, mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { cp, readFile, readdir } from 'node:fs/promises';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger } from '../../src/shared/logger.js';
 import { MERGE_CRASH_POINTS, mergeIntoTarget, rollbackTarget, type HfRow, type MergeCrashPoint } from '../../src/shared/hf-dataset/index.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
+import { useHarness } from '../helpers/fixture.js';
 import { REPO_ROOT, runProcess, runPythonJson, type ProcessResult } from '../helpers/python.js';
 
 const RUNNER = path.join(REPO_ROOT, 'test', 'helpers', 'hf-merge-runner.ts');
@@ -39,7 +39,7 @@ const C = makeRows('C', 25, 13);
 const MERGE_KEY = 'run-1/B/tokenize-1';
 
 describe('merge and rollback killed at every step leave a loadable dataset', () => {
-  let root: string;
+  const { tmp } = useHarness({ tmp: 'tm-hf-crash-' });
   let runDir: string;
   const cases: Case[] = [];
   let afterCrash: PyLoad[];
@@ -49,14 +49,13 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
 
   beforeAll(async () => {
     createRootLogger({ level: 'silent' });
-    root = await mkdtemp(path.join(tmpdir(), 'tm-hf-crash-'));
-    runDir = path.join(root, 'run');
+    runDir = path.join(tmp.dir, 'run');
 
     // A base dataset made by a first merge, copied for each case.
-    const base = path.join(root, 'base');
+    const base = path.join(tmp.dir, 'base');
     await mergeIntoTarget({ target: base, newRows: A, runDir, shardSizeMiB: SHARD_MIB });
     // And one saved by Python, with int64 ids.
-    const pyBase = path.join(root, 'py-base');
+    const pyBase = path.join(tmp.dir, 'py-base');
     const L64 = { feature: { dtype: 'int64', _type: 'Value' }, _type: 'List' };
     const S = { dtype: 'string', _type: 'Value' };
     await runPythonJson('hf_datasets.py', [], {
@@ -73,17 +72,17 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
 
     const committedAt: MergeCrashPoint = 'after-swap';
     for (const point of MERGE_CRASH_POINTS) {
-      const target = path.join(root, `merge-${point}`);
+      const target = path.join(tmp.dir, `merge-${point}`);
       await cp(base, target, { recursive: true });
       cases.push({ name: `merge into an existing target, killed ${point}`, op: 'merge', target, before: A, after: [...A, ...B], expect: point === committedAt ? 'after' : 'before', child: undefined });
     }
     for (const point of ['after-validate', 'between-renames'] as const) {
-      const target = path.join(root, `py-${point}`);
+      const target = path.join(tmp.dir, `py-${point}`);
       await cp(pyBase, target, { recursive: true });
       cases.push({ name: `merge into a Python dataset, killed ${point}`, op: 'merge', target, before: A, after: [...A, ...B], expect: 'before', child: undefined });
     }
     for (const point of ['after-link', 'after-journal', 'after-swap'] as const) {
-      const target = path.join(root, `first-${point}`);
+      const target = path.join(tmp.dir, `first-${point}`);
       cases.push({ name: `first merge, killed ${point}`, op: 'merge', target, before: null, after: B, expect: point === committedAt ? 'after' : 'before', child: undefined });
     }
 
@@ -106,7 +105,7 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
     await Promise.all([worker(), worker()]);
 
     // Rollback killed after restoring state.json, before removing the undone merge's shards.
-    const rb = path.join(root, 'rollback');
+    const rb = path.join(tmp.dir, 'rollback');
     await cp(base, rb, { recursive: true });
     await mergeIntoTarget({ target: rb, newRows: B, runDir, shardSizeMiB: SHARD_MIB });
     cases.push({
@@ -142,10 +141,6 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
       await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], { ops: cases.map((c) => ({ op: 'load', dir: c.target, data: true })) })
     ).results;
   }, 180_000);
-
-  afterAll(async () => {
-    await rm(root, { recursive: true, force: true });
-  });
 
   const expectDataset = (py: PyLoad | undefined, rows: HfRow[] | null, label: string): void => {
     if (rows === null) {
@@ -185,7 +180,7 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
       // The id index: one file per listed shard; those of an undone merge went with its shards.
       expect((await readdir(path.join(c.target, '.tokenmill', 'index'))).sort(), c.name).toEqual(listed.map((f) => `${f}.keys`));
     }
-    const siblings = (await readdir(root)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'));
+    const siblings = (await readdir(tmp.dir)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'));
     expect(siblings).toEqual([]);
   });
 

@@ -10,17 +10,18 @@
 //   in the report's warnings and in a warn log.
 import { createHash } from 'node:crypto';
 import { openSync, readFileSync } from 'node:fs';
-import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
-import { hostname, tmpdir } from 'node:os';
+import { readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger, logger } from '../../src/shared/logger.js';
 import { DatasetMergeError, mergeIntoTarget, writeHfDataset, type HfRow } from '../../src/shared/hf-dataset/index.js';
 import type { TokenizeResult } from '../../src/shared/index.js';
 import { mergedSampleIds, processMerge } from '../../src/workers/postprocess/processor.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
+import { useHarness } from '../helpers/fixture.js';
 import { runPython, runPythonJson } from '../helpers/python.js';
 
 const V = (dtype: string): Record<string, string> => ({ dtype, _type: 'Value' });
@@ -47,19 +48,14 @@ function myStartTime(): string {
   return start;
 }
 
-let root: string;
+const { tmp } = useHarness({ tmp: 'tm-hf-merge-keys-' });
 let logFile: string;
-const paths = (name: string): string => path.join(root, name);
+const paths = (name: string): string => path.join(tmp.dir, name);
 
 beforeAll(async () => {
-  root = await mkdtemp(path.join(tmpdir(), 'tm-hf-merge-keys-'));
   logFile = paths('log.ndjson');
   const fd = openSync(logFile, 'a');
   createRootLogger({ level: 'warn', destination: fd });
-});
-
-afterAll(async () => {
-  await rm(root, { recursive: true, force: true });
 });
 
 describe('a target without the sample-key columns dataset and id', () => {
@@ -157,7 +153,7 @@ describe('the merge lock after a restart reused the PID', () => {
     await writeFile(lockPath, JSON.stringify(stale));
     const r = await mergeIntoTarget({ target, newRows: rows(8), runDir: paths('run'), shardSizeMiB: 1 });
     expect(r.report.rows).toBe(8);
-    expect(await readdir(root)).not.toContain('lock-reused.lock');
+    expect(await readdir(tmp.dir)).not.toContain('lock-reused.lock');
     const log = await readFile(logFile, 'utf8');
     expect(log).toMatch(/removing a stale lock/);
     expect(log).toMatch(/the PID was reused/);

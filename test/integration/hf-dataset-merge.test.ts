@@ -2,11 +2,10 @@
 // Python's save_to_disk created (int64 ids, its own shard names and metadata), rollback step by
 // step, hard-linked reuse of old shards, and refusals that leave the target untouched.
 import { createHash } from 'node:crypto';
-import { cp, mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { cp, readFile, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger } from '../../src/shared/logger.js';
 import {
@@ -21,6 +20,7 @@ import {
   type RollbackResult,
 } from '../../src/shared/hf-dataset/index.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
+import { useHarness } from '../helpers/fixture.js';
 import { runPythonJson } from '../helpers/python.js';
 
 const V = (dtype: string): Record<string, string> => ({ dtype, _type: 'Value' });
@@ -57,13 +57,13 @@ function expectRows(py: PyLoad | undefined, rows: readonly HfRow[], columns = ['
 }
 
 describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
-  let root: string;
+  const { tmp } = useHarness({ tmp: 'tm-hf-merge-' });
   let runDir: string;
   const old = makeRows('B1_glaive', 120, 1);
   const newA = makeRows('B2_code', 90, 2);
   const newB = makeRows('B3_math', 40, 3);
   const minimal = makeRows('B4_min', 30, 4);
-  const paths = (name: string): string => path.join(root, name);
+  const paths = (name: string): string => path.join(tmp.dir, name);
 
   let merge1: MergeResult;
   let merge2: MergeResult;
@@ -76,7 +76,6 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
 
   beforeAll(async () => {
     createRootLogger({ level: 'silent' });
-    root = await mkdtemp(path.join(tmpdir(), 'tm-hf-merge-'));
     runDir = paths('run');
     const minCols = toColumns(old);
     await runPythonJson('hf_datasets.py', [], {
@@ -145,10 +144,6 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
     });
     final = out.results;
   }, 120_000);
-
-  afterAll(async () => {
-    await rm(root, { recursive: true, force: true });
-  });
 
   it('merges rows into a dataset saved by Python: old rows then new, exact values, int64 kept', () => {
     const py = final[0];
@@ -227,7 +222,7 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
     expect(err).toBeInstanceOf(DatasetMergeError);
     expect((err as Error).message).toMatch(/cannot merge: column loss_mask is list<string> in the target but list<int32> in the new rows/);
     expect(await fingerprintTree(target)).toEqual(before);
-    expect((await readdir(root)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'))).toEqual([]);
+    expect((await readdir(tmp.dir)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'))).toEqual([]);
   });
 
   it('refuses a target column the new rows cannot fill', async () => {
@@ -241,27 +236,23 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
 });
 
 describe('mergeIntoTarget: failed validation and first merges', () => {
-  let root: string;
+  const { tmp } = useHarness({ tmp: 'tm-hf-merge-fail-' });
   beforeAll(async () => {
     createRootLogger({ level: 'silent' });
-    root = await mkdtemp(path.join(tmpdir(), 'tm-hf-merge-fail-'));
-  });
-  afterAll(async () => {
-    await rm(root, { recursive: true, force: true });
   });
 
   it('creates the target on the first merge; that merge cannot be rolled back', async () => {
-    const target = path.join(root, 'train');
-    const r = await mergeIntoTarget({ target, newRows: makeRows('A', 20), runDir: path.join(root, 'run'), shardSizeMiB: 1 });
+    const target = path.join(tmp.dir, 'train');
+    const r = await mergeIntoTarget({ target, newRows: makeRows('A', 20), runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 });
     expect(r.report).toMatchObject({ ok: true, firstMerge: true, oldRows: 0, newRows: 20, rows: 20, shards: 1 });
-    await expect(rollbackTarget({ target, runDir: path.join(root, 'run') })).rejects.toThrow(/it created .*no earlier dataset/);
-    expect(await readdir(root)).toEqual(expect.arrayContaining(['train', 'run']));
-    expect((await readdir(root)).filter((n) => n !== 'train' && n !== 'run')).toEqual([]);
+    await expect(rollbackTarget({ target, runDir: path.join(tmp.dir, 'run') })).rejects.toThrow(/it created .*no earlier dataset/);
+    expect(await readdir(tmp.dir)).toEqual(expect.arrayContaining(['train', 'run']));
+    expect((await readdir(tmp.dir)).filter((n) => n !== 'train' && n !== 'run')).toEqual([]);
   });
 
   it('a failed validation throws with the report, writes it, and leaves the target untouched', async () => {
-    const target = path.join(root, 'train');
-    const runDir = path.join(root, 'run-fail');
+    const target = path.join(tmp.dir, 'train');
+    const runDir = path.join(tmp.dir, 'run-fail');
     const before = await fingerprintTree(target);
     const err = await mergeIntoTarget({
       target,
@@ -280,8 +271,8 @@ describe('mergeIntoTarget: failed validation and first merges', () => {
   });
 
   it('merges the rows of one mergeKey once; after a rollback they can be merged again', async () => {
-    const target = path.join(root, 'keyed');
-    const runDir = path.join(root, 'run');
+    const target = path.join(tmp.dir, 'keyed');
+    const runDir = path.join(tmp.dir, 'run');
     await mergeIntoTarget({ target, newRows: makeRows('A', 10), runDir, shardSizeMiB: 1 });
     const first = await mergeIntoTarget({ target, newRows: makeRows('B', 5), runDir, shardSizeMiB: 1, mergeKey: 'run/B/1' });
     const again = await mergeIntoTarget({ target, newRows: makeRows('B', 5), runDir, shardSizeMiB: 1, mergeKey: 'run/B/1' });
@@ -295,13 +286,13 @@ describe('mergeIntoTarget: failed validation and first merges', () => {
   });
 
   it('refuses new rows without any supervised token, and an empty merge', async () => {
-    const target = path.join(root, 'train');
+    const target = path.join(tmp.dir, 'train');
     const before = await fingerprintTree(target);
     const unsupervised = makeRows('C', 5).map((r) => ({ ...r, loss_mask: r.loss_mask.map(() => 0) }));
-    await expect(mergeIntoTarget({ target, newRows: unsupervised, runDir: path.join(root, 'run'), shardSizeMiB: 1 })).rejects.toThrow(
+    await expect(mergeIntoTarget({ target, newRows: unsupervised, runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 })).rejects.toThrow(
       /loss-mask coverage of the new rows is 0/,
     );
-    await expect(mergeIntoTarget({ target, newRows: [], runDir: path.join(root, 'run'), shardSizeMiB: 1 })).rejects.toThrow(/no new rows/);
+    await expect(mergeIntoTarget({ target, newRows: [], runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 })).rejects.toThrow(/no new rows/);
     expect(await fingerprintTree(target)).toEqual(before);
   });
 });

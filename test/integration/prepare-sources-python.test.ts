@@ -5,11 +5,10 @@
 // its environment is there, 3.6. Every row read must equal what Python reads back, and every
 // converted row the chat turns Python computes from it.
 import { existsSync } from 'node:fs';
-import { copyFile, mkdtemp, open, readdir, rm, stat, truncate, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { copyFile, open, readdir, stat, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import type { PromptSource } from '../../src/shared/config/source.js';
 import { readArrowRows } from '../../src/producers/prepare/source-arrow.js';
@@ -17,6 +16,7 @@ import { largeRowGroupNotes, readParquetRows } from '../../src/producers/prepare
 import type { RawRow } from '../../src/producers/prepare/source-raw.js';
 import { openSource, SourceError } from '../../src/producers/prepare/source.js';
 import type { OpenedSource, SourceRow } from '../../src/producers/prepare/source-types.js';
+import { useHarness } from '../helpers/fixture.js';
 import { REPO_ROOT, runPythonJson } from '../helpers/python.js';
 
 interface Written {
@@ -65,21 +65,17 @@ async function expectConverted(opened: OpenedSource, written: Written): Promise<
 }
 
 describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datasets', () => {
-  let dir: string;
+  const { tmp } = useHarness({ tmp: 'tm-prepare-py-' });
   let report: Report;
 
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(tmpdir(), 'tm-prepare-py-'));
-    report = await runPythonJson<Report>('make_prepare_sources.py', [dir]);
+    report = await runPythonJson<Report>('make_prepare_sources.py', [tmp.dir]);
   }, 120_000);
-  afterAll(async () => {
-    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
-  });
 
   const at = (name: string): { file: string; written: Written } => {
     const written = report[name];
     if (written === undefined) throw new Error(`make_prepare_sources.py wrote no ${name}`);
-    return { file: path.join(dir, written.path), written };
+    return { file: path.join(tmp.dir, written.path), written };
   };
 
   it('reads a snappy ShareGPT parquet (list<struct> turns, int64 ids, 5 row groups) row for row', async () => {
@@ -182,9 +178,9 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
 
   it('closes its files when the reader stops early, whatever the kind', async () => {
     const openFds = async (): Promise<number> => (await readdir('/proc/self/fd')).length;
-    const jsonl = path.join(dir, 'early.jsonl');
+    const jsonl = path.join(tmp.dir, 'early.jsonl');
     await writeFile(jsonl, `${Array.from({ length: 50 }, (_, i) => JSON.stringify({ prompt: `p${i}` })).join('\n')}\n`);
-    const json = path.join(dir, 'early.json');
+    const json = path.join(tmp.dir, 'early.json');
     await writeFile(json, JSON.stringify({ data: Array.from({ length: 50 }, (_, i) => ({ prompt: `p${i}` })) }));
     const paths = [at('hub').file, at('openai_zstd').file, at('saved').file, at('saved_dict').file, jsonl, json];
     const before = await openFds();
@@ -217,12 +213,12 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
 
   it('names a parquet file it cannot read: a truncated copy, and a text file named .parquet', async () => {
     const { file } = at('openai_zstd');
-    const cut = path.join(dir, 'truncated.parquet');
+    const cut = path.join(tmp.dir, 'truncated.parquet');
     await copyFile(file, cut);
     await truncate(cut, Math.floor((await stat(cut)).size / 2));
     await expect(openSource(source(cut))).rejects.toThrow(SourceError);
     await expect(openSource(source(cut))).rejects.toThrow(/truncated\.parquet is not a readable parquet file/);
-    const fake = path.join(dir, 'fake.parquet');
+    const fake = path.join(tmp.dir, 'fake.parquet');
     const fh = await open(fake, 'w');
     await fh.writeFile('{"prompt": "not parquet"}\n');
     await fh.close();
@@ -231,7 +227,7 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
 
   it('names the row group of a parquet file damaged inside its data', async () => {
     const { file } = at('sharegpt_snappy');
-    const bad = path.join(dir, 'damaged.parquet');
+    const bad = path.join(tmp.dir, 'damaged.parquet');
     await copyFile(file, bad);
     // Overwrite bytes of the first row group's pages (past the 4-byte magic), keeping the footer intact.
     const fh = await open(bad, 'r+');
@@ -245,21 +241,17 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
 });
 
 describe.skipIf(!existsSync(DATASETS3_PYTHON))('save_to_disk folders written by datasets 3.6', () => {
-  let dir: string;
+  const { tmp } = useHarness({ tmp: 'tm-prepare-py3-' });
   let report: Report;
 
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(tmpdir(), 'tm-prepare-py3-'));
-    report = await runPythonJson<Report>('make_prepare_sources.py', [dir, '--only-saved'], undefined, { env: 'datasets3' });
+    report = await runPythonJson<Report>('make_prepare_sources.py', [tmp.dir, '--only-saved'], undefined, { env: 'datasets3' });
   }, 120_000);
-  afterAll(async () => {
-    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
-  });
 
   it('reads a Dataset, a DatasetDict and its JSON and parquet exports row for row', async () => {
     for (const name of ['saved', 'saved_dict', 'exported_lines_json', 'exported_array_json', 'exported_parquet']) {
       const written = report[name] as Written;
-      const opened = await openSource(source(path.join(dir, written.path)));
+      const opened = await openSource(source(path.join(tmp.dir, written.path)));
       if (name.startsWith('saved')) expect(plain(await rawRowsOf(opened.files, readArrowRows))).toEqual(written.rows);
       await expectConverted(opened, written);
     }

@@ -4,16 +4,15 @@
 // (possessive quantifiers) and the Kimi K2 family's (loaded from the Kimi-like tokenizer folder,
 // so detection, the preset's pattern and its special-token layout are checked too). One Python
 // process for the whole file.
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { readRankFile, type RankTable } from '../../src/shared/tokenizer/bpe.js';
 import { KIMI_K2_PATTERN, O200K_PATTERN } from '../../src/shared/tokenizer/pattern.js';
 import { TiktokenEncoder } from '../../src/shared/tokenizer/tiktoken.js';
 import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
+import { useHarness } from '../helpers/fixture.js';
 import { runPythonJson } from '../helpers/python.js';
 import { makeKimiLikeTokenizer, o200kRanks, writeO200kRankFile } from '../helpers/tiktoken-fixture.js';
 
@@ -84,7 +83,7 @@ const TEXTS = [...FIXED_TEXTS, ...randomTexts(300, 7)];
 const CL100K_PATTERN =
   "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|\\s*[\\r\\n]|\\s+(?!\\S)|\\s";
 
-let tmp: string;
+const { tmp } = useHarness({ tmp: 'tokenmill-tiktoken-' });
 let report: PyReport;
 let o200k: TiktokenEncoder;
 let o200kTable: RankTable;
@@ -92,9 +91,8 @@ let kimi: ChatTokenizer;
 let kimiSpecials: Record<string, number>;
 
 beforeAll(async () => {
-  tmp = await mkdtemp(path.join(tmpdir(), 'tokenmill-tiktoken-'));
-  const rankFile = await writeO200kRankFile(path.join(tmp, 'o200k_base.tiktoken'));
-  const kimiDir = await makeKimiLikeTokenizer(path.join(tmp, 'kimi-like'));
+  const rankFile = await writeO200kRankFile(path.join(tmp.dir, 'o200k_base.tiktoken'));
+  const kimiDir = await makeKimiLikeTokenizer(path.join(tmp.dir, 'kimi-like'));
   const ranks = await readRankFile(rankFile);
   o200kTable = ranks;
   const o200kSpecials = o200kRanks().specialTokens;
@@ -118,10 +116,6 @@ beforeAll(async () => {
     ],
   });
 }, 180_000);
-
-afterAll(async () => {
-  if (tmp !== undefined) await rm(tmp, { recursive: true, force: true });
-});
 
 /** Empty when equal, else where the lists first differ, with the text around it. */
 function difference(text: string, actual: readonly number[], expected: readonly number[]): string {

@@ -8,11 +8,10 @@
 //
 // The tokenizer is the bundled Qwen3 tokenizer with a ChatML template that refuses one message
 // text (raise_exception), in a temporary folder the threads load on their own.
-import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { bundledTokenizerPath, createRootLogger, loadTokenizer } from '../../src/shared/index.js';
 import {
@@ -25,6 +24,7 @@ import {
 } from '../../src/workers/postprocess/tokenize.js';
 import { rowsFromConversationsPooled, type TokenizePool } from '../../src/workers/postprocess/tokenize-pool.js';
 import { conversationCorpus } from '../fixtures/conversations/corpus.js';
+import { useHarness } from '../helpers/fixture.js';
 
 const REFUSED = 'please refuse this conversation';
 const TEMPLATE =
@@ -34,7 +34,7 @@ const TEMPLATE =
   "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}" +
   "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
 
-let dir: string;
+const { tmp } = useHarness({ tmp: 'tm-tokenize-pool-' });
 let file: string;
 let ctx: TokenizeContext;
 
@@ -67,20 +67,15 @@ function corpusLines(): string[] {
 
 beforeAll(async () => {
   createRootLogger({ level: 'silent' });
-  dir = mkdtempSync(path.join(os.tmpdir(), 'tm-tokenize-pool-'));
-  const tokenizerDir = path.join(dir, 'tokenizer');
+  const tokenizerDir = path.join(tmp.dir, 'tokenizer');
   const bundled = bundledTokenizerPath();
   mkdirSync(tokenizerDir);
   copyFileSync(path.join(bundled, 'tokenizer.json'), path.join(tokenizerDir, 'tokenizer.json'));
   const config = JSON.parse(readFileSync(path.join(bundled, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
   writeFileSync(path.join(tokenizerDir, 'tokenizer_config.json'), JSON.stringify({ ...config, chat_template: TEMPLATE }));
   ctx = createTokenizeContext(await loadTokenizer(tokenizerDir));
-  file = path.join(dir, 'conversations.jsonl');
+  file = path.join(tmp.dir, 'conversations.jsonl');
   writeFileSync(file, `${corpusLines().join('\n')}\n`);
-});
-
-afterAll(() => {
-  if (dir !== undefined) rmSync(dir, { recursive: true, force: true });
 });
 
 describe('conversation datasets on worker threads', () => {
