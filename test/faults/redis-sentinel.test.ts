@@ -93,6 +93,14 @@ describe('Redis with Sentinel', () => {
       expect(bTokens).toBeLessThanOrEqual(B_BUDGET + CONCURRENCY * MAX_NEW_TOKENS);
       expect(readGenerations(runDir, 'B').length).toBeLessThan(B_PROMPTS);
       expect(sim.stats().maxRunningObserved).toBeLessThanOrEqual(CONCURRENCY);
+      // `status` reads the finished run through the Sentinels, from the new primary.
+      const status = spawnCli(['status', '-c', configPath, '--json']);
+      expect(await status.exited, status.output()).toBe(0);
+      const printed = JSON.parse(status.stdout().trim().split('\n').at(-1) ?? '{}') as { datasets: Array<{ name: string; status: string; records: number }> };
+      expect(printed.datasets.map((d) => [d.name, d.status, d.records])).toEqual([
+        ['A', 'completed', A_PROMPTS],
+        ['B', 'completed', readGenerations(runDir, 'B').length],
+      ]);
     } finally {
       await closeRedisConnection(conn);
     }

@@ -3,7 +3,10 @@
 // with one line that names the URL (password masked) and what to check, and no stack trace.
 import net from 'node:net';
 import { createServer, type Server } from 'node:http';
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { closeRedisConnection, createRedisConnection } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
@@ -89,4 +92,27 @@ describe('a redis.url that is not a working Redis', () => {
     expect(r.output).not.toContain('s3cret-pass');
     expect(r.output).not.toMatch(/\n\s+at |"stack"/);
   });
+});
+
+describe('a long-lived connection to a server that accepted it and stays silent', () => {
+  it('logs one line naming the URL after 15 s, not a flood', async () => {
+    const lines: Array<{ level: number; msg: string }> = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        for (const l of chunk.toString().split('\n')) if (l.trim() !== '') lines.push(JSON.parse(l) as { level: number; msg: string });
+        done();
+      },
+    });
+    const conn = createRedisConnection(`redis://:s3cret-pass@127.0.0.1:${silentPort}/0`, { role: 'worker', name: 'tokenmill:test', logger: pino({ level: 'info' }, sink) });
+    try {
+      await new Promise((r) => setTimeout(r, 18_000));
+      const reports = lines.filter((l) => l.msg.includes('accepted the connection but has not answered'));
+      expect(reports).toHaveLength(1);
+      expect(reports[0]?.level).toBe(40);
+      expect(reports[0]?.msg).toContain(`Redis at redis://:***@127.0.0.1:${silentPort}/0 accepted the connection but has not answered for 15 s; waiting`);
+      expect(JSON.stringify(lines)).not.toContain('s3cret-pass');
+    } finally {
+      await closeRedisConnection(conn);
+    }
+  }, 40_000);
 });
