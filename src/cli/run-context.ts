@@ -67,6 +67,9 @@ export async function resolveContextLength(config: Config): Promise<number | und
     try {
       const info = await client.serverInfo();
       if (typeof info.context_length === 'number') return info.context_length;
+      // Started without --context-length, SGLang 0.5.x answers context_length null; the scheduler's
+      // max_req_input_len (the model's context less a few tokens) is the bound prompt + completion must keep.
+      if (typeof info.max_req_input_len === 'number' && info.max_req_input_len > 0) return info.max_req_input_len;
     } catch {
       // try the next endpoint; without it, SGLang itself rejects prompts that are too long
     } finally {

@@ -1,7 +1,7 @@
 // Global setup of the real-SGLang suite (vitest.sglang.config.ts): one real server for every test
 // file, started before the first and killed (its whole process group) after the last. Without an
 // installed server it starts nothing and the files skip, saying why in one line.
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import type { TestProject } from 'vitest/node';
 import { missingReason, realSglangDir, startRealSglang } from '../helpers/real-sglang.js';
@@ -12,6 +12,14 @@ export default async function setup(project: TestProject): Promise<() => Promise
   if (missing !== undefined) {
     process.stdout.write(`test:sglang skipped: ${missing}\n`);
     project.provide('realSglang', { dir, url: '', port: 0, skip: missing });
+    return async () => undefined;
+  }
+  const running = process.env['TOKENMILL_REAL_SGLANG_URL'];
+  if (running !== undefined && running !== '') {
+    // A server started by hand (DIR/serve.sh PORT): used as it is, left running after.
+    const port = Number(new URL(running).port);
+    process.stdout.write(`test:sglang: the real SGLang at ${running} (TOKENMILL_REAL_SGLANG_URL)\n`);
+    project.provide('realSglang', { dir, url: running.replace(/\/+$/, ''), port, skip: '' });
     return async () => undefined;
   }
   const started = Date.now();
@@ -29,5 +37,6 @@ export default async function setup(project: TestProject): Promise<() => Promise
         // already gone
       }
     }
+    rmSync(pidFile, { force: true });
   };
 }

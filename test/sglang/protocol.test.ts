@@ -3,7 +3,8 @@
 // 404), /metrics, parsed with the client's own schemas and code, and each answer compared with
 // what the simulator says for the same call, so that the simulator-based tests keep telling the truth.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SglangClient } from '../../src/shared/index.js';
+import { resolveContextLength } from '../../src/cli/run-context.js';
+import { loadConfig, SglangClient } from '../../src/shared/index.js';
 import { parseGenerateResponse, parseLoad, parseModelInfo, parseServerInfo } from '../../src/shared/sglang/schemas.js';
 import { startSimulator, type SimulatorHandle } from '../../src/sim/index.js';
 import { ServerLoadProbe } from '../../src/workers/inference/concurrency-probe.js';
@@ -136,6 +137,23 @@ describe.skipIf(skip !== '')(`the client against a real SGLang 0.5.23${skip === 
     expect(server.max_total_num_tokens).toBeGreaterThan(0);
     // launch_server without --context-length: the argument is null here (the model's length is elsewhere).
     expect(server.context_length).toBeNull();
+  });
+
+  it('the context length is found without --context-length (/server_info has max_req_input_len), so maxNewTokens is capped to fit', async () => {
+    const cfg = loadConfig({
+      object: { run: 'ctx', sglang: { endpoints: [url] }, datasets: [{ name: 'ds', prompts: 'none.jsonl', tokenBudget: 1, maxNewTokens: 16 }] },
+      baseDir: process.cwd(),
+    });
+    const contextLength = await resolveContextLength(cfg);
+    // The tiny model's 4096 positions, less what the server keeps back: prompt + completion must fit.
+    expect(contextLength).toBeGreaterThan(4_000);
+    expect(contextLength).toBeLessThanOrEqual(4_096);
+    // Over the context, the server refuses the request outright (what an uncapped maxNewTokens would get).
+    const over = await post(`${url}/generate`, { input_ids: prompt, sampling_params: { ...sampling, max_new_tokens: 5_000 }, rid: 'proto-over' });
+    expect(over.status).toBe(400);
+    expect(over.text).toContain('maximum context length');
+    const fits = await post(`${url}/generate`, { input_ids: prompt, sampling_params: { ...sampling, max_new_tokens: 2 }, rid: 'proto-fits' });
+    expect(fits.status).toBe(200);
   });
 
   it('load: /get_load is 404 and /v1/loads answers running and waiting per rank; getLoad() reads it', async () => {

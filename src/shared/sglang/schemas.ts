@@ -194,7 +194,10 @@ export type ModelInfo = z.infer<typeof ModelInfoSchema>;
 export const ServerInfoSchema = z.looseObject({
   version: z.string().optional(),
   model_path: z.string().optional(),
+  // The launch argument: null (0.5.23) when the server was started without --context-length.
   context_length: z.number().int().nullish(),
+  // The longest input the scheduler takes (the model's context less a few reserved tokens); always set.
+  max_req_input_len: z.number().int().nullish(),
   max_total_num_tokens: z.number().int().nullish(),
   max_running_requests: z.number().int().nullish(),
   internal_states: z.array(z.looseObject({})).optional(),
