@@ -11,11 +11,11 @@ import { ExpressAdapter } from '@bull-board/express';
 import { Queue } from 'bullmq';
 import express, { type Request, type Response } from 'express';
 import type { Redis } from 'ioredis';
-import { MERGE_QUEUE, TOKENIZE_QUEUE, TRAIN_QUEUE, generateQueueName, logger as componentLogger, type Config, type Logger, type RunKeys } from '../shared/index.js';
+import { AppError, MERGE_QUEUE, TOKENIZE_QUEUE, TRAIN_QUEUE, errorCode, generateQueueName, logger as componentLogger, type Config, type Logger, type RunKeys } from '../shared/index.js';
 import { apiRoutes } from './api-routes.js';
 import { checkExposure, requireToken, sameOriginWrites } from './auth.js';
 import { LiveStatus } from './live-status.js';
-import { pageRoutes } from './page.js';
+import { bullBoardHeaders, pageRoutes } from './page.js';
 
 export { DASHBOARD_USER, isLoopbackHost } from './auth.js';
 
@@ -86,7 +86,7 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
   app.use(requireToken(token, log));
   app.use(sameOriginWrites(log));
   app.use(apiRoutes({ redis: options.redis, keys: options.keys, config: options.config, live, logger: log }));
-  app.use(BULL_BOARD_PATH, serverAdapter.getRouter() as express.Router);
+  app.use(BULL_BOARD_PATH, bullBoardHeaders(), serverAdapter.getRouter() as express.Router);
   app.use(pageRoutes());
 
   const server: Server = createServer(app);
@@ -100,6 +100,11 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
     });
   } catch (e: unknown) {
     await Promise.all(queues.map((q) => q.close()));
+    const code = errorCode(e);
+    if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') {
+      const why = code === 'EADDRINUSE' ? 'the port is already in use' : code === 'EACCES' ? 'the port may not be used by this user' : 'the host is not an address of this machine';
+      throw new AppError(`the dashboard cannot listen on ${options.host}:${options.port}: ${why} (${code}); choose another with --port / --host or dashboard.port / dashboard.host in the config`, { cause: e });
+    }
     throw e;
   }
   live.start();

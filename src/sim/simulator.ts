@@ -10,7 +10,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
-import { type Logger, logger } from '../shared/index.js';
+import { AppError, errorCode, type Logger, logger } from '../shared/index.js';
 import { type AdminTarget, adminFaults, adminOutage, adminReset, adminStats } from './admin-routes.js';
 import { dropConnection, replyStatus } from './fault-replies.js';
 import type { FaultConfig } from './faults.js';
@@ -82,7 +82,16 @@ export class Simulator implements AdminTarget {
 
   /** Listens, then loads the tokenizer; health checks answer 503 until it is loaded. */
   async start(): Promise<void> {
-    await this.listen(this.s.o.port);
+    try {
+      await this.listen(this.s.o.port);
+    } catch (e: unknown) {
+      const code = errorCode(e);
+      if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') {
+        const why = code === 'EADDRINUSE' ? 'is already in use' : code === 'EACCES' ? 'may not be used by this user' : 'is not an address of this machine';
+        throw new AppError(`the simulator cannot listen on ${this.s.o.host}:${this.s.o.port}: the ${code === 'EADDRNOTAVAIL' ? 'host' : 'port'} ${why} (${code}); choose another with --port (0 picks a free one) or --host`, { cause: e });
+      }
+      throw e;
+    }
     this.ready = (async () => {
       const { tokenizer, pool } = await loadSimTokenizer(this.s.o.tokenizerPath);
       this.s.pool = pool;
