@@ -20,12 +20,14 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { promises as fs } from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
-import { Redis } from 'ioredis';
 import { AppError, EnvironmentError, TimeoutError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
 import { isProcessAlive } from '../util/index.js';
+import { fileSize, indent, mtimeMs, readIntFile, readLogTail, renderConfig } from './embedded-redis-files.js';
+import { countOtherClients, delay, findFreePort, HOST, looksLikeRedisServer, pingOnce, readServerInfo, withTimeout } from './embedded-redis-probe.js';
+
+export { findFreePort } from './embedded-redis-probe.js';
 
 /** Options of {@link EmbeddedRedis}. */
 export interface EmbeddedRedisOptions {
@@ -68,7 +70,6 @@ export interface EmbeddedRedisEndpoint {
 export const REDIS_SERVER_NOT_FOUND_MESSAGE =
   "redis-server not found on PATH: install Redis ≥ 6.2 (e.g. 'apt-get install redis-server' or 'brew install redis') or set redis.url in the config";
 
-const HOST = '127.0.0.1';
 const POLL_INTERVAL_MS = 25;
 const START_ATTEMPTS_WITH_FREE_PORT = 3;
 /** A start lock whose owner pid cannot be read is considered abandoned after this long. */
@@ -78,23 +79,6 @@ const MAX_RESTARTS_IN_WINDOW = 5;
 const RESTART_WINDOW_MS = 60_000;
 let userFileSeq = 0;
 
-/**
- * Finds a TCP port that is free on 127.0.0.1 right now (listens on port 0, reads the port the
- * kernel chose, closes). Another process may take it before it is used: callers that bind it
- * later must handle "address in use".
- */
-export async function findFreePort(): Promise<number> {
-  const server = net.createServer();
-  server.unref();
-  server.listen(0, HOST);
-  await once(server, 'listening');
-  const address = server.address();
-  await new Promise<void>((resolve, reject) => server.close((e) => (e ? reject(e) : resolve())));
-  if (address === null || typeof address === 'string') {
-    throw new AppError('could not determine a free TCP port');
-  }
-  return address.port;
-}
 
 /**
  * A `redis-server` private to one run folder, bound to 127.0.0.1, with AOF on
@@ -562,174 +546,4 @@ class EarlyExitError extends AppError {
   ) {
     super(message);
   }
-}
-
-function renderConfig(dataDir: string, port: number): string {
-  return [
-    '# Written by tokenmill at each start of its embedded redis-server; edits are overwritten.',
-    `bind ${HOST}`,
-    'protected-mode yes',
-    `port ${port}`,
-    'daemonize no',
-    `dir ${quoteConfigValue(dataDir)}`,
-    'logfile ""',
-    'save ""',
-    'appendonly yes',
-    'appendfsync everysec',
-    'maxmemory-policy noeviction',
-    '',
-  ].join('\n');
-}
-
-/** Quotes a value for redis.conf (parsed like a shell word: double quotes, backslash escapes). */
-function quoteConfigValue(value: string): string {
-  return `"${value.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`;
-}
-
-/** One PING over a raw socket: `pong`, `loading` (replaying the AOF, or any error reply) or `down`. */
-async function pingOnce(port: number, timeoutMs: number): Promise<'pong' | 'loading' | 'down'> {
-  return new Promise((resolve) => {
-    const socket = net.connect({ host: HOST, port });
-    let buffered = '';
-    const finish = (result: 'pong' | 'loading' | 'down'): void => {
-      clearTimeout(timer);
-      socket.destroy();
-      resolve(result);
-    };
-    const timer = setTimeout(() => finish('down'), timeoutMs);
-    socket.setEncoding('utf8');
-    socket.on('connect', () => socket.write('*1\r\n$4\r\nPING\r\n'));
-    socket.on('data', (chunk: string) => {
-      buffered += chunk;
-      const end = buffered.indexOf('\r\n');
-      if (end < 0) return;
-      finish(buffered.startsWith('+PONG') ? 'pong' : 'loading');
-    });
-    socket.on('error', () => finish('down'));
-    socket.on('close', () => finish('down'));
-  });
-}
-
-/**
- * Runs `ask` on a short-lived connection to the server on `port` that fails fast instead of
- * retrying; `fallback` when the server cannot be reached or the command fails.
- */
-async function askServer<T>(port: number, fallback: T, ask: (conn: Redis) => Promise<T>): Promise<T> {
-  const conn = new Redis({
-    host: HOST,
-    port,
-    lazyConnect: true,
-    enableOfflineQueue: false,
-    maxRetriesPerRequest: 0,
-    retryStrategy: () => null,
-    connectTimeout: 2_000,
-  });
-  conn.on('error', () => undefined);
-  try {
-    await conn.connect();
-    return await ask(conn);
-  } catch {
-    return fallback;
-  } finally {
-    conn.disconnect();
-  }
-}
-
-/** Clients connected to the server on `port`, besides the connection that asks (0 if it cannot tell). */
-function countOtherClients(port: number): Promise<number> {
-  return askServer(port, 0, async (conn) => {
-    const list = (await conn.client('LIST')) as string;
-    return Math.max(0, list.split('\n').filter((l) => l.trim() !== '').length - 1);
-  });
-}
-
-/** `INFO server` of the server on `port`: its pid and config file. Undefined if it cannot be read. */
-function readServerInfo(port: number): Promise<{ processId: number | undefined; configFile: string | undefined } | undefined> {
-  return askServer(port, undefined, async (conn) => {
-    const info = await conn.info('server');
-    const processId = /^process_id:(\d+)\s*$/m.exec(info)?.[1];
-    const configFile = /^config_file:(.*?)\s*$/m.exec(info)?.[1];
-    return {
-      processId: processId === undefined ? undefined : Number(processId),
-      configFile: configFile === undefined || configFile === '' ? undefined : configFile,
-    };
-  });
-}
-
-/** On Linux, whether the process looks like a redis-server; elsewhere assume it may be one. */
-async function looksLikeRedisServer(pid: number): Promise<boolean> {
-  try {
-    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8');
-    return cmdline.includes('redis');
-  } catch {
-    return true;
-  }
-}
-
-async function readIntFile(file: string): Promise<number | undefined> {
-  try {
-    const text = (await fs.readFile(file, 'utf8')).trim();
-    return /^\d+$/.test(text) ? Number(text) : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-async function fileSize(file: string): Promise<number> {
-  try {
-    return (await fs.stat(file)).size;
-  } catch {
-    return 0;
-  }
-}
-
-async function mtimeMs(file: string): Promise<number> {
-  try {
-    return (await fs.stat(file)).mtimeMs;
-  } catch {
-    return Date.now();
-  }
-}
-
-/** The last lines the server wrote since `fromOffset`. */
-async function readLogTail(file: string, fromOffset: number, maxLines = 20, maxBytes = 8_192): Promise<string> {
-  try {
-    const size = await fileSize(file);
-    const start = Math.max(fromOffset, size - maxBytes);
-    const handle = await fs.open(file, 'r');
-    try {
-      const buffer = Buffer.alloc(size - start);
-      await handle.read(buffer, 0, buffer.length, start);
-      const lines = buffer.toString('utf8').split('\n').filter((l) => l.trim() !== '');
-      return lines.length === 0 ? '(empty log)' : lines.slice(-maxLines).join('\n');
-    } finally {
-      await handle.close();
-    }
-  } catch (e: unknown) {
-    return `(log unreadable: ${errorMessage(e)})`;
-  }
-}
-
-function indent(text: string): string {
-  return text
-    .split('\n')
-    .map((l) => `  ${l}`)
-    .join('\n');
-}
-
-/** `promise`'s value, or `'timeout'` if it has not settled after `ms` (the timer never outlives the call). */
-async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | 'timeout'> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<'timeout'>((resolve) => {
-    timer = setTimeout(() => resolve('timeout'), ms);
-  });
-  try {
-    return await Promise.race([promise, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }
