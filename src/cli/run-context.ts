@@ -111,12 +111,14 @@ export function exitInterrupted(): void {
 /**
  * After a stop signal, the hard bound on the rest of the process's life: if it is still alive
  * `limitMs` later (a stop stuck on a Redis that is gone, say), it says so in one line and exits
- * with the signal's code. The timer does not keep the process alive.
+ * non-zero (the code already set, else 1). The timer does not keep the process alive.
  */
 export function armStopDeadline(limitMs: number): void {
   const timer = setTimeout(() => {
     process.stderr.write(`tokenmill: stop abandoned after ${Math.round(limitMs / 1000)} s; exiting (leases and locks lapse on their own)\n`);
-    process.exit(signalExitCode());
+    // The code set so far when it says "unfinished" (143 / 130), else 1: an abandoned stop is never 0.
+    const code = typeof process.exitCode === 'number' && process.exitCode !== 0 ? process.exitCode : 1;
+    process.exit(code);
   }, limitMs);
   timer.unref();
 }

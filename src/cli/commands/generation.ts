@@ -104,7 +104,8 @@ async function stopWithin(handle: { stop(): Promise<void> }, limitMs: number): P
   try {
     if ((await Promise.race([handle.stop().then(() => 'stopped' as const), deadline])) === 'late') {
       logger('generation').error({ limitMs }, 'stopping took too long; leaving the rest to lease and lock expiry');
-      process.exitCode = 1;
+      // Non-zero either way: 143 / 130 of an interrupted run stay, anything else becomes 1.
+      if (process.exitCode === undefined || process.exitCode === 0) process.exitCode = 1;
     }
   } finally {
     clearTimeout(timer);
