@@ -1,14 +1,16 @@
 // A redis.url whose port is not a working Redis: one that accepts TCP and never answers, and one
 // where an HTTP server answers. `status` and `run` (real CLI children) end within a bound, non-zero,
 // with one line that names the URL (password masked) and what to check, and no stack trace.
+import { spawn } from 'node:child_process';
 import net from 'node:net';
 import { createServer, type Server } from 'node:http';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { closeRedisConnection, createRedisConnection } from '../../src/shared/index.js';
+import { UnavailableError, closeRedisConnection, createRedisConnection, findFreePort, openRedis } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { quietLogger } from '../helpers/redis.js';
+import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 const { tmp } = useHarness({ tmp: true, cli: true });
 
@@ -115,4 +117,29 @@ describe('a long-lived connection to a server that accepted it and stays silent'
       await closeRedisConnection(conn);
     }
   }, 40_000);
+});
+
+describe('a Redis that wants a password', () => {
+  it('says it needs one, or that it refused the one given, naming the URL without the password', async () => {
+    // Its own redis-server: the test helper's readiness PING has no password.
+    const port = await findFreePort();
+    const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction', '--requirepass', 'right-pass'], { stdio: 'ignore' });
+    const server = { port };
+    try {
+      await waitFor(() => new Promise<boolean>((resolve) => {
+        const s = net.connect(port, '127.0.0.1', () => { s.destroy(); resolve(true); });
+        s.on('error', () => resolve(false));
+      }), 'redis-server with a password', 20_000, 100);
+      const open = (url: string) => openRedis({ url, dataDir: tmp.dir, logger: quietLogger() });
+      await expect(open(`redis://127.0.0.1:${server.port}/0`)).rejects.toThrow(
+        new UnavailableError(`Redis at redis://127.0.0.1:${server.port}/0 needs a password (NOAUTH Authentication required): put it in redis.url (redis://:<password>@host:6379/0), or in redis.password with redis.sentinels`),
+      );
+      await expect(open(`redis://:wrong-pass@127.0.0.1:${server.port}/0`)).rejects.toThrow(/^Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:\d+\/0 refused the password \(WRONGPASS/);
+      const opened = await open(`redis://:right-pass@127.0.0.1:${server.port}/0`);
+      expect(opened.server.maxmemoryPolicy).toBe('noeviction');
+      await opened.close();
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
 });

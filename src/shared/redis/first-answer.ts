@@ -78,8 +78,12 @@ export async function awaitFirstAnswer(conn: Redis, url: string, log: Logger, ti
       }
       const message = errorMessage(reply);
       if (reply instanceof Error && reply.name === 'ReplyError') {
-        if (/^(NOAUTH|WRONGPASS)/.test(message)) {
-          throw new UnavailableError(`Redis at ${where} refused the password: ${message}: check the password in the config's redis section`, { cause: reply });
+        const reason = message.replace(/\.$/, '');
+        if (message.startsWith('NOAUTH')) {
+          throw new UnavailableError(`Redis at ${where} needs a password (${reason}): put it in redis.url (redis://:<password>@host:6379/0), or in redis.password with redis.sentinels`, { cause: reply });
+        }
+        if (message.startsWith('WRONGPASS')) {
+          throw new UnavailableError(`Redis at ${where} refused the password (${reason}): check the password in the config's redis section`, { cause: reply });
         }
         if (message.startsWith('LOADING')) {
           const now = Date.now();
