@@ -3,8 +3,8 @@
 // refuses more than 16,777,216 entries ("Map maximum size exceeded") and, under the heap limit
 // given here, it runs out of memory after a few hundred thousand lines.
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { tempDir } from '../helpers/pipeline.js';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useHarness } from '../helpers/fixture.js';
 import { plantedReason, runScanChild, writeBigPromptFile, type ScanReport } from '../helpers/prompt-scan.js';
 
 const LINES = 20_000_000;
@@ -16,16 +16,13 @@ const PLANTED: ReadonlyMap<number, number> = new Map([
 ]);
 const HEAP_LIMIT_MIB = 64;
 
-let tmp: { dir: string; cleanup: () => void };
+const { tmp } = useHarness({ tmp: 'tm-producer-memory-' });
 let file: string;
 
 beforeAll(() => {
-  tmp = tempDir('tm-producer-memory-');
   file = path.join(tmp.dir, 'big.jsonl');
   writeBigPromptFile(file, LINES, PLANTED);
 }, 120_000);
-
-afterAll(() => tmp?.cleanup());
 
 describe('producer memory on a big prompt file', () => {
   it(`reads ${LINES.toLocaleString('en')} lines under a ${HEAP_LIMIT_MIB} MiB heap, every repeated id rejected with its first line`, async () => {
