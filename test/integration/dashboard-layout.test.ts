@@ -76,11 +76,12 @@ describe.skipIf(!existsSync(CHROMIUM))('in a browser', () => {
     await page.goto(dashboard.url);
     await page.locator('#endpoints tbody tr').first().waitFor({ timeout: 10_000 });
     await page.locator('#endpoints tbody tr td.down').first().waitFor({ timeout: 10_000 });
-    const box = await page.evaluate(() => {
+    // A string, evaluated in the page (the test's TypeScript has no DOM types).
+    const box = (await page.evaluate(`(() => {
       const panels = [...document.querySelectorAll('section.two > div')].map((d) => d.getBoundingClientRect());
-      const section = document.querySelector('section.two')!.getBoundingClientRect();
+      const section = document.querySelector('section.two').getBoundingClientRect();
       return { panels: panels.map((p) => ({ left: p.left, right: p.right })), section: { left: section.left, right: section.right }, scroll: document.documentElement.scrollWidth, width: window.innerWidth };
-    });
+    })()`)) as { panels: { left: number; right: number }[]; section: { left: number; right: number }; scroll: number; width: number };
     expect(box.panels).toHaveLength(2);
     const [endpoints, workers] = box.panels;
     expect(box.scroll, JSON.stringify(box)).toBeLessThanOrEqual(box.width);
