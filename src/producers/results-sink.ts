@@ -12,7 +12,7 @@ import {
   type RunKeys,
   type ScriptedRedis,
 } from '../shared/index.js';
-import { partName, partNumber, recoverFiles, sampleIdOfLine, writeCheckpoint, type Checkpoint } from './sink-checkpoint.js';
+import { CHECKPOINT_FILE, partName, partNumber, recoverFiles, removeSinkTempFiles, sampleIdOfLine, sinkDiskError, writeCheckpoint, type Checkpoint } from './sink-checkpoint.js';
 import { DiskTailFilter, compareStreamIds, readDiskTail, rebuildFromFiles, restoreDone } from './sink-reconcile.js';
 
 /** Points at which a sink can be made to crash, to test recovery with real process kills. */
@@ -127,6 +127,7 @@ export class ResultsSink {
     await mkdir(this.options.dir, { recursive: true });
     await this.acquireLock();
     try {
+      await removeSinkTempFiles(this.options.dir, this.log);
       await this.recover();
     } catch (e: unknown) {
       await this.file?.close();
@@ -348,8 +349,12 @@ export class ResultsSink {
     const bytes = Buffer.byteLength(text);
     // 1. data, durably
     if (bytes > 0) {
-      await file.write(text);
-      await file.sync();
+      try {
+        await file.write(text);
+        await file.sync();
+      } catch (e: unknown) {
+        throw sinkDiskError(e, path) ?? e;
+      }
     }
     if (this.options.crashAt === 'after-write') process.kill(process.pid, 'SIGKILL');
     // A slow disk may have outlived part of the lock's TTL: confirm it before recording the write.
@@ -362,7 +367,11 @@ export class ResultsSink {
       lastId: compareStreamIds(lastEntry, this.checkpoint.lastId) > 0 ? lastEntry : this.checkpoint.lastId,
       records: this.checkpoint.records + written,
     };
-    await writeCheckpoint(dir, next);
+    try {
+      await writeCheckpoint(dir, next);
+    } catch (e: unknown) {
+      throw sinkDiskError(e, join(dir, CHECKPOINT_FILE)) ?? e;
+    }
     this.checkpoint = next;
     if (this.options.crashAt === 'after-checkpoint') process.kill(process.pid, 'SIGKILL');
     // 3. the entries leave Redis, only while this sink holds the lock

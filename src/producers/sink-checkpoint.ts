@@ -1,6 +1,6 @@
 import { open, readFile, readdir, stat, truncate } from 'node:fs/promises';
 import { join } from 'node:path';
-import { AppError, writeFileAtomic, type Logger } from '../shared/index.js';
+import { AppError, EnvironmentError, errorCode, removeTempFiles, writeFileAtomic, type Logger } from '../shared/index.js';
 
 /** What the sink has written: a hint for where to resume in the stream. The part files are the truth. */
 export interface Checkpoint {
@@ -32,6 +32,36 @@ export async function listParts(dir: string): Promise<string[]> {
 
 export function writeCheckpoint(dir: string, cp: Checkpoint): Promise<void> {
   return writeFileAtomic(join(dir, CHECKPOINT_FILE), JSON.stringify(cp));
+}
+
+/** Removes the `.tmp-` files a killed sink left in its folder (call while holding its lock). */
+export async function removeSinkTempFiles(dir: string, log: Logger): Promise<void> {
+  const removed = await removeTempFiles(dir);
+  if (removed.length > 0) log.info({ dir, removed }, 'removed temporary files an earlier sink left behind');
+}
+
+const DISK_FAILURES: Record<string, string> = {
+  ENOSPC: 'no space left on the device',
+  EDQUOT: 'the disk quota is exceeded',
+  EROFS: 'the file system is read-only',
+  EIO: 'the disk reported an I/O error',
+};
+
+/**
+ * A write of the sink's files that failed for the disk's sake (full, over quota, read-only,
+ * I/O error), as one clear error naming the file and what to do; undefined for anything else.
+ * Nothing is lost: the results stay in Redis until they are on disk, and the next run
+ * recovers the part file's end.
+ */
+export function sinkDiskError(e: unknown, file: string): EnvironmentError | undefined {
+  const code = errorCode(e);
+  const what = code === undefined ? undefined : DISK_FAILURES[code];
+  if (what === undefined) return undefined;
+  return new EnvironmentError(
+    `cannot write ${file}: ${what} (${code}). Free space on that disk (or change output.dir), then run the same command again: ` +
+      'the results not yet on disk are kept in Redis and written then, none is lost or generated again',
+    { cause: e },
+  );
 }
 
 async function readCheckpoint(dir: string): Promise<Checkpoint | undefined> {

@@ -1,0 +1,63 @@
+/**
+ * A full disk under the results sink (a real, small tmpfs; mounting needs root, so the test is
+ * skipped elsewhere): `run` stops with one line naming the file and what to do — not
+ * `unexpected error: ENOSPC … write` and a stack — and leaves no `.tmp-` checkpoint behind.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, readdirSync } from 'node:fs';
+import path from 'node:path';
+
+import { afterAll, describe, expect, it } from 'vitest';
+
+import { useHarness } from '../helpers/fixture.js';
+import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+
+const { redis, sim, tmp } = useHarness({
+  redis: true,
+  sim: { timeScale: 200, maxRunningRequests: 32, seed: 8, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 64 } },
+  tmp: 'tm-disk-full-',
+  cli: true,
+});
+
+function canMount(): boolean {
+  if (process.getuid?.() !== 0) return false;
+  try {
+    execFileSync('mount', ['--version'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+let mounted: string | undefined;
+afterAll(() => {
+  if (mounted !== undefined) execFileSync('umount', ['-l', mounted]);
+});
+
+describe.skipIf(!canMount())('a full disk under the results sink', () => {
+  it('run stops with one line naming the part file and what to do; no temporary checkpoint left', async () => {
+    const dir = path.join(tmp.dir, 'full');
+    const out = path.join(dir, 'out');
+    mkdirSync(out, { recursive: true });
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=96k', 'tmpfs', out]);
+    mounted = out;
+    writePrompts(dir, 'f', 400);
+    const cfg = writeConfig(dir, {
+      run: 'full',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 16, contextLength: 2048 },
+      datasets: [{ name: 'f', prompts: 'f.jsonl', tokenBudget: 10_000_000, maxNewTokens: 64, batchSize: 16 }],
+      output: { dir: 'out' },
+    });
+    const p = spawnCli(['run', '-c', cfg]);
+    const code = await p.exited;
+    const output = p.output();
+    expect(code, output).not.toBe(0);
+    const generations = path.join(out, 'full', 'f', 'generations');
+    const lines = output.split('\n').filter((l) => l.startsWith('tokenmill:'));
+    expect(lines.join('\n'), output).toMatch(new RegExp(`^tokenmill: cannot write ${generations.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}/(part-\\d+\\.jsonl|\\.sink-checkpoint\\.json): no space left on the device \\(ENOSPC\\)\\. Free space`, 'm'));
+    expect(output).not.toContain('unexpected error');
+    expect(output).not.toMatch(/^\s+at /m);
+    expect(readdirSync(generations).filter((n) => n.startsWith('.tmp-'))).toEqual([]);
+  }, 120_000);
+});
