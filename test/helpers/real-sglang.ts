@@ -77,12 +77,30 @@ export interface RealSglangServer {
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
+/**
+ * Whether the group (or its leader: right after serve.sh returns, the leader may not have called
+ * setsid yet, so the group does not exist for a moment) is alive.
+ */
 function groupAlive(pgid: number): boolean {
-  try {
-    process.kill(-pgid, 0);
-    return true;
-  } catch {
-    return false;
+  for (const target of [-pgid, pgid]) {
+    try {
+      process.kill(target, 0);
+      return true;
+    } catch {
+      // not this one
+    }
+  }
+  return false;
+}
+
+/** SIGKILL to the group, and to its leader in case it has not made the group yet. */
+function killGroup(pgid: number): void {
+  for (const target of [-pgid, pgid]) {
+    try {
+      process.kill(target, 'SIGKILL');
+    } catch {
+      // already gone
+    }
   }
 }
 
@@ -134,11 +152,7 @@ export async function startRealSglang(options: { dir?: string; port?: number; ar
     pgid,
     log,
     async kill() {
-      try {
-        process.kill(-pgid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
+      killGroup(pgid);
       const deadline = Date.now() + 15_000;
       while ((groupAlive(pgid) || (await healthy(url))) && Date.now() < deadline) await sleep(100);
       rmSync(pidFile, { force: true });
@@ -165,11 +179,7 @@ export async function killServerOnPort(port: number, dir = realSglangDir()): Pro
   const pidFile = path.join(dir, `server-${port}.pid`);
   const pgid = Number(readFileSync(pidFile, 'utf8').trim());
   if (!Number.isInteger(pgid) || pgid <= 1) throw new Error(`${pidFile}: expected a process group id`);
-  try {
-    process.kill(-pgid, 'SIGKILL');
-  } catch {
-    // already gone
-  }
+  killGroup(pgid);
   const url = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + 15_000;
   while ((groupAlive(pgid) || (await healthy(url))) && Date.now() < deadline) await sleep(100);
