@@ -2,17 +2,21 @@ import { Command, CommanderError } from 'commander';
 import { AppError, createRootLogger, errorMessage } from '../shared/index.js';
 import { registerCommands } from './commands/index.js';
 
+/** Commands whose default log level is `warn`: they print their own progress lines. */
+export const PROGRESS_COMMANDS: ReadonlySet<string> = new Set(['run', 'demo']);
+
 /** Builds the `tokenmill` command tree. Exported for tests. */
 export function buildProgram(): Command {
   const program = new Command('tokenmill')
     .description('Turn prompt datasets into training data for speculative-decoding drafters (EAGLE-3, DFlash) with SGLang.')
-    .option('--log-level <level>', 'log level: fatal|error|warn|info|debug|trace|silent', 'info')
+    .option('--log-level <level>', 'log level: fatal|error|warn|info|debug|trace|silent (default: info; warn for run and demo, which print progress lines)', 'info')
     .showHelpAfterError()
     .exitOverride();
   program.hook('preAction', (_program, action) => {
     const opts = action.optsWithGlobals<{ logLevel?: string }>();
-    // The demo prints its own progress; its logs are for problems only unless asked for.
-    const quiet = action.name() === 'demo' && program.getOptionValueSource('logLevel') === 'default';
+    // Commands that draw a progress line on stderr (`run`, `demo`) log warnings and errors only
+    // unless asked for more: info-level JSON lines would bury the progress lines.
+    const quiet = PROGRESS_COMMANDS.has(action.name()) && program.getOptionValueSource('logLevel') === 'default';
     createRootLogger({ level: quiet ? 'warn' : (opts.logLevel ?? 'info') });
   });
   registerCommands(program);
