@@ -70,4 +70,19 @@ describe('stop paths exit non-zero when work is unfinished', () => {
     const again = spawnCli(['run', '-c', configPath]);
     expect(await exitWithin(again, 90_000), again.output().slice(-2_000)).toBe(0);
   }, 240_000);
+
+  it('SIGTERM to `postprocess` during its round exits 143 (not 130, the code of SIGINT)', async () => {
+    const { configPath } = setup('term-ppcmd', 48);
+    const produce = spawnCli(['produce', '-c', configPath]);
+    const worker = spawnCli(['worker', '-c', configPath]);
+    expect(await exitWithin(produce, 90_000), produce.output().slice(-2_000)).toBe(0);
+    worker.child.kill('SIGTERM');
+    await worker.exited;
+    const pp = spawnCli(['postprocess', '-c', configPath]);
+    await waitFor(() => /post-processing \S+/.test(pp.output()), 'the round to start', 60_000);
+    pp.child.kill('SIGTERM');
+    const code = await exitWithin(pp, 30_000);
+    expect(pp.output(), 'the signal must land during the round').toMatch(/interrupted; the round stays queued/);
+    expect(code, pp.output().slice(-2_000)).toBe(143);
+  }, 240_000);
 });
