@@ -37,6 +37,8 @@ export interface ConcurrencyControllerOptions {
   refreshMs?: number;
   /** Called with each cap this controller writes (its own process uses it at once). */
   onCap?: (cap: number) => void;
+  /** While the server's load cannot be read: a warning at once, then again this often (default 60 s). */
+  loadFailureReportMs?: number;
   logger: Logger;
 }
 
@@ -71,6 +73,9 @@ export class ConcurrencyController {
   private samples: Sample[] = [];
   private settleUntilMs = 0;
   private readFailing = false;
+  /** Since when the server's load cannot be read (ms), and when that was last said; null while readable. */
+  private readFailingSinceMs: number | null = null;
+  private readFailingReportedMs = 0;
 
   constructor(private readonly o: ConcurrencyControllerOptions) {
     this.redis = withScripts(o.redis);
@@ -149,12 +154,15 @@ export class ConcurrencyController {
     let load: ServerLoadSample;
     try {
       load = await this.o.reader.read();
-      if (this.readFailing) this.o.logger.info({ endpoint: this.o.endpoint }, 'server load readable again');
+      if (this.readFailing) {
+        this.o.logger.warn({ endpoint: this.o.endpoint, unreadableForSec: Math.round((Date.now() - (this.readFailingSinceMs ?? Date.now())) / 1000) }, 'server load readable again; steering goes on');
+        await this.redis.hset(endpointConcurrencyKey(this.o.keys, this.o.endpoint), { reason: 'server load readable again; measuring', updatedMs: Date.now(), loadUnreadableSinceMs: '' });
+      }
       this.readFailing = false;
+      this.readFailingSinceMs = null;
     } catch (e: unknown) {
       // Down or restarting: a window across it would measure nothing useful.
-      if (!this.readFailing) this.o.logger.warn({ endpoint: this.o.endpoint, err: errorMessage(e) }, 'cannot read the server\'s load; the requests in flight stay as they are');
-      this.readFailing = true;
+      await this.noteUnreadable(errorMessage(e));
       this.samples = [];
       return;
     }
@@ -166,6 +174,31 @@ export class ConcurrencyController {
     const last = this.samples[this.samples.length - 1];
     if (first === undefined || last === undefined || last.atMs - first.atMs < this.o.intervalMs) return;
     await this.decide(this.observe(this.samples, first, last), last);
+  }
+
+  /**
+   * The server's load cannot be read (a restart, a server without the routes): said once at
+   * once, then every `loadFailureReportMs`, and written as the reason `status` shows, so the
+   * value from before the outage never looks current.
+   */
+  private async noteUnreadable(error: string): Promise<void> {
+    const now = Date.now();
+    const first = this.readFailingSinceMs === null;
+    if (first) this.readFailingSinceMs = now;
+    this.readFailing = true;
+    const since = this.readFailingSinceMs ?? now;
+    if (!first && now - this.readFailingReportedMs < (this.o.loadFailureReportMs ?? 60_000)) return;
+    this.readFailingReportedMs = now;
+    const forSec = Math.round((now - since) / 1000);
+    this.o.logger.warn(
+      { endpoint: this.o.endpoint, err: error, unreadableForSec: forSec, cap: this.cap },
+      first ? 'cannot read the server\'s load; the requests in flight stay as they are' : `still cannot read the server's load (for ${forSec} s); the requests in flight stay as they are`,
+    );
+    await this.redis.hset(endpointConcurrencyKey(this.o.keys, this.o.endpoint), {
+      reason: `cannot read the server's load since ${new Date(since).toISOString()} (${error}); kept at ${this.cap}`,
+      updatedMs: now,
+      loadUnreadableSinceMs: since,
+    });
   }
 
   private observe(samples: readonly Sample[], first: Sample, last: Sample): WindowObservation {
