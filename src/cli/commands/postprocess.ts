@@ -12,7 +12,7 @@ import {
 import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../drop-summary.js';
 import { PostprocessFailedError, type RoundOutcome } from '../../workers/index.js';
 import { startPostprocess } from '../pipeline.js';
-import { exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 
 function fmtPct(x: number): string {
   return `${(100 * x).toFixed(1)}%`;
@@ -130,7 +130,10 @@ export async function runPostprocess(ctx: RunContext): Promise<RoundOutcome | 's
     `tokenmill: post-processing ${handle.round.flowId}${handle.round.reused ? ' (joined the round in progress)' : ''}: ${handle.round.datasets.join(', ') || 'no dataset has data yet'}\n`,
   );
   try {
-    return await Promise.race([handle.finished, onceSignalled().then(() => 'signalled' as const)]);
+    const outcome = await Promise.race([handle.finished, onceSignalled().then(() => 'signalled' as const)]);
+    // A stop is bounded even when Redis is gone: the grace period + 30 s, then the process exits.
+    if (outcome === 'signalled') armStopDeadline(ctx.config.workers.shutdownGraceMs + 30_000);
+    return outcome;
   } finally {
     await handle.stop();
   }

@@ -3,7 +3,7 @@ import { AppError, formatTrainProgress, type TrainResult, type TrainStatus } fro
 import { parseGpuList } from '../../workers/index.js';
 import { cancelTrainJobs, queueTrainJob, trainPayloadOf, waitForTrainJob, type TrainOutcomeSeen } from '../../workers/index.js';
 import { TrainWorker } from '../../workers/index.js';
-import { exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 
 interface TrainOptions {
   config: string;
@@ -68,6 +68,8 @@ export async function runTrainJob(ctx: RunContext, jobId: string, options: { wor
     });
     const outcome = await Promise.race([waiting, onceSignalled().then(() => 'signalled' as const)]);
     if (outcome === 'signalled') {
+      // A stop is bounded even when Redis is gone: the longer grace (the command's, the workers') + 30 s.
+      armStopDeadline(Math.max(ctx.config.workers.shutdownGraceMs, ctx.config.train?.cancelGraceMs ?? 0) + 30_000);
       abort.abort();
       await waiting.catch(() => undefined);
     }
