@@ -1,6 +1,7 @@
 import { Command, CommanderError } from 'commander';
 import { AppError, createRootLogger, errorMessage } from '../shared/index.js';
 import { registerCommands } from './commands/index.js';
+import { describeRedisRefusal } from './redis-memory.js';
 
 /** Commands whose default log level is `warn`: they print their own progress lines. */
 export const PROGRESS_COMMANDS: ReadonlySet<string> = new Set(['run', 'demo']);
@@ -33,7 +34,10 @@ export async function main(argv: readonly string[]): Promise<void> {
       process.exitCode = err.exitCode;
       return;
     }
-    if (err instanceof AppError) {
+    const refusal = describeRedisRefusal(err);
+    if (refusal !== undefined) {
+      process.stderr.write(`tokenmill: ${refusal}\n`);
+    } else if (err instanceof AppError) {
       process.stderr.write(`tokenmill: ${err.message}\n`);
     } else {
       process.stderr.write(`tokenmill: unexpected error: ${errorMessage(err)}\n${err instanceof Error ? (err.stack ?? '') : ''}\n`);

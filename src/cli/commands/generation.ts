@@ -6,6 +6,7 @@ import { PostprocessWorker } from '../../workers/index.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
 import { startProgress } from '../progress.js';
 import { watchRedisOutage } from '../redis-outage.js';
+import { smallMaxmemoryWarning } from '../redis-memory.js';
 import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { SinkCrashPoint } from '../../producers/index.js';
 import { dropContextOf } from '../drop-summary.js';
@@ -28,6 +29,9 @@ export async function runGeneration(
   options: GenerationOptions & { json?: boolean; quiet?: boolean; progressMs?: number },
 ): Promise<'finished' | 'signalled'> {
   const handle = await startGeneration(ctx, options);
+  void smallMaxmemoryWarning(ctx.redis, ctx.keys, ctx.config.datasets.map((d) => d.name)).then((w) => {
+    if (w !== undefined) process.stderr.write(`tokenmill: warning: ${w}\n`);
+  });
   const signal = onceSignalled();
   // A Redis that goes away mid-run is said in a line a person reads, not only in JSON logs.
   const stopOutageWatch = watchRedisOutage(ctx.redisUrl, {
