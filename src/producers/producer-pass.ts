@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import {
@@ -14,6 +15,16 @@ import {
   type ScannedLine,
   type ScriptedRedis,
 } from '../shared/index.js';
+
+/** Edited lines named one by one in the log per version of the file; the rest are counted. */
+const EDITED_NAMED = 5;
+/** Ids already warned about, per version of a prompt file (its index): a warning once, not every pass. */
+const warnedEdits = new WeakMap<PromptFileIndex, Set<string>>();
+
+/** 12 hex digits of SHA-256 over a prompt's messages: what {@link RunKeys.promptDigests} keeps. */
+export function promptDigest(messages: unknown): string {
+  return createHash('sha256').update(JSON.stringify(messages)).digest('hex').slice(0, 12);
+}
 
 /** Prompts checked against Redis at once while scanning a file. */
 const SCAN_CHUNK = 1024;
@@ -77,6 +88,9 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
   const result: PassResult = { enqueued: 0, complete: false, valid: 0, rejected: 0, accounted: 0 };
   let candidates: Candidate[] = [];
   let batch: Sample[] = [];
+  /** Digests of the samples in `batch` whose id the file gives (id, digest, …), written once it is enqueued. */
+  let digests: string[] = [];
+  let edited = 0;
   const reject = async (r: RejectedLine): Promise<void> => {
     result.rejected += 1;
     await rejectsFile.write(`${JSON.stringify(r)}\n`);
@@ -86,17 +100,40 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
     if (!(await ctx.addBatch(batch))) return false;
     result.enqueued += batch.length;
     batch = [];
+    if (digests.length > 0) await redis.hset(keys.promptDigests(ds.name), ...digests);
+    digests = [];
     return true;
   };
   const flushCandidates = async (): Promise<boolean> => {
     if (candidates.length === 0) return true;
     const ids = candidates.map((c) => c.id);
-    const [done, failed] = await Promise.all([redis.smismember(keys.done(ds.name), ...ids), redis.hmget(keys.failed(ds.name), ...ids)]);
+    const [done, failed, stored] = await Promise.all([
+      redis.smismember(keys.done(ds.name), ...ids),
+      redis.hmget(keys.failed(ds.name), ...ids),
+      redis.hmget(keys.promptDigests(ds.name), ...ids),
+    ]);
     const toSend: PromptRecord[] = [];
     for (const [i, c] of candidates.entries()) {
       if (done[i] === 1 || failed[i] !== null) {
         result.valid += 1;
         result.accounted += 1;
+        const was = stored[i];
+        if (done[i] === 1 && was !== null && was !== undefined) {
+          const parsed = parseScannedLine(file, c.scanned);
+          const warned = warnedEdits.get(ctx.index) ?? new Set<string>();
+          warnedEdits.set(ctx.index, warned);
+          if (parsed.ok && !warned.has(c.id) && promptDigest(parsed.record.messages) !== was) {
+            warned.add(c.id);
+            edited += 1;
+            if (edited <= EDITED_NAMED) {
+              ctx.log.warn(
+                { dataset: ds.name, file, line: c.line, id: c.id },
+                `${file}:${c.line}: the prompt with id ${JSON.stringify(c.id)} changed since it was generated; its old generation is kept. ` +
+                  'To generate the new text too, give the line a new id; to keep the old answer, nothing to do',
+              );
+            }
+          }
+        }
         continue;
       }
       const parsed = parseScannedLine(file, c.scanned);
@@ -120,6 +157,8 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
         const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
         if (sample === undefined) continue;
         batch.push(sample);
+        // A content-hash id (`h:…`) changes with the content: only ids the file gives need a digest.
+        if (!sample.id.startsWith('h:')) digests.push(sample.id, promptDigest(rec.messages));
         if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
       }
     }
@@ -139,6 +178,9 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       }
     }
     if (!(await flushCandidates()) || !(await flushBatch())) return result;
+    if (edited > EDITED_NAMED) {
+      ctx.log.warn({ dataset: ds.name, file, edited }, `${file}: ${edited} prompts changed since they were generated (the first ${EDITED_NAMED} named above); their old generations are kept`);
+    }
     result.complete = true;
     await redis.hset(keys.stats(ds.name), 'rejected', result.rejected, 'prompts', result.valid);
     ctx.log.info({ epoch: ctx.epoch, fromLine: ctx.fromLine, enqueued: result.enqueued, rejected: result.rejected, accounted: result.accounted }, 'pass over the prompts done');

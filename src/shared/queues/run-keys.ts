@@ -50,6 +50,15 @@ export class RunKeys {
     return `${this.base}:ds:${dataset}:crashes`;
   }
 
+  /**
+   * Hash: sample id → digest of the prompt's messages when it was enqueued (ids given in the
+   * prompt file only; a content-hash id changes with the content anyway). A later pass that finds
+   * the id committed with other messages warns that its old generation is kept.
+   */
+  promptDigests(dataset: string): string {
+    return `${this.base}:ds:${dataset}:digests`;
+  }
+
   inflight(dataset: string): string {
     return `${this.base}:ds:${dataset}:inflight`;
   }
