@@ -4,7 +4,7 @@
  * `unexpected error: ENOSPC … write` and a stack — and leaves no `.tmp-` checkpoint behind.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, readdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { afterAll, describe, expect, it } from 'vitest';
@@ -60,4 +60,29 @@ describe.skipIf(!canMount())('a full disk under the results sink', () => {
     expect(output).not.toMatch(/^\s+at /m);
     expect(readdirSync(generations).filter((n) => n.startsWith('.tmp-'))).toEqual([]);
   }, 120_000);
+});
+
+// A sink killed in the middle of a checkpoint write (or an older version's failed one) left a
+// `.tmp-.sink-checkpoint.json-*` behind; the next sink removes it once it holds the lock.
+describe('a temporary checkpoint left behind', () => {
+  it('is removed when the next run starts its sink', async () => {
+    const dir = path.join(tmp.dir, 'leftover');
+    mkdirSync(dir, { recursive: true });
+    writePrompts(dir, 'l', 6);
+    const cfg = writeConfig(dir, {
+      run: 'leftover',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 2048 },
+      datasets: [{ name: 'l', prompts: 'l.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
+      output: { dir: 'out' },
+    });
+    const generations = path.join(dir, 'out', 'leftover', 'l', 'generations');
+    mkdirSync(generations, { recursive: true });
+    const leftover = path.join(generations, '.tmp-.sink-checkpoint.json-4242-deadbeef');
+    writeFileSync(leftover, '{"part":"part-00000.jsonl","by');
+    const p = spawnCli(['run', '-c', cfg]);
+    expect(await p.exited, p.output()).toBe(0);
+    expect(existsSync(leftover)).toBe(false);
+    expect(readdirSync(generations).filter((n) => n.startsWith('.tmp-'))).toEqual([]);
+  }, 90_000);
 });
