@@ -4,7 +4,19 @@ import { createTypeScriptImportResolver } from 'eslint-import-resolver-typescrip
 import layers from './scripts/lint/layers.js';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'node_modules/**', '.venv/**', '.venv-datasets3/**', 'out/**', '.tmp/**', 'bin/**', 'eslint.config.js', 'scripts/lint/**'] },
+  {
+    ignores: [
+      'dist/**',
+      'node_modules/**',
+      '.venv/**',
+      '.venv-datasets3/**',
+      'out/**',
+      '.tmp/**',
+      'bin/**',
+      'eslint.config.js',
+      'scripts/lint/**',
+    ],
+  },
   ...tseslint.configs.recommended,
   {
     files: ['**/*.ts'],

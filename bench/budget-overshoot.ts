@@ -51,13 +51,83 @@ export interface BudgetOvershootOptions {
 
 export const DEFAULT_BUDGET_OVERSHOOT: BudgetOvershootOptions = {
   settings: [
-    { label: '500k, 64 in flight, sigma 0.8', budget: 500_000, concurrency: 64, endpoints: 1, sigma: 0.8, mode: 'reserve', repeats: 5, timeScale: 150, maxMedianOvershoot: 0.05 },
-    { label: '10M, 150 in flight, sigma 0.8', budget: 10_000_000, concurrency: 150, endpoints: 1, sigma: 0.8, mode: 'reserve', repeats: 3, timeScale: 150, maxMedianOvershoot: 0.01 },
-    { label: '10M, 150 in flight, sigma 1.0', budget: 10_000_000, concurrency: 150, endpoints: 1, sigma: 1.0, mode: 'reserve', repeats: 3, timeScale: 150, maxMedianOvershoot: 0.01 },
-    { label: '10M, 8 x 150 in flight, sigma 0.8', budget: 10_000_000, concurrency: 150, endpoints: 8, sigma: 0.8, mode: 'reserve', repeats: 3, timeScale: 20, maxMedianOvershoot: 0.01 },
-    { label: '10M, 8 x 150 in flight, sigma 1.0', budget: 10_000_000, concurrency: 150, endpoints: 8, sigma: 1.0, mode: 'reserve', repeats: 3, timeScale: 20, maxMedianOvershoot: 0.01 },
-    { label: 'strict, 10M, 150 in flight, sigma 0.8', budget: 10_000_000, concurrency: 150, endpoints: 1, sigma: 0.8, mode: 'strict', repeats: 3, timeScale: 150, maxMedianOvershoot: 0.001 },
-    { label: 'strict, 500k, 64 in flight, sigma 0.8', budget: 500_000, concurrency: 64, endpoints: 1, sigma: 0.8, mode: 'strict', repeats: 3, timeScale: 150, maxMedianOvershoot: 0.001 },
+    {
+      label: '500k, 64 in flight, sigma 0.8',
+      budget: 500_000,
+      concurrency: 64,
+      endpoints: 1,
+      sigma: 0.8,
+      mode: 'reserve',
+      repeats: 5,
+      timeScale: 150,
+      maxMedianOvershoot: 0.05,
+    },
+    {
+      label: '10M, 150 in flight, sigma 0.8',
+      budget: 10_000_000,
+      concurrency: 150,
+      endpoints: 1,
+      sigma: 0.8,
+      mode: 'reserve',
+      repeats: 3,
+      timeScale: 150,
+      maxMedianOvershoot: 0.01,
+    },
+    {
+      label: '10M, 150 in flight, sigma 1.0',
+      budget: 10_000_000,
+      concurrency: 150,
+      endpoints: 1,
+      sigma: 1.0,
+      mode: 'reserve',
+      repeats: 3,
+      timeScale: 150,
+      maxMedianOvershoot: 0.01,
+    },
+    {
+      label: '10M, 8 x 150 in flight, sigma 0.8',
+      budget: 10_000_000,
+      concurrency: 150,
+      endpoints: 8,
+      sigma: 0.8,
+      mode: 'reserve',
+      repeats: 3,
+      timeScale: 20,
+      maxMedianOvershoot: 0.01,
+    },
+    {
+      label: '10M, 8 x 150 in flight, sigma 1.0',
+      budget: 10_000_000,
+      concurrency: 150,
+      endpoints: 8,
+      sigma: 1.0,
+      mode: 'reserve',
+      repeats: 3,
+      timeScale: 20,
+      maxMedianOvershoot: 0.01,
+    },
+    {
+      label: 'strict, 10M, 150 in flight, sigma 0.8',
+      budget: 10_000_000,
+      concurrency: 150,
+      endpoints: 1,
+      sigma: 0.8,
+      mode: 'strict',
+      repeats: 3,
+      timeScale: 150,
+      maxMedianOvershoot: 0.001,
+    },
+    {
+      label: 'strict, 500k, 64 in flight, sigma 0.8',
+      budget: 500_000,
+      concurrency: 64,
+      endpoints: 1,
+      sigma: 0.8,
+      mode: 'strict',
+      repeats: 3,
+      timeScale: 150,
+      maxMedianOvershoot: 0.001,
+    },
   ],
   meanOutputTokens: 2700,
   maxNewTokens: 10_240,
@@ -108,7 +178,10 @@ class RedisOrderLog {
   readonly acquiredAt = new Map<string, number>();
   readonly commits: { seq: number; id: string; tokens: number }[] = [];
 
-  constructor(private readonly keys: RunKeys, private readonly dataset: string) {}
+  constructor(
+    private readonly keys: RunKeys,
+    private readonly dataset: string,
+  ) {}
 
   async start(conn: Redis): Promise<void> {
     const statsKey = this.keys.stats(this.dataset);
@@ -129,7 +202,8 @@ class RedisOrderLog {
       } else if (keys[0] === doneKey && keys[1] === statsKey && argv[0] !== undefined) {
         // commit-sample-9.lua: a sample in ARGV[1..4], further samples from ARGV[7], four arguments each, in order.
         this.commits.push({ seq: this.seq, id: argv[0], tokens: Number(argv[1]) });
-        for (let i = 6; i < argv.length; i += 4) this.commits.push({ seq: this.seq, id: argv[i] ?? '', tokens: Number(argv[i + 1]) });
+        for (let i = 6; i < argv.length; i += 4)
+          this.commits.push({ seq: this.seq, id: argv[i] ?? '', tokens: Number(argv[i + 1]) });
       }
     });
   }
@@ -206,7 +280,13 @@ function summarize(setting: BudgetSetting, runs: readonly BudgetCase[]): BudgetS
   };
 }
 
-async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, st: BudgetSetting, repeat: number, promptFile: string): Promise<BudgetCase> {
+async function runBudget(
+  env: BenchEnv,
+  o: BudgetOvershootOptions,
+  st: BudgetSetting,
+  repeat: number,
+  promptFile: string,
+): Promise<BudgetCase> {
   const t0 = performance.now();
   const sims: SimulatorHandle[] = [];
   try {
@@ -227,7 +307,16 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, st: BudgetSet
         run,
         redis: { url: env.redis.url, prefix: env.redis.prefix },
         sglang: { endpoints: sims.map((x) => x.url), concurrency: st.concurrency, requestTimeoutMs: 600_000 },
-        datasets: [{ name: 'ds', prompts: promptFile, tokenBudget: st.budget, budget: st.mode, maxNewTokens: o.maxNewTokens, sampling: { temperature: 0.6, top_p: 0.95 } }],
+        datasets: [
+          {
+            name: 'ds',
+            prompts: promptFile,
+            tokenBudget: st.budget,
+            budget: st.mode,
+            maxNewTokens: o.maxNewTokens,
+            sampling: { temperature: 0.6, top_p: 0.95 },
+          },
+        ],
         output: { dir: 'out' },
         workers: { shutdownGraceMs: 1_000 },
       },
@@ -271,12 +360,14 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, st: BudgetSet
     const records = readGenerations(ctx.runDir, 'ds');
     const recorded = new Set(records.map((r) => r.id));
     const metSeq = order.budgetMetSeq(st.budget);
-    if (!Number.isFinite(metSeq)) throw new Error(`MONITOR saw ${order.commits.length} commits and none met the budget`);
+    if (!Number.isFinite(metSeq))
+      throw new Error(`MONITOR saw ${order.commits.length} commits and none met the budget`);
     const unseen = requests.filter((r) => !order.acquiredAt.has(r.rid)).length;
     if (unseen > 0) throw new Error(`MONITOR saw no acquire for ${unseen} of the ${requests.length} requests sent`);
     const acquiredLate = (rid: string): boolean => (order.acquiredAt.get(rid) ?? Infinity) > metSeq;
     const fileTokens = records.reduce((a, r) => a + r.completion_tokens, 0);
-    if (fileTokens !== finalTokens) throw new Error(`records on disk hold ${fileTokens} tokens, the counter ${finalTokens}`);
+    if (fileTokens !== finalTokens)
+      throw new Error(`records on disk hold ${fileTokens} tokens, the counter ${finalTokens}`);
     return {
       label: st.label,
       budget: st.budget,
@@ -287,11 +378,20 @@ async function runBudget(env: BenchEnv, o: BudgetOvershootOptions, st: BudgetSet
       records: records.length,
       abortRecords: records.filter((r) => (r.finish_reason as { type?: string }).type === 'abort').length,
       requestsSent: requests.length,
-      sentAfterBudgetMet: Number.isFinite(budgetMetMs) ? requests.filter((r) => r.receivedAtMs > budgetMetMs).length : -1,
-      sentInBudgetMetMs: Number.isFinite(budgetMetMs) ? requests.filter((r) => r.receivedAtMs === budgetMetMs).length : -1,
+      sentAfterBudgetMet: Number.isFinite(budgetMetMs)
+        ? requests.filter((r) => r.receivedAtMs > budgetMetMs).length
+        : -1,
+      sentInBudgetMetMs: Number.isFinite(budgetMetMs)
+        ? requests.filter((r) => r.receivedAtMs === budgetMetMs).length
+        : -1,
       lateRequests: requests
         .filter((r) => r.receivedAtMs > budgetMetMs)
-        .map((r) => ({ rid: r.rid, lateByMs: r.receivedAtMs - budgetMetMs, committed: recorded.has(sampleIdOfRid(r.rid)), acquiredAfterBudgetMet: acquiredLate(r.rid) })),
+        .map((r) => ({
+          rid: r.rid,
+          lateByMs: r.receivedAtMs - budgetMetMs,
+          committed: recorded.has(sampleIdOfRid(r.rid)),
+          acquiredAfterBudgetMet: acquiredLate(r.rid),
+        })),
       acquiredAfterBudgetMet: requests.filter((r) => acquiredLate(r.rid)).length,
       sentAfterStop: Number.isFinite(budgetStopMs) ? requests.filter((r) => r.receivedAtMs > budgetStopMs).length : 0,
       pastStopTokens: stats['budgetStopTokens'] === undefined ? 0 : finalTokens - Number(stats['budgetStopTokens']),
@@ -311,7 +411,8 @@ export async function budgetOvershoot(o: BudgetOvershootOptions = DEFAULT_BUDGET
   const started = performance.now();
   const env = await openBenchEnv('budget');
   const only = process.env['BENCH_BUDGET_ONLY'];
-  const settings = only === undefined ? o.settings : o.settings.filter((st) => only.split(',').some((w) => st.label.includes(w)));
+  const settings =
+    only === undefined ? o.settings : o.settings.filter((st) => only.split(',').some((w) => st.label.includes(w)));
   try {
     writePrompts(env.dir, 'prompts', o.prompts);
     const summaries: BudgetSummary[] = [];
@@ -321,14 +422,19 @@ export async function budgetOvershoot(o: BudgetOvershootOptions = DEFAULT_BUDGET
       const repeats = Number(process.env['BENCH_BUDGET_REPEATS'] ?? st.repeats);
       for (let i = 0; i < repeats; i += 1) {
         const c = await runBudget(env, o, st, i, 'prompts.jsonl');
-        if (process.env['BENCH_BUDGET_VERBOSE'] !== undefined) process.stderr.write(`${st.label} #${i}: overshoot ${pct(c.overshootRatio)} (${fmtInt(c.overshootTokens)} tokens), ${c.abortRecords} abort records, ${c.wallS} s\n`);
+        if (process.env['BENCH_BUDGET_VERBOSE'] !== undefined)
+          process.stderr.write(
+            `${st.label} #${i}: overshoot ${pct(c.overshootRatio)} (${fmtInt(c.overshootTokens)} tokens), ${c.abortRecords} abort records, ${c.wallS} s\n`,
+          );
         runs.push(c);
       }
       cases.push(...runs);
       summaries.push(summarize(st, runs));
     }
     const targets: BenchResult['targets'] = [];
-    const summary = [`lognormal completions (mean ${o.meanOutputTokens}, max_new_tokens ${o.maxNewTokens}); one batch = requests in flight x mean`];
+    const summary = [
+      `lognormal completions (mean ${o.meanOutputTokens}, max_new_tokens ${o.maxNewTokens}); one batch = requests in flight x mean`,
+    ];
     for (const b of summaries) {
       const st = b.setting;
       summary.push(
@@ -347,9 +453,24 @@ export async function budgetOvershoot(o: BudgetOvershootOptions = DEFAULT_BUDGET
         });
       }
       targets.push(
-        { what: `${st.label}: requests received after budgetMetMs (all runs)`, required: '0', measured: String(b.sentAfterBudgetMet), met: b.sentAfterBudgetMet === 0 },
-        { what: `${st.label}: requests acquired after the budget-meeting commit, in Redis's order (all runs)`, required: '0', measured: String(b.acquiredAfterBudgetMet), met: b.acquiredAfterBudgetMet === 0 },
-        { what: `${st.label}: final tokens >= budget (all runs)`, required: `>= ${st.budget}`, measured: `min ${b.finalTokensMin}`, met: b.finalTokensMin >= st.budget },
+        {
+          what: `${st.label}: requests received after budgetMetMs (all runs)`,
+          required: '0',
+          measured: String(b.sentAfterBudgetMet),
+          met: b.sentAfterBudgetMet === 0,
+        },
+        {
+          what: `${st.label}: requests acquired after the budget-meeting commit, in Redis's order (all runs)`,
+          required: '0',
+          measured: String(b.acquiredAfterBudgetMet),
+          met: b.acquiredAfterBudgetMet === 0,
+        },
+        {
+          what: `${st.label}: final tokens >= budget (all runs)`,
+          required: `>= ${st.budget}`,
+          measured: `min ${b.finalTokensMin}`,
+          met: b.finalTokensMin >= st.budget,
+        },
       );
     }
     return {

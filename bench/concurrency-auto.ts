@@ -7,7 +7,19 @@
 import { startSimulator, type SimulatorHandle } from '../src/sim/index.js';
 import { endpointConcurrencyKey, loadConfig, type Config } from '../src/shared/index.js';
 import { promSum } from '../src/workers/inference/concurrency-probe.js';
-import { delay, fmtInt, isMain, openBenchEnv, round, runAsScript, startTokenmill, waitUntil, writePrompts, type BenchEnv, type BenchResult } from './lib.js';
+import {
+  delay,
+  fmtInt,
+  isMain,
+  openBenchEnv,
+  round,
+  runAsScript,
+  startTokenmill,
+  waitUntil,
+  writePrompts,
+  type BenchEnv,
+  type BenchResult,
+} from './lib.js';
 
 export interface ServerCase {
   name: string;
@@ -46,7 +58,15 @@ export const DEFAULT_CONCURRENCY_AUTO: ConcurrencyAutoOptions = {
     { name: 'small', maxRunningRequests: 64, singleRequestTokensPerSec: 60, peakTokensPerSec: 1_500 },
     { name: 'large', maxRunningRequests: 256, singleRequestTokensPerSec: 40, peakTokensPerSec: 5_000 },
     // Throughput peaks near 110 decoding and falls beyond it (short of KV cache): the server never queues, so only the token rate says where to stop.
-    { name: 'declining', maxRunningRequests: 256, singleRequestTokensPerSec: 40, peakTokensPerSec: 5_000, declineAboveBatch: 96, declinePerRequest: 0.005, sweep: [64, 128, 256] },
+    {
+      name: 'declining',
+      maxRunningRequests: 256,
+      singleRequestTokensPerSec: 40,
+      peakTokensPerSec: 5_000,
+      declineAboveBatch: 96,
+      declinePerRequest: 0.005,
+      sweep: [64, 128, 256],
+    },
   ],
   sweep: [16, 32, 64, 128, 256, 512],
   timeScale: 20,
@@ -76,27 +96,42 @@ async function measureRate(sim: SimulatorHandle, ms: number): Promise<number> {
   return (b - a) / ((performance.now() - t0) / 1000);
 }
 
-function config(env: BenchEnv, o: ConcurrencyAutoOptions, run: string, endpoint: string, concurrency: number | 'auto', promptFile: string): Config {
+function config(
+  env: BenchEnv,
+  o: ConcurrencyAutoOptions,
+  run: string,
+  endpoint: string,
+  concurrency: number | 'auto',
+  promptFile: string,
+): Config {
   return loadConfig({
     baseDir: env.dir,
     object: {
       run,
       redis: { url: env.redis.url, prefix: env.redis.prefix },
       sglang: { endpoints: [endpoint], concurrency, autoConcurrency: o.auto, requestTimeoutMs: 600_000 },
-      datasets: [{ name: 'conc', prompts: promptFile, tokenBudget: 1_000_000_000, maxNewTokens: o.maxNewTokens, batchSize: 64 }],
+      datasets: [
+        { name: 'conc', prompts: promptFile, tokenBudget: 1_000_000_000, maxNewTokens: o.maxNewTokens, batchSize: 64 },
+      ],
       output: { dir: `out-${run}` },
       workers: { shutdownGraceMs: 500 },
     },
   });
 }
 
-async function withServer<T>(o: ConcurrencyAutoOptions, s: ServerCase, fn: (sim: SimulatorHandle) => Promise<T>): Promise<T> {
+async function withServer<T>(
+  o: ConcurrencyAutoOptions,
+  s: ServerCase,
+  fn: (sim: SimulatorHandle) => Promise<T>,
+): Promise<T> {
   const sim = await startSimulator({
     timeScale: o.timeScale,
     maxRunningRequests: s.maxRunningRequests,
     singleRequestTokensPerSec: s.singleRequestTokensPerSec,
     peakTokensPerSec: s.peakTokensPerSec,
-    ...(s.declineAboveBatch === undefined ? {} : { declineAboveBatch: s.declineAboveBatch, declinePerRequest: s.declinePerRequest ?? 0.01 }),
+    ...(s.declineAboveBatch === undefined
+      ? {}
+      : { declineAboveBatch: s.declineAboveBatch, declinePerRequest: s.declinePerRequest ?? 0.01 }),
     seed: 7,
     outputLength: { distribution: 'lognormal', mean: o.meanOutputTokens, sigma: 0.8 },
   });
@@ -107,9 +142,17 @@ async function withServer<T>(o: ConcurrencyAutoOptions, s: ServerCase, fn: (sim:
   }
 }
 
-async function fixedRun(env: BenchEnv, o: ConcurrencyAutoOptions, s: ServerCase, concurrency: number, promptFile: string): Promise<number> {
+async function fixedRun(
+  env: BenchEnv,
+  o: ConcurrencyAutoOptions,
+  s: ServerCase,
+  concurrency: number,
+  promptFile: string,
+): Promise<number> {
   return withServer(o, s, async (sim) => {
-    const gen = await startTokenmill(config(env, o, `${s.name}-fixed-${concurrency}`, sim.url, concurrency, promptFile));
+    const gen = await startTokenmill(
+      config(env, o, `${s.name}-fixed-${concurrency}`, sim.url, concurrency, promptFile),
+    );
     try {
       await waitUntil(() => sim.stats().requestsReceived > 0, 'the first request', 60_000, 5);
       await delay(o.warmupMs);
@@ -158,7 +201,15 @@ async function autoRun(env: BenchEnv, o: ConcurrencyAutoOptions, s: ServerCase, 
       const settleS = (lastChangeMs - t0) / 1000;
       const tokensPerSec = await measureRate(sim, o.measureMs);
       const h = await gen.ctx.redis.hgetall(key);
-      return { tokensPerSec, cap: Number(h.cap), settleS: round(settleS, 1), settled, trajectory, reason: h.reason ?? '', queuedAtEnd: sim.stats().queued };
+      return {
+        tokensPerSec,
+        cap: Number(h.cap),
+        settleS: round(settleS, 1),
+        settled,
+        trajectory,
+        reason: h.reason ?? '',
+        queuedAtEnd: sim.stats().queued,
+      };
     } finally {
       await gen.stop();
     }
@@ -175,12 +226,24 @@ export async function concurrencyAuto(o: ConcurrencyAutoOptions = DEFAULT_CONCUR
     const summary: string[] = [];
     for (const s of o.servers) {
       const sweep: { concurrency: number; tokensPerSec: number }[] = [];
-      for (const c of s.sweep ?? o.sweep) sweep.push({ concurrency: c, tokensPerSec: round(await fixedRun(env, o, s, c, file), 0) });
+      for (const c of s.sweep ?? o.sweep)
+        sweep.push({ concurrency: c, tokensPerSec: round(await fixedRun(env, o, s, c, file), 0) });
       const best = sweep.reduce((a, b) => (b.tokensPerSec > a.tokensPerSec ? b : a));
       const auto = await autoRun(env, o, s, file);
       const ratio = round(auto.tokensPerSec / best.tokensPerSec, 3);
-      perServer[s.name] = { server: s, sweep, best, auto: { ...auto, tokensPerSec: round(auto.tokensPerSec, 0) }, ratio };
-      targets.push({ what: `${s.name} server (${s.maxRunningRequests} running): auto / best fixed throughput`, required: `>= ${o.targetRatio}`, measured: ratio.toFixed(3), met: ratio >= o.targetRatio });
+      perServer[s.name] = {
+        server: s,
+        sweep,
+        best,
+        auto: { ...auto, tokensPerSec: round(auto.tokensPerSec, 0) },
+        ratio,
+      };
+      targets.push({
+        what: `${s.name} server (${s.maxRunningRequests} running): auto / best fixed throughput`,
+        required: `>= ${o.targetRatio}`,
+        measured: ratio.toFixed(3),
+        met: ratio >= o.targetRatio,
+      });
       summary.push(
         `${s.name} (max_running_requests ${s.maxRunningRequests}, T(1) ${s.singleRequestTokensPerSec}, peak ${s.peakTokensPerSec} tok/s simulated${s.declineAboveBatch === undefined ? '' : `, falling ${(s.declinePerRequest ?? 0.01) * 100}% a request beyond ${s.declineAboveBatch}`}, x${o.timeScale}):`,
         `  fixed: ${sweep.map((x) => `${x.concurrency} → ${fmtInt(x.tokensPerSec)}`).join(', ')} tok/s (best ${best.concurrency})`,

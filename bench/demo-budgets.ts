@@ -67,7 +67,12 @@ export async function demoBudgets(o: DemoBudgetsOptions = DEFAULT_DEMO_BUDGETS):
       const r = await runDemo(outDir);
       const datasets: DatasetOutcome[] = [];
       for (const d of r.datasets) {
-        datasets.push({ name: d.name, percent: round((100 * d.outputTokens) / d.tokenBudget, 2), aborted: await abortedRecords(outDir, d.name), byBudget: d.outputTokens >= d.tokenBudget });
+        datasets.push({
+          name: d.name,
+          percent: round((100 * d.outputTokens) / d.tokenBudget, 2),
+          aborted: await abortedRecords(outDir, d.name),
+          byBudget: d.outputTokens >= d.tokenBudget,
+        });
       }
       runs.push({ wallS: round(r.wallS, 1), datasets });
     }
@@ -79,11 +84,21 @@ export async function demoBudgets(o: DemoBudgetsOptions = DEFAULT_DEMO_BUDGETS):
     return {
       name: 'demo-budgets',
       ok: met,
-      targets: [{ what: `the demo's table: every dataset that ended by budget, in ${o.runs} runs`, required: `<= ${(100 * (1 + o.maxOver)).toFixed(0)} % of its budget`, measured: `${best.toFixed(2)}–${worst.toFixed(2)} %`, met }],
+      targets: [
+        {
+          what: `the demo's table: every dataset that ended by budget, in ${o.runs} runs`,
+          required: `<= ${(100 * (1 + o.maxOver)).toFixed(0)} % of its budget`,
+          measured: `${best.toFixed(2)}–${worst.toFixed(2)} %`,
+          met,
+        },
+      ],
       metrics: { runs },
       summary: [
         `${o.runs} runs of tokenmill demo: ${byBudget.length} dataset-runs ended by budget, at ${best.toFixed(2)}–${worst.toFixed(2)} % of their budgets; abort records per dataset ${Math.min(...aborted)}–${Math.max(...aborted)}; wall ${runs.map((r) => `${r.wallS} s`).join(', ')}`,
-        ...runs.map((r, i) => `run ${i + 1}: ${r.datasets.map((d) => `${d.name} ${d.percent.toFixed(2)} %${d.byBudget ? ` (${d.aborted} abort)` : ' (out of prompts)'}`).join(', ')}`),
+        ...runs.map(
+          (r, i) =>
+            `run ${i + 1}: ${r.datasets.map((d) => `${d.name} ${d.percent.toFixed(2)} %${d.byBudget ? ` (${d.aborted} abort)` : ' (out of prompts)'}`).join(', ')}`,
+        ),
       ],
       wallS: round((performance.now() - t0) / 1000, 1),
     };

@@ -92,7 +92,11 @@ class TokenCounter {
 }
 
 /** Resolves with the wall time (ms, performance.now) at which `counter` reaches `target` tokens. */
-function timeOfTokens(counter: TokenCounter, target: number, timeoutMs: number): { at: Promise<number>; cancel(): void } {
+function timeOfTokens(
+  counter: TokenCounter,
+  target: number,
+  timeoutMs: number,
+): { at: Promise<number>; cancel(): void } {
   let timer: NodeJS.Timeout | undefined;
   let cancel = (): void => undefined;
   const at = new Promise<number>((resolve, reject) => {
@@ -120,7 +124,12 @@ function simOptions(o: GpuSaturationOptions, sigma: number, seed: number): Param
   };
 }
 
-async function runTokenmill(env: BenchEnv, o: GpuSaturationOptions, sigma: number, promptFile: string): Promise<ClientRun> {
+async function runTokenmill(
+  env: BenchEnv,
+  o: GpuSaturationOptions,
+  sigma: number,
+  promptFile: string,
+): Promise<ClientRun> {
   const sim = await startSimulator(simOptions(o, sigma, 11));
   try {
     const run = `sat-${String(sigma).replace('.', '_')}`;
@@ -128,7 +137,16 @@ async function runTokenmill(env: BenchEnv, o: GpuSaturationOptions, sigma: numbe
       run,
       endpoint: sim.url,
       concurrency: o.slots,
-      datasets: [{ name: 'sat', prompts: promptFile, tokenBudget: 1_000_000_000, maxNewTokens: o.maxNewTokens, sampling: SAMPLING, batchSize: o.batchSize }],
+      datasets: [
+        {
+          name: 'sat',
+          prompts: promptFile,
+          tokenBudget: 1_000_000_000,
+          maxNewTokens: o.maxNewTokens,
+          sampling: SAMPLING,
+          batchSize: o.batchSize,
+        },
+      ],
     });
     const counter = new TokenCounter(sim);
     const gen = await startTokenmill(config);
@@ -147,7 +165,10 @@ async function runTokenmill(env: BenchEnv, o: GpuSaturationOptions, sigma: numbe
         // Read before the tail: the dataset still has prompts, so the batch is still full.
         const occ = sim.stats().occupancy;
         return {
-          runningSampled: { min: Math.min(...samples), below60: round(samples.filter((x) => x < 60).length / Math.max(1, samples.length), 3) },
+          runningSampled: {
+            min: Math.min(...samples),
+            below60: round(samples.filter((x) => x < 60).length / Math.max(1, samples.length), 3),
+          },
           timeToTargetMs: tEnd - t0,
           meanRunning: occ.meanRunning,
           occupancyWindowMs: occ.windowMs,
@@ -203,7 +224,8 @@ async function runBatchAndWaitCase(o: GpuSaturationOptions, sigma: number, promp
           return true;
         },
       });
-      if (totals.unsent === 0 && counter.tokens() < o.targetTokens) throw new Error('baseline ran out of prompts before the target tokens');
+      if (totals.unsent === 0 && counter.tokens() < o.targetTokens)
+        throw new Error('baseline ran out of prompts before the target tokens');
       const tEnd = await (done as ReturnType<typeof timeOfTokens>).at;
       const occ = sim.stats().occupancy;
       return {
@@ -238,8 +260,18 @@ export async function gpuSaturation(o: GpuSaturationOptions = DEFAULT_GPU_SATURA
       const baseOcc = base.meanRunning / o.slots;
       const c = {
         sigma,
-        tokenmill: { ...tm, occupancy: round(tmOcc, 4), meanRunning: round(tm.meanRunning, 2), timeToTargetS: round(tm.timeToTargetMs / 1000, 2) },
-        batchAndWait: { ...base, occupancy: round(baseOcc, 4), meanRunning: round(base.meanRunning, 2), timeToTargetS: round(base.timeToTargetMs / 1000, 2) },
+        tokenmill: {
+          ...tm,
+          occupancy: round(tmOcc, 4),
+          meanRunning: round(tm.meanRunning, 2),
+          timeToTargetS: round(tm.timeToTargetMs / 1000, 2),
+        },
+        batchAndWait: {
+          ...base,
+          occupancy: round(baseOcc, 4),
+          meanRunning: round(base.meanRunning, 2),
+          timeToTargetS: round(base.timeToTargetMs / 1000, 2),
+        },
         occupancyRatio: round(tmOcc / baseOcc, 3),
         wallTimeRatio: round(tm.timeToTargetMs / base.timeToTargetMs, 3),
       };

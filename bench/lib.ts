@@ -61,7 +61,12 @@ export async function openBenchEnv(name: string): Promise<BenchEnv> {
 }
 
 /** Writes `n` prompt records and returns the file and its size on disk. */
-export function writePrompts(dir: string, name: string, n: number, make: (i: number) => object = defaultPrompt(name)): { file: string; bytes: number } {
+export function writePrompts(
+  dir: string,
+  name: string,
+  n: number,
+  make: (i: number) => object = defaultPrompt(name),
+): { file: string; bytes: number } {
   const file = path.join(dir, `${name}.jsonl`);
   const lines: string[] = new Array<string>(n);
   for (let i = 0; i < n; i += 1) lines[i] = JSON.stringify(make(i));
@@ -70,12 +75,32 @@ export function writePrompts(dir: string, name: string, n: number, make: (i: num
 }
 
 function defaultPrompt(name: string): (i: number) => object {
-  return (i) => ({ id: `${name}-${i}`, prompt: `Question ${i}: explain, with an example, the idea numbered ${i * 13} in a few sentences.` });
+  return (i) => ({
+    id: `${name}-${i}`,
+    prompt: `Question ${i}: explain, with an example, the idea numbered ${i * 13} in a few sentences.`,
+  });
 }
 
 /** A prompt of about `chars` characters of plain English, different for every `i`. */
 export function longPrompt(i: number, chars: number): string {
-  const words = ['river', 'market', 'signal', 'engine', 'garden', 'window', 'memory', 'stream', 'bridge', 'forest', 'harbor', 'letter', 'circle', 'season', 'valley', 'station'];
+  const words = [
+    'river',
+    'market',
+    'signal',
+    'engine',
+    'garden',
+    'window',
+    'memory',
+    'stream',
+    'bridge',
+    'forest',
+    'harbor',
+    'letter',
+    'circle',
+    'season',
+    'valley',
+    'station',
+  ];
   let s = `Task ${i}: write a careful answer about`;
   let x = (i * 2654435761) >>> 0;
   while (s.length < chars) {
@@ -143,7 +168,12 @@ export async function startTokenmill(config: Config): Promise<RunningGeneration>
 }
 
 /** Polls `cond` until it returns a truthy value or the deadline passes. */
-export async function waitUntil<T>(cond: () => Promise<T> | T, what: string, timeoutMs: number, intervalMs = 20): Promise<T> {
+export async function waitUntil<T>(
+  cond: () => Promise<T> | T,
+  what: string,
+  timeoutMs: number,
+  intervalMs = 20,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await cond();
@@ -183,7 +213,9 @@ export function procCpuSeconds(pid: number): number | undefined {
 }
 
 /** CPU used by this process and by the benchmark's redis-server, as cores busy on average. */
-export function cpuMeter(redisPid: number | undefined): { stop(): { nodeCores: number; redisCores: number | undefined } } {
+export function cpuMeter(redisPid: number | undefined): {
+  stop(): { nodeCores: number; redisCores: number | undefined };
+} {
   const t0 = performance.now();
   const c0 = process.cpuUsage();
   const r0 = redisPid === undefined ? undefined : procCpuSeconds(redisPid);
@@ -220,7 +252,8 @@ export function printResult(r: BenchResult): void {
   process.stdout.write(`BENCH_RESULT ${JSON.stringify(r)}\n`);
   process.stdout.write(`\n== ${r.name}: ${r.ok ? 'targets met' : 'TARGET NOT MET'} (${r.wallS.toFixed(1)} s)\n`);
   for (const line of r.summary) process.stdout.write(`  ${line}\n`);
-  for (const t of r.targets) process.stdout.write(`  [${t.met ? 'ok' : 'MISS'}] ${t.what}: required ${t.required}, measured ${t.measured}\n`);
+  for (const t of r.targets)
+    process.stdout.write(`  [${t.met ? 'ok' : 'MISS'}] ${t.what}: required ${t.required}, measured ${t.measured}\n`);
   process.stdout.write('\n');
 }
 
@@ -246,7 +279,14 @@ export function runAsScript(bench: () => Promise<BenchResult>): void {
 
 /** The part of a simulator {@link busyMeter} reads. */
 export interface MeteredServer {
-  stats(): { requestsReceived: number; requests: unknown[]; running: number; queued: number; outputTokensTotal: number; occupancy: { meanRunning: number; windowMs: number } };
+  stats(): {
+    requestsReceived: number;
+    requests: unknown[];
+    running: number;
+    queued: number;
+    outputTokensTotal: number;
+    occupancy: { meanRunning: number; windowMs: number };
+  };
   resetStats(): void;
 }
 

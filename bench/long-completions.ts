@@ -11,7 +11,20 @@ import { startSimulator, type SimulatorHandle } from '../src/sim/index.js';
 import { bundledTokenizerPath, loadTokenizer, readPromptFile } from '../src/shared/index.js';
 import type { TokenizedPrompt } from './clients/batch-and-wait.js';
 import { runSemaphoreLoop } from './clients/semaphore-loop.js';
-import { benchConfig, delay, fmtInt, isMain, openBenchEnv, round, runAsScript, startTokenmill, waitUntil, writePrompts, type BenchEnv, type BenchResult } from './lib.js';
+import {
+  benchConfig,
+  delay,
+  fmtInt,
+  isMain,
+  openBenchEnv,
+  round,
+  runAsScript,
+  startTokenmill,
+  waitUntil,
+  writePrompts,
+  type BenchEnv,
+  type BenchResult,
+} from './lib.js';
 
 export interface LongCompletionsOptions {
   slots: number;
@@ -86,7 +99,12 @@ async function decodedTokens(sim: SimulatorHandle, promptTokensMean: number): Pr
   }
 }
 
-async function measureWindow(o: LongCompletionsOptions, sim: SimulatorHandle, client: Client, promptTokensMean: number): Promise<WindowRun> {
+async function measureWindow(
+  o: LongCompletionsOptions,
+  sim: SimulatorHandle,
+  client: Client,
+  promptTokensMean: number,
+): Promise<WindowRun> {
   await waitUntil(() => sim.stats().requestsReceived > 0, 'the first request', 60_000, 2);
   await delay((o.warmupSimS * 1000) / o.timeScale);
   const sentInWarmup = sim.stats().requestsReceived;
@@ -109,17 +127,35 @@ async function measureWindow(o: LongCompletionsOptions, sim: SimulatorHandle, cl
 }
 
 function startSim(o: LongCompletionsOptions): Promise<SimulatorHandle> {
-  return startSimulator({ timeScale: o.timeScale, maxRunningRequests: o.slots, seed: 3, outputLength: { distribution: 'lognormal', mean: o.meanOutputTokens, sigma: o.sigma } });
+  return startSimulator({
+    timeScale: o.timeScale,
+    maxRunningRequests: o.slots,
+    seed: 3,
+    outputLength: { distribution: 'lognormal', mean: o.meanOutputTokens, sigma: o.sigma },
+  });
 }
 
-async function runTokenmill(env: BenchEnv, o: LongCompletionsOptions, run: string, promptTokensMean: number): Promise<WindowRun> {
+async function runTokenmill(
+  env: BenchEnv,
+  o: LongCompletionsOptions,
+  run: string,
+  promptTokensMean: number,
+): Promise<WindowRun> {
   const sim = await startSim(o);
   try {
     const config = benchConfig(env, {
       run,
       endpoint: sim.url,
       concurrency: o.slots,
-      datasets: [{ name: 'long', prompts: 'long.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: o.maxNewTokens, sampling: SAMPLING }],
+      datasets: [
+        {
+          name: 'long',
+          prompts: 'long.jsonl',
+          tokenBudget: 1_000_000_000,
+          maxNewTokens: o.maxNewTokens,
+          sampling: SAMPLING,
+        },
+      ],
     });
     const gen = await startTokenmill(config);
     try {
@@ -132,12 +168,24 @@ async function runTokenmill(env: BenchEnv, o: LongCompletionsOptions, run: strin
   }
 }
 
-async function runLoop(env: BenchEnv, o: LongCompletionsOptions, run: string, prompts: TokenizedPrompt[], promptTokensMean: number): Promise<WindowRun> {
+async function runLoop(
+  env: BenchEnv,
+  o: LongCompletionsOptions,
+  run: string,
+  prompts: TokenizedPrompt[],
+  promptTokensMean: number,
+): Promise<WindowRun> {
   const sim = await startSim(o);
   try {
     // Ids of their own per run: the simulator draws each completion's length from its rid.
     const own = prompts.map((p) => ({ id: `${run}/${p.id}`, inputIds: p.inputIds }));
-    const loop = runSemaphoreLoop({ urls: [sim.url], slots: o.slots, prompts: own, samplingParams: { ...SAMPLING, max_new_tokens: o.maxNewTokens }, outFile: path.join(env.dir, `${run}.jsonl`) });
+    const loop = runSemaphoreLoop({
+      urls: [sim.url],
+      slots: o.slots,
+      prompts: own,
+      samplingParams: { ...SAMPLING, max_new_tokens: o.maxNewTokens },
+      outFile: path.join(env.dir, `${run}.jsonl`),
+    });
     // On a failed measurement the simulator stops under the loop, which then rejects.
     loop.catch(() => undefined);
     const result = await measureWindow(o, sim, 'semaphore', promptTokensMean);
@@ -148,7 +196,9 @@ async function runLoop(env: BenchEnv, o: LongCompletionsOptions, run: string, pr
   }
 }
 
-export async function longCompletions(o: LongCompletionsOptions = longCompletionsOptionsFromEnv()): Promise<BenchResult> {
+export async function longCompletions(
+  o: LongCompletionsOptions = longCompletionsOptionsFromEnv(),
+): Promise<BenchResult> {
   const started = performance.now();
   const env = await openBenchEnv('long');
   try {
@@ -164,8 +214,12 @@ export async function longCompletions(o: LongCompletionsOptions = longCompletion
       const order: Client[] = pair % 2 === 0 ? ['tokenmill', 'semaphore'] : ['semaphore', 'tokenmill'];
       for (const client of order) {
         const run = `${client}-${pair}`;
-        const r = client === 'tokenmill' ? await runTokenmill(env, o, run, promptTokensMean) : await runLoop(env, o, run, prompts, promptTokensMean);
-        if (r.requestsAtWindowEnd >= o.prompts) throw new Error(`${client}: every prompt was sent before the window ended; raise prompts above ${o.prompts}`);
+        const r =
+          client === 'tokenmill'
+            ? await runTokenmill(env, o, run, promptTokensMean)
+            : await runLoop(env, o, run, prompts, promptTokensMean);
+        if (r.requestsAtWindowEnd >= o.prompts)
+          throw new Error(`${client}: every prompt was sent before the window ended; raise prompts above ${o.prompts}`);
         runs.push(r);
       }
     }
@@ -178,14 +232,30 @@ export async function longCompletions(o: LongCompletionsOptions = longCompletion
     const ratio = tm / loop;
     const summary = [
       `${o.slots} in flight, lognormal completions (mean ${o.meanOutputTokens}, sigma ${o.sigma}, max ${fmtInt(o.maxNewTokens)}), timeScale ${o.timeScale}; window ${o.windowSimS} simulated s after a ${o.warmupSimS} s warm-up, tokens decoded in it`,
-      ...runs.map((r) => `${r.client}: ${fmtInt(r.tokensPerSimS)} output tok/s (simulated), ${fmtInt(r.windowTokens)} tokens in the window, ${r.meanRunning}/${o.slots} running`),
+      ...runs.map(
+        (r) =>
+          `${r.client}: ${fmtInt(r.tokensPerSimS)} output tok/s (simulated), ${fmtInt(r.windowTokens)} tokens in the window, ${r.meanRunning}/${o.slots} running`,
+      ),
       `tokenmill / semaphore loop: ${ratio.toFixed(3)}`,
     ];
     return {
       name: 'long-completions',
       ok: ratio >= o.targetRatio,
-      targets: [{ what: 'tokenmill output tokens/s / semaphore loop', required: `>= ${o.targetRatio}`, measured: ratio.toFixed(3), met: ratio >= o.targetRatio }],
-      metrics: { config: o, runs, tokenmillTokensPerSimS: round(tm, 1), loopTokensPerSimS: round(loop, 1), ratio: round(ratio, 4) },
+      targets: [
+        {
+          what: 'tokenmill output tokens/s / semaphore loop',
+          required: `>= ${o.targetRatio}`,
+          measured: ratio.toFixed(3),
+          met: ratio >= o.targetRatio,
+        },
+      ],
+      metrics: {
+        config: o,
+        runs,
+        tokenmillTokensPerSimS: round(tm, 1),
+        loopTokensPerSimS: round(loop, 1),
+        ratio: round(ratio, 4),
+      },
       summary,
       wallS: (performance.now() - started) / 1000,
     };

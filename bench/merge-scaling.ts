@@ -12,7 +12,15 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { DatasetIndex, mergeIntoTarget, readDatasetMeta, readHfDataset, rollbackTarget, writeHfDataset, type HfRow } from '../src/shared/index.js';
+import {
+  DatasetIndex,
+  mergeIntoTarget,
+  readDatasetMeta,
+  readHfDataset,
+  rollbackTarget,
+  writeHfDataset,
+  type HfRow,
+} from '../src/shared/index.js';
 import { fmtBytes, fmtInt, installBenchLogger, isMain, round, runAsScript, type BenchResult } from './lib.js';
 
 export interface MergeScalingOptions {
@@ -53,7 +61,14 @@ function* rows(prefix: string, n: number, tokens: number): Generator<HfRow> {
       ids[t] = x % 150_000;
       mask[t] = t < half ? 0 : 1;
     }
-    yield { id: `${prefix}-${i}`, dataset: DATASET, input_ids: ids, loss_mask: mask, num_tokens: tokens, finish_reason: 'stop' };
+    yield {
+      id: `${prefix}-${i}`,
+      dataset: DATASET,
+      input_ids: ids,
+      loss_mask: mask,
+      num_tokens: tokens,
+      finish_reason: 'stop',
+    };
   }
 }
 
@@ -105,7 +120,9 @@ async function childMain(target: string, staged: string, runDir: string): Promis
 function runChild(target: string, staged: string, runDir: string): Promise<ChildReport> {
   const self = fileURLToPath(import.meta.url);
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', self, 'child', target, staged, runDir], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, ['--import', 'tsx', self, 'child', target, staged, runDir], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -127,14 +144,21 @@ function rowsFromCommandLine(): number | undefined {
   const raw = (isMain(import.meta.url) ? process.argv[2] : undefined) ?? process.env['BENCH_MERGE_SCALING_ROWS'];
   if (raw === undefined) return undefined;
   const n = Number(raw.replace(/[_,]/g, ''));
-  if (!Number.isInteger(n) || n < 1000) throw new Error(`merge-scaling: the big target's row count must be an integer of at least 1000, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(n) || n < 1000)
+    throw new Error(
+      `merge-scaling: the big target's row count must be an integer of at least 1000, got ${JSON.stringify(raw)}`,
+    );
   return n;
 }
 
 export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): Promise<BenchResult> {
   installBenchLogger();
   const fromCli = rowsFromCommandLine();
-  const o: MergeScalingOptions = { ...DEFAULT_MERGE_SCALING, ...(fromCli === undefined ? {} : { bigRows: fromCli }), ...options };
+  const o: MergeScalingOptions = {
+    ...DEFAULT_MERGE_SCALING,
+    ...(fromCli === undefined ? {} : { bigRows: fromCli }),
+    ...options,
+  };
   const started = performance.now();
   const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-bench-merge-scaling-'));
   try {
@@ -144,7 +168,9 @@ export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): 
     const build: Record<string, { writeS: number; bytes: number; indexS: number }> = {};
     for (const k of ['big', 'small'] as const) {
       const tw = performance.now();
-      const w = await writeHfDataset(targets[k], rows(`old-${k}`, sizes[k], o.tokensPerRow), { shardSizeMiB: SHARD_MIB });
+      const w = await writeHfDataset(targets[k], rows(`old-${k}`, sizes[k], o.tokensPerRow), {
+        shardSizeMiB: SHARD_MIB,
+      });
       const writeS = (performance.now() - tw) / 1000;
       const ti = performance.now();
       const index = await DatasetIndex.open(targets[k], (await readDatasetMeta(targets[k])).shards, { persist: true });
@@ -159,16 +185,24 @@ export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): 
       for (const k of r % 2 === 0 ? (['small', 'big'] as const) : (['big', 'small'] as const)) {
         const rep = await runChild(targets[k], staged, runDir);
         if (rep.oldRows !== sizes[k] || rep.newRows !== o.newRows) {
-          throw new Error(`merge into the ${k} target: ${rep.oldRows} old + ${rep.newRows} new rows, expected ${sizes[k]} + ${o.newRows}`);
+          throw new Error(
+            `merge into the ${k} target: ${rep.oldRows} old + ${rep.newRows} new rows, expected ${sizes[k]} + ${o.newRows}`,
+          );
         }
         runs[k].push(rep);
         await rollbackTarget({ target: targets[k], runDir });
       }
     }
     const ms = { big: median(runs.big.map((x) => x.mergeMs)), small: median(runs.small.map((x) => x.mergeMs)) };
-    const rss = { big: Math.max(...runs.big.map((x) => x.maxRssBytes)), small: Math.max(...runs.small.map((x) => x.maxRssBytes)) };
+    const rss = {
+      big: Math.max(...runs.big.map((x) => x.maxRssBytes)),
+      small: Math.max(...runs.small.map((x) => x.maxRssBytes)),
+    };
     const ratio = ms.big / ms.small;
-    const cpuMs = { big: median(runs.big.map((x) => x.mergeCpuMs)), small: median(runs.small.map((x) => x.mergeCpuMs)) };
+    const cpuMs = {
+      big: median(runs.big.map((x) => x.mergeCpuMs)),
+      small: median(runs.small.map((x) => x.mergeCpuMs)),
+    };
     const rssDiff = rss.big - rss.small;
     const targetsMet: BenchResult['targets'] = [
       {
@@ -197,10 +231,16 @@ export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): 
         mergeMs: { big: runs.big.map((x) => round(x.mergeMs, 1)), small: runs.small.map((x) => round(x.mergeMs, 1)) },
         medianMergeMs: { big: round(ms.big, 1), small: round(ms.small, 1) },
         timeRatio: round(ratio, 3),
-        mergeCpuMs: { big: runs.big.map((x) => round(x.mergeCpuMs, 1)), small: runs.small.map((x) => round(x.mergeCpuMs, 1)) },
+        mergeCpuMs: {
+          big: runs.big.map((x) => round(x.mergeCpuMs, 1)),
+          small: runs.small.map((x) => round(x.mergeCpuMs, 1)),
+        },
         cpuRatio: round(cpuMs.big / cpuMs.small, 3),
         maxRssBytes: { big: runs.big.map((x) => x.maxRssBytes), small: runs.small.map((x) => x.maxRssBytes) },
-        heapUsedMaxBytes: { big: runs.big.map((x) => x.heapUsedMaxBytes), small: runs.small.map((x) => x.heapUsedMaxBytes) },
+        heapUsedMaxBytes: {
+          big: runs.big.map((x) => x.heapUsedMaxBytes),
+          small: runs.small.map((x) => x.heapUsedMaxBytes),
+        },
       },
       summary: [
         line('small'),
@@ -217,7 +257,8 @@ export async function mergeScaling(options: Partial<MergeScalingOptions> = {}): 
 if (isMain(import.meta.url)) {
   if (process.argv[2] === 'child') {
     const [target, staged, runDir] = process.argv.slice(3);
-    if (target === undefined || staged === undefined || runDir === undefined) throw new Error('usage: merge-scaling.ts child <target> <staged> <runDir>');
+    if (target === undefined || staged === undefined || runDir === undefined)
+      throw new Error('usage: merge-scaling.ts child <target> <staged> <runDir>');
     childMain(target, staged, runDir).then(
       () => process.exit(0),
       (e: unknown) => {

@@ -26,7 +26,13 @@ export interface PrepareMemoryOptions {
   maxRssMiB: number;
 }
 
-export const DEFAULT_PREPARE_MEMORY: PrepareMemoryOptions = { rows: 1_000_000, duplicateEvery: 20, emptyEvery: 101, heapLimitMiB: 128, maxRssMiB: 400 };
+export const DEFAULT_PREPARE_MEMORY: PrepareMemoryOptions = {
+  rows: 1_000_000,
+  duplicateEvery: 20,
+  emptyEvery: 101,
+  heapLimitMiB: 128,
+  maxRssMiB: 400,
+};
 
 const repoRoot = fileURLToPath(new URL('../', import.meta.url));
 
@@ -96,10 +102,24 @@ async function child(configFile: string): Promise<void> {
   process.stdout.write(`${JSON.stringify(report)}\n`);
 }
 
-function runChild(configFile: string, heapLimitMiB: number): Promise<{ code: number | null; stdout: string; stderr: string; wallMs: number }> {
+function runChild(
+  configFile: string,
+  heapLimitMiB: number,
+): Promise<{ code: number | null; stdout: string; stderr: string; wallMs: number }> {
   return new Promise((resolve, reject) => {
     const started = performance.now();
-    const p = spawn(process.execPath, [`--max-old-space-size=${heapLimitMiB}`, '--import', 'tsx', fileURLToPath(import.meta.url), '--child', configFile], { cwd: repoRoot, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(
+      process.execPath,
+      [
+        `--max-old-space-size=${heapLimitMiB}`,
+        '--import',
+        'tsx',
+        fileURLToPath(import.meta.url),
+        '--child',
+        configFile,
+      ],
+      { cwd: repoRoot, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     let stdout = '';
     let stderr = '';
     p.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -110,10 +130,13 @@ function runChild(configFile: string, heapLimitMiB: number): Promise<{ code: num
 }
 
 function rowsFromCommandLine(): number | undefined {
-  const raw = (isMain(import.meta.url) && process.argv[2] !== '--child' ? process.argv[2] : undefined) ?? process.env['BENCH_PREPARE_MEMORY_ROWS'];
+  const raw =
+    (isMain(import.meta.url) && process.argv[2] !== '--child' ? process.argv[2] : undefined) ??
+    process.env['BENCH_PREPARE_MEMORY_ROWS'];
   if (raw === undefined) return undefined;
   const n = Number(raw.replace(/[_,]/g, ''));
-  if (!Number.isInteger(n) || n < 1000) throw new Error(`prepare-memory: the row count must be an integer of at least 1000, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(n) || n < 1000)
+    throw new Error(`prepare-memory: the row count must be an integer of at least 1000, got ${JSON.stringify(raw)}`);
   return n;
 }
 
@@ -121,20 +144,31 @@ export async function prepareMemory(options: Partial<PrepareMemoryOptions> = {})
   const rows = rowsFromCommandLine();
   const o: PrepareMemoryOptions = { ...DEFAULT_PREPARE_MEMORY, ...(rows === undefined ? {} : { rows }), ...options };
   const python = path.join(repoRoot, '.venv/bin/python');
-  if (!existsSync(python)) throw new Error(`prepare-memory needs ${python} with pyarrow to write its source (scripts/setup-python.sh)`);
+  if (!existsSync(python))
+    throw new Error(`prepare-memory needs ${python} with pyarrow to write its source (scripts/setup-python.sh)`);
   const started = performance.now();
   const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-bench-prepare-memory-'));
   try {
     const write = (name: string, rows: number): string => {
       const file = path.join(dir, `${name}.parquet`);
-      execFileSync(python, ['-c', WRITE_PARQUET, file, String(rows), String(o.duplicateEvery), String(o.emptyEvery)], { stdio: 'inherit' });
+      execFileSync(python, ['-c', WRITE_PARQUET, file, String(rows), String(o.duplicateEvery), String(o.emptyEvery)], {
+        stdio: 'inherit',
+      });
       const configFile = path.join(dir, `${name}.yaml`);
-      writeFileSync(configFile, `run: ${name}\ndatasets:\n  - name: big\n    source: { path: ${name}.parquet }\n    tokenBudget: 1000\noutput: { dir: out }\n`);
+      writeFileSync(
+        configFile,
+        `run: ${name}\ndatasets:\n  - name: big\n    source: { path: ${name}.parquet }\n    tokenBudget: 1000\noutput: { dir: out }\n`,
+      );
       return configFile;
     };
-    const prepare = async (configFile: string): Promise<{ run: Awaited<ReturnType<typeof runChild>>; r: ChildReport }> => {
+    const prepare = async (
+      configFile: string,
+    ): Promise<{ run: Awaited<ReturnType<typeof runChild>>; r: ChildReport }> => {
       const run = await runChild(configFile, o.heapLimitMiB);
-      if (run.code !== 0) throw new Error(`the prepare child exited ${run.code} under --max-old-space-size=${o.heapLimitMiB}:\n${run.stderr.slice(-4_000)}`);
+      if (run.code !== 0)
+        throw new Error(
+          `the prepare child exited ${run.code} under --max-old-space-size=${o.heapLimitMiB}:\n${run.stderr.slice(-4_000)}`,
+        );
       return { run, r: JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '{}') as ChildReport };
     };
     // A source a twentieth the size first: how much the peak grows with the source.
@@ -148,7 +182,12 @@ export async function prepareMemory(options: Partial<PrepareMemoryOptions> = {})
     const want = expectedCounts(o);
     const promptsBytes = statSync(r.outcome.prompts).size;
     const rowsPerS = c.rowsRead / (r.wallMs / 1000);
-    const countsRight = c.rowsRead === o.rows && c.kept === want.kept && c.duplicates === want.duplicates && c.empty === want.empty && c.malformed === 0;
+    const countsRight =
+      c.rowsRead === o.rows &&
+      c.kept === want.kept &&
+      c.duplicates === want.duplicates &&
+      c.empty === want.empty &&
+      c.malformed === 0;
     const maxRssBytes = o.maxRssMiB * 2 ** 20;
     const targets: BenchResult['targets'] = [
       {
@@ -157,7 +196,12 @@ export async function prepareMemory(options: Partial<PrepareMemoryOptions> = {})
         measured: `${fmtInt(c.rowsRead)} read, ${fmtInt(c.kept)} kept, ${fmtInt(c.duplicates)} duplicates, ${fmtInt(c.empty)} empty, ${fmtInt(c.malformed)} malformed`,
         met: countsRight,
       },
-      { what: 'peak RSS of the child', required: `< ${fmtBytes(maxRssBytes)}`, measured: fmtBytes(r.maxRssBytes), met: r.maxRssBytes < maxRssBytes },
+      {
+        what: 'peak RSS of the child',
+        required: `< ${fmtBytes(maxRssBytes)}`,
+        measured: fmtBytes(r.maxRssBytes),
+        met: r.maxRssBytes < maxRssBytes,
+      },
     ];
     const summary = [
       `${fmtInt(o.rows)} ShareGPT rows, parquet ${fmtBytes(sourceBytes)} (written by pyarrow in ${writeS.toFixed(1)} s); prompt file ${fmtBytes(promptsBytes)}`,

@@ -38,12 +38,17 @@ function linesFromCommandLine(): number | undefined {
   const raw = (isMain(import.meta.url) ? process.argv[2] : undefined) ?? process.env['BENCH_PRODUCER_MEMORY_LINES'];
   if (raw === undefined) return undefined;
   const n = Number(raw.replace(/[_,]/g, ''));
-  if (!Number.isInteger(n) || n < 100) throw new Error(`producer-memory: the line count must be an integer of at least 100, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(n) || n < 100)
+    throw new Error(`producer-memory: the line count must be an integer of at least 100, got ${JSON.stringify(raw)}`);
   return n;
 }
 
 export async function producerMemory(options: Partial<ProducerMemoryOptions> = {}): Promise<BenchResult> {
-  const o: ProducerMemoryOptions = { ...DEFAULT_PRODUCER_MEMORY, ...withoutUndefined({ lines: linesFromCommandLine() }), ...options };
+  const o: ProducerMemoryOptions = {
+    ...DEFAULT_PRODUCER_MEMORY,
+    ...withoutUndefined({ lines: linesFromCommandLine() }),
+    ...options,
+  };
   const started = performance.now();
   const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-bench-producer-memory-'));
   try {
@@ -54,7 +59,10 @@ export async function producerMemory(options: Partial<ProducerMemoryOptions> = {
     const writeS = (performance.now() - tw) / 1000;
 
     const run = await runScanChild(file, o.heapLimitMiB);
-    if (run.code !== 0) throw new Error(`the scan child exited ${run.code} under a ${o.heapLimitMiB} MiB heap:\n${run.stderr.slice(-4_000)}`);
+    if (run.code !== 0)
+      throw new Error(
+        `the scan child exited ${run.code} under a ${o.heapLimitMiB} MiB heap:\n${run.stderr.slice(-4_000)}`,
+      );
     const r = JSON.parse(run.stdout.trim()) as ScanReport;
 
     const expectedRejects = [...planted].map(([line, first]) => `${line}: ${plantedReason(first)}`);
@@ -74,13 +82,30 @@ export async function producerMemory(options: Partial<ProducerMemoryOptions> = {
       {
         what: 'every planted repeat rejected naming its first line, nothing else rejected',
         required: `${planted.size} rejects`,
-        measured: rejectsRight ? `${r.rejected} rejects, as planted` : `${r.rejected} rejects: ${gotRejects.slice(0, 5).join('; ')}`,
+        measured: rejectsRight
+          ? `${r.rejected} rejects, as planted`
+          : `${r.rejected} rejects: ${gotRejects.slice(0, 5).join('; ')}`,
         met: rejectsRight,
       },
       // heapUsed counts the young generation too (up to ~32 MiB beyond the old-space limit).
-      { what: 'peak V8 heap used', required: `< ${fmtBytes(2 * heapLimitBytes)}`, measured: fmtBytes(r.heapUsedMaxBytes), met: r.heapUsedMaxBytes < 2 * heapLimitBytes },
-      { what: 'peak RSS of the child', required: `< ${fmtBytes(maxRssBytes)}`, measured: fmtBytes(r.maxRssBytes), met: r.maxRssBytes < maxRssBytes },
-      { what: 'suspects (ids tracked exactly) as a share of lines', required: '< 1 %', measured: `${(suspectShare * 100).toFixed(3)} %`, met: suspectShare < 0.01 },
+      {
+        what: 'peak V8 heap used',
+        required: `< ${fmtBytes(2 * heapLimitBytes)}`,
+        measured: fmtBytes(r.heapUsedMaxBytes),
+        met: r.heapUsedMaxBytes < 2 * heapLimitBytes,
+      },
+      {
+        what: 'peak RSS of the child',
+        required: `< ${fmtBytes(maxRssBytes)}`,
+        measured: fmtBytes(r.maxRssBytes),
+        met: r.maxRssBytes < maxRssBytes,
+      },
+      {
+        what: 'suspects (ids tracked exactly) as a share of lines',
+        required: '< 1 %',
+        measured: `${(suspectShare * 100).toFixed(3)} %`,
+        met: suspectShare < 0.01,
+      },
     ];
     const summary = [
       `${fmtInt(o.lines)} lines, ${fmtBytes(fileBytes)} on disk (written in ${writeS.toFixed(1)} s), ${planted.size} repeated ids planted; child under --max-old-space-size=${o.heapLimitMiB}`,

@@ -124,7 +124,10 @@ async function runSize(o: RedisMemoryOptions, prompts: number): Promise<SizeRun>
       seed: 6,
       outputLength: { distribution: 'fixed', mean: o.outputTokens },
     });
-    const { bytes } = writePrompts(env.dir, 'mem', prompts, (i) => ({ id: `mem-${i}`, prompt: longPrompt(i, o.promptChars) }));
+    const { bytes } = writePrompts(env.dir, 'mem', prompts, (i) => ({
+      id: `mem-${i}`,
+      prompt: longPrompt(i, o.promptChars),
+    }));
     const config = benchConfig(env, {
       run: 'memory',
       endpoint: sim.url,
@@ -140,11 +143,12 @@ async function runSize(o: RedisMemoryOptions, prompts: number): Promise<SizeRun>
     let sampling = true;
     const sampler = (async () => {
       while (sampling) {
-        const [[, info], [, recs], [, backlog]] = (await probe.multi().info('memory').hget(keys.stats('mem'), 'records').xlen(keys.results('mem')).exec()) as [
-          [unknown, string],
-          [unknown, string | null],
-          [unknown, number],
-        ];
+        const [[, info], [, recs], [, backlog]] = (await probe
+          .multi()
+          .info('memory')
+          .hget(keys.stats('mem'), 'records')
+          .xlen(keys.results('mem'))
+          .exec()) as [[unknown, string], [unknown, string | null], [unknown, number]];
         const used = Number(/^used_memory:(\d+)/m.exec(info)?.[1] ?? NaN);
         peak = Math.max(peak, used);
         backlogMax = Math.max(backlogMax, backlog);
@@ -207,7 +211,8 @@ export async function redisMemory(o: RedisMemoryOptions = DEFAULT_REDIS_MEMORY):
   // used_memory at the end without the completed jobs BullMQ keeps: what the rest of the state costs.
   const endWithoutJobs = runs.map((r) => r.endUsedMemoryBytes - r.keys.completedJobsBytes);
   const endWithoutJobsRatio = (endWithoutJobs[endWithoutJobs.length - 1] ?? NaN) / (endWithoutJobs[0] ?? NaN);
-  const bytesPerCompletedJob = large.keys.completedJobs > 0 ? large.keys.completedJobsBytes / large.keys.completedJobs : 0;
+  const bytesPerCompletedJob =
+    large.keys.completedJobs > 0 ? large.keys.completedJobsBytes / large.keys.completedJobs : 0;
   const keep = generateJobOptions.removeOnComplete;
   const keptJobs = typeof keep === 'object' && keep.count !== undefined ? keep.count : Infinity;
   const summary = [
@@ -245,7 +250,17 @@ export async function redisMemory(o: RedisMemoryOptions = DEFAULT_REDIS_MEMORY):
     name: 'redis-memory',
     ok: targets.every((t) => t.met),
     targets,
-    metrics: { config: o, runs, datasetRatio: round(datasetRatio, 3), peakRatio: round(peakRatio, 3), peakGrowthRatio: round(growthRatio, 3), endWithoutCompletedJobsBytes: endWithoutJobs, endWithoutCompletedJobsRatio: round(endWithoutJobsRatio, 3), perSample, bytesPerCompletedJob: Math.round(bytesPerCompletedJob) },
+    metrics: {
+      config: o,
+      runs,
+      datasetRatio: round(datasetRatio, 3),
+      peakRatio: round(peakRatio, 3),
+      peakGrowthRatio: round(growthRatio, 3),
+      endWithoutCompletedJobsBytes: endWithoutJobs,
+      endWithoutCompletedJobsRatio: round(endWithoutJobsRatio, 3),
+      perSample,
+      bytesPerCompletedJob: Math.round(bytesPerCompletedJob),
+    },
     summary,
     wallS: (performance.now() - started) / 1000,
   };

@@ -166,7 +166,10 @@ async function startSimChild(c: OverheadCase): Promise<{ url: string; child: Chi
     `const sim = await startSimulator(${opts});` +
     `process.stdout.write('SIM_URL ' + sim.url + '\\n');` +
     `process.on('SIGTERM', () => sim.stop().then(() => process.exit(0)));`;
-  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], {
+    cwd: root,
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   const url = await new Promise<string>((resolve, reject) => {
     const lines = createInterface({ input: child.stdout! });
     const timer = setTimeout(() => reject(new Error('the simulator child did not print its URL within 30 s')), 30_000);
@@ -218,22 +221,51 @@ function countLines(files: string[]): { lines: number; tokens: number } {
   return { lines, tokens };
 }
 
-async function runLoop(env: BenchEnv, url: string, c: OverheadCase, prompts: LoopPrompt[], round_: number): Promise<RoundResult> {
+async function runLoop(
+  env: BenchEnv,
+  url: string,
+  c: OverheadCase,
+  prompts: LoopPrompt[],
+  round_: number,
+): Promise<RoundResult> {
   const outFile = path.join(env.dir, `loop-${round_}.jsonl`);
   await simOccupancy(url, true);
   const cpu = cpuMeter(undefined);
-  const r = await runSemaphoreLoop({ urls: [url], slots: c.concurrency, prompts, samplingParams: { max_new_tokens: c.maxNewTokens }, outFile });
+  const r = await runSemaphoreLoop({
+    urls: [url],
+    slots: c.concurrency,
+    prompts,
+    samplingParams: { max_new_tokens: c.maxNewTokens },
+    outFile,
+  });
   const wallS = r.wallMs / 1000;
   const disk = countLines([outFile]);
-  if (disk.lines !== c.prompts || disk.tokens !== r.outputTokens) throw new Error(`the loop wrote ${disk.lines} records (${disk.tokens} tokens) to ${outFile}, expected ${c.prompts} (${r.outputTokens})`);
+  if (disk.lines !== c.prompts || disk.tokens !== r.outputTokens)
+    throw new Error(
+      `the loop wrote ${disk.lines} records (${disk.tokens} tokens) to ${outFile}, expected ${c.prompts} (${r.outputTokens})`,
+    );
   const simMeanRunning = await simOccupancy(url, false);
-  return { client: 'loop', simMeanRunning, wallS, prompts: r.completed, outputTokens: r.outputTokens, promptsPerSec: r.completed / wallS, tokensPerSec: r.outputTokens / wallS, cpu: cpu.stop() };
+  return {
+    client: 'loop',
+    simMeanRunning,
+    wallS,
+    prompts: r.completed,
+    outputTokens: r.outputTokens,
+    promptsPerSec: r.completed / wallS,
+    tokensPerSec: r.outputTokens / wallS,
+    cpu: cpu.stop(),
+  };
 }
 
 /** The loop that starts from the prompts file: its clock covers loading the tokenizer, reading the file and tokenizing each prompt. */
 async function runTokenizingLoop(env: BenchEnv, url: string, c: OverheadCase, round_: number): Promise<RoundResult> {
   const outFile = path.join(env.dir, `loop-tokenizing-${round_}.jsonl`);
-  const config = benchConfig(env, { run: `tokenize-${round_}`, endpoint: url, concurrency: c.concurrency, datasets: [{ name: 'fast', prompts: 'fast.jsonl', tokenBudget: 1, maxNewTokens: c.maxNewTokens }] });
+  const config = benchConfig(env, {
+    run: `tokenize-${round_}`,
+    endpoint: url,
+    concurrency: c.concurrency,
+    datasets: [{ name: 'fast', prompts: 'fast.jsonl', tokenBudget: 1, maxNewTokens: c.maxNewTokens }],
+  });
   await simOccupancy(url, true);
   const cpu = cpuMeter(undefined);
   const t0 = performance.now();
@@ -253,9 +285,21 @@ async function runTokenizingLoop(env: BenchEnv, url: string, c: OverheadCase, ro
   });
   const wallS = (performance.now() - t0) / 1000;
   const disk = countLines([outFile]);
-  if (disk.lines !== c.prompts || disk.tokens !== r.outputTokens) throw new Error(`the loop wrote ${disk.lines} records (${disk.tokens} tokens) to ${outFile}, expected ${c.prompts} (${r.outputTokens})`);
+  if (disk.lines !== c.prompts || disk.tokens !== r.outputTokens)
+    throw new Error(
+      `the loop wrote ${disk.lines} records (${disk.tokens} tokens) to ${outFile}, expected ${c.prompts} (${r.outputTokens})`,
+    );
   const simMeanRunning = await simOccupancy(url, false);
-  return { client: 'loop-tokenizing', simMeanRunning, wallS, prompts: r.completed, outputTokens: r.outputTokens, promptsPerSec: r.completed / wallS, tokensPerSec: r.outputTokens / wallS, cpu: cpu.stop() };
+  return {
+    client: 'loop-tokenizing',
+    simMeanRunning,
+    wallS,
+    prompts: r.completed,
+    outputTokens: r.outputTokens,
+    promptsPerSec: r.completed / wallS,
+    tokensPerSec: r.outputTokens / wallS,
+    cpu: cpu.stop(),
+  };
 }
 
 function readPromptsFile(env: BenchEnv): { id: string; prompt: string }[] {
@@ -283,14 +327,25 @@ async function runTokenmill(env: BenchEnv, url: string, c: OverheadCase, round_:
     await gen.handle.finished;
     const wallS = (performance.now() - t0) / 1000;
     const endMs = Date.now();
-    const stats = await gen.ctx.redis.hmget(gen.ctx.keys.stats('fast'), 'records', 'outputTokens', 'firstCommitMs', 'lastCommitMs');
+    const stats = await gen.ctx.redis.hmget(
+      gen.ctx.keys.stats('fast'),
+      'records',
+      'outputTokens',
+      'firstCommitMs',
+      'lastCommitMs',
+    );
     const firstCommitMs = Number(stats[2]);
     const lastCommitMs = Number(stats[3]);
     const cores = cpu.stop();
     const simMeanRunning = await simOccupancy(url, false);
     const dir = path.join(config.output.dir, run, 'fast', 'generations');
-    const disk = countLines(readdirSync(dir).filter((n) => n.endsWith('.jsonl')).map((n) => path.join(dir, n)));
-    if (disk.lines !== c.prompts) throw new Error(`tokenmill wrote ${disk.lines} records to ${dir}, expected ${c.prompts}`);
+    const disk = countLines(
+      readdirSync(dir)
+        .filter((n) => n.endsWith('.jsonl'))
+        .map((n) => path.join(dir, n)),
+    );
+    if (disk.lines !== c.prompts)
+      throw new Error(`tokenmill wrote ${disk.lines} records to ${dir}, expected ${c.prompts}`);
     const steadyS = (lastCommitMs - firstCommitMs) / 1000;
     return {
       client: 'tokenmill',
@@ -318,21 +373,29 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
     sim = await startSimChild(c);
     writePrompts(env.dir, 'fast', c.prompts);
     // The loop sends the very ids tokenmill sends: the same prompts through the run's tokenizer.
-    const config = benchConfig(env, { run: 'tokenize', endpoint: sim.url, concurrency: c.concurrency, datasets: [{ name: 'fast', prompts: 'fast.jsonl', tokenBudget: 1, maxNewTokens: c.maxNewTokens }] });
+    const config = benchConfig(env, {
+      run: 'tokenize',
+      endpoint: sim.url,
+      concurrency: c.concurrency,
+      datasets: [{ name: 'fast', prompts: 'fast.jsonl', tokenBudget: 1, maxNewTokens: c.maxNewTokens }],
+    });
     const tokenizer = await loadRunTokenizer(config);
     const records = readPromptsFile(env);
     const encoded = await tokenizer.encodePrompts(records.map((r) => [{ role: 'user' as const, content: r.prompt }]));
     const prompts: LoopPrompt[] = records.map((r, i) => {
       const ids = encoded[i];
-      if (ids === undefined || ids instanceof Error) throw new Error(`could not tokenize prompt ${r.id}: ${String(ids)}`);
+      if (ids === undefined || ids instanceof Error)
+        throw new Error(`could not tokenize prompt ${r.id}: ${String(ids)}`);
       return { id: `fast/${r.id}`, inputIds: ids };
     });
 
     const results: RoundResult[] = [];
     for (let k = 0; k < rounds; k += 1) {
       const url = sim.url;
-      if (c.ratioAgainst === 'floor' || c.bothLoops === true) results.push(await profiled(`${c.label}-loop-${k}`, () => runLoop(env, url, c, prompts, k)));
-      if (c.ratioAgainst === 'tokenizing' || c.bothLoops === true) results.push(await profiled(`${c.label}-loop-tokenizing-${k}`, () => runTokenizingLoop(env, url, c, k)));
+      if (c.ratioAgainst === 'floor' || c.bothLoops === true)
+        results.push(await profiled(`${c.label}-loop-${k}`, () => runLoop(env, url, c, prompts, k)));
+      if (c.ratioAgainst === 'tokenizing' || c.bothLoops === true)
+        results.push(await profiled(`${c.label}-loop-tokenizing-${k}`, () => runTokenizingLoop(env, url, c, k)));
       results.push(await profiled(`${c.label}-tokenmill-${k}`, () => runTokenmill(env, url, c, k)));
     }
     const rate = (r: RoundResult): number => (c.ratioOf === 'tokens' ? r.tokensPerSec : r.promptsPerSec);
@@ -365,7 +428,13 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
       loopTokensPerSec: round(loop.tokensPerSec, 0),
       tokenmillTokensPerSec: round(tm.tokensPerSec, 0),
       ratio: round(ratio, 3),
-      ...(other === undefined || otherRatio === undefined ? {} : { otherLoop: other.client, otherLoopPromptsPerSec: round(other.promptsPerSec, 1), otherRatio: round(otherRatio, 3) }),
+      ...(other === undefined || otherRatio === undefined
+        ? {}
+        : {
+            otherLoop: other.client,
+            otherLoopPromptsPerSec: round(other.promptsPerSec, 1),
+            otherRatio: round(otherRatio, 3),
+          }),
     };
     const what = c.ratioOf === 'tokens' ? 'output tokens/s' : 'prompts/s';
     const summary = [
@@ -380,14 +449,26 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
           `${r.simMeanRunning >= 0.05 ? `; ${r.simMeanRunning.toFixed(1)} running in the simulator on average` : ''}; CPU node ${r.cpu.nodeCores} cores${r.cpu.redisCores === undefined ? '' : `, redis ${r.cpu.redisCores}`}`,
       ),
       `${c.label}: tokenmill / ${loopClient} ${what} = ${ratio.toFixed(2)}`,
-      ...(other === undefined || otherRatio === undefined ? [] : [`${c.label}: tokenmill / ${other.client} ${what} = ${otherRatio.toFixed(2)} (reported, not the goal)`]),
+      ...(other === undefined || otherRatio === undefined
+        ? []
+        : [`${c.label}: tokenmill / ${other.client} ${what} = ${otherRatio.toFixed(2)} (reported, not the goal)`]),
     ];
     const targets: BenchResult['targets'] = [];
     if (c.minPromptsPerSec !== undefined) {
-      targets.push({ what: `${c.label}: tokenmill prompts/s end to end`, required: `>= ${fmtInt(c.minPromptsPerSec)}`, measured: fmtInt(tm.promptsPerSec), met: tm.promptsPerSec >= c.minPromptsPerSec });
+      targets.push({
+        what: `${c.label}: tokenmill prompts/s end to end`,
+        required: `>= ${fmtInt(c.minPromptsPerSec)}`,
+        measured: fmtInt(tm.promptsPerSec),
+        met: tm.promptsPerSec >= c.minPromptsPerSec,
+      });
     }
     if (c.minRatio !== undefined) {
-      targets.push({ what: `${c.label}: tokenmill / hand-written loop (${loopClient === 'loop' ? 'prompts tokenized beforehand' : 'tokenizing each prompt as it goes'}), ${what}`, required: `>= ${c.minRatio}`, measured: ratio.toFixed(2), met: ratio >= c.minRatio });
+      targets.push({
+        what: `${c.label}: tokenmill / hand-written loop (${loopClient === 'loop' ? 'prompts tokenized beforehand' : 'tokenizing each prompt as it goes'}), ${what}`,
+        required: `>= ${c.minRatio}`,
+        measured: ratio.toFixed(2),
+        met: ratio >= c.minRatio,
+      });
     }
     return { metrics, summary, targets };
   } finally {
@@ -398,11 +479,16 @@ async function runCase(c: OverheadCase, rounds: number): Promise<CaseRun> {
 
 /** `BENCH_OVERHEAD_CASES=16-token` runs only the cases whose label contains one of the comma-separated words. */
 function selectedCases(): RequestOverheadOptions {
-  const words = (process.env['BENCH_OVERHEAD_CASES'] ?? '').split(',').map((w) => w.trim()).filter((w) => w !== '');
+  const words = (process.env['BENCH_OVERHEAD_CASES'] ?? '')
+    .split(',')
+    .map((w) => w.trim())
+    .filter((w) => w !== '');
   if (words.length === 0) return DEFAULT_REQUEST_OVERHEAD;
   const cases = DEFAULT_REQUEST_OVERHEAD.cases.filter((c) => words.some((w) => c.label.includes(w)));
   if (cases.length === 0) {
-    throw new Error(`BENCH_OVERHEAD_CASES=${words.join(',')} names no case; the cases are: ${DEFAULT_REQUEST_OVERHEAD.cases.map((c) => c.label).join('; ')}`);
+    throw new Error(
+      `BENCH_OVERHEAD_CASES=${words.join(',')} names no case; the cases are: ${DEFAULT_REQUEST_OVERHEAD.cases.map((c) => c.label).join('; ')}`,
+    );
   }
   return { ...DEFAULT_REQUEST_OVERHEAD, cases };
 }

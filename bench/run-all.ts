@@ -111,7 +111,13 @@ async function main(): Promise<number> {
     try {
       const r = await bench();
       printResult(r);
-      results.push({ ...r, loadAverage1m: { before: Math.round(before * 100) / 100, after: Math.round((os.loadavg()[0] ?? NaN) * 100) / 100 } });
+      results.push({
+        ...r,
+        loadAverage1m: {
+          before: Math.round(before * 100) / 100,
+          after: Math.round((os.loadavg()[0] ?? NaN) * 100) / 100,
+        },
+      });
       writeReport();
     } catch (e: unknown) {
       failed = true;
@@ -119,7 +125,9 @@ async function main(): Promise<number> {
     }
   }
   writeReport();
-  const missed = results.flatMap((r) => r.targets.filter((t) => !t.met).map((t) => `${r.name}: ${t.what} (required ${t.required}, measured ${t.measured})`));
+  const missed = results.flatMap((r) =>
+    r.targets.filter((t) => !t.met).map((t) => `${r.name}: ${t.what} (required ${t.required}, measured ${t.measured})`),
+  );
   process.stdout.write(`results written to ${path.relative(process.cwd(), file)}\n`);
   if (missed.length > 0) process.stdout.write(`targets missed:\n${missed.map((m) => `  - ${m}`).join('\n')}\n`);
   if (failed) return 2;

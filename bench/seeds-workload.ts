@@ -14,7 +14,19 @@ import { bundledTokenizerPath, loadTokenizer, readPromptFile, type SglangSamplin
 import { runBatchAndWait, type TokenizedPrompt } from './clients/batch-and-wait.js';
 import { runSemaphoreLoop } from './clients/semaphore-loop.js';
 import { mulberry32, sampleOutputLength } from '../src/sim/output-model.js';
-import { benchConfig, busyMeter, fmtInt, isMain, openBenchEnv, round, runAsScript, startTokenmill, writePrompts, type BenchEnv, type BenchResult } from './lib.js';
+import {
+  benchConfig,
+  busyMeter,
+  fmtInt,
+  isMain,
+  openBenchEnv,
+  round,
+  runAsScript,
+  startTokenmill,
+  writePrompts,
+  type BenchEnv,
+  type BenchResult,
+} from './lib.js';
 
 /** One simulated server: its slots and its decode curve T(B) (see src/sim/load-model.ts). */
 export interface ServerModel {
@@ -24,10 +36,18 @@ export interface ServerModel {
 }
 
 /** The server whose curve gives `tokensPerSecAtSlots` with `slots` running and `singleRequestTokensPerSec` alone. */
-export function serverModel(o: { slots: number; tokensPerSecAtSlots: number; singleRequestTokensPerSec: number }): ServerModel {
+export function serverModel(o: {
+  slots: number;
+  tokensPerSecAtSlots: number;
+  singleRequestTokensPerSec: number;
+}): ServerModel {
   // T(B) = peak * B / (B + peak / single - 1), solved for peak at T(slots) = tokensPerSecAtSlots.
-  const peak = (o.tokensPerSecAtSlots * (o.slots - 1)) / (o.slots - o.tokensPerSecAtSlots / o.singleRequestTokensPerSec);
-  if (!(peak > 0)) throw new RangeError(`no decode curve gives ${o.tokensPerSecAtSlots} tok/s at ${o.slots} running with ${o.singleRequestTokensPerSec} tok/s alone`);
+  const peak =
+    (o.tokensPerSecAtSlots * (o.slots - 1)) / (o.slots - o.tokensPerSecAtSlots / o.singleRequestTokensPerSec);
+  if (!(peak > 0))
+    throw new RangeError(
+      `no decode curve gives ${o.tokensPerSecAtSlots} tok/s at ${o.slots} running with ${o.singleRequestTokensPerSec} tok/s alone`,
+    );
   return { slots: o.slots, singleRequestTokensPerSec: o.singleRequestTokensPerSec, peakTokensPerSec: peak };
 }
 
@@ -50,7 +70,13 @@ export interface IdealSchedule {
  * moment of continuous batching are length-biased draws of the completion length, each at a
  * uniform point of its decode; the drain runs at T(B)/B tokens/s per request as B falls.
  */
-export function idealSchedule(o: { totalTokens: number; servers: number; server: ServerModel; length: { mean: number; sigma: number; max: number }; trials?: number }): IdealSchedule {
+export function idealSchedule(o: {
+  totalTokens: number;
+  servers: number;
+  server: ServerModel;
+  length: { mean: number; sigma: number; max: number };
+  trials?: number;
+}): IdealSchedule {
   const rng = mulberry32(7);
   const spec = { distribution: 'lognormal' as const, mean: o.length.mean, sigma: o.length.sigma, max: o.length.max };
   const pool = Array.from({ length: 50_000 }, () => sampleOutputLength(spec, rng));
@@ -91,7 +117,13 @@ export function idealSchedule(o: { totalTokens: number; servers: number; server:
   drainTokens /= trials;
   const perSecond = o.servers * batchThroughput(o.server.slots, o.server);
   const fullSlotsHours = Math.max(0, o.totalTokens - drainTokens) / perSecond / 3600;
-  return { hours: fullSlotsHours + drainS / 3600, fullSlotsHours, drainS, drainTokens, floorHours: o.totalTokens / perSecond / 3600 };
+  return {
+    hours: fullSlotsHours + drainS / 3600,
+    fullSlotsHours,
+    drainS,
+    drainTokens,
+    floorHours: o.totalTokens / perSecond / 3600,
+  };
 }
 
 export type WorkloadClient = 'tokenmill' | 'batch-and-wait' | 'semaphore';
@@ -147,7 +179,12 @@ export function seedsWorkloadOptionsFromEnv(env: NodeJS.ProcessEnv = process.env
   const clients = env['BENCH_SEEDS_CLIENTS'];
   if (clients !== undefined && clients !== '') o.clients = clients.split(',') as WorkloadClient[];
   const f = Number(env['BENCH_SEEDS_TIME_SCALE_FACTOR'] ?? NaN);
-  if (Number.isFinite(f) && f > 0) o.timeScale = { tokenmill: o.timeScale.tokenmill * f, 'batch-and-wait': o.timeScale['batch-and-wait'] * f, semaphore: o.timeScale.semaphore * f };
+  if (Number.isFinite(f) && f > 0)
+    o.timeScale = {
+      tokenmill: o.timeScale.tokenmill * f,
+      'batch-and-wait': o.timeScale['batch-and-wait'] * f,
+      semaphore: o.timeScale.semaphore * f,
+    };
   return o;
 }
 
@@ -201,13 +238,24 @@ async function startServers(o: SeedsWorkloadOptions, n: number, timeScale: numbe
   return sims;
 }
 
-async function tokenmillTokens(w: Workload, o: SeedsWorkloadOptions, sims: SimulatorHandle[], run: string): Promise<{ perDataset: number[] }> {
+async function tokenmillTokens(
+  w: Workload,
+  o: SeedsWorkloadOptions,
+  sims: SimulatorHandle[],
+  run: string,
+): Promise<{ perDataset: number[] }> {
   const config = benchConfig(w.env, {
     run,
     endpoint: sims[0]?.url ?? '',
     endpoints: sims.map((s) => s.url),
     concurrency: o.server.slots,
-    datasets: w.names.map((name) => ({ name, prompts: `${name}.jsonl`, tokenBudget: w.budget, maxNewTokens: o.maxNewTokens, sampling: SAMPLING })),
+    datasets: w.names.map((name) => ({
+      name,
+      prompts: `${name}.jsonl`,
+      tokenBudget: w.budget,
+      maxNewTokens: o.maxNewTokens,
+      sampling: SAMPLING,
+    })),
   });
   const gen = await startTokenmill(config);
   try {
@@ -225,7 +273,13 @@ async function tokenmillTokens(w: Workload, o: SeedsWorkloadOptions, sims: Simul
   return { perDataset };
 }
 
-async function handWrittenTokens(w: Workload, o: SeedsWorkloadOptions, sims: SimulatorHandle[], client: WorkloadClient, run: string): Promise<{ perDataset: number[] }> {
+async function handWrittenTokens(
+  w: Workload,
+  o: SeedsWorkloadOptions,
+  sims: SimulatorHandle[],
+  client: WorkloadClient,
+  run: string,
+): Promise<{ perDataset: number[] }> {
   const dir = path.join(w.env.dir, run);
   mkdirSync(dir, { recursive: true });
   const urls = sims.map((s) => s.url);
@@ -238,10 +292,21 @@ async function handWrittenTokens(w: Workload, o: SeedsWorkloadOptions, sims: Sim
       const outFile = path.join(dir, `${name}.jsonl`);
       const r =
         client === 'batch-and-wait'
-          ? await runBatchAndWait({ urls, slots, prompts, samplingParams, outFile, budgetTokens: w.budget, ridPrefix: `${run}/${name}` })
+          ? await runBatchAndWait({
+              urls,
+              slots,
+              prompts,
+              samplingParams,
+              outFile,
+              budgetTokens: w.budget,
+              ridPrefix: `${run}/${name}`,
+            })
           : await runSemaphoreLoop({ urls, slots, prompts, samplingParams, outFile, budgetTokens: w.budget });
       // A client that sent every prompt stopped for want of prompts, not at its budget: its overshoot would read short.
-      if (r.completed >= prompts.length) throw new Error(`${client}: dataset ${name} sent all its ${prompts.length} prompts (${r.outputTokens} tokens, budget ${w.budget}); give it more prompts`);
+      if (r.completed >= prompts.length)
+        throw new Error(
+          `${client}: dataset ${name} sent all its ${prompts.length} prompts (${r.outputTokens} tokens, budget ${w.budget}); give it more prompts`,
+        );
       perDataset.push(r.outputTokens);
       rmSync(outFile, { force: true });
     }
@@ -251,14 +316,23 @@ async function handWrittenTokens(w: Workload, o: SeedsWorkloadOptions, sims: Sim
   return { perDataset };
 }
 
-async function runClient(w: Workload, o: SeedsWorkloadOptions, client: WorkloadClient, servers: number, timeScale: number): Promise<WorkloadRun> {
+async function runClient(
+  w: Workload,
+  o: SeedsWorkloadOptions,
+  client: WorkloadClient,
+  servers: number,
+  timeScale: number,
+): Promise<WorkloadRun> {
   const sims = await startServers(o, servers, timeScale);
   const run = `${client}-${servers}-${Math.round(timeScale)}-${w.budget}`;
   const load0 = os.loadavg()[0] ?? NaN;
   try {
     const meter = busyMeter(sims);
     const t0 = performance.now();
-    const r = client === 'tokenmill' ? await tokenmillTokens(w, o, sims, run) : await handWrittenTokens(w, o, sims, client, run);
+    const r =
+      client === 'tokenmill'
+        ? await tokenmillTokens(w, o, sims, run)
+        : await handWrittenTokens(w, o, sims, client, run);
     const busy = meter.stop();
     return {
       client,
@@ -316,7 +390,9 @@ export async function seedsWorkload(o: SeedsWorkloadOptions = seedsWorkloadOptio
       const runs: WorkloadRun[] = [];
       for (const client of o.clients) {
         const timeScale = o.timeScale[client] / servers;
-        process.stdout.write(`   seeds-workload: ${client} on ${servers} server(s), timeScale ${timeScale.toFixed(0)}\n`);
+        process.stdout.write(
+          `   seeds-workload: ${client} on ${servers} server(s), timeScale ${timeScale.toFixed(0)}\n`,
+        );
         runs.push(await runClient(w, o, client, servers, timeScale));
       }
       cases.push({ servers, ideal, runs });
@@ -335,13 +411,27 @@ export async function seedsWorkload(o: SeedsWorkloadOptions = seedsWorkloadOptio
           scaleRuns.push(await runClient(small, o, client, 1, base * f));
         }
       }
-      const ideal = idealSchedule({ totalTokens: o.datasets * check.budgetPerDataset, servers: 1, server: o.server, length });
-      summary.push(`time-scale check (${o.datasets} x ${fmtInt(check.budgetPerDataset)} tokens, 1 server, ideal ${ideal.hours.toFixed(3)} h): ${scaleRuns.map(fmtRun).join('; ')}`);
+      const ideal = idealSchedule({
+        totalTokens: o.datasets * check.budgetPerDataset,
+        servers: 1,
+        server: o.server,
+        length,
+      });
+      summary.push(
+        `time-scale check (${o.datasets} x ${fmtInt(check.budgetPerDataset)} tokens, 1 server, ideal ${ideal.hours.toFixed(3)} h): ${scaleRuns.map(fmtRun).join('; ')}`,
+      );
     }
     const targets: BenchResult['targets'] = cases.flatMap((c) => {
       const tm = c.runs.find((r) => r.client === 'tokenmill');
       if (tm === undefined) return [];
-      return [{ what: `tokenmill simulated hours / ideal, ${c.servers} server(s)`, required: '<= 1.05', measured: (tm.simHours / c.ideal.hours).toFixed(3), met: tm.simHours / c.ideal.hours <= 1.05 }];
+      return [
+        {
+          what: `tokenmill simulated hours / ideal, ${c.servers} server(s)`,
+          required: '<= 1.05',
+          measured: (tm.simHours / c.ideal.hours).toFixed(3),
+          met: tm.simHours / c.ideal.hours <= 1.05,
+        },
+      ];
     });
     return {
       name: 'seeds-workload',

@@ -36,8 +36,24 @@ export interface ThroughputCeilingOptions {
 
 export const DEFAULT_THROUGHPUT_CEILING: ThroughputCeilingOptions = {
   cases: [
-    { label: 'short outputs', prompts: 80_000, outputTokens: 64, concurrency: 64, timeScale: 2_000, warmupMs: 4_000, windowMs: 15_000 },
-    { label: 'long outputs', prompts: 20_000, outputTokens: 2_048, concurrency: 64, timeScale: 2_000, warmupMs: 4_000, windowMs: 15_000 },
+    {
+      label: 'short outputs',
+      prompts: 80_000,
+      outputTokens: 64,
+      concurrency: 64,
+      timeScale: 2_000,
+      warmupMs: 4_000,
+      windowMs: 15_000,
+    },
+    {
+      label: 'long outputs',
+      prompts: 20_000,
+      outputTokens: 2_048,
+      concurrency: 64,
+      timeScale: 2_000,
+      warmupMs: 4_000,
+      windowMs: 15_000,
+    },
   ],
 };
 
@@ -54,7 +70,9 @@ interface Sample {
   backlog: number;
 }
 
-export async function throughputCeiling(o: ThroughputCeilingOptions = DEFAULT_THROUGHPUT_CEILING): Promise<BenchResult> {
+export async function throughputCeiling(
+  o: ThroughputCeilingOptions = DEFAULT_THROUGHPUT_CEILING,
+): Promise<BenchResult> {
   const started = performance.now();
   const runs: CeilingRun[] = [];
   for (const c of o.cases) runs.push(await runCase(c));
@@ -90,10 +108,11 @@ async function runCase(o: CeilingCase): Promise<CeilingRun> {
     const statsKey = ctx.keys.stats('fast');
     const resultsKey = ctx.keys.results('fast');
     const sample = async (): Promise<Sample> => {
-      const [[, s], [, backlog]] = (await ctx.redis.multi().hmget(statsKey, 'records', 'outputTokens').xlen(resultsKey).exec()) as [
-        [unknown, (string | null)[]],
-        [unknown, number],
-      ];
+      const [[, s], [, backlog]] = (await ctx.redis
+        .multi()
+        .hmget(statsKey, 'records', 'outputTokens')
+        .xlen(resultsKey)
+        .exec()) as [[unknown, (string | null)[]], [unknown, number]];
       return { atMs: performance.now(), records: Number(s[0] ?? 0), tokens: Number(s[1] ?? 0), backlog };
     };
     try {

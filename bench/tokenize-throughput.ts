@@ -20,7 +20,11 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { bundledTokenizerPath, loadTokenizer } from '../src/shared/index.js';
-import { createTokenizeContext, emptyConversationStats, rowsFromConversations } from '../src/workers/postprocess/tokenize.js';
+import {
+  createTokenizeContext,
+  emptyConversationStats,
+  rowsFromConversations,
+} from '../src/workers/postprocess/tokenize.js';
 import { rowsFromConversationsPooled } from '../src/workers/postprocess/tokenize-pool.js';
 import { conversationCorpus } from '../test/fixtures/conversations/corpus.js';
 import { PYTHON_ENV, ensurePythonEnv, runProcess } from '../test/helpers/python.js';
@@ -79,7 +83,13 @@ async function childMain(mode: string, file: string, count: number): Promise<voi
       const stats = emptyConversationStats();
       const t0 = performance.now();
       for await (const row of rowsFromConversations(file, { ctx, dataset: 'bench', stats })) void row;
-      report({ pass, seconds: (performance.now() - t0) / 1000, rows: stats.kept, tokens: stats.tokens, supervised: stats.supervisedTokens });
+      report({
+        pass,
+        seconds: (performance.now() - t0) / 1000,
+        rows: stats.kept,
+        tokens: stats.tokens,
+        supervised: stats.supervisedTokens,
+      });
     }
     return;
   }
@@ -100,7 +110,15 @@ async function childMain(mode: string, file: string, count: number): Promise<voi
   });
   for await (const row of rows) void row;
   const end = performance.now();
-  report({ pass: 0, seconds: (end - t0) / 1000, startSeconds: (ready - t0) / 1000, threads, rows: stats.kept, tokens: stats.tokens, supervised: stats.supervisedTokens });
+  report({
+    pass: 0,
+    seconds: (end - t0) / 1000,
+    startSeconds: (ready - t0) / 1000,
+    threads,
+    rows: stats.kept,
+    tokens: stats.tokens,
+    supervised: stats.supervisedTokens,
+  });
 }
 
 function parseReports(stdout: string): PassReport[] {
@@ -125,21 +143,34 @@ const perSecond = (r: PassReport): number => r.tokens / r.seconds;
 const best = (rs: readonly PassReport[]): PassReport => rs.reduce((a, b) => (perSecond(b) > perSecond(a) ? b : a));
 const median = (xs: readonly number[]): number => {
   const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 === 1 ? (s[(s.length - 1) / 2] ?? NaN) : ((s[s.length / 2 - 1] ?? 0) + (s[s.length / 2] ?? 0)) / 2;
+  return s.length === 0
+    ? NaN
+    : s.length % 2 === 1
+      ? (s[(s.length - 1) / 2] ?? NaN)
+      : ((s[s.length / 2 - 1] ?? 0) + (s[s.length / 2] ?? 0)) / 2;
 };
 
 /** The conversation count: the script's argument, else BENCH_TOKENIZE_CONVERSATIONS. */
 function conversationsFromCommandLine(): number | undefined {
-  const raw = (isMain(import.meta.url) && process.argv[2] !== 'child' ? process.argv[2] : undefined) ?? process.env['BENCH_TOKENIZE_CONVERSATIONS'];
+  const raw =
+    (isMain(import.meta.url) && process.argv[2] !== 'child' ? process.argv[2] : undefined) ??
+    process.env['BENCH_TOKENIZE_CONVERSATIONS'];
   if (raw === undefined) return undefined;
   const n = Number(raw.replace(/[_,]/g, ''));
-  if (!Number.isInteger(n) || n < 100) throw new Error(`tokenize-throughput: the conversation count must be an integer of at least 100, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(n) || n < 100)
+    throw new Error(
+      `tokenize-throughput: the conversation count must be an integer of at least 100, got ${JSON.stringify(raw)}`,
+    );
   return n;
 }
 
 export async function tokenizeThroughput(options: Partial<TokenizeThroughputOptions> = {}): Promise<BenchResult> {
   const fromCli = conversationsFromCommandLine();
-  const o: TokenizeThroughputOptions = { ...DEFAULT_TOKENIZE_THROUGHPUT, ...(fromCli === undefined ? {} : { conversations: fromCli }), ...options };
+  const o: TokenizeThroughputOptions = {
+    ...DEFAULT_TOKENIZE_THROUGHPUT,
+    ...(fromCli === undefined ? {} : { conversations: fromCli }),
+    ...options,
+  };
   const started = performance.now();
   const loadBefore = os.loadavg().map((x) => round(x, 2));
   const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-bench-tokenize-'));
@@ -147,11 +178,24 @@ export async function tokenizeThroughput(options: Partial<TokenizeThroughputOpti
     const file = path.join(dir, 'conversations.jsonl');
     const bytes = writeCorpus(file, o.conversations);
     const python = await ensurePythonEnv('main');
-    const oneThreadEnv = { ...PYTHON_ENV, RAYON_NUM_THREADS: '1', TOKENIZERS_PARALLELISM: 'false', OMP_NUM_THREADS: '1' };
+    const oneThreadEnv = {
+      ...PYTHON_ENV,
+      RAYON_NUM_THREADS: '1',
+      TOKENIZERS_PARALLELISM: 'false',
+      OMP_NUM_THREADS: '1',
+    };
     const ts: PassReport[] = [];
     const py: PassReport[] = [];
     const runTs = async (): Promise<void> => {
-      const [cmd, args] = pinned(process.execPath, ['--import', 'tsx', SELF, 'child', 'single', file, String(o.passes)]);
+      const [cmd, args] = pinned(process.execPath, [
+        '--import',
+        'tsx',
+        SELF,
+        'child',
+        'single',
+        file,
+        String(o.passes),
+      ]);
       ts.push(...(await runChild(cmd, args, process.env, 'the tokenmill child')).filter((r) => r.pass > 0));
     };
     const runPy = async (): Promise<void> => {
@@ -167,7 +211,12 @@ export async function tokenizeThroughput(options: Partial<TokenizeThroughputOpti
         await runTs();
       }
     }
-    const [all] = await runChild(process.execPath, ['--import', 'tsx', SELF, 'child', 'threads', file, String(o.threads)], process.env, 'the all-cores child');
+    const [all] = await runChild(
+      process.execPath,
+      ['--import', 'tsx', SELF, 'child', 'threads', file, String(o.threads)],
+      process.env,
+      'the all-cores child',
+    );
     if (all === undefined) throw new Error('the all-cores child reported nothing');
 
     const tsBest = best(ts);
@@ -195,7 +244,10 @@ export async function tokenizeThroughput(options: Partial<TokenizeThroughputOpti
         rows: { tokenmill: tsBest.rows, python: pyBest.rows },
         tokens: { tokenmill: tsBest.tokens, python: pyBest.tokens },
         supervisedTokens: { tokenmill: tsBest.supervised, python: pyBest.supervised },
-        oneThreadTokensPerS: { tokenmill: ts.map((r) => round(perSecond(r), 0)), python: py.map((r) => round(perSecond(r), 0)) },
+        oneThreadTokensPerS: {
+          tokenmill: ts.map((r) => round(perSecond(r), 0)),
+          python: py.map((r) => round(perSecond(r), 0)),
+        },
         bestTokensPerS: { tokenmill: round(perSecond(tsBest), 0), python: round(perSecond(pyBest), 0) },
         ratioBest: round(ratio, 3),
         ratioMedian: round(medianRatio, 3),

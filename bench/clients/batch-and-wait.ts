@@ -55,7 +55,10 @@ export async function runBatchAndWait(o: BatchAndWaitOptions): Promise<BatchAndW
   const perServer = Math.ceil(o.slots / o.urls.length);
   // The options hold `sampling_params` as sent (the semaphore loop posts them as they are); the client takes the limit apart.
   const { max_new_tokens: maxNewTokens, ...samplingParams } = o.samplingParams;
-  const clients = o.urls.map((endpoint) => new SglangClient({ endpoint, concurrency: perServer, requestTimeoutMs: o.requestTimeoutMs ?? 600_000 }));
+  const clients = o.urls.map(
+    (endpoint) =>
+      new SglangClient({ endpoint, concurrency: perServer, requestTimeoutMs: o.requestTimeoutMs ?? 600_000 }),
+  );
   const out = o.outFile === undefined ? undefined : createWriteStream(o.outFile, { flags: 'a' });
   const prefix = o.ridPrefix ?? 'bw';
   const totals: BatchAndWaitTotals = { completed: 0, outputTokens: 0, rounds: 0, unsent: 0, wallMs: 0 };
@@ -77,7 +80,10 @@ export async function runBatchAndWait(o: BatchAndWaitOptions): Promise<BatchAndW
           totals.completed += 1;
           totals.outputTokens += r.completionTokens;
           if (out !== undefined) {
-            await writeLine(out, `${JSON.stringify({ id: p.id, output_ids: r.outputIds, completion_tokens: r.completionTokens, finish_reason: r.finishReason })}\n`);
+            await writeLine(
+              out,
+              `${JSON.stringify({ id: p.id, output_ids: r.outputIds, completion_tokens: r.completionTokens, finish_reason: r.finishReason })}\n`,
+            );
           }
         }),
       );

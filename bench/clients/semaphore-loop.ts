@@ -63,7 +63,8 @@ export async function runSemaphoreLoop(o: SemaphoreLoopOptions): Promise<Semapho
     const i = k % pools.length;
     let inputIds = p.inputIds;
     if (inputIds === undefined) {
-      if (p.text === undefined || o.encode === undefined) throw new Error(`runSemaphoreLoop: prompt ${p.id} has neither inputIds nor text with an encode function`);
+      if (p.text === undefined || o.encode === undefined)
+        throw new Error(`runSemaphoreLoop: prompt ${p.id} has neither inputIds nor text with an encode function`);
       inputIds = await o.encode(p.text);
     }
     const res = await pools[i]!.request({

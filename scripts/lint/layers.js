@@ -20,7 +20,7 @@ export function requiredEntry(importer, target) {
 const folderEntry = {
   meta: {
     type: 'problem',
-    docs: { description: "imports enter another folder only through its index.ts" },
+    docs: { description: 'imports enter another folder only through its index.ts' },
     schema: [],
     messages: { internal: "'{{spec}}' reaches into {{folder}}/: import it from '{{entry}}' (that folder's index.ts)" },
   },
@@ -34,9 +34,18 @@ const folderEntry = {
       if (entry === undefined) return;
       let rel = path.relative(path.dirname(file), entry) + '.js';
       if (!rel.startsWith('.')) rel = `./${rel}`;
-      context.report({ node: node.source, messageId: 'internal', data: { spec, entry: rel, folder: path.relative(process.cwd(), path.dirname(entry)) } });
+      context.report({
+        node: node.source,
+        messageId: 'internal',
+        data: { spec, entry: rel, folder: path.relative(process.cwd(), path.dirname(entry)) },
+      });
     };
-    return { ImportDeclaration: check, ExportNamedDeclaration: check, ExportAllDeclaration: check, ImportExpression: check };
+    return {
+      ImportDeclaration: check,
+      ExportNamedDeclaration: check,
+      ExportAllDeclaration: check,
+      ImportExpression: check,
+    };
   },
 };
 

@@ -65,7 +65,7 @@ export function datasetDrops(d: TokenizeResult, ctx: DropContext = {}): DatasetD
       reason: 'aborted',
       count: d.droppedAborted,
       what: 'finish_reason abort (partial outputs: stopped at the budget by budget: strict, or aborted by the server)',
-      fix: "set postprocess.keepTruncated: true to keep them like truncated ones; for aborts by the server, see its log",
+      fix: 'set postprocess.keepTruncated: true to keep them like truncated ones; for aborts by the server, see its log',
     },
     {
       reason: 'empty',
@@ -83,7 +83,10 @@ export function datasetDrops(d: TokenizeResult, ctx: DropContext = {}): DatasetD
       reason: 'invalid',
       count: d.invalid,
       what: 'invalid lines',
-      fix: firstInvalid === undefined ? 'see the worker log' : `first: ${firstInvalid.file}:${String(firstInvalid.line)}: ${firstInvalid.reason}`,
+      fix:
+        firstInvalid === undefined
+          ? 'see the worker log'
+          : `first: ${firstInvalid.file}:${String(firstInvalid.line)}: ${firstInvalid.reason}`,
     },
   ];
   const byReason = all.filter((c) => c.count > 0).sort((a, b) => b.count - a.count);

@@ -9,8 +9,14 @@ export const PROGRESS_COMMANDS: ReadonlySet<string> = new Set(['run', 'demo']);
 /** Builds the `tokenmill` command tree. Exported for tests. */
 export function buildProgram(): Command {
   const program = new Command('tokenmill')
-    .description('Turn prompt datasets into training data for speculative-decoding drafters (EAGLE-3, DFlash) with SGLang.')
-    .option('--log-level <level>', 'log level: fatal|error|warn|info|debug|trace|silent (default: info; warn for run and demo, which print progress lines)', 'info')
+    .description(
+      'Turn prompt datasets into training data for speculative-decoding drafters (EAGLE-3, DFlash) with SGLang.',
+    )
+    .option(
+      '--log-level <level>',
+      'log level: fatal|error|warn|info|debug|trace|silent (default: info; warn for run and demo, which print progress lines)',
+      'info',
+    )
     .showHelpAfterError()
     .exitOverride();
   program.hook('preAction', (_program, action) => {
@@ -40,7 +46,9 @@ export async function main(argv: readonly string[]): Promise<void> {
     } else if (err instanceof AppError) {
       process.stderr.write(`tokenmill: ${err.message}\n`);
     } else {
-      process.stderr.write(`tokenmill: unexpected error: ${errorMessage(err)}\n${err instanceof Error ? (err.stack ?? '') : ''}\n`);
+      process.stderr.write(
+        `tokenmill: unexpected error: ${errorMessage(err)}\n${err instanceof Error ? (err.stack ?? '') : ''}\n`,
+      );
     }
     process.exitCode = 1;
   }

@@ -16,7 +16,13 @@ import {
   WorkerHeartbeat,
 } from '../shared/index.js';
 import { InferenceWorker } from '../workers/index.js';
-import { ensurePostprocessRound, planPostprocess, waitForRound, type RoundInfo, type RoundOutcome } from '../workers/index.js';
+import {
+  ensurePostprocessRound,
+  planPostprocess,
+  waitForRound,
+  type RoundInfo,
+  type RoundOutcome,
+} from '../workers/index.js';
 import { PostprocessWorker } from '../workers/index.js';
 import { resolveContextLength, type RunContext } from './run-context.js';
 import { loadRunTokenizer } from './tokenizer-check.js';
@@ -58,7 +64,9 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
   if (config.sglang.api === 'chat') {
     // Training records must be token-exact (prompt ids + output ids); /v1/chat/completions
     // does not reliably return output ids, so generation runs on /generate.
-    throw new AppError('sglang.api: "chat" is not supported for generation yet; use "generate" (token ids in and out, the default)');
+    throw new AppError(
+      'sglang.api: "chat" is not supported for generation yet; use "generate" (token ids in and out, the default)',
+    );
   }
   const log = logger('generation', { run: config.run });
   const datasets = generationDatasets(config);
@@ -140,19 +148,29 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
   // Heartbeats: `status` and the dashboard list this process under each role it plays.
   const heartbeats = [
     ...(options.produce ? [new WorkerHeartbeat({ redis: ctx.redis, keys, role: 'producer' })] : []),
-    ...(worker === undefined ? [] : [new WorkerHeartbeat({ redis: ctx.redis, keys, role: 'inference', inFlight: () => worker?.inFlight ?? 0 })]),
+    ...(worker === undefined
+      ? []
+      : [new WorkerHeartbeat({ redis: ctx.redis, keys, role: 'inference', inFlight: () => worker?.inFlight ?? 0 })]),
   ];
   for (const h of heartbeats) await h.start();
 
   const finishing = (async () => {
     if (producer === undefined) return new Promise<void>(() => undefined); // a worker runs until stopped
     await producer.done();
-    await waitSettled(ctx.redis, keys, datasets.map((d) => d.name));
+    await waitSettled(
+      ctx.redis,
+      keys,
+      datasets.map((d) => d.name),
+    );
     for (const s of sinks) await s.drained();
     log.info('generation finished');
   })();
   // A sink or producer that stops on its own (it lost its lock to another process) ends this process with its error.
-  const finished = Promise.race([finishing, ...sinks.map((s) => s.failed), ...(producer === undefined ? [] : [producer.failed])]);
+  const finished = Promise.race([
+    finishing,
+    ...sinks.map((s) => s.failed),
+    ...(producer === undefined ? [] : [producer.failed]),
+  ]);
 
   let stopped = false;
   return {
@@ -264,7 +282,9 @@ export async function startPostprocess(ctx: RunContext, options: PostprocessOpti
     throw e;
   }
   const abort = new AbortController();
-  const finished: Promise<RoundOutcome> = options.wait ? waitForRound(ctx.redis, keys, round.flowId, { signal: abort.signal }) : new Promise<RoundOutcome>(() => undefined);
+  const finished: Promise<RoundOutcome> = options.wait
+    ? waitForRound(ctx.redis, keys, round.flowId, { signal: abort.signal })
+    : new Promise<RoundOutcome>(() => undefined);
   let stopped = false;
   return {
     round,

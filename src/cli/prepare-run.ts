@@ -2,7 +2,12 @@
 // with the run's tokenizer, a line per dataset on stderr.
 import { relative } from 'node:path';
 import { formatInt, type ChatTokenizer } from '../shared/index.js';
-import { formatPrepareCounts, prepareSources, type DatasetPrepareOutcome, type PrepareCounts } from '../producers/index.js';
+import {
+  formatPrepareCounts,
+  prepareSources,
+  type DatasetPrepareOutcome,
+  type PrepareCounts,
+} from '../producers/index.js';
 import type { RunContext } from './run-context.js';
 
 export function shown(file: string): string {
@@ -12,7 +17,10 @@ export function shown(file: string): string {
 
 /** One line per dataset: what was done, the numbers, where the prompts and the report are. */
 export function formatPrepareOutcome(o: DatasetPrepareOutcome): string {
-  const what = o.outcome === 'prepared' ? `prepared ${formatInt(o.counts.kept)} prompts into` : 'unchanged since the last prepare (sources and settings the same), kept';
+  const what =
+    o.outcome === 'prepared'
+      ? `prepared ${formatInt(o.counts.kept)} prompts into`
+      : 'unchanged since the last prepare (sources and settings the same), kept';
   const format = `${o.format}${o.detectedFrom === undefined ? '' : `, detected from ${o.detectedFrom}`}`;
   const notes = o.notes === undefined ? '' : `; ${o.notes.join('; ')}`;
   return `${o.dataset}: ${what} ${shown(o.prompts)} (${formatPrepareCounts(o.counts)}; ${format}${notes}); report ${shown(o.report)}`;
@@ -53,4 +61,3 @@ export async function whileNotSignalled<T>(fn: (signal: AbortSignal) => Promise<
     process.off('SIGTERM', onSignal);
   }
 }
-

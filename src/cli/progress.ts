@@ -35,7 +35,8 @@ export function formatProgressLine(s: RunStatus, elapsedSec: number, nowMs = Dat
     line += `; paused: ${paused.map((d) => d.name).join(', ')} (resume with ${paused.map((d) => `\`tokenmill resume -c ${c} ${quoteArg(d.name)}\``).join(', ')})`;
   }
   for (const d of gen) {
-    if (d.stalled !== null) line += `; STALLED: ${d.name} for ${Math.round((nowMs - d.stalled.sinceMs) / 1000)}s (${d.stalled.reason}; a bug, see the log)`;
+    if (d.stalled !== null)
+      line += `; STALLED: ${d.name} for ${Math.round((nowMs - d.stalled.sinceMs) / 1000)}s (${d.stalled.reason}; a bug, see the log)`;
   }
   return line;
 }
@@ -53,7 +54,9 @@ export function startProgress(ctx: RunContext, intervalMs: number): () => void {
   const started = Date.now();
   const tick = async (): Promise<void> => {
     const s = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    process.stderr.write(`${formatProgressLine(s, Math.round((Date.now() - started) / 1000), Date.now(), ctx.config.source.file)}\n`);
+    process.stderr.write(
+      `${formatProgressLine(s, Math.round((Date.now() - started) / 1000), Date.now(), ctx.config.source.file)}\n`,
+    );
   };
   const timer = setInterval(() => {
     void tick().catch(() => undefined);

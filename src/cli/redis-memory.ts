@@ -41,7 +41,11 @@ const mib = (bytes: number): string => `${formatInt(Math.ceil(bytes / (1024 * 10
  * each dataset's prepared prompt count) plus 64 MiB. Returns the warning, or undefined. Never
  * throws: a Redis that does not allow INFO or CONFIG is not checked.
  */
-export async function smallMaxmemoryWarning(redis: Redis, keys: RunKeys, datasets: readonly string[]): Promise<string | undefined> {
+export async function smallMaxmemoryWarning(
+  redis: Redis,
+  keys: RunKeys,
+  datasets: readonly string[],
+): Promise<string | undefined> {
   try {
     const info = await redis.info('memory');
     const field = (name: string): number => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? NaN);

@@ -51,7 +51,10 @@ export function watchRedisOutage(url: string, options: RedisOutageOptions = {}):
     let t: NodeJS.Timeout | undefined;
     try {
       const late = new Promise<never>((_, reject) => {
-        t = setTimeout(() => reject(new Error(`no answer within ${formatDuration(probeTimeoutMs / 1000)}`)), probeTimeoutMs);
+        t = setTimeout(
+          () => reject(new Error(`no answer within ${formatDuration(probeTimeoutMs / 1000)}`)),
+          probeTimeoutMs,
+        );
       });
       await Promise.race([conn.ping(), late]);
       answered = true;
@@ -63,7 +66,8 @@ export function watchRedisOutage(url: string, options: RedisOutageOptions = {}):
     if (stopped) return;
     const now = Date.now();
     if (answered) {
-      if (downSince !== undefined) write(`tokenmill: Redis at ${shown} is back after ${formatDuration((now - downSince) / 1000)}; carrying on`);
+      if (downSince !== undefined)
+        write(`tokenmill: Redis at ${shown} is back after ${formatDuration((now - downSince) / 1000)}; carrying on`);
       downSince = undefined;
       lastError = undefined;
       return;
@@ -71,10 +75,14 @@ export function watchRedisOutage(url: string, options: RedisOutageOptions = {}):
     if (downSince === undefined) {
       downSince = now;
       remindedAt = now;
-      write(`tokenmill: Redis at ${shown} is not answering (${reason}); ${options.waiting ?? 'waiting for it to come back'} (stop with Ctrl-C or SIGTERM)`);
+      write(
+        `tokenmill: Redis at ${shown} is not answering (${reason}); ${options.waiting ?? 'waiting for it to come back'} (stop with Ctrl-C or SIGTERM)`,
+      );
     } else if (now - remindedAt >= remindEveryMs) {
       remindedAt = now;
-      write(`tokenmill: Redis at ${shown} still not answering after ${formatDuration((now - downSince) / 1000)} (${reason})`);
+      write(
+        `tokenmill: Redis at ${shown} still not answering after ${formatDuration((now - downSince) / 1000)} (${reason})`,
+      );
     }
   };
 

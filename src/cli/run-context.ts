@@ -115,7 +115,9 @@ export function exitInterrupted(): void {
  */
 export function armStopDeadline(limitMs: number): void {
   const timer = setTimeout(() => {
-    process.stderr.write(`tokenmill: stop abandoned after ${Math.round(limitMs / 1000)} s; exiting (leases and locks lapse on their own)\n`);
+    process.stderr.write(
+      `tokenmill: stop abandoned after ${Math.round(limitMs / 1000)} s; exiting (leases and locks lapse on their own)\n`,
+    );
     // The code set so far when it says "unfinished" (143 / 130), else 1: an abandoned stop is never 0.
     const code = typeof process.exitCode === 'number' && process.exitCode !== 0 ? process.exitCode : 1;
     process.exit(code);

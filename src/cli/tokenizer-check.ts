@@ -40,7 +40,8 @@ import {
 } from '../shared/index.js';
 
 /** Text tokenized on both sides by the probe: Latin, digits, punctuation, Han, emoji, code. */
-export const TOKENIZE_PROBE_TEXT = 'tokenmill tokenizer probe: Hello, world! 12345 你好，世界 🙂 def f(x): return x**2\n';
+export const TOKENIZE_PROBE_TEXT =
+  'tokenmill tokenizer probe: Hello, world! 12345 你好，世界 🙂 def f(x): return x**2\n';
 
 /** Per request: a server that does not answer in this time is skipped, not waited for. */
 const CHECK_TIMEOUT_MS = 3_000;
@@ -63,7 +64,10 @@ async function tokenizeOnServer(endpoint: string, apiKey: string | undefined): P
   try {
     const res = await request(new URL('/tokenize', endpoint), {
       method: 'POST',
-      headers: { 'content-type': 'application/json', ...(apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` }) },
+      headers: {
+        'content-type': 'application/json',
+        ...(apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` }),
+      },
       body: JSON.stringify({ prompt: TOKENIZE_PROBE_TEXT, add_special_tokens: false }),
       headersTimeout: CHECK_TIMEOUT_MS,
       bodyTimeout: CHECK_TIMEOUT_MS,
@@ -90,11 +94,18 @@ async function endpointFacts(config: Config, endpoint: string): Promise<Endpoint
   try {
     modelPath = (await client.modelInfo()).model_path;
   } catch (e: unknown) {
-    logger('tokenizer-check').debug({ endpoint, err: errorMessage(e) }, 'model info not available; model check skipped');
+    logger('tokenizer-check').debug(
+      { endpoint, err: errorMessage(e) },
+      'model info not available; model check skipped',
+    );
   } finally {
     await client.close();
   }
-  return { endpoint, modelPath, probeIds: modelPath === undefined ? undefined : await tokenizeOnServer(endpoint, apiKey) };
+  return {
+    endpoint,
+    modelPath,
+    probeIds: modelPath === undefined ? undefined : await tokenizeOnServer(endpoint, apiKey),
+  };
 }
 
 /** The first index where two id lists differ, or -1. */
@@ -141,7 +152,11 @@ export const SERVER_PROBE_CONVERSATION: readonly ChatMessage[] = [
  * module comment). Throws an {@link EnvironmentError} naming the endpoint and the first
  * differing position or the token that does not come back as its id.
  */
-export async function checkServerTokenizer(tokenizer: ChatTokenizer, client: ServerTokenizeClient, endpoint: string): Promise<void> {
+export async function checkServerTokenizer(
+  tokenizer: ChatTokenizer,
+  client: ServerTokenizeClient,
+  endpoint: string,
+): Promise<void> {
   const rendered = tokenizer.applyChatTemplate(SERVER_PROBE_CONVERSATION, { addGenerationPrompt: true });
   const [local] = await client.tokenize([rendered], endpoint);
   const special = new Set<number>(tokenizer.endOfTurnTokenIds);
@@ -194,6 +209,7 @@ export async function loadRunTokenizer(config: Config): Promise<ChatTokenizer> {
     if (client === undefined) checkTokenizerAgainst(tokenizer, bundled, f);
     else checkTokenizerAgainst(tokenizer, bundled, { ...f, probeIds: undefined });
   }
-  if (client !== undefined) for (const endpoint of client.endpoints) await checkServerTokenizer(tokenizer, client, endpoint);
+  if (client !== undefined)
+    for (const endpoint of client.endpoints) await checkServerTokenizer(tokenizer, client, endpoint);
   return tokenizer;
 }

@@ -40,7 +40,12 @@ export function apiRoutes(o: ApiRoutesOptions): Router {
   });
 
   router.get('/api/events', (req: Request, res: Response) => {
-    res.status(200).set({ 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+    res.status(200).set({
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-store',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+    });
     res.flushHeaders();
     const send = (u: LiveUpdate): void => {
       res.write(`event: ${u.kind}\ndata: ${JSON.stringify(u)}\n\n`);
@@ -63,7 +68,10 @@ export function apiRoutes(o: ApiRoutesOptions): Router {
       res.set('content-type', m.contentType).send(m.body);
     } catch (e: unknown) {
       o.logger.error({ err: e }, 'rendering the metrics failed');
-      res.status(503).type('text/plain').send(`reading the run state failed: ${errorMessage(e)}\n`);
+      res
+        .status(503)
+        .type('text/plain')
+        .send(`reading the run state failed: ${errorMessage(e)}\n`);
     }
   });
 
@@ -75,11 +83,16 @@ export function apiRoutes(o: ApiRoutesOptions): Router {
       return;
     }
     if (req.method !== 'POST') {
-      res.status(405).set('allow', 'POST').json({ error: `${action} changes the run: use POST` });
+      res
+        .status(405)
+        .set('allow', 'POST')
+        .json({ error: `${action} changes the run: use POST` });
       return;
     }
     if (!generationDatasets.has(dataset)) {
-      res.status(404).json({ error: `no generation dataset "${dataset}" in the config (datasets: ${[...generationDatasets].join(', ')})` });
+      res.status(404).json({
+        error: `no generation dataset "${dataset}" in the config (datasets: ${[...generationDatasets].join(', ')})`,
+      });
       return;
     }
     try {

@@ -47,7 +47,11 @@ export function requireToken(token: string, log: Logger): RequestHandler {
     const entry = { method: req.method, path: req.path, ip: req.ip };
     if (req.headers.authorization === undefined) log.debug(entry, 'dashboard request without credentials');
     else log.warn(entry, 'dashboard request with a wrong token');
-    res.set('WWW-Authenticate', `Basic realm="tokenmill", charset="UTF-8"`).status(401).type('text/plain').send('unauthorized');
+    res
+      .set('WWW-Authenticate', `Basic realm="tokenmill", charset="UTF-8"`)
+      .status(401)
+      .type('text/plain')
+      .send('unauthorized');
   };
 }
 

@@ -21,7 +21,12 @@ export interface ActionResult {
 }
 
 /** Runs one action on one dataset (a generation dataset of the run, checked by the caller). */
-export async function runDatasetAction(redis: Redis, keys: RunKeys, dataset: string, action: DatasetAction): Promise<ActionResult> {
+export async function runDatasetAction(
+  redis: Redis,
+  keys: RunKeys,
+  dataset: string,
+  action: DatasetAction,
+): Promise<ActionResult> {
   if (action === 'retry-failed') {
     const r = await retryFailedPrompts(redis, keys, dataset);
     return { dataset, action, retried: r.prompts, retriedJobs: r.jobs };

@@ -94,9 +94,14 @@ export class LiveStatus {
       }
       update = { kind: 'status', status, sample, readAtMs: now };
     } catch (e: unknown) {
-      if (this.failingSinceMs === undefined) this.options.logger.warn({ err: e }, 'reading the run status failed; retrying');
+      if (this.failingSinceMs === undefined)
+        this.options.logger.warn({ err: e }, 'reading the run status failed; retrying');
       this.failingSinceMs ??= now;
-      update = { kind: 'error', message: `reading the run status from Redis failed: ${errorMessage(e)}`, sinceMs: this.failingSinceMs };
+      update = {
+        kind: 'error',
+        message: `reading the run status from Redis failed: ${errorMessage(e)}`,
+        sinceMs: this.failingSinceMs,
+      };
     }
     this.last = update;
     for (const l of this.listeners) l(update);

@@ -8,7 +8,16 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { Counter, Gauge, Registry, type Metric } from 'prom-client';
-import { JOB_STATES, MERGE_QUEUE, REQUEST_LATENCY_BUCKETS_S, TOKENIZE_QUEUE, generateQueueName, readRunStatus, type RunKeys, type RunStatus } from '../shared/index.js';
+import {
+  JOB_STATES,
+  MERGE_QUEUE,
+  REQUEST_LATENCY_BUCKETS_S,
+  TOKENIZE_QUEUE,
+  generateQueueName,
+  readRunStatus,
+  type RunKeys,
+  type RunStatus,
+} from '../shared/index.js';
 
 /** Renders the run's metrics; `status` may be passed in when already read. */
 export async function renderMetrics(
@@ -23,14 +32,38 @@ export async function renderMetrics(
     new Gauge({ name, help, labelNames, registers: [registry] });
 
   const run = { run: s.run };
-  const dsTokens = gauge('tokenmill_dataset_output_tokens', 'Output tokens committed for the dataset.', ['run', 'dataset']);
-  const dsBudget = gauge('tokenmill_dataset_token_budget', 'Output-token budget of the dataset (absent without one).', ['run', 'dataset']);
+  const dsTokens = gauge('tokenmill_dataset_output_tokens', 'Output tokens committed for the dataset.', [
+    'run',
+    'dataset',
+  ]);
+  const dsBudget = gauge('tokenmill_dataset_token_budget', 'Output-token budget of the dataset (absent without one).', [
+    'run',
+    'dataset',
+  ]);
   const dsRecords = gauge('tokenmill_dataset_records', 'Samples committed for the dataset.', ['run', 'dataset']);
-  const dsFailed = gauge('tokenmill_dataset_failed_prompts', 'Prompts of the dataset that ended failed (their attempts spent).', ['run', 'dataset']);
-  const dsSkipped = gauge('tokenmill_dataset_skipped_prompts', 'Prompts of the dataset skipped because its budget was met.', ['run', 'dataset']);
-  const dsRejected = gauge('tokenmill_dataset_rejected_prompts', 'Prompt lines of the dataset rejected when read.', ['run', 'dataset']);
-  const dsInFlight = gauge('tokenmill_dataset_in_flight_requests', 'Requests of the dataset in flight to SGLang.', ['run', 'dataset']);
-  const dsRate = gauge('tokenmill_dataset_tokens_per_second', 'Committed output tokens per second over the last minute.', ['run', 'dataset']);
+  const dsFailed = gauge(
+    'tokenmill_dataset_failed_prompts',
+    'Prompts of the dataset that ended failed (their attempts spent).',
+    ['run', 'dataset'],
+  );
+  const dsSkipped = gauge(
+    'tokenmill_dataset_skipped_prompts',
+    'Prompts of the dataset skipped because its budget was met.',
+    ['run', 'dataset'],
+  );
+  const dsRejected = gauge('tokenmill_dataset_rejected_prompts', 'Prompt lines of the dataset rejected when read.', [
+    'run',
+    'dataset',
+  ]);
+  const dsInFlight = gauge('tokenmill_dataset_in_flight_requests', 'Requests of the dataset in flight to SGLang.', [
+    'run',
+    'dataset',
+  ]);
+  const dsRate = gauge(
+    'tokenmill_dataset_tokens_per_second',
+    'Committed output tokens per second over the last minute.',
+    ['run', 'dataset'],
+  );
   const dsPaused = gauge('tokenmill_dataset_paused', '1 while the dataset is paused.', ['run', 'dataset']);
   const dsCompleted = gauge('tokenmill_dataset_completed', '1 once the dataset is completed.', ['run', 'dataset']);
   const jobs = gauge('tokenmill_queue_jobs', 'Jobs of a queue of the run by state.', ['run', 'queue', 'state']);
@@ -59,9 +92,20 @@ export async function renderMetrics(
     }
   }
 
-  const epUp = gauge('tokenmill_endpoint_up', '1 while a live inference worker has the endpoint in rotation, 0 while none has (absent while no worker reports on it).', ['run', 'endpoint']);
-  const epWorkers = gauge('tokenmill_endpoint_reporting_workers', 'Live inference workers reporting on the endpoint.', ['run', 'endpoint']);
-  const epInFlight = gauge('tokenmill_endpoint_in_flight_requests', 'Generation requests in flight to the endpoint, over the live inference workers.', ['run', 'endpoint']);
+  const epUp = gauge(
+    'tokenmill_endpoint_up',
+    '1 while a live inference worker has the endpoint in rotation, 0 while none has (absent while no worker reports on it).',
+    ['run', 'endpoint'],
+  );
+  const epWorkers = gauge('tokenmill_endpoint_reporting_workers', 'Live inference workers reporting on the endpoint.', [
+    'run',
+    'endpoint',
+  ]);
+  const epInFlight = gauge(
+    'tokenmill_endpoint_in_flight_requests',
+    'Generation requests in flight to the endpoint, over the live inference workers.',
+    ['run', 'endpoint'],
+  );
   const epErrors = new Counter({
     name: 'tokenmill_endpoint_request_errors_total',
     help: 'Generation requests to the endpoint that failed, by HTTP status or failure (timeout, connection), over the live inference workers.',
@@ -87,8 +131,12 @@ export async function renderMetrics(
   }
   registry.registerMetric(latencyHistogram(s) as unknown as Metric);
 
-  const workers = gauge('tokenmill_workers', 'Live processes of the run by role (from their heartbeats).', ['run', 'role']);
-  for (const role of ['producer', 'inference', 'postprocess']) workers.set({ ...run, role }, s.workers.filter((w) => w.role === role).length);
+  const workers = gauge('tokenmill_workers', 'Live processes of the run by role (from their heartbeats).', [
+    'run',
+    'role',
+  ]);
+  for (const role of ['producer', 'inference', 'postprocess'])
+    workers.set({ ...run, role }, s.workers.filter((w) => w.role === role).length);
 
   return { contentType: registry.contentType, body: await registry.metrics() };
 }

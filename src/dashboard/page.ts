@@ -35,7 +35,10 @@ export function pageRoutes(): Router {
       index: 'index.html',
       redirect: false,
       setHeaders: (res) => {
-        res.setHeader('content-security-policy', "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'");
+        res.setHeader(
+          'content-security-policy',
+          "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+        );
         res.setHeader('x-content-type-options', 'nosniff');
         res.setHeader('cache-control', 'no-cache');
       },

@@ -11,7 +11,18 @@ import { ExpressAdapter } from '@bull-board/express';
 import { Queue } from 'bullmq';
 import express, { type Request, type Response } from 'express';
 import type { Redis } from 'ioredis';
-import { AppError, MERGE_QUEUE, TOKENIZE_QUEUE, TRAIN_QUEUE, errorCode, generateQueueName, logger as componentLogger, type Config, type Logger, type RunKeys } from '../shared/index.js';
+import {
+  AppError,
+  MERGE_QUEUE,
+  TOKENIZE_QUEUE,
+  TRAIN_QUEUE,
+  errorCode,
+  generateQueueName,
+  logger as componentLogger,
+  type Config,
+  type Logger,
+  type RunKeys,
+} from '../shared/index.js';
 import { apiRoutes } from './api-routes.js';
 import { checkExposure, requireToken, sameOriginWrites } from './auth.js';
 import { LiveStatus } from './live-status.js';
@@ -52,7 +63,12 @@ export interface Dashboard {
 /** The queues Bull Board shows: one per generation dataset, then tokenize and merge, then train when configured. */
 export function dashboardQueueNames(config: Pick<Config, 'datasets'> & { train?: unknown }): string[] {
   const train = config.train === undefined ? [] : [TRAIN_QUEUE];
-  return [...config.datasets.filter((d) => d.prompts !== undefined).map((d) => generateQueueName(d.name)), TOKENIZE_QUEUE, MERGE_QUEUE, ...train];
+  return [
+    ...config.datasets.filter((d) => d.prompts !== undefined).map((d) => generateQueueName(d.name)),
+    TOKENIZE_QUEUE,
+    MERGE_QUEUE,
+    ...train,
+  ];
 }
 
 /** Starts the dashboard's HTTP server; resolves once it listens. */
@@ -62,7 +78,9 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
   const token = options.token ?? randomBytes(24).toString('base64url');
 
   // A shared connection: Queue.close() leaves it open, the caller closes it.
-  const queues = dashboardQueueNames(options.config).map((name) => new Queue(name, { connection: options.redis, prefix: options.keys.bullPrefix }));
+  const queues = dashboardQueueNames(options.config).map(
+    (name) => new Queue(name, { connection: options.redis, prefix: options.keys.bullPrefix }),
+  );
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath(BULL_BOARD_PATH);
   createBullBoard({
@@ -102,8 +120,16 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
     await Promise.all(queues.map((q) => q.close()));
     const code = errorCode(e);
     if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') {
-      const why = code === 'EADDRINUSE' ? 'the port is already in use' : code === 'EACCES' ? 'the port may not be used by this user' : 'the host is not an address of this machine';
-      throw new AppError(`the dashboard cannot listen on ${options.host}:${options.port}: ${why} (${code}); choose another with --port / --host or dashboard.port / dashboard.host in the config`, { cause: e });
+      const why =
+        code === 'EADDRINUSE'
+          ? 'the port is already in use'
+          : code === 'EACCES'
+            ? 'the port may not be used by this user'
+            : 'the host is not an address of this machine';
+      throw new AppError(
+        `the dashboard cannot listen on ${options.host}:${options.port}: ${why} (${code}); choose another with --port / --host or dashboard.port / dashboard.host in the config`,
+        { cause: e },
+      );
     }
     throw e;
   }

@@ -172,18 +172,31 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
           await reject(scanned.reject);
           continue;
         }
-        const [id, line] = scanned.kind === 'unique' ? [scanned.id, scanned.line] : [scanned.record.id, scanned.record.line];
+        const [id, line] =
+          scanned.kind === 'unique' ? [scanned.id, scanned.line] : [scanned.record.id, scanned.record.line];
         candidates.push({ scanned, id, line });
         if (candidates.length >= SCAN_CHUNK && !(await flushCandidates())) return result;
       }
     }
     if (!(await flushCandidates()) || !(await flushBatch())) return result;
     if (edited > EDITED_NAMED) {
-      ctx.log.warn({ dataset: ds.name, file, edited }, `${file}: ${edited} prompts changed since they were generated (the first ${EDITED_NAMED} named above); their old generations are kept`);
+      ctx.log.warn(
+        { dataset: ds.name, file, edited },
+        `${file}: ${edited} prompts changed since they were generated (the first ${EDITED_NAMED} named above); their old generations are kept`,
+      );
     }
     result.complete = true;
     await redis.hset(keys.stats(ds.name), 'rejected', result.rejected, 'prompts', result.valid);
-    ctx.log.info({ epoch: ctx.epoch, fromLine: ctx.fromLine, enqueued: result.enqueued, rejected: result.rejected, accounted: result.accounted }, 'pass over the prompts done');
+    ctx.log.info(
+      {
+        epoch: ctx.epoch,
+        fromLine: ctx.fromLine,
+        enqueued: result.enqueued,
+        rejected: result.rejected,
+        accounted: result.accounted,
+      },
+      'pass over the prompts done',
+    );
     return result;
   } finally {
     await closeQuietly(rejectsFile);
@@ -197,16 +210,27 @@ async function toSample(
   reject: (r: RejectedLine) => Promise<void>,
 ): Promise<Sample | undefined> {
   if (encoded instanceof Error) {
-    await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `cannot render the chat template: ${encoded.message}` });
+    await reject({
+      file: ctx.file,
+      line: rec.line,
+      id: rec.id,
+      reason: `cannot render the chat template: ${encoded.message}`,
+    });
     return undefined;
   }
   const promptIds = encoded;
   const ctxLen = ctx.contextLength;
   if (ctxLen !== undefined && promptIds.length >= ctxLen) {
-    await reject({ file: ctx.file, line: rec.line, id: rec.id, reason: `prompt has ${promptIds.length} tokens; the model's context length is ${ctxLen}` });
+    await reject({
+      file: ctx.file,
+      line: rec.line,
+      id: rec.id,
+      reason: `prompt has ${promptIds.length} tokens; the model's context length is ${ctxLen}`,
+    });
     return undefined;
   }
-  const maxNewTokens = ctxLen === undefined ? ctx.ds.maxNewTokens : Math.min(ctx.ds.maxNewTokens, ctxLen - promptIds.length);
+  const maxNewTokens =
+    ctxLen === undefined ? ctx.ds.maxNewTokens : Math.min(ctx.ds.maxNewTokens, ctxLen - promptIds.length);
   return { id: rec.id, line: rec.line, promptIds, maxNewTokens };
 }
 

@@ -171,7 +171,10 @@ export class Producer {
       if (index === undefined || !(await index.isCurrent())) {
         const startedAt = Date.now();
         index = await PromptFileIndex.build(file);
-        log.info({ lines: index.lines, suspects: index.suspects.size, ms: Date.now() - startedAt }, 'prompt file indexed for repeated ids');
+        log.info(
+          { lines: index.lines, suspects: index.suspects.size, ms: Date.now() - startedAt },
+          'prompt file indexed for repeated ids',
+        );
       }
       // What proves, after the pass, that every sample it enqueued is accounted for (see
       // below): nothing else queued at its start, and the accounted count before it.
@@ -202,7 +205,9 @@ export class Producer {
         // was queued: each of them is accounted for, and a verification pass (a read of
         // every line) would find nothing. Anything else (a lost batch, samples skipped by the
         // budget, a retry) takes another pass.
-        const proven = result.enqueued === 0 || (quietAtStart && (await this.accountedCount(ds)) - accountedBefore === result.enqueued);
+        const proven =
+          result.enqueued === 0 ||
+          (quietAtStart && (await this.accountedCount(ds)) - accountedBefore === result.enqueued);
         if (proven && (await this.finish(ds, queue, 'exhausted', retryGen, log))) return;
       }
       await this.redis.hset(keys.producer(ds.name), 'epoch', epoch + 1, 'line', 0);
@@ -212,7 +217,10 @@ export class Producer {
   /** Committed plus failed samples of a dataset. */
   private async accountedCount(ds: DatasetConfig): Promise<number> {
     const { keys } = this.options;
-    const [records, failed] = await Promise.all([this.redis.hget(keys.stats(ds.name), 'records'), this.redis.hlen(keys.failed(ds.name))]);
+    const [records, failed] = await Promise.all([
+      this.redis.hget(keys.stats(ds.name), 'records'),
+      this.redis.hlen(keys.failed(ds.name)),
+    ]);
     return Number(records ?? 0) + failed;
   }
 
@@ -223,7 +231,13 @@ export class Producer {
   }
 
   /** Waits for room in the window, then enqueues; false when the budget was met meanwhile. */
-  private async addBatch(ds: DatasetConfig, queue: Queue, epoch: number, samples: Sample[], vocabSize: number): Promise<boolean> {
+  private async addBatch(
+    ds: DatasetConfig,
+    queue: Queue,
+    epoch: number,
+    samples: Sample[],
+    vocabSize: number,
+  ): Promise<boolean> {
     const { keys } = this.options;
     // Checked again soon, then less and less often: a fast worker frees a slot within
     // milliseconds (the window must not run dry between polls), a slow one costs few checks.
@@ -280,7 +294,13 @@ export class Producer {
    * Completes the dataset; false (and nothing changed) when `retry-failed` gave samples back
    * since the pass that read `retryGen` began ('' = complete regardless).
    */
-  private async finish(ds: DatasetConfig, queue: Queue, reason: 'budget' | 'exhausted', retryGen: string, log: Logger): Promise<boolean> {
+  private async finish(
+    ds: DatasetConfig,
+    queue: Queue,
+    reason: 'budget' | 'exhausted',
+    retryGen: string,
+    log: Logger,
+  ): Promise<boolean> {
     const { keys } = this.options;
     if (reason === 'budget') {
       // Nothing more is sent for this dataset: its queued batches leave the queue, their

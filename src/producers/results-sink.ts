@@ -12,7 +12,17 @@ import {
   type RunKeys,
   type ScriptedRedis,
 } from '../shared/index.js';
-import { CHECKPOINT_FILE, partName, partNumber, recoverFiles, removeSinkTempFiles, sampleIdOfLine, sinkDiskError, writeCheckpoint, type Checkpoint } from './sink-checkpoint.js';
+import {
+  CHECKPOINT_FILE,
+  partName,
+  partNumber,
+  recoverFiles,
+  removeSinkTempFiles,
+  sampleIdOfLine,
+  sinkDiskError,
+  writeCheckpoint,
+  type Checkpoint,
+} from './sink-checkpoint.js';
 import { DiskTailFilter, compareStreamIds, readDiskTail, rebuildFromFiles, restoreDone } from './sink-reconcile.js';
 
 /** Points at which a sink can be made to crash, to test recovery with real process kills. */
@@ -109,7 +119,12 @@ export class ResultsSink {
   constructor(private readonly options: ResultsSinkOptions) {
     this.log = options.logger ?? componentLogger('results-sink', { dataset: options.dataset });
     this.redis = withScripts(options.redis);
-    this.lock = new ProcessLock(options.redis, options.keys.sinkLock(options.dataset), options.lockTtlMs ?? LOCK_TTL_MS, this.log);
+    this.lock = new ProcessLock(
+      options.redis,
+      options.keys.sinkLock(options.dataset),
+      options.lockTtlMs ?? LOCK_TTL_MS,
+      this.log,
+    );
     this.lock.onLost((e) => this.fail(e));
     this.failed = new Promise<never>((_, reject) => {
       this.rejectFailed = reject;
@@ -193,7 +208,10 @@ export class ResultsSink {
     this.file = undefined;
     const { checkpoint, adoptedFrom } = await recoverFiles(
       dir,
-      { inStream: (id) => this.streamHolds(id), isDone: async (id) => (await redis.sismember(keys.done(dataset), id)) === 1 },
+      {
+        inStream: (id) => this.streamHolds(id),
+        isDone: async (id) => (await redis.sismember(keys.done(dataset), id)) === 1,
+      },
       this.log,
     );
     this.checkpoint = checkpoint;
@@ -205,7 +223,11 @@ export class ResultsSink {
       log: this.log,
     });
     const restored = await restoreDone(this.redis, keys, dataset, tail);
-    if (restored > 0) this.log.warn({ restored }, 'restored samples on disk that Redis had lost (its last writes before a crash); they are not generated again');
+    if (restored > 0)
+      this.log.warn(
+        { restored },
+        'restored samples on disk that Redis had lost (its last writes before a crash); they are not generated again',
+      );
     // From here on a commit of a sample in `tail` is refused, so only entries up to the newest can repeat one.
     const newest = await redis.xrevrange(stream, '+', '-', 'COUNT', 1);
     this.tail = new DiskTailFilter(tail, newest[0]?.[0]);
@@ -283,9 +305,15 @@ export class ResultsSink {
         // Sent together on one connection: the run id names the server that answers the read.
         const [runId, res] = await Promise.all([
           this.redisRunId(),
-          redis.xread('COUNT', this.options.readCount ?? 1_000, 'BLOCK', 200, 'STREAMS', keys.results(dataset), this.checkpoint.lastId) as Promise<
-            [string, [string, string[]][]][] | null
-          >,
+          redis.xread(
+            'COUNT',
+            this.options.readCount ?? 1_000,
+            'BLOCK',
+            200,
+            'STREAMS',
+            keys.results(dataset),
+            this.checkpoint.lastId,
+          ) as Promise<[string, [string, string[]][]][] | null>,
         ]);
         // Reconnected mid-read (the read may have been sent again, to another server): read again.
         if (epoch !== this.connectionEpoch) continue;
@@ -317,7 +345,10 @@ export class ResultsSink {
     if (size !== this.checkpoint.bytes) {
       // Only a sink that lost its lock writes here meanwhile: its trim was refused, so what it
       // wrote is still in Redis. Recovery keeps its complete lines and drops their entries.
-      this.log.error({ path, size, expected: this.checkpoint.bytes }, 'the part file changed under this sink (a second sink wrote to it); recovering from the files');
+      this.log.error(
+        { path, size, expected: this.checkpoint.bytes },
+        'the part file changed under this sink (a second sink wrote to it); recovering from the files',
+      );
       await this.recover();
       return;
     }
@@ -342,9 +373,18 @@ export class ResultsSink {
       trimmed.push(entryId);
     }
     if (duplicates.length > 0) {
-      const dropped = await this.redis.sinkDropDuplicate(this.lock.key, keys.results(dataset), keys.stats(dataset), token, ...duplicates);
+      const dropped = await this.redis.sinkDropDuplicate(
+        this.lock.key,
+        keys.results(dataset),
+        keys.stats(dataset),
+        token,
+        ...duplicates,
+      );
       if (dropped < 0) throw await this.lockLost();
-      this.log.warn({ dropped }, 'results already on disk were not written again (the counters now equal the lines on disk)');
+      this.log.warn(
+        { dropped },
+        'results already on disk were not written again (the counters now equal the lines on disk)',
+      );
     }
     const bytes = Buffer.byteLength(text);
     // 1. data, durably

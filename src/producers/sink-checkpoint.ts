@@ -1,6 +1,13 @@
 import { open, readFile, readdir, stat, truncate } from 'node:fs/promises';
 import { join } from 'node:path';
-import { AppError, EnvironmentError, errorCode, removeTempFiles, writeFileAtomic, type Logger } from '../shared/index.js';
+import {
+  AppError,
+  EnvironmentError,
+  errorCode,
+  removeTempFiles,
+  writeFileAtomic,
+  type Logger,
+} from '../shared/index.js';
 
 /** What the sink has written: a hint for where to resume in the stream. The part files are the truth. */
 export interface Checkpoint {
@@ -75,11 +82,19 @@ async function readCheckpoint(dir: string): Promise<Checkpoint | undefined> {
   }
   try {
     const cp = JSON.parse(text) as Partial<Checkpoint>;
-    if (typeof cp.part === 'string' && typeof cp.bytes === 'number' && typeof cp.lastId === 'string' && typeof cp.records === 'number') return cp as Checkpoint;
+    if (
+      typeof cp.part === 'string' &&
+      typeof cp.bytes === 'number' &&
+      typeof cp.lastId === 'string' &&
+      typeof cp.records === 'number'
+    )
+      return cp as Checkpoint;
   } catch {
     // reported below
   }
-  throw new AppError(`${path}: not a sink checkpoint ({"part","bytes","lastId","records"}); delete it to have the sink rebuild it from the part files`);
+  throw new AppError(
+    `${path}: not a sink checkpoint ({"part","bytes","lastId","records"}); delete it to have the sink rebuild it from the part files`,
+  );
 }
 
 /** Where a stream entry's sample stands, asked about the incomplete last line of a part. */
@@ -117,14 +132,18 @@ export async function recoverFiles(dir: string, oracle: TornLineOracle, log: Log
   const cpPath = join(dir, CHECKPOINT_FILE);
   if (saved === undefined) {
     const newest = parts[parts.length - 1];
-    if (newest === undefined) return { checkpoint: { part: partName(0), bytes: 0, lastId: '0-0', records: 0 }, adoptedFrom: undefined };
+    if (newest === undefined)
+      return { checkpoint: { part: partName(0), bytes: 0, lastId: '0-0', records: 0 }, adoptedFrom: undefined };
     const path = join(dir, newest);
     const { complete, size } = await completeLength(path);
     if (complete < size) await cutTornLine(path, complete, size, false, oracle, log);
     let records = 0;
     for (const p of parts) records += await countLines(join(dir, p));
     const checkpoint: Checkpoint = { part: newest, bytes: complete, lastId: '0-0', records };
-    log.warn({ checkpoint: cpPath, ...checkpoint }, 'no sink checkpoint: rebuilt it from the part files (they are kept as they are)');
+    log.warn(
+      { checkpoint: cpPath, ...checkpoint },
+      'no sink checkpoint: rebuilt it from the part files (they are kept as they are)',
+    );
     await writeCheckpoint(dir, checkpoint);
     return { checkpoint, adoptedFrom: undefined };
   }
@@ -136,7 +155,10 @@ export async function recoverFiles(dir: string, oracle: TornLineOracle, log: Log
     );
   }
   const path = join(dir, saved.part);
-  const size = await stat(path).then((s) => s.size, () => -1);
+  const size = await stat(path).then(
+    (s) => s.size,
+    () => -1,
+  );
   if (size < saved.bytes) {
     throw new AppError(
       `${path} is ${size < 0 ? 'missing' : `${size} bytes`} but the sink checkpoint ${cpPath} says ${saved.bytes} bytes were written to it: the file was truncated or replaced, ` +
@@ -149,14 +171,24 @@ export async function recoverFiles(dir: string, oracle: TornLineOracle, log: Log
   if (complete < size) await cutTornLine(path, Math.max(complete, saved.bytes), size, true, oracle, log);
   if (complete <= saved.bytes) return { checkpoint: saved, adoptedFrom: undefined };
   const adopted = await countLines(path, saved.bytes, complete);
-  log.warn({ part: saved.part, checkpoint: saved.bytes, size: complete, lines: adopted }, 'keeping complete lines written after the last checkpoint; their stream entries will not be written again');
+  log.warn(
+    { part: saved.part, checkpoint: saved.bytes, size: complete, lines: adopted },
+    'keeping complete lines written after the last checkpoint; their stream entries will not be written again',
+  );
   const checkpoint: Checkpoint = { ...saved, bytes: complete, records: saved.records + adopted };
   await writeCheckpoint(dir, checkpoint);
   return { checkpoint, adoptedFrom: saved.bytes };
 }
 
 /** Cuts `[from, size)`, an incomplete last line, if its result can be had again; else refuses. */
-async function cutTornLine(path: string, from: number, size: number, pastCheckpoint: boolean, oracle: TornLineOracle, log: Logger): Promise<void> {
+async function cutTornLine(
+  path: string,
+  from: number,
+  size: number,
+  pastCheckpoint: boolean,
+  oracle: TornLineOracle,
+  log: Logger,
+): Promise<void> {
   const fh = await open(path, 'r');
   const head = Buffer.alloc(Math.min(size - from, 4096));
   try {
@@ -165,14 +197,18 @@ async function cutTornLine(path: string, from: number, size: number, pastCheckpo
     await fh.close();
   }
   const id = sampleIdOfLine(head.toString('utf8'));
-  const recoverable = pastCheckpoint || (id !== undefined && ((await oracle.inStream(id)) || !(await oracle.isDone(id))));
+  const recoverable =
+    pastCheckpoint || (id !== undefined && ((await oracle.inStream(id)) || !(await oracle.isDone(id))));
   if (!recoverable) {
     throw new AppError(
       `${path} ends with an incomplete line (bytes ${from}–${size}, sample ${id ?? 'unknown'}) whose result is no longer in Redis: ` +
         `the sink will not cut it. Repair or remove that line by hand${id === undefined ? '' : ` (and remove ${id} from the dataset's done set so it is generated again)`}, then start again`,
     );
   }
-  log.warn({ path, from, size, sample: id }, 'cutting an incomplete last line; its result is written again from Redis or generated again');
+  log.warn(
+    { path, from, size, sample: id },
+    'cutting an incomplete last line; its result is written again from Redis or generated again',
+  );
   await truncate(path, from);
 }
 
@@ -210,7 +246,7 @@ async function countLines(path: string, from = 0, to = Infinity): Promise<number
     const end = Math.min(to, (await fh.stat()).size);
     const chunk = Buffer.alloc(1024 * 1024);
     let n = 0;
-    for (let pos = from; pos < end; ) {
+    for (let pos = from; pos < end;) {
       const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos);
       if (bytesRead === 0) break;
       for (let i = 0; i < bytesRead; i += 1) if (chunk[i] === 0x0a) n += 1;

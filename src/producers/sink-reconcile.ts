@@ -59,16 +59,24 @@ export async function readDiskTail(dir: string, checkpoint: Checkpoint, options:
       const must = lines <= options.minLines || (mustFrom !== undefined && start >= mustFrom);
       if (!must && !(ts >= newestMs - options.windowMs)) return done();
       if (tail.size >= MAX_TAIL_RECORDS) {
-        options.log.warn({ records: tail.size, windowMs: options.windowMs }, 'results tail too large to reconcile in full; older records are not checked');
+        options.log.warn(
+          { records: tail.size, windowMs: options.windowMs },
+          'results tail too large to reconcile in full; older records are not checked',
+        );
         return done();
       }
-      if (typeof rec.id === 'string' && typeof rec.completion_tokens === 'number' && !tail.has(rec.id)) tail.set(rec.id, rec.completion_tokens);
+      if (typeof rec.id === 'string' && typeof rec.completion_tokens === 'number' && !tail.has(rec.id))
+        tail.set(rec.id, rec.completion_tokens);
     }
   }
   return done();
 
   function done(): DiskTail {
-    if (unreadable > 0) options.log.warn({ dir, lines: unreadable }, 'lines at the end of the part files are not JSON; they are left as they are');
+    if (unreadable > 0)
+      options.log.warn(
+        { dir, lines: unreadable },
+        'lines at the end of the part files are not JSON; they are left as they are',
+      );
     return tail;
   }
 }
@@ -101,12 +109,24 @@ async function* linesBackward(path: string, end: number): AsyncGenerator<{ line:
 }
 
 /** Restores done-set entries and counters for samples on disk that Redis lost; returns how many. */
-export async function restoreDone(redis: ScriptedRedis, keys: RunKeys, dataset: string, tail: DiskTail): Promise<number> {
+export async function restoreDone(
+  redis: ScriptedRedis,
+  keys: RunKeys,
+  dataset: string,
+  tail: DiskTail,
+): Promise<number> {
   let restored = 0;
   let args: (string | number)[] = [];
   const flush = async (): Promise<void> => {
     if (args.length === 0) return;
-    restored += await redis.sinkRestore(keys.done(dataset), keys.stats(dataset), keys.failed(dataset), keys.skipped(dataset), keys.attempts(dataset), ...args);
+    restored += await redis.sinkRestore(
+      keys.done(dataset),
+      keys.stats(dataset),
+      keys.failed(dataset),
+      keys.skipped(dataset),
+      keys.attempts(dataset),
+      ...args,
+    );
     args = [];
   };
   for (const [id, tokens] of tail) {
@@ -139,7 +159,8 @@ export class DiskTailFilter {
 
   /** The sink wrote (or dropped) every entry up to `entryId`. */
   passed(entryId: string): void {
-    if (this.until !== undefined && this.tail.size > 0 && compareStreamIds(entryId, this.until) >= 0) this.tail = new Map();
+    if (this.until !== undefined && this.tail.size > 0 && compareStreamIds(entryId, this.until) >= 0)
+      this.tail = new Map();
   }
 }
 
@@ -168,7 +189,13 @@ export interface RebuildResult {
  * the done set (so the producer never sends it again) and the counters (records, output tokens,
  * the budget). Streams the files in batches; memory does not grow with the dataset.
  */
-export async function rebuildFromFiles(redis: ScriptedRedis, keys: RunKeys, dataset: string, dir: string, checkpoint: Checkpoint): Promise<RebuildResult> {
+export async function rebuildFromFiles(
+  redis: ScriptedRedis,
+  keys: RunKeys,
+  dataset: string,
+  dir: string,
+  checkpoint: Checkpoint,
+): Promise<RebuildResult> {
   const result: RebuildResult = { records: 0, restored: 0, tokens: 0 };
   const parts = (await listParts(dir)).filter((p) => partNumber(p) <= partNumber(checkpoint.part));
   const tokensNow = async (): Promise<number> => Number((await redis.hget(keys.stats(dataset), 'outputTokens')) ?? 0);

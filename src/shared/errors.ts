@@ -62,10 +62,7 @@ export class UpstreamHttpError extends AppError {
   readonly status: number | undefined;
   readonly endpoint: string;
 
-  constructor(
-    message: string,
-    options: AppErrorOptions & { status?: number; endpoint: string },
-  ) {
+  constructor(message: string, options: AppErrorOptions & { status?: number; endpoint: string }) {
     super(message, options);
     this.status = options.status;
     this.endpoint = options.endpoint;

@@ -1,6 +1,19 @@
 // The public surface of src/shared: producers, workers, the dashboard and the CLI import only from
 // here. Each subsystem's own index.ts names what it offers; see docs/design.md for the map.
-export { AppError, type AppErrorOptions, CancelledError, ConfigError, type ConfigIssue, EnvironmentError, errorMessage, isRetryable, PayloadError, TimeoutError, UnavailableError, UpstreamHttpError } from './errors.js';
+export {
+  AppError,
+  type AppErrorOptions,
+  CancelledError,
+  ConfigError,
+  type ConfigIssue,
+  EnvironmentError,
+  errorMessage,
+  isRetryable,
+  PayloadError,
+  TimeoutError,
+  UnavailableError,
+  UpstreamHttpError,
+} from './errors.js';
 export { createRootLogger, logger, type Logger, rootLogger } from './logger.js';
 export * from './config/index.js';
 export * from './tokenizer/index.js';

@@ -3,7 +3,19 @@ import { pino, type Logger, type LoggerOptions } from 'pino';
 export type { Logger };
 
 const redact: LoggerOptions['redact'] = {
-  paths: ['redisUrl', '*.redisUrl', 'password', '*.password', 'authorization', '*.authorization', 'headers.authorization', 'apiKey', '*.apiKey', 'sglang.apiKey', '*.sglang.apiKey'],
+  paths: [
+    'redisUrl',
+    '*.redisUrl',
+    'password',
+    '*.password',
+    'authorization',
+    '*.authorization',
+    'headers.authorization',
+    'apiKey',
+    '*.apiKey',
+    'sglang.apiKey',
+    '*.sglang.apiKey',
+  ],
   censor: '[redacted]',
 };
 

@@ -31,7 +31,6 @@ export interface Active {
   done: Promise<Outcome>;
 }
 
-
 export class ActiveRequests {
   private readonly active = new Map<string, Active>();
 
@@ -56,7 +55,13 @@ export class ActiveRequests {
     const now = Date.now();
     this.s.counters.requestsReceived += items.length;
     for (const item of items) {
-      this.s.counters.requests.push({ rid: item.rid, route, receivedAtMs: now, promptTokens: item.inputIds.length, maxNewTokens: item.maxNewTokens });
+      this.s.counters.requests.push({
+        rid: item.rid,
+        route,
+        receivedAtMs: now,
+        promptTokens: item.inputIds.length,
+        maxNewTokens: item.maxNewTokens,
+      });
     }
   }
 
@@ -171,13 +176,21 @@ export class ActiveRequests {
   }
 
   fullIds(a: Active): number[] {
-    a.fullIds ??= completionIds(a.plan, this.s.poolOrThrow(), this.s.o.seed, a.rid, a.promptIds.length, a.plan.outputTokens);
+    a.fullIds ??= completionIds(
+      a.plan,
+      this.s.poolOrThrow(),
+      this.s.o.seed,
+      a.rid,
+      a.promptIds.length,
+      a.plan.outputTokens,
+    );
     return a.fullIds;
   }
 
   /** Completion text: decoded ids, a matched stop token trimmed unless `no_stop_trim`. */
   textOf(a: Active, ids: readonly number[], finish: FinishReason | null): string {
-    const trim = finish?.type === 'stop' && typeof finish.matched === 'number' && !a.sampling.noStopTrim && ids.length > 0;
+    const trim =
+      finish?.type === 'stop' && typeof finish.matched === 'number' && !a.sampling.noStopTrim && ids.length > 0;
     const textIds = trim ? ids.slice(0, -1) : ids;
     return this.s.tok.decode(textIds, { skipSpecialTokens: a.sampling.skipSpecialTokens });
   }

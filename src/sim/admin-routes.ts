@@ -19,11 +19,17 @@ export interface AdminTarget {
 }
 
 /** `POST /_sim/faults {…faults, clear?}` (or `?clear=1`): sets faults, answers the current set. */
-export async function adminFaults(target: AdminTarget, req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
+export async function adminFaults(
+  target: AdminTarget,
+  req: IncomingMessage,
+  res: ServerResponse,
+  url: URL,
+): Promise<void> {
   const body = parseJsonBody(await readBody(req), true);
   if (!isRecord(body)) throw nativeError('faults must be a JSON object');
   const { clear, ...rest } = body;
-  const clearFirst = clear === true || url.searchParams.get('clear') === '1' || url.searchParams.get('clear') === 'true';
+  const clearFirst =
+    clear === true || url.searchParams.get('clear') === '1' || url.searchParams.get('clear') === 'true';
   try {
     const validated = validateFaults(rest as Partial<FaultConfig>);
     if (clearFirst) target.clearFaults();
@@ -38,7 +44,8 @@ export async function adminFaults(target: AdminTarget, req: IncomingMessage, res
 export async function adminOutage(target: AdminTarget, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const body = parseJsonBody(await readBody(req), true);
   const durationMs = isRecord(body) ? body.durationMs : undefined;
-  if (typeof durationMs !== 'number' || !(durationMs >= 0)) throw nativeError('durationMs must be a non-negative number');
+  if (typeof durationMs !== 'number' || !(durationMs >= 0))
+    throw nativeError('durationMs must be a non-negative number');
   res.on('finish', () => {
     void target.outage(durationMs);
   });

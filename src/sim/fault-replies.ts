@@ -11,7 +11,13 @@ import type { BadAnswer } from './faults.js';
 import { sendJson, sendText } from './http-util.js';
 
 /** SGLang's body for a full queue (`--max-queued-requests`), status 503. */
-export const QUEUE_FULL_BODY = { object: 'error', message: 'The request queue is full.', type: '503', param: null, code: 503 };
+export const QUEUE_FULL_BODY = {
+  object: 'error',
+  message: 'The request queue is full.',
+  type: '503',
+  param: null,
+  code: 503,
+};
 
 /** The output id the `out-of-vocab` bad answer puts first. */
 export const OUT_OF_VOCAB_ID = 999_999_999;
@@ -70,7 +76,11 @@ function reshape(kind: 'wrong-shape' | 'no-output-ids' | 'negative-count' | 'out
     switch (kind) {
       case 'wrong-shape':
         // An OpenAI text completion where a native /generate answer belongs.
-        return { id: 'cmpl-0', object: 'text_completion', choices: [{ index: 0, text: String(copy.text ?? ''), finish_reason: 'stop' }] };
+        return {
+          id: 'cmpl-0',
+          object: 'text_completion',
+          choices: [{ index: 0, text: String(copy.text ?? ''), finish_reason: 'stop' }],
+        };
       case 'no-output-ids':
         delete copy.output_ids;
         delete copy.choices;

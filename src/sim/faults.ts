@@ -1,7 +1,15 @@
 import { mulberry32, type Rng } from './output-model.js';
 
 /** Shapes of a bad answer the simulator can give instead of a generation (`badAnswer`). */
-export const BAD_ANSWERS = ['html502', 'wrong-shape', 'no-output-ids', 'negative-count', 'out-of-vocab', 'truncated', '413'] as const;
+export const BAD_ANSWERS = [
+  'html502',
+  'wrong-shape',
+  'no-output-ids',
+  'negative-count',
+  'out-of-vocab',
+  'truncated',
+  '413',
+] as const;
 export type BadAnswer = (typeof BAD_ANSWERS)[number];
 
 /** Faults the simulator injects into generation requests (and health checks). */
@@ -131,7 +139,9 @@ export function validateFaults(partial: Partial<FaultConfig>): Partial<FaultConf
   if (partial.statusPost !== undefined) out.statusPost = errorStatus(partial.statusPost, 'statusPost');
   if (partial.badAnswer !== undefined) {
     if (!(BAD_ANSWERS as readonly unknown[]).includes(partial.badAnswer)) {
-      throw new RangeError(`fault badAnswer must be one of ${BAD_ANSWERS.join(', ')}, got ${String(partial.badAnswer)}`);
+      throw new RangeError(
+        `fault badAnswer must be one of ${BAD_ANSWERS.join(', ')}, got ${String(partial.badAnswer)}`,
+      );
     }
     out.badAnswer = partial.badAnswer;
   }

@@ -156,7 +156,9 @@ export class GenerationRoutes {
     }
     const fault = this.s.faults.next();
     const fullBody = (): unknown => {
-      const bodies = items.map((item) => generateBody(this.s.o.version, this.requests.instantOutput(item), { finished: true }));
+      const bodies = items.map((item) =>
+        generateBody(this.s.o.version, this.requests.instantOutput(item), { finished: true }),
+      );
       return parsed.isBatch ? bodies : bodies[0];
     };
     if (this.applyFault(fault, req, res, items, GENERATE_ROUTE, fullBody)) return;
@@ -214,7 +216,14 @@ export class GenerationRoutes {
           text,
           e2eLatencyS: 0,
         };
-        writeEvent(res, generateBody(this.s.o.version, partial, { finished: false, returnLogprob, ...(index === undefined ? {} : { index }) }));
+        writeEvent(
+          res,
+          generateBody(this.s.o.version, partial, {
+            finished: false,
+            returnLogprob,
+            ...(index === undefined ? {} : { index }),
+          }),
+        );
       });
       void a.done.then((outcome) => {
         stopTicking();
@@ -224,7 +233,11 @@ export class GenerationRoutes {
           res,
           out === 'before-prefill'
             ? abortBeforePrefillBody(this.s.o.version, a.rid, index)
-            : generateBody(this.s.o.version, out, { finished: true, returnLogprob, ...(index === undefined ? {} : { index }) }),
+            : generateBody(this.s.o.version, out, {
+                finished: true,
+                returnLogprob,
+                ...(index === undefined ? {} : { index }),
+              }),
         );
         remaining--;
         if (remaining === 0) {
@@ -257,7 +270,11 @@ export class GenerationRoutes {
     }
     const created = Math.floor(Date.now() / 1000);
     const fault = this.s.faults.next();
-    if (this.applyFault(fault, req, res, [item], CHAT_ROUTE, () => chatBody(this.s.o.version, this.requests.instantOutput(item), model, created))) {
+    if (
+      this.applyFault(fault, req, res, [item], CHAT_ROUTE, () =>
+        chatBody(this.s.o.version, this.requests.instantOutput(item), model, created),
+      )
+    ) {
       return;
     }
     const a = this.requests.begin(item, CHAT_ROUTE);
@@ -274,9 +291,13 @@ export class GenerationRoutes {
       stopTicking();
       if (outcome.kind === 'cancelled') return;
       const out = this.requests.outputOf(a, outcome);
-      const finish: FinishReason = out === 'before-prefill' ? { type: 'abort', message: 'Abort before prefill' } : (out.finishReason ?? a.plan.finishReason);
+      const finish: FinishReason =
+        out === 'before-prefill'
+          ? { type: 'abort', message: 'Abort before prefill' }
+          : (out.finishReason ?? a.plan.finishReason);
       writeEvent(res, chatChunk(a, model, created, {}, finish));
-      if (parsed.includeUsage && out !== 'before-prefill') writeEvent(res, chatUsageChunk(this.s.o.version, out, model, created));
+      if (parsed.includeUsage && out !== 'before-prefill')
+        writeEvent(res, chatUsageChunk(this.s.o.version, out, model, created));
       writeEvent(res, '[DONE]');
       res.end();
       return;
@@ -284,7 +305,11 @@ export class GenerationRoutes {
     const outcome = await a.done;
     if (outcome.kind === 'cancelled') return;
     const out = this.requests.outputOf(a, outcome);
-    sendJson(res, 200, out === 'before-prefill' ? this.requests.chatAbortBody(a) : chatBody(this.s.o.version, out, model, created));
+    sendJson(
+      res,
+      200,
+      out === 'before-prefill' ? this.requests.chatAbortBody(a) : chatBody(this.s.o.version, out, model, created),
+    );
   }
 
   async handleAbort(req: IncomingMessage, res: ServerResponse): Promise<void> {

@@ -53,13 +53,17 @@ export function parseJsonBody(body: Buffer, allowEmpty = false): unknown {
   const text = body.toString('utf8');
   if (text.trim() === '') {
     if (allowEmpty) return {};
-    throw validationError("1 validation error:\n  {'type': 'missing', 'loc': ('body',), 'msg': 'Field required', 'input': None}");
+    throw validationError(
+      "1 validation error:\n  {'type': 'missing', 'loc': ('body',), 'msg': 'Field required', 'input': None}",
+    );
   }
   try {
     return JSON.parse(text) as unknown;
   } catch (e: unknown) {
     const reason = errorMessage(e);
-    throw validationError(`1 validation error:\n  {'type': 'json_invalid', 'loc': ('body', 0), 'msg': 'JSON decode error', 'ctx': {'error': '${reason}'}}`);
+    throw validationError(
+      `1 validation error:\n  {'type': 'json_invalid', 'loc': ('body', 0), 'msg': 'JSON decode error', 'ctx': {'error': '${reason}'}}`,
+    );
   }
 }
 
@@ -86,7 +90,12 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
   res.end(text);
 }
 
-export function sendText(res: ServerResponse, status: number, text: string, contentType = 'text/plain; charset=utf-8'): void {
+export function sendText(
+  res: ServerResponse,
+  status: number,
+  text: string,
+  contentType = 'text/plain; charset=utf-8',
+): void {
   if (res.headersSent || res.destroyed) return;
   res.writeHead(status, { ...COMMON_HEADERS, 'content-type': contentType, 'content-length': Buffer.byteLength(text) });
   res.end(text);

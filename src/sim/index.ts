@@ -1,6 +1,31 @@
 // The SGLang simulator used by the demo, the tests and the benchmarks (`tokenmill sim`).
-export { BAD_ANSWERS, type BadAnswer, type FaultConfig, FaultInjector, type FaultKind, NO_FAULTS, sampleKeyOfRid, validateFaults } from './faults.js';
-export { batchThroughput, type Clock, type LoadJob, LoadModel, type LoadModelConfig, type LoadSnapshot, realClock, VirtualClock } from './load-model.js';
+export {
+  BAD_ANSWERS,
+  type BadAnswer,
+  type FaultConfig,
+  FaultInjector,
+  type FaultKind,
+  NO_FAULTS,
+  sampleKeyOfRid,
+  validateFaults,
+} from './faults.js';
+export {
+  batchThroughput,
+  type Clock,
+  type LoadJob,
+  LoadModel,
+  type LoadModelConfig,
+  type LoadSnapshot,
+  realClock,
+  VirtualClock,
+} from './load-model.js';
 export { DEFAULT_OUTPUT_LENGTH, type OutputLengthSpec } from './output-model.js';
 export { Simulator, startSimulator } from './simulator.js';
-export { SIM_VERSIONS, type SimRequestRecord, type SimStats, type SimulatorHandle, type SimulatorOptions, type SimVersion } from './types.js';
+export {
+  SIM_VERSIONS,
+  type SimRequestRecord,
+  type SimStats,
+  type SimulatorHandle,
+  type SimulatorOptions,
+  type SimVersion,
+} from './types.js';

@@ -2,7 +2,15 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 
 import { errorMessage, isRecord } from '../shared/index.js';
-import { HttpReply, openAiError, parseJsonBody, readBody, requireJsonContentType, sendJson, sendText } from './http-util.js';
+import {
+  HttpReply,
+  openAiError,
+  parseJsonBody,
+  readBody,
+  requireJsonContentType,
+  sendJson,
+  sendText,
+} from './http-util.js';
 import { renderMetrics } from './metrics.js';
 import { SimValueError, parseChat } from './request-parsing.js';
 import { WEIGHT_VERSION } from './responses.js';
@@ -26,7 +34,12 @@ export class InfoRoutes {
   retrieveModel(res: ServerResponse, model: string): void {
     if (model !== this.s.o.modelPath) {
       sendJson(res, 404, {
-        error: { message: `The model '${model}' does not exist`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' },
+        error: {
+          message: `The model '${model}' does not exist`,
+          type: 'invalid_request_error',
+          param: 'model',
+          code: 'model_not_found',
+        },
       });
       return;
     }
@@ -100,7 +113,9 @@ export class InfoRoutes {
 
   getLoad(): unknown[] {
     const snap = this.s.load.snapshot();
-    return [{ dp_rank: 0, num_reqs: snap.running + snap.queued, num_waiting_reqs: snap.queued, num_tokens: snap.tokensInUse }];
+    return [
+      { dp_rank: 0, num_reqs: snap.running + snap.queued, num_waiting_reqs: snap.queued, num_tokens: snap.tokensInUse },
+    ];
   }
 
   v1Loads(): Record<string, unknown> {
@@ -122,7 +137,13 @@ export class InfoRoutes {
     const aggregate: Record<string, unknown> = { ...rank };
     delete aggregate.dp_rank;
     delete aggregate.max_running_requests;
-    return { timestamp: new Date().toISOString(), version: this.s.o.version, dp_rank_count: 1, loads: [rank], aggregate };
+    return {
+      timestamp: new Date().toISOString(),
+      version: this.s.o.version,
+      dp_rank_count: 1,
+      loads: [rank],
+      aggregate,
+    };
   }
 
   flushCache(res: ServerResponse): void {
@@ -175,14 +196,21 @@ export class InfoRoutes {
                 ...chat,
                 render: (messages, tools, templateKwargs) => {
                   try {
-                    return this.s.tok.encode(this.s.tok.applyChatTemplate(messages, { addGenerationPrompt: false, tools, templateKwargs }));
+                    return this.s.tok.encode(
+                      this.s.tok.applyChatTemplate(messages, { addGenerationPrompt: false, tools, templateKwargs }),
+                    );
                   } catch (e: unknown) {
                     throw new SimValueError(errorMessage(e));
                   }
                 },
               }
             : chat;
-        const request = { messages: body.messages, max_tokens: 0, tools: body.tools, chat_template_kwargs: body.chat_template_kwargs };
+        const request = {
+          messages: body.messages,
+          max_tokens: 0,
+          tools: body.tools,
+          chat_template_kwargs: body.chat_template_kwargs,
+        };
         const parsed = parseChat(request, ctx);
         result = { tokens: parsed.item.inputIds, count: parsed.item.inputIds.length };
       } else if (typeof body.prompt === 'string') {
@@ -206,7 +234,8 @@ export class InfoRoutes {
     requireJsonContentType(req);
     const body = parseJsonBody(raw);
     const tokens = isRecord(body) ? body.tokens : undefined;
-    const isIds = (v: unknown): v is number[] => Array.isArray(v) && v.every((x) => typeof x === 'number' && Number.isInteger(x));
+    const isIds = (v: unknown): v is number[] =>
+      Array.isArray(v) && v.every((x) => typeof x === 'number' && Number.isInteger(x));
     try {
       if (isIds(tokens)) {
         sendJson(res, 200, { text: this.s.tok.decode(tokens) });

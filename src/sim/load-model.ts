@@ -135,7 +135,10 @@ export interface LoadSnapshot {
 /** T(B): total decode tokens per simulated second with B requests decoding. */
 export function batchThroughput(
   batchSize: number,
-  config: Pick<LoadModelConfig, 'singleRequestTokensPerSec' | 'peakTokensPerSec' | 'declineAboveBatch' | 'declinePerRequest'>,
+  config: Pick<
+    LoadModelConfig,
+    'singleRequestTokensPerSec' | 'peakTokensPerSec' | 'declineAboveBatch' | 'declinePerRequest'
+  >,
 ): number {
   if (batchSize <= 0) return 0;
   const peak = Math.max(config.peakTokensPerSec, config.singleRequestTokensPerSec);
@@ -244,7 +247,10 @@ export class LoadModel {
    * `sglang:generation_tokens_total` is), so the rate shows at once when the batch changes.
    */
   decodedTokensTotal(): number {
-    return this.decodedTotal + this.perRequestRatePerMs() * this.decoding * Math.max(0, this.clock.now() - this.lastAdvanceMs);
+    return (
+      this.decodedTotal +
+      this.perRequestRatePerMs() * this.decoding * Math.max(0, this.clock.now() - this.lastAdvanceMs)
+    );
   }
 
   /** Time-weighted mean of running requests since the last reset (wall ms window). */

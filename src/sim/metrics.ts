@@ -63,7 +63,11 @@ export function renderMetrics(m: MetricsSnapshot): string {
       counter('sglang:generation_tokens_total', 'Number of generation tokens processed.', m.generationTokensTotal),
       counter('sglang:cached_tokens_total', 'Number of cached prompt tokens.', m.cachedTokensTotal),
       counter('sglang:num_requests_total', 'Number of requests processed.', m.requestsTotal),
-      m.e2eLatency.render('sglang:e2e_request_latency_seconds', 'Histogram of End-to-end request latency in seconds', labels),
+      m.e2eLatency.render(
+        'sglang:e2e_request_latency_seconds',
+        'Histogram of End-to-end request latency in seconds',
+        labels,
+      ),
       m.queueTime.render('sglang:queue_time_seconds', 'Histogram of queueing time in seconds.', labels),
     ].join('\n') + '\n'
   );

@@ -46,7 +46,8 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     throw new RangeError(`simulator option version must be one of ${SIM_VERSIONS.join(', ')}, got ${String(version)}`);
   }
   const port = o.port ?? 0;
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new RangeError(`simulator option port is invalid: ${port}`);
+  if (!Number.isInteger(port) || port < 0 || port > 65535)
+    throw new RangeError(`simulator option port is invalid: ${port}`);
   const outputLength = { ...DEFAULT_OUTPUT_LENGTH, ...o.outputLength };
   positive('outputLength.mean', outputLength.mean);
   if (!['lognormal', 'fixed', 'uniform'].includes(outputLength.distribution)) {
@@ -58,12 +59,14 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     seed: o.seed ?? 0,
     timeScale: positive('timeScale', o.timeScale ?? 1),
     maxRunningRequests: positiveInt('maxRunningRequests', o.maxRunningRequests ?? 64),
-    maxQueuedRequests: o.maxQueuedRequests === undefined ? undefined : positiveInt('maxQueuedRequests', o.maxQueuedRequests),
+    maxQueuedRequests:
+      o.maxQueuedRequests === undefined ? undefined : positiveInt('maxQueuedRequests', o.maxQueuedRequests),
     contextLength: positiveInt('contextLength', o.contextLength ?? 32768),
     singleRequestTokensPerSec: positive('singleRequestTokensPerSec', o.singleRequestTokensPerSec ?? 80),
     peakTokensPerSec: positive('peakTokensPerSec', o.peakTokensPerSec ?? 2500),
     prefillTokensPerSec: positive('prefillTokensPerSec', o.prefillTokensPerSec ?? 20000),
-    declineAboveBatch: o.declineAboveBatch === undefined ? undefined : positiveInt('declineAboveBatch', o.declineAboveBatch),
+    declineAboveBatch:
+      o.declineAboveBatch === undefined ? undefined : positiveInt('declineAboveBatch', o.declineAboveBatch),
     declinePerRequest: positive('declinePerRequest', o.declinePerRequest ?? 0.01),
     outputLength,
     tokenizerPath: o.tokenizerPath ?? bundledTokenizerPath(),

@@ -118,12 +118,20 @@ export interface OutputPlan {
 export function planOutput(input: OutputPlanInput): OutputPlan {
   const maxNewTokens = Math.max(0, Math.floor(input.maxNewTokens));
   if (input.ignoreEos) {
-    return { outputTokens: maxNewTokens, finishReason: { type: 'length', length: maxNewTokens }, stopTokenId: undefined };
+    return {
+      outputTokens: maxNewTokens,
+      finishReason: { type: 'length', length: maxNewTokens },
+      stopTokenId: undefined,
+    };
   }
   const rng = requestRng(input.seed, input.rid, input.promptTokens, 'length');
   const natural = Math.max(sampleOutputLength(input.spec, rng), input.minNewTokens + 1);
   if (natural > maxNewTokens) {
-    return { outputTokens: maxNewTokens, finishReason: { type: 'length', length: maxNewTokens }, stopTokenId: undefined };
+    return {
+      outputTokens: maxNewTokens,
+      finishReason: { type: 'length', length: maxNewTokens },
+      stopTokenId: undefined,
+    };
   }
   const stopTokenId = input.stopTokenIds[0] ?? input.eosTokenId;
   if (natural === maxNewTokens) {

@@ -68,7 +68,8 @@ function numberField(raw: Record<string, unknown>, key: string, fallback: number
 function boolField(raw: Record<string, unknown>, key: string, fallback: boolean): boolean {
   const value = raw[key];
   if (value === undefined || value === null) return fallback;
-  if (typeof value !== 'boolean') throw new SimValueError(`sampling_params.${key} must be a boolean, got ${JSON.stringify(value)}.`);
+  if (typeof value !== 'boolean')
+    throw new SimValueError(`sampling_params.${key} must be a boolean, got ${JSON.stringify(value)}.`);
   return value;
 }
 
@@ -111,27 +112,38 @@ export function parseSamplingParams(raw: unknown): SamplingSpec {
   if (!(repetitionPenalty >= 0 && repetitionPenalty <= 2)) {
     throw new SimValueError(`repetition_penalty must be in [0, 2], got ${py(repetitionPenalty)}.`);
   }
-  if (!(minNewTokens >= 0)) throw new SimValueError(`min_new_tokens must be in [0, max_new_tokens], got ${py(minNewTokens)}.`);
+  if (!(minNewTokens >= 0))
+    throw new SimValueError(`min_new_tokens must be in [0, max_new_tokens], got ${py(minNewTokens)}.`);
   if (maxNewTokens !== null) {
     if (maxNewTokens < 0) throw new SimValueError(`max_new_tokens must be at least 0, got ${py(maxNewTokens)}.`);
     if (!(minNewTokens <= maxNewTokens)) {
-      throw new SimValueError(`min_new_tokens must be in [0, max_new_tokens(${py(maxNewTokens)})], got ${py(minNewTokens)}.`);
+      throw new SimValueError(
+        `min_new_tokens must be in [0, max_new_tokens(${py(maxNewTokens)})], got ${py(minNewTokens)}.`,
+      );
     }
   }
 
   const stopTokenIds: number[] = [];
   const rawStopIds = raw.stop_token_ids;
   if (rawStopIds !== undefined && rawStopIds !== null) {
-    if (!Array.isArray(rawStopIds)) throw new SimValueError('sampling_params.stop_token_ids must be a list of integers.');
+    if (!Array.isArray(rawStopIds))
+      throw new SimValueError('sampling_params.stop_token_ids must be a list of integers.');
     for (const id of rawStopIds) {
       if (typeof id !== 'number' || !Number.isInteger(id) || id < 0) {
-        throw new SimValueError(`sampling_params.stop_token_ids must be a list of integers, got ${JSON.stringify(id)}.`);
+        throw new SimValueError(
+          `sampling_params.stop_token_ids must be a list of integers, got ${JSON.stringify(id)}.`,
+        );
       }
       if (!stopTokenIds.includes(id)) stopTokenIds.push(id);
     }
   }
   const stop = raw.stop;
-  if (stop !== undefined && stop !== null && typeof stop !== 'string' && !(Array.isArray(stop) && stop.every((s) => typeof s === 'string'))) {
+  if (
+    stop !== undefined &&
+    stop !== null &&
+    typeof stop !== 'string' &&
+    !(Array.isArray(stop) && stop.every((s) => typeof s === 'string'))
+  ) {
     throw new SimValueError('sampling_params.stop must be a string or a list of strings.');
   }
 
@@ -178,7 +190,9 @@ function checkInputIds(ids: unknown, vocabSize: number): number[] {
   }
   const list = ids as number[];
   if (list.some((id) => id < 0 || id >= vocabSize)) {
-    throw new SimValueError(`The input_ids [${list.join(', ')}] contains values greater than the vocab size (${vocabSize}).`);
+    throw new SimValueError(
+      `The input_ids [${list.join(', ')}] contains values greater than the vocab size (${vocabSize}).`,
+    );
   }
   return list;
 }
@@ -206,11 +220,15 @@ export function parseGenerate(body: unknown, ctx: ParseContext): ParsedGenerate 
       prompts = (text as string[]).map((t) => ({ text: t }));
       isBatch = true;
     } else {
-      throw validationError("1 validation error:\n  {'type': 'string_type', 'loc': ('body', 'text'), 'msg': 'Input should be a valid string'}");
+      throw validationError(
+        "1 validation error:\n  {'type': 'string_type', 'loc': ('body', 'text'), 'msg': 'Input should be a valid string'}",
+      );
     }
   } else {
     if (!Array.isArray(inputIds)) {
-      throw validationError("1 validation error:\n  {'type': 'list_type', 'loc': ('body', 'input_ids'), 'msg': 'Input should be a valid list'}");
+      throw validationError(
+        "1 validation error:\n  {'type': 'list_type', 'loc': ('body', 'input_ids'), 'msg': 'Input should be a valid list'}",
+      );
     }
     isBatch = inputIds.length > 0 && Array.isArray(inputIds[0]);
     prompts = isBatch ? (inputIds as unknown[]).map((ids) => ({ ids })) : [{ ids: inputIds }];
@@ -228,14 +246,19 @@ export function parseGenerate(body: unknown, ctx: ParseContext): ParsedGenerate 
       if (rid.length !== 1) throw new SimValueError('The rid should be a string for a single request.');
       rids = [rid[0] as string];
     } else {
-      if (rid.length !== n) throw new SimValueError('The specified rids length mismatch with the batch_size for batch processing.');
+      if (rid.length !== n)
+        throw new SimValueError('The specified rids length mismatch with the batch_size for batch processing.');
       rids = rid as string[];
     }
   } else {
-    throw validationError("1 validation error:\n  {'type': 'string_type', 'loc': ('body', 'rid'), 'msg': 'Input should be a valid string'}");
+    throw validationError(
+      "1 validation error:\n  {'type': 'string_type', 'loc': ('body', 'rid'), 'msg': 'Input should be a valid string'}",
+    );
   }
   if (new Set(rids).size !== rids.length) {
-    throw new SimValueError(`Duplicate request IDs detected within the request: [${rids.map((r) => `'${r}'`).join(', ')}]`);
+    throw new SimValueError(
+      `Duplicate request IDs detected within the request: [${rids.map((r) => `'${r}'`).join(', ')}]`,
+    );
   }
 
   const rawSampling = body.sampling_params;
@@ -263,7 +286,9 @@ export function parseGenerate(body: unknown, ctx: ParseContext): ParsedGenerate 
 
   const stream = body.stream ?? false;
   if (typeof stream !== 'boolean') {
-    throw validationError("1 validation error:\n  {'type': 'bool_type', 'loc': ('body', 'stream'), 'msg': 'Input should be a valid boolean'}");
+    throw validationError(
+      "1 validation error:\n  {'type': 'bool_type', 'loc': ('body', 'stream'), 'msg': 'Input should be a valid boolean'}",
+    );
   }
   return { items, isBatch, stream, returnLogprob: body.return_logprob === true };
 }
@@ -287,7 +312,11 @@ export interface ParsedChat {
 }
 
 export interface ChatParseContext {
-  render(messages: ChatTemplateMessage[], tools: unknown[] | undefined, templateKwargs: Record<string, unknown> | undefined): number[];
+  render(
+    messages: ChatTemplateMessage[],
+    tools: unknown[] | undefined,
+    templateKwargs: Record<string, unknown> | undefined,
+  ): number[];
   vocabSize: number;
   contextLength: number;
   version: SimVersion;
@@ -307,25 +336,35 @@ function chatContent(value: unknown, index: number): string {
       })
       .join('');
   }
-  throw validationError(`1 validation error:\n  {'type': 'string_type', 'loc': ('body', 'messages', ${index}, 'content'), 'msg': 'Input should be a valid string'}`);
+  throw validationError(
+    `1 validation error:\n  {'type': 'string_type', 'loc': ('body', 'messages', ${index}, 'content'), 'msg': 'Input should be a valid string'}`,
+  );
 }
 
 /** Parses a /v1/chat/completions body and renders its prompt with the chat template. */
 export function parseChat(body: unknown, ctx: ChatParseContext): ParsedChat {
   if (!isRecord(body)) {
-    throw validationError("1 validation error:\n  {'type': 'model_attributes_type', 'loc': ('body',), 'msg': 'Input should be a valid dictionary'}");
+    throw validationError(
+      "1 validation error:\n  {'type': 'model_attributes_type', 'loc': ('body',), 'msg': 'Input should be a valid dictionary'}",
+    );
   }
   const rawMessages = body.messages;
   if (!Array.isArray(rawMessages)) {
-    throw validationError("1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}");
+    throw validationError(
+      "1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}",
+    );
   }
   const messages: ChatTemplateMessage[] = rawMessages.map((m, i) => {
     if (!isRecord(m) || typeof m.role !== 'string') {
-      throw validationError(`1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages', ${i}, 'role'), 'msg': 'Field required'}`);
+      throw validationError(
+        `1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages', ${i}, 'role'), 'msg': 'Field required'}`,
+      );
     }
     const role = m.role === 'developer' ? 'system' : m.role;
     if (role !== 'system' && role !== 'user' && role !== 'assistant' && role !== 'tool') {
-      throw validationError(`1 validation error:\n  {'type': 'union_tag_invalid', 'loc': ('body', 'messages', ${i}), 'msg': "Input tag '${m.role}' found using 'role' does not match any of the expected tags"}`);
+      throw validationError(
+        `1 validation error:\n  {'type': 'union_tag_invalid', 'loc': ('body', 'messages', ${i}), 'msg': "Input tag '${m.role}' found using 'role' does not match any of the expected tags"}`,
+      );
     }
     const out: ChatTemplateMessage = { role, content: chatContent(m.content, i) };
     if (typeof m.reasoning_content === 'string') out.reasoning_content = m.reasoning_content;

@@ -95,7 +95,10 @@ export function runningAbortReason(version: SimVersion): FinishReason {
   };
 }
 
-function chatFinish(reason: FinishReason | null): { finish_reason: string | null; matched_stop: number | string | null } {
+function chatFinish(reason: FinishReason | null): {
+  finish_reason: string | null;
+  matched_stop: number | string | null;
+} {
   if (reason === null) return { finish_reason: null, matched_stop: null };
   if (reason.type === 'stop') return { finish_reason: 'stop', matched_stop: reason.matched };
   return { finish_reason: reason.type, matched_stop: null };
@@ -113,7 +116,12 @@ function usage(version: SimVersion, out: ItemOutput): Record<string, unknown> {
 }
 
 /** A /v1/chat/completions result. */
-export function chatBody(version: SimVersion, out: ItemOutput, model: string, createdS: number): Record<string, unknown> {
+export function chatBody(
+  version: SimVersion,
+  out: ItemOutput,
+  model: string,
+  createdS: number,
+): Record<string, unknown> {
   const body: Record<string, unknown> = {
     id: out.rid,
     object: 'chat.completion',
@@ -152,6 +160,18 @@ export function chatChunk(
 }
 
 /** The last chunk of a stream with `stream_options.include_usage`. */
-export function chatUsageChunk(version: SimVersion, out: ItemOutput, model: string, createdS: number): Record<string, unknown> {
-  return { id: out.rid, object: 'chat.completion.chunk', created: createdS, model, choices: [], usage: usage(version, out) };
+export function chatUsageChunk(
+  version: SimVersion,
+  out: ItemOutput,
+  model: string,
+  createdS: number,
+): Record<string, unknown> {
+  return {
+    id: out.rid,
+    object: 'chat.completion.chunk',
+    created: createdS,
+    model,
+    choices: [],
+    usage: usage(version, out),
+  };
 }

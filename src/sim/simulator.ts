@@ -58,7 +58,14 @@ export class Simulator implements AdminTarget {
     this.server = http.createServer((req, res) => {
       this.dispatch(req, res).catch((e: unknown) => {
         this.log.error({ err: e, url: req.url }, 'simulator handler failed');
-        if (!res.headersSent) sendJson(res, 500, { object: 'error', message: 'Internal Server Error', type: '500', param: null, code: 500 });
+        if (!res.headersSent)
+          sendJson(res, 500, {
+            object: 'error',
+            message: 'Internal Server Error',
+            type: '500',
+            param: null,
+            code: 500,
+          });
         else res.destroy();
       });
     });
@@ -87,8 +94,16 @@ export class Simulator implements AdminTarget {
     } catch (e: unknown) {
       const code = errorCode(e);
       if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') {
-        const why = code === 'EADDRINUSE' ? 'is already in use' : code === 'EACCES' ? 'may not be used by this user' : 'is not an address of this machine';
-        throw new AppError(`the simulator cannot listen on ${this.s.o.host}:${this.s.o.port}: the ${code === 'EADDRNOTAVAIL' ? 'host' : 'port'} ${why} (${code}); choose another with --port (0 picks a free one) or --host`, { cause: e });
+        const why =
+          code === 'EADDRINUSE'
+            ? 'is already in use'
+            : code === 'EACCES'
+              ? 'may not be used by this user'
+              : 'is not an address of this machine';
+        throw new AppError(
+          `the simulator cannot listen on ${this.s.o.host}:${this.s.o.port}: the ${code === 'EADDRNOTAVAIL' ? 'host' : 'port'} ${why} (${code}); choose another with --port (0 picks a free one) or --host`,
+          { cause: e },
+        );
       }
       throw e;
     }
@@ -105,7 +120,12 @@ export class Simulator implements AdminTarget {
       throw e;
     }
     this.log.info(
-      { url: this.url, version: this.s.o.version, timeScale: this.s.o.timeScale, maxRunningRequests: this.s.o.maxRunningRequests },
+      {
+        url: this.url,
+        version: this.s.o.version,
+        timeScale: this.s.o.timeScale,
+        maxRunningRequests: this.s.o.maxRunningRequests,
+      },
       'SGLang simulator ready',
     );
   }
@@ -224,7 +244,9 @@ export class Simulator implements AdminTarget {
     this.route(['POST', 'PUT'], [GENERATE_ROUTE], (req, res) => g.handleGenerate(req, res));
     this.route(['POST'], [CHAT_ROUTE], (req, res) => g.handleChat(req, res));
     this.route(['POST'], ['/abort_request'], (req, res) => g.handleAbort(req, res));
-    this.route(['GET'], ['/v1/models'], (_req, res) => sendJson(res, 200, { object: 'list', data: [i.modelCard(this.s.o.modelPath)] }));
+    this.route(['GET'], ['/v1/models'], (_req, res) =>
+      sendJson(res, 200, { object: 'list', data: [i.modelCard(this.s.o.modelPath)] }),
+    );
     this.route(['GET'], ['/model_info', '/get_model_info'], (_req, res) => sendJson(res, 200, i.modelInfo()));
     this.route(['GET'], ['/server_info', '/get_server_info'], (_req, res) => sendJson(res, 200, i.serverInfo()));
     this.route(['GET'], ['/get_load'], (_req, res) => sendJson(res, 200, i.getLoad()));
@@ -255,7 +277,12 @@ export class Simulator implements AdminTarget {
       return true;
     }
     const key = this.s.o.apiKey;
-    if (key !== undefined && req.method !== 'OPTIONS' && !isOpenRoute(pathname) && req.headers.authorization !== `Bearer ${key}`) {
+    if (
+      key !== undefined &&
+      req.method !== 'OPTIONS' &&
+      !isOpenRoute(pathname) &&
+      req.headers.authorization !== `Bearer ${key}`
+    ) {
       // SGLang's add_api_key_middleware.
       req.resume();
       this.countRefused(pathname);
@@ -291,7 +318,13 @@ export class Simulator implements AdminTarget {
     if (this.gate(req, res, url.pathname)) return;
     let byMethod = this.routes.get(url.pathname);
     if (byMethod === undefined && url.pathname.startsWith('/v1/models/')) {
-      byMethod = new Map([['GET', (_r: IncomingMessage, s: ServerResponse) => this.info.retrieveModel(s, decodeURIComponent(url.pathname.slice('/v1/models/'.length)))]]);
+      byMethod = new Map([
+        [
+          'GET',
+          (_r: IncomingMessage, s: ServerResponse) =>
+            this.info.retrieveModel(s, decodeURIComponent(url.pathname.slice('/v1/models/'.length))),
+        ],
+      ]);
     }
     if (byMethod === undefined) {
       req.resume();

@@ -75,7 +75,9 @@ export class SimState {
         singleRequestTokensPerSec: o.singleRequestTokensPerSec,
         peakTokensPerSec: o.peakTokensPerSec,
         prefillTokensPerSec: o.prefillTokensPerSec,
-        ...(o.declineAboveBatch === undefined ? {} : { declineAboveBatch: o.declineAboveBatch, declinePerRequest: o.declinePerRequest }),
+        ...(o.declineAboveBatch === undefined
+          ? {}
+          : { declineAboveBatch: o.declineAboveBatch, declinePerRequest: o.declinePerRequest }),
         timeScale: o.timeScale,
       },
       realClock,
@@ -101,7 +103,11 @@ export class SimState {
     return ids;
   }
 
-  renderChat(messages: ChatTemplateMessage[], tools: unknown[] | undefined, kwargs: Record<string, unknown> | undefined): number[] {
+  renderChat(
+    messages: ChatTemplateMessage[],
+    tools: unknown[] | undefined,
+    kwargs: Record<string, unknown> | undefined,
+  ): number[] {
     try {
       return this.tok.encodePrompt(messages, {
         ...(tools === undefined ? {} : { tools }),

@@ -1,3 +1,27 @@
 export { InferenceWorker } from './inference/index.js';
-export { createTokenizeContext, ensurePostprocessRound, type GenerationRecord, jsonLines, listGenerationFiles, parseGenerationRecord, planPostprocess, PostprocessFailedError, PostprocessWorker, recordToRow, type RoundInfo, type RoundOutcome, type TokenizeContext, waitForRound } from './postprocess/index.js';
-export { cancelTrainJobs, parseGpuList, queueTrainJob, roundTrainJobId, type TrainOutcomeSeen, trainPayloadOf, TrainWorker, waitForTrainJob } from './train/index.js';
+export {
+  createTokenizeContext,
+  ensurePostprocessRound,
+  type GenerationRecord,
+  jsonLines,
+  listGenerationFiles,
+  parseGenerationRecord,
+  planPostprocess,
+  PostprocessFailedError,
+  PostprocessWorker,
+  recordToRow,
+  type RoundInfo,
+  type RoundOutcome,
+  type TokenizeContext,
+  waitForRound,
+} from './postprocess/index.js';
+export {
+  cancelTrainJobs,
+  parseGpuList,
+  queueTrainJob,
+  roundTrainJobId,
+  type TrainOutcomeSeen,
+  trainPayloadOf,
+  TrainWorker,
+  waitForTrainJob,
+} from './train/index.js';

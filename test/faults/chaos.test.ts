@@ -8,7 +8,15 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import {
+  duplicates,
+  readGenerations,
+  spawnCli,
+  waitFor,
+  writeConfig,
+  writePrompts,
+  type CliProcess,
+} from '../helpers/pipeline.js';
 
 const CONCURRENCY = 24;
 const A_PROMPTS = 3_000;
@@ -36,7 +44,13 @@ describe('chaos', () => {
       run: 'chaos',
       redis: { url: redis.url, prefix: redis.prefix },
       // 5 attempts: with 2 % 500s, a prompt failing 5 times in a row is ~3e-9.
-      sglang: { endpoints: [sim.url], concurrency: CONCURRENCY, requestTimeoutMs: 30_000, maxAttempts: 5, healthCheckIntervalMs: 500 },
+      sglang: {
+        endpoints: [sim.url],
+        concurrency: CONCURRENCY,
+        requestTimeoutMs: 30_000,
+        maxAttempts: 5,
+        healthCheckIntervalMs: 500,
+      },
       datasets: [
         { name: 'A', prompts: 'A.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 16 },
         { name: 'B', prompts: 'B.jsonl', tokenBudget: B_BUDGET, maxNewTokens: 4096, batchSize: 16 },
@@ -56,7 +70,9 @@ describe('chaos', () => {
     let producerKilled = false;
     try {
       await waitFor(async () => (await records('A')) >= 50, 'first commits', 90_000).catch((e: unknown) => {
-        throw new Error(`${String(e)}\nproducer: ${producer.output().slice(-2_000)}\nworker: ${workers[0]?.output().slice(-2_000) ?? ''}`);
+        throw new Error(
+          `${String(e)}\nproducer: ${producer.output().slice(-2_000)}\nworker: ${workers[0]?.output().slice(-2_000) ?? ''}`,
+        );
       });
       const chaosUntil = Date.now() + 60_000;
       let turn = 0;
@@ -93,12 +109,19 @@ describe('chaos', () => {
       expect(stats.status, ds).toBe('completed');
       expect(duplicates(out.map((r) => r.id)), ds).toEqual([]);
       expect(Number(stats.records), ds).toBe(out.length);
-      expect(out.reduce((a, r) => a + r.completion_tokens, 0), ds).toBe(Number(stats.outputTokens));
+      expect(
+        out.reduce((a, r) => a + r.completion_tokens, 0),
+        ds,
+      ).toBe(Number(stats.outputTokens));
       expect(await conn.hlen(keys.failed(ds)), ds).toBe(0);
       expect(await conn.xlen(keys.results(ds)), ds).toBe(0);
     }
     // A: every prompt, once. B: stopped by its budget, within reason.
-    expect(readGenerations(runDir, 'A').map((r) => r.id).sort()).toEqual(Array.from({ length: A_PROMPTS }, (_, i) => `A-${i}`).sort());
+    expect(
+      readGenerations(runDir, 'A')
+        .map((r) => r.id)
+        .sort(),
+    ).toEqual(Array.from({ length: A_PROMPTS }, (_, i) => `A-${i}`).sort());
     const bTokens = Number(await conn.hget(keys.stats('B'), 'outputTokens'));
     expect(bTokens).toBeGreaterThanOrEqual(B_BUDGET);
     expect(bTokens).toBeLessThan(B_BUDGET * 1.5);

@@ -11,21 +11,33 @@ import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/p
 
 const { redis, tmp, startSim: sim } = useHarness({ redis: true, tmp: true });
 
-function config(run: string, endpoint: string, prompts: string, sglang: Record<string, unknown> = {}, workers: Record<string, unknown> = {}): ReturnType<typeof loadConfig> {
+function config(
+  run: string,
+  endpoint: string,
+  prompts: string,
+  sglang: Record<string, unknown> = {},
+  workers: Record<string, unknown> = {},
+): ReturnType<typeof loadConfig> {
   return loadConfig({
     baseDir: tmp.dir,
     object: {
       run,
       redis: { url: redis.url, prefix: redis.prefix },
       sglang: { endpoints: [endpoint], concurrency: 16, requestTimeoutMs: 30_000, ...sglang },
-      datasets: [{ name: 'ds', prompts, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 }] as ConfigInput['datasets'],
+      datasets: [
+        { name: 'ds', prompts, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 },
+      ] as ConfigInput['datasets'],
       output: { dir: 'out' },
       workers: { shutdownGraceMs: 2_000, ...workers },
     },
   });
 }
 
-function workerFor(cfg: ReturnType<typeof loadConfig>, ctx: Awaited<ReturnType<typeof openRunContextFor>>, extra: Partial<ConstructorParameters<typeof InferenceWorker>[0]> = {}): InferenceWorker {
+function workerFor(
+  cfg: ReturnType<typeof loadConfig>,
+  ctx: Awaited<ReturnType<typeof openRunContextFor>>,
+  extra: Partial<ConstructorParameters<typeof InferenceWorker>[0]> = {},
+): InferenceWorker {
   return new InferenceWorker({
     redisUrl: ctx.redisUrl,
     keys: ctx.keys,
@@ -43,7 +55,12 @@ function workerFor(cfg: ReturnType<typeof loadConfig>, ctx: Awaited<ReturnType<t
 
 describe('dispatch under faults', () => {
   it('503 "queue full" bursts on the last prompts of a dataset: the run ends, each prompt committed once, the accounting holds throughout', async () => {
-    const s = await sim({ timeScale: 40, maxRunningRequests: 16, seed: 21, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 } });
+    const s = await sim({
+      timeScale: 40,
+      maxRunningRequests: 16,
+      seed: 21,
+      outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 },
+    });
     writePrompts(tmp.dir, 'tail503', 150);
     const cfg = config('tail503', s.url, 'tail503.jsonl');
     const ctx = await openRunContextFor(cfg);
@@ -65,7 +82,9 @@ describe('dispatch under faults', () => {
       }
       await Promise.race([
         handle.finished,
-        new Promise((_, reject) => setTimeout(() => reject(new Error(`run hung: ${JSON.stringify(worker.dispatchAccounting())}`)), 45_000)),
+        new Promise((_, reject) =>
+          setTimeout(() => reject(new Error(`run hung: ${JSON.stringify(worker.dispatchAccounting())}`)), 45_000),
+        ),
       ]);
       const out = readGenerations(ctx.runDir, 'ds');
       expect(duplicates(out.map((r) => r.id))).toEqual([]);

@@ -3,7 +3,13 @@
 // processes; the SGLang simulator counts how many requests ever ran at once.
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { EmbeddedRedis, RunKeys, createRedisConnection, closeRedisConnection, type ConfigInput } from '../../src/shared/index.js';
+import {
+  EmbeddedRedis,
+  RunKeys,
+  createRedisConnection,
+  closeRedisConnection,
+  type ConfigInput,
+} from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
 import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
@@ -11,7 +17,12 @@ import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePromp
 const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true, cli: true });
 const CONCURRENCY = 8;
 
-function setup(run: string, prompts: number, url: string, endpoint: string): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
+function setup(
+  run: string,
+  prompts: number,
+  url: string,
+  endpoint: string,
+): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
   const config: ConfigInput = {
     run,
@@ -52,16 +63,30 @@ async function expectExactlyOnce(url: string, runDir: string, keys: RunKeys, ids
  * worker's acquire has nothing running on it. The run must complete, each prompt once, the cap
  * held throughout.
  */
-async function freezeRun(run: string, seed: number, when: (running: number, records: number) => boolean, what: string): Promise<void> {
+async function freezeRun(
+  run: string,
+  seed: number,
+  when: (running: number, records: number) => boolean,
+  what: string,
+): Promise<void> {
   // Requests of several seconds, so that many are running at the sim when Redis comes back.
-  const sim = await startSim({ timeScale: 8, maxRunningRequests: 64, seed, outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 } });
+  const sim = await startSim({
+    timeScale: 8,
+    maxRunningRequests: 64,
+    seed,
+    outputLength: { distribution: 'lognormal', mean: 2500, sigma: 0.4 },
+  });
   const { configPath, runDir, keys, ids } = setup(run, 48, redis.url, sim.url);
   const conn = redis.connection('client');
   const producer = spawnCli(['produce', '-c', configPath]);
   const w1 = spawnCli(['worker', '-c', configPath]);
   const w2 = spawnCli(['worker', '-c', configPath]);
   try {
-    await waitFor(async () => when(sim.stats().running, Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0)), what, 90_000);
+    await waitFor(
+      async () => when(sim.stats().running, Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0)),
+      what,
+      90_000,
+    );
     const pid = redis.server.pid;
     if (pid === undefined) throw new Error('no redis pid');
     process.kill(pid, 'SIGSTOP');
@@ -87,11 +112,21 @@ describe('Redis faults under a running pipeline', () => {
 
   it('the same freeze while the last prompts of the dataset run: their aborted requests are sent again, the run ends', async () => {
     // 48 prompts, 8 slots: from 40 committed on, what runs is the dataset's last prompts.
-    await freezeRun('freeze-last', 33, (running, records) => running > 0 && records >= 40 && records < 48, 'the last prompts running');
+    await freezeRun(
+      'freeze-last',
+      33,
+      (running, records) => running > 0 && records >= 40 && records < 48,
+      'the last prompts running',
+    );
   }, 150_000);
 
   it('redis-server killed with SIGKILL mid-run and restarted on the same AOF: completes, nothing committed is lost, no duplicates', async () => {
-    const sim = await startSim({ timeScale: 20, maxRunningRequests: 64, seed: 32, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.5 } });
+    const sim = await startSim({
+      timeScale: 20,
+      maxRunningRequests: 64,
+      seed: 32,
+      outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.5 },
+    });
     // A server of its own: this test kills it.
     const dataDir = path.join(tmp.dir, 'redis-kill');
     const first = new EmbeddedRedis({ dataDir, logger: quietLogger() });
@@ -105,7 +140,11 @@ describe('Redis faults under a running pipeline', () => {
       const conn = createRedisConnection(url, { role: 'client', name: 'tokenmill:test', logger: quietLogger() });
       let before = 0;
       try {
-        await waitFor(async () => (before = Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0)) >= 24, 'first commits', 60_000);
+        await waitFor(
+          async () => (before = Number((await conn.hget(keys.stats('ds'), 'records')) ?? 0)) >= 24,
+          'first commits',
+          60_000,
+        );
         // Committed ids before the kill: every one of them must still be committed after it.
         before = await conn.scard(keys.done('ds'));
       } finally {

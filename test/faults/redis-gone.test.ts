@@ -11,7 +11,12 @@ import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePromp
 import { quietLogger } from '../helpers/redis.js';
 
 const { sim, tmp } = useHarness({
-  sim: { timeScale: 10, maxRunningRequests: 16, seed: 71, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  sim: {
+    timeScale: 10,
+    maxRunningRequests: 16,
+    seed: 71,
+    outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 },
+  },
   tmp: true,
   cli: true,
 });
@@ -36,17 +41,23 @@ function setup(run: string, prompts: number, redisUrl?: string): { configPath: s
 }
 
 function outageLines(output: string): string[] {
-  return output.split('\n').filter((l) => /^tokenmill: Redis at .* (is not answering|still not answering|is back)/.test(l));
+  return output
+    .split('\n')
+    .filter((l) => /^tokenmill: Redis at .* (is not answering|still not answering|is back)/.test(l));
 }
 
 describe('Redis gone mid-run', () => {
-  it('the embedded redis-server kill -9\'d: `run` says so, restarts it on its AOF, and completes with each prompt once', async () => {
+  it("the embedded redis-server kill -9'd: `run` says so, restarts it on its AOF, and completes with each prompt once", async () => {
     const { configPath, runDir, ids } = setup('emb-kill', 120);
     const run = spawnCli(['run', '-c', configPath]);
     await waitFor(() => readGenerations(runDir, 'ds').length >= 16, 'first commits on disk', 90_000);
     const pid = Number(readFileSync(path.join(runDir, 'redis', 'redis.pid'), 'utf8').trim());
     process.kill(pid, 'SIGKILL');
-    await waitFor(() => /Redis at redis:\/\/127\.0\.0\.1:\d+\/? is not answering/.test(run.output()), 'the outage line', 15_000);
+    await waitFor(
+      () => /Redis at redis:\/\/127\.0\.0\.1:\d+\/? is not answering/.test(run.output()),
+      'the outage line',
+      15_000,
+    );
     const code = await Promise.race([run.exited, new Promise((r) => setTimeout(() => r('still running'), 120_000))]);
     expect(code, run.output().slice(-3_000)).toBe(0);
     expect(run.output()).toMatch(/is back after/);
@@ -65,15 +76,26 @@ describe('Redis gone mid-run', () => {
       const pid = server.pid;
       if (pid === undefined) throw new Error('no redis pid');
       process.kill(pid, 'SIGKILL');
-      await waitFor(() => outageLines(run.output()).some((l) => l.includes('is not answering')), 'the outage line', 15_000);
+      await waitFor(
+        () => outageLines(run.output()).some((l) => l.includes('is not answering')),
+        'the outage line',
+        15_000,
+      );
       // Stays away for longer than one reminder period (30 s).
-      await waitFor(() => outageLines(run.output()).some((l) => l.includes('still not answering')), 'the reminder', 45_000);
+      await waitFor(
+        () => outageLines(run.output()).some((l) => l.includes('still not answering')),
+        'the reminder',
+        45_000,
+      );
       const lines = outageLines(run.output());
       expect(lines.filter((l) => l.includes('is not answering'))).toHaveLength(1);
       expect(lines.length).toBeLessThanOrEqual(3);
       const t0 = Date.now();
       run.child.kill('SIGTERM');
-      const code = await Promise.race([run.exited, new Promise((r) => setTimeout(() => r('still running'), GRACE_MS + 40_000))]);
+      const code = await Promise.race([
+        run.exited,
+        new Promise((r) => setTimeout(() => r('still running'), GRACE_MS + 40_000)),
+      ]);
       expect(code, run.output().slice(-3_000)).toBe(143);
       expect(Date.now() - t0).toBeLessThan(GRACE_MS + 32_000);
       expect(run.output()).toMatch(/SIGTERM: stopping/);

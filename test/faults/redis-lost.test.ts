@@ -5,22 +5,50 @@
 import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { closeRedisConnection, createRedisConnection, EmbeddedRedis, RunKeys, type ConfigInput } from '../../src/shared/index.js';
+import {
+  closeRedisConnection,
+  createRedisConnection,
+  EmbeddedRedis,
+  RunKeys,
+  type ConfigInput,
+} from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, sampleIdOfRid, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import {
+  duplicates,
+  readGenerations,
+  sampleIdOfRid,
+  spawnCli,
+  waitFor,
+  writeConfig,
+  writePrompts,
+} from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 
 const { sim, tmp } = useHarness({
   // Short answers, fast: more records than the sink's end-of-files check reads (2,000 lines).
-  sim: { timeScale: 15, maxRunningRequests: 64, seed: 83, outputLength: { distribution: 'lognormal', mean: 40, sigma: 0.5 } },
+  sim: {
+    timeScale: 15,
+    maxRunningRequests: 64,
+    seed: 83,
+    outputLength: { distribution: 'lognormal', mean: 40, sigma: 0.5 },
+  },
   tmp: true,
   cli: true,
 });
 
 /** Moves the `ts` of every record but the last `keep` back by `byMs`, keeping each line's length. */
 function ageRecords(dir: string, keep: number, byMs: number): void {
-  const parts = readdirSync(dir).filter((f) => f.endsWith('.jsonl')).sort();
-  const total = parts.reduce((n, f) => n + readFileSync(path.join(dir, f), 'utf8').split('\n').filter((l) => l !== '').length, 0);
+  const parts = readdirSync(dir)
+    .filter((f) => f.endsWith('.jsonl'))
+    .sort();
+  const total = parts.reduce(
+    (n, f) =>
+      n +
+      readFileSync(path.join(dir, f), 'utf8')
+        .split('\n')
+        .filter((l) => l !== '').length,
+    0,
+  );
   let seen = 0;
   for (const f of parts) {
     const file = path.join(dir, f);
@@ -48,7 +76,9 @@ describe('Redis lost entirely', () => {
         run,
         redis: { url, prefix: 'tm-lost' },
         sglang: { endpoints: [sim.url], concurrency: 64, requestTimeoutMs: 60_000 },
-        datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 256, batchSize: 64 }],
+        datasets: [
+          { name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 256, batchSize: 64 },
+        ],
         output: { dir: 'out' },
         workers: { shutdownGraceMs: 1_000 },
       };

@@ -9,7 +9,15 @@ import { RunKeys, closeRedisConnection, createRedisConnection, type ConfigInput 
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
 import { startSentinelCluster, type SentinelCluster } from '../helpers/sentinel.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import {
+  duplicates,
+  readGenerations,
+  spawnCli,
+  waitFor,
+  writeConfig,
+  writePrompts,
+  type CliProcess,
+} from '../helpers/pipeline.js';
 
 const CONCURRENCY = 8;
 const A_PROMPTS = 160;
@@ -18,7 +26,12 @@ const B_BUDGET = 40_000;
 const MAX_NEW_TOKENS = 2048;
 
 const { sim, tmp } = useHarness({
-  sim: { timeScale: 20, maxRunningRequests: 64, seed: 71, outputLength: { distribution: 'lognormal', mean: 500, sigma: 0.5 } },
+  sim: {
+    timeScale: 20,
+    maxRunningRequests: 64,
+    seed: 71,
+    outputLength: { distribution: 'lognormal', mean: 500, sigma: 0.5 },
+  },
   tmp: true,
   cli: true,
 });
@@ -39,7 +52,13 @@ describe('Redis with Sentinel', () => {
     const config: ConfigInput = {
       run: 'failover',
       redis: { sentinels: c.addresses, name: c.name, prefix },
-      sglang: { endpoints: [sim.url], concurrency: CONCURRENCY, requestTimeoutMs: 60_000, maxAttempts: 3, healthCheckIntervalMs: 500 },
+      sglang: {
+        endpoints: [sim.url],
+        concurrency: CONCURRENCY,
+        requestTimeoutMs: 60_000,
+        maxAttempts: 3,
+        healthCheckIntervalMs: 500,
+      },
       datasets: [
         { name: 'A', prompts: 'A.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: MAX_NEW_TOKENS, batchSize: 8 },
         { name: 'B', prompts: 'B.jsonl', tokenBudget: B_BUDGET, maxNewTokens: MAX_NEW_TOKENS, batchSize: 8 },
@@ -58,13 +77,24 @@ describe('Redis with Sentinel', () => {
     const producer: CliProcess = spawnCli(['produce', '-c', configPath]);
     const workers: CliProcess[] = [0, 1].map(() => spawnCli(['worker', '-c', configPath]));
     try {
-      await waitFor(async () => (await records('A')) >= 30 && sim.stats().running > 0, 'first commits with requests running', 120_000).catch((e: unknown) => {
-        throw new Error(`${String(e)}\nproducer: ${producer.output().slice(-2_000)}\nworker: ${workers[0]?.output().slice(-2_000) ?? ''}`);
+      await waitFor(
+        async () => (await records('A')) >= 30 && sim.stats().running > 0,
+        'first commits with requests running',
+        120_000,
+      ).catch((e: unknown) => {
+        throw new Error(
+          `${String(e)}\nproducer: ${producer.output().slice(-2_000)}\nworker: ${workers[0]?.output().slice(-2_000) ?? ''}`,
+        );
       });
       const committedBeforeKill = await records('A');
       expect(committedBeforeKill).toBeLessThan(A_PROMPTS);
       c.primary.child.kill('SIGKILL');
-      await waitFor(async () => (await c.masterPort()) === c.replica.port, 'the Sentinels to promote the replica', 60_000, 200);
+      await waitFor(
+        async () => (await c.masterPort()) === c.replica.port,
+        'the Sentinels to promote the replica',
+        60_000,
+        200,
+      );
       // A new primary is a new server to the sink: its run id differs, so it reconciles the files.
       expect(await c.runId(c.replica.port)).not.toBe(oldPrimaryRunId);
       // Work goes on after the switch.
@@ -83,10 +113,17 @@ describe('Redis with Sentinel', () => {
         expect(stats.status, ds).toBe('completed');
         expect(duplicates(out.map((r) => r.id)), ds).toEqual([]);
         expect(Number(stats.records), ds).toBe(out.length);
-        expect(out.reduce((a, r) => a + r.completion_tokens, 0), ds).toBe(Number(stats.outputTokens));
+        expect(
+          out.reduce((a, r) => a + r.completion_tokens, 0),
+          ds,
+        ).toBe(Number(stats.outputTokens));
         expect(await conn.hlen(keys.failed(ds)), ds).toBe(0);
       }
-      expect(readGenerations(runDir, 'A').map((r) => r.id).sort()).toEqual(Array.from({ length: A_PROMPTS }, (_, i) => `A-${i}`).sort());
+      expect(
+        readGenerations(runDir, 'A')
+          .map((r) => r.id)
+          .sort(),
+      ).toEqual(Array.from({ length: A_PROMPTS }, (_, i) => `A-${i}`).sort());
       // B ends by its budget: reached, and over it by no more than what the last requests in flight can add.
       const bTokens = Number(await conn.hget(keys.stats('B'), 'outputTokens'));
       expect(bTokens).toBeGreaterThanOrEqual(B_BUDGET);
@@ -96,7 +133,9 @@ describe('Redis with Sentinel', () => {
       // `status` reads the finished run through the Sentinels, from the new primary.
       const status = spawnCli(['status', '-c', configPath, '--json']);
       expect(await status.exited, status.output()).toBe(0);
-      const printed = JSON.parse(status.stdout().trim().split('\n').at(-1) ?? '{}') as { datasets: Array<{ name: string; status: string; records: number }> };
+      const printed = JSON.parse(status.stdout().trim().split('\n').at(-1) ?? '{}') as {
+        datasets: Array<{ name: string; status: string; records: number }>;
+      };
       expect(printed.datasets.map((d) => [d.name, d.status, d.records])).toEqual([
         ['A', 'completed', A_PROMPTS],
         ['B', 'completed', readGenerations(runDir, 'B').length],

@@ -25,7 +25,12 @@ async function runWith(
   run: string,
   s: SimulatorHandle,
   n: number,
-  opts: { sglang?: Record<string, unknown>; workers?: Record<string, unknown>; during?: (records: () => Promise<number>) => Promise<void>; deadlineMs?: number } = {},
+  opts: {
+    sglang?: Record<string, unknown>;
+    workers?: Record<string, unknown>;
+    during?: (records: () => Promise<number>) => Promise<void>;
+    deadlineMs?: number;
+  } = {},
 ): Promise<RunResult> {
   writePrompts(tmp.dir, run, n);
   const cfg = loadConfig({
@@ -33,8 +38,16 @@ async function runWith(
     object: {
       run,
       redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [s.url], concurrency: 16, requestTimeoutMs: 30_000, healthCheckIntervalMs: 200, ...opts.sglang },
-      datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 }] as ConfigInput['datasets'],
+      sglang: {
+        endpoints: [s.url],
+        concurrency: 16,
+        requestTimeoutMs: 30_000,
+        healthCheckIntervalMs: 200,
+        ...opts.sglang,
+      },
+      datasets: [
+        { name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 },
+      ] as ConfigInput['datasets'],
       output: { dir: 'out' },
       workers: { shutdownGraceMs: 1_000, ...opts.workers },
     },
@@ -58,7 +71,11 @@ async function runWith(
     // Nothing holds a slot or a budget reservation once the run is over (no lease renewed after its request ended).
     expect(await ctx.redis.zcard(ctx.keys.inflight('ds'))).toBe(0);
     expect(await ctx.redis.zcard(ctx.keys.endpointLeases(s.url))).toBe(0);
-    return { ids: out.map((r) => r.id), failed: await ctx.redis.hgetall(ctx.keys.failed('ds')), maxRunning: s.stats().maxRunningObserved };
+    return {
+      ids: out.map((r) => r.id),
+      failed: await ctx.redis.hgetall(ctx.keys.failed('ds')),
+      maxRunning: s.stats().maxRunningObserved,
+    };
   } finally {
     await handle.stop();
     await ctx.close();
@@ -67,7 +84,13 @@ async function runWith(
 
 describe('SGLang faults', () => {
   it('503 "The request queue is full." on the first try of ~5 % of prompts (the run that once hung): every prompt committed, none failed', async () => {
-    const s = await sim({ timeScale: 40, maxRunningRequests: 16, seed: 41, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 }, faults: { firstTry503Rate: 0.05 } });
+    const s = await sim({
+      timeScale: 40,
+      maxRunningRequests: 16,
+      seed: 41,
+      outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 },
+      faults: { firstTry503Rate: 0.05 },
+    });
     const r = await runWith('first503', s, 150);
     expect(r.ids.length).toBe(150);
     expect(r.failed).toEqual({});
@@ -82,14 +105,23 @@ describe('SGLang faults', () => {
       outputLength: { distribution: 'lognormal', mean: 400, sigma: 0.5 },
       faults: { poisonSampleIds: ['ds/poison-37'], poisonDownMs: 300 },
     });
-    const r = await runWith('poison', s, 80, { sglang: { maxAttempts: 2 }, workers: { crashProbationMs: 800 }, deadlineMs: 90_000 });
+    const r = await runWith('poison', s, 80, {
+      sglang: { maxAttempts: 2 },
+      workers: { crashProbationMs: 800 },
+      deadlineMs: 90_000,
+    });
     expect(Object.keys(r.failed)).toEqual(['poison-37']);
     expect(JSON.parse(r.failed['poison-37'] ?? '{}').reason).toMatch(/crash/);
     expect(r.ids.length).toBe(79);
   }, 120_000);
 
   it('a proxy answering 401 to everything for a while fails no prompt; the run carries on once it is fixed', async () => {
-    const s = await sim({ timeScale: 40, maxRunningRequests: 16, seed: 43, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 } });
+    const s = await sim({
+      timeScale: 40,
+      maxRunningRequests: 16,
+      seed: 43,
+      outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 },
+    });
     const r = await runWith('proxy401', s, 120, {
       sglang: { maxAttempts: 1 },
       during: async (records) => {
@@ -104,14 +136,29 @@ describe('SGLang faults', () => {
   }, 90_000);
 
   it('hung requests (no answer until the timeout) and dropped connections: no prompt fails for them', async () => {
-    const s = await sim({ timeScale: 40, maxRunningRequests: 16, seed: 44, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 }, faults: { hangRate: 0.03, dropRate: 0.03 } });
-    const r = await runWith('hangdrop', s, 150, { sglang: { requestTimeoutMs: 1_500, maxAttempts: 4 }, workers: { crashProbationMs: 300 }, deadlineMs: 90_000 });
+    const s = await sim({
+      timeScale: 40,
+      maxRunningRequests: 16,
+      seed: 44,
+      outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 },
+      faults: { hangRate: 0.03, dropRate: 0.03 },
+    });
+    const r = await runWith('hangdrop', s, 150, {
+      sglang: { requestTimeoutMs: 1_500, maxAttempts: 4 },
+      workers: { crashProbationMs: 300 },
+      deadlineMs: 90_000,
+    });
     expect(r.failed).toEqual({});
     expect(r.ids.length).toBe(150);
   }, 120_000);
 
   it('a 30 s outage mid-run: workers wait without spending attempts, then finish on the same server', async () => {
-    const s = await sim({ timeScale: 40, maxRunningRequests: 16, seed: 45, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 } });
+    const s = await sim({
+      timeScale: 40,
+      maxRunningRequests: 16,
+      seed: 45,
+      outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.6 },
+    });
     const r = await runWith('outage30', s, 100, {
       sglang: { maxAttempts: 1 },
       deadlineMs: 90_000,

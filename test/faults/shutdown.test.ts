@@ -9,7 +9,13 @@ import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 const { sim, tmp } = useHarness({
-  sim: { timeScale: 10, maxRunningRequests: 16, seed: 61, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 }, faults: { firstTry503Rate: 0.3 } },
+  sim: {
+    timeScale: 10,
+    maxRunningRequests: 16,
+    seed: 61,
+    outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 },
+    faults: { firstTry503Rate: 0.3 },
+  },
   tmp: true,
   cli: true,
 });
@@ -37,7 +43,11 @@ describe('shutdown', () => {
     const runDir = path.join(tmp.dir, 'out', 'stop');
     const pidFile = path.join(runDir, 'redis', 'redis.pid');
     const first = spawnCli(['run', '-c', configPath]);
-    await waitFor(() => readGenerations(runDir, 'ds').length >= 10 && sim.stats().running > 0 && sim.stats().failed > 0, 'commits, requests in flight and 503s', 60_000);
+    await waitFor(
+      () => readGenerations(runDir, 'ds').length >= 10 && sim.stats().running > 0 && sim.stats().failed > 0,
+      'commits, requests in flight and 503s',
+      60_000,
+    );
     const redisPid = Number(readFileSync(pidFile, 'utf8').trim());
     expect(alive(redisPid)).toBe(true);
     const t0 = Date.now();

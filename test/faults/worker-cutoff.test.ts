@@ -9,7 +9,16 @@ import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { RunKeys, generateQueueName, type ConfigInput } from '../../src/shared/index.js';
 import { loopbackPort, startFaultProxy, type FaultProxy } from '../helpers/fault-proxy.js';
-import { sampleIdOfRid, duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import {
+  sampleIdOfRid,
+  duplicates,
+  readGenerations,
+  spawnCli,
+  waitFor,
+  writeConfig,
+  writePrompts,
+  type CliProcess,
+} from '../helpers/pipeline.js';
 import { useHarness } from '../helpers/fixture.js';
 
 /** Requests in flight per endpoint URL. The proxied worker reaches the same simulator under another URL, so it has a cap of its own. */
@@ -21,7 +30,12 @@ const CUT_MS = 30_000;
 const { redis, sim, tmp, defer } = useHarness({
   redis: true,
   // About a second per request, so that work remains after the cut.
-  sim: { timeScale: 8, maxRunningRequests: 16, seed: 41, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  sim: {
+    timeScale: 8,
+    maxRunningRequests: 16,
+    seed: 41,
+    outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 },
+  },
   tmp: true,
   cli: true,
 });
@@ -43,7 +57,13 @@ function config(run: string, redisUrl: string, endpoint: string): ConfigInput {
     datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 4 }],
     output: { dir: 'out' },
     // Short locks and leases: a cut-off worker's batches return to the queue within seconds.
-    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 1_000, shutdownGraceMs: 2_000, windowBatches: 8 },
+    workers: {
+      lockDurationMs: 2_000,
+      stalledIntervalMs: 1_000,
+      leaseTtlMs: 1_000,
+      shutdownGraceMs: 2_000,
+      windowBatches: 8,
+    },
   };
 }
 
@@ -75,7 +95,11 @@ describe('a worker host cut off', () => {
     const run = 'cutoff';
     writePrompts(tmp.dir, run, PROMPTS);
     const direct = writeConfig(tmp.dir, config(run, redis.url, sim.url), `${run}.yaml`);
-    const proxied = writeConfig(tmp.dir, config(run, redisProxy.url('redis'), simProxy.url('http')), `${run}-proxied.yaml`);
+    const proxied = writeConfig(
+      tmp.dir,
+      config(run, redisProxy.url('redis'), simProxy.url('http')),
+      `${run}-proxied.yaml`,
+    );
     const runDir = path.join(tmp.dir, 'out', run);
     const keys = new RunKeys(redis.prefix, run);
     const conn = redis.connection('client');
@@ -87,7 +111,8 @@ describe('a worker host cut off', () => {
     const workers: CliProcess[] = [w1, w2];
     const w1Id = `${hostname()}:${w1.child.pid}`;
     const w2Id = `${hostname()}:${w2.child.pid}`;
-    const byWorker = (id: string, afterMs = 0): number => readGenerations(runDir, 'ds').filter((r) => r.worker === id && Date.parse(r.ts) > afterMs).length;
+    const byWorker = (id: string, afterMs = 0): number =>
+      readGenerations(runDir, 'ds').filter((r) => r.worker === id && Date.parse(r.ts) > afterMs).length;
     try {
       // 1. Both workers commit.
       await waitFor(() => byWorker(w1Id) >= 4 && byWorker(w2Id) >= 4, 'both workers committing', 60_000, 100);
@@ -100,15 +125,31 @@ describe('a worker host cut off', () => {
       await Promise.all([redisProxy.setMode('drop'), simProxy.setMode('drop')]);
       expect(redisProxy.stats().dropped).toBeGreaterThan(droppedBefore);
       const droppedAtCut = redisProxy.stats().dropped;
-      await waitFor(() => redisProxy.stats().dropped > droppedAtCut, 'the cut-off worker reconnecting to Redis', 10_000, 10);
+      await waitFor(
+        () => redisProxy.stats().dropped > droppedAtCut,
+        'the cut-off worker reconnecting to Redis',
+        10_000,
+        10,
+      );
       // …then Redis goes silent (accepted, never answered) and the server refuses.
       await Promise.all([redisProxy.setMode('blackhole'), simProxy.setMode('refuse')]);
       const committedAtCut = await records();
 
       // 3. Its batches are taken over by the other worker while it is cut off.
-      for (const jobId of held) await waitFor(() => recoveredFrom(keys, jobId, w2Id), `batch ${jobId} recovered from the cut-off worker`, CUT_MS - 2_000, 100);
+      for (const jobId of held)
+        await waitFor(
+          () => recoveredFrom(keys, jobId, w2Id),
+          `batch ${jobId} recovered from the cut-off worker`,
+          CUT_MS - 2_000,
+          100,
+        );
       // The run goes on without it.
-      await waitFor(async () => (await records()) >= committedAtCut + 8, 'commits by the other worker during the cut', CUT_MS, 100);
+      await waitFor(
+        async () => (await records()) >= committedAtCut + 8,
+        'commits by the other worker during the cut',
+        CUT_MS,
+        100,
+      );
       // The outage lasts CUT_MS whatever happens meanwhile.
       await waitFor(() => Date.now() - cutAt >= CUT_MS, 'the end of the cut', CUT_MS + 5_000, 100);
       expect(w2.child.exitCode, w2.output()).toBeNull();
@@ -118,7 +159,12 @@ describe('a worker host cut off', () => {
       // 4. Plugged back in: the held bytes flow, the worker carries on.
       const restoredAt = Date.now();
       await Promise.all([redisProxy.setMode('pass'), simProxy.setMode('pass')]);
-      await waitFor(() => byWorker(w2Id, restoredAt) >= 2, 'commits by the cut-off worker after the restore', 30_000, 100);
+      await waitFor(
+        () => byWorker(w2Id, restoredAt) >= 2,
+        'commits by the cut-off worker after the restore',
+        30_000,
+        100,
+      );
       expect(await producer.exited, producer.output()).toBe(0);
       expect(w2.child.exitCode, w2.output()).toBeNull();
     } finally {
@@ -140,7 +186,9 @@ describe('a worker host cut off', () => {
     // A worker that lost its batches does not send samples already committed by the other one:
     // every request reached the server before its sample's commit (a few ms of race allowed).
     const committedAt = new Map(lines.map((r) => [r.id, Date.parse(r.ts)]));
-    const late = sim.stats().requests.filter((q) => q.receivedAtMs > (committedAt.get(sampleIdOfRid(q.rid)) ?? Infinity) + 250);
+    const late = sim
+      .stats()
+      .requests.filter((q) => q.receivedAtMs > (committedAt.get(sampleIdOfRid(q.rid)) ?? Infinity) + 250);
     expect(late.map((q) => q.rid)).toEqual([]);
     // Each URL has its own cap: the server never saw more than both together.
     expect(sim.stats().maxRunningObserved).toBeLessThanOrEqual(2 * CONCURRENCY);

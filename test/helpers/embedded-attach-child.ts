@@ -16,7 +16,10 @@ let code = 0;
 try {
   await new Promise((r) => conn.once('ready', r));
   for (let i = 0; i < 10; i++) {
-    await Promise.race([conn.ping(), new Promise((_, reject) => setTimeout(() => reject(new Error('PING not answered in 2 s')), 2_000))]);
+    await Promise.race([
+      conn.ping(),
+      new Promise((_, reject) => setTimeout(() => reject(new Error('PING not answered in 2 s')), 2_000)),
+    ]);
     await new Promise((r) => setTimeout(r, 100));
   }
   process.stdout.write('ok\n');

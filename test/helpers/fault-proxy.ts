@@ -18,7 +18,8 @@ export type FaultMode = 'pass' | 'drop' | 'refuse' | 'blackhole' | { latencyMs: 
 
 /** The `{ latencyMs }` mode. */
 export function latency(ms: number): FaultMode {
-  if (!Number.isFinite(ms) || ms < 0) throw new Error(`fault proxy: latency must be a non-negative number of ms, got ${ms}`);
+  if (!Number.isFinite(ms) || ms < 0)
+    throw new Error(`fault proxy: latency must be a non-negative number of ms, got ${ms}`);
   return { latencyMs: ms };
 }
 
@@ -259,7 +260,8 @@ class FaultProxyImpl implements FaultProxy {
 
   async listen(port: number): Promise<void> {
     await new Promise<void>((resolve, reject) => {
-      const onError = (e: Error): void => reject(new Error(`fault proxy: cannot listen on ${LOOPBACK}:${port}: ${e.message}`));
+      const onError = (e: Error): void =>
+        reject(new Error(`fault proxy: cannot listen on ${LOOPBACK}:${port}: ${e.message}`));
       this.server.once('error', onError);
       this.server.listen({ host: LOOPBACK, port, exclusive: true }, () => {
         this.server.off('error', onError);
@@ -329,7 +331,8 @@ class FaultProxyImpl implements FaultProxy {
 export async function startFaultProxy(options: FaultProxyOptions): Promise<FaultProxy> {
   const { host, port } = options.target;
   if (host !== LOOPBACK) throw new Error(`fault proxy: target host must be ${LOOPBACK} (loopback only), got ${host}`);
-  if (!Number.isInteger(port) || port <= 0 || port > 65_535) throw new Error(`fault proxy: invalid target port ${port}`);
+  if (!Number.isInteger(port) || port <= 0 || port > 65_535)
+    throw new Error(`fault proxy: invalid target port ${port}`);
   const mode = options.mode ?? 'pass';
   if (typeof mode === 'object') latency(mode.latencyMs);
   const proxy = new FaultProxyImpl(port, mode);

@@ -68,7 +68,8 @@ export type Harness<S extends HarnessSpec> = HarnessBase &
 function live<T extends object>(what: string, current: () => T | undefined): T {
   const target = (): T => {
     const v = current();
-    if (v === undefined) throw new Error(`fixture: ${what} is not started (used outside the tests, or before its hook ran)`);
+    if (v === undefined)
+      throw new Error(`fixture: ${what} is not started (used outside the tests, or before its hook ran)`);
     return v;
   };
   return new Proxy({} as T, {
@@ -172,8 +173,15 @@ export function useHarness<const S extends HarnessSpec>(spec: S): Harness<S> {
   before(start, spec.timeoutMs);
   after(close, spec.timeoutMs);
 
-  const notStarted = (what: string): Error => new Error(`fixture: ${what} outside the tests (before the harness started or after it closed)`);
-  const harness: HarnessBase & { redis: TestRedis; scripts: ScriptedRedis; keys: RunKeys; sim: SimulatorHandle; tmp: TempDir } = {
+  const notStarted = (what: string): Error =>
+    new Error(`fixture: ${what} outside the tests (before the harness started or after it closed)`);
+  const harness: HarnessBase & {
+    redis: TestRedis;
+    scripts: ScriptedRedis;
+    keys: RunKeys;
+    sim: SimulatorHandle;
+    tmp: TempDir;
+  } = {
     async startSim(options = {}) {
       if (!started) throw notStarted('startSim');
       const handle = await startSimulator({ port: 0, ...spec.simDefaults, ...options });

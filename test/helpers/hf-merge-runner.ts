@@ -3,7 +3,12 @@
 //   node --import tsx test/helpers/hf-merge-runner.ts '<json>'
 // where <json> is {"op":"merge","target","runDir","shardSizeMiB","rows":{"prefix","count","seed"},
 // "mergeKey"?, "crashAt"?} or {"op":"rollback","target","runDir","crashAt"?}. Prints the result as JSON.
-import { mergeIntoTarget, rollbackTarget, type MergeCrashPoint, type RollbackCrashPoint } from '../../src/shared/hf-dataset/index.js';
+import {
+  mergeIntoTarget,
+  rollbackTarget,
+  type MergeCrashPoint,
+  type RollbackCrashPoint,
+} from '../../src/shared/hf-dataset/index.js';
 import { createRootLogger } from '../../src/shared/logger.js';
 import { makeRows } from '../fixtures/hf/rows.js';
 
@@ -37,7 +42,11 @@ async function main(): Promise<void> {
     });
     process.stdout.write(`${JSON.stringify({ ok: true, rows: r.report.rows, repaired: r.repaired })}\n`);
   } else {
-    const r = await rollbackTarget({ target: job.target, runDir: job.runDir, ...(job.crashAt === undefined ? {} : { crashAt: job.crashAt }) });
+    const r = await rollbackTarget({
+      target: job.target,
+      runDir: job.runDir,
+      ...(job.crashAt === undefined ? {} : { crashAt: job.crashAt }),
+    });
     process.stdout.write(`${JSON.stringify({ ok: true, undone: r.undoneMergeId })}\n`);
   }
 }

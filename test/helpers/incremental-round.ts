@@ -5,8 +5,20 @@
 import { appendFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 
-import { bundledTokenizerPath, createRootLogger, loadTokenizer, type ChatTokenizer, type Logger, type MergeJobResult } from '../../src/shared/index.js';
-import { processMerge, processTokenize, type MergeDeps, type TokenizeJobResult } from '../../src/workers/postprocess/processor.js';
+import {
+  bundledTokenizerPath,
+  createRootLogger,
+  loadTokenizer,
+  type ChatTokenizer,
+  type Logger,
+  type MergeJobResult,
+} from '../../src/shared/index.js';
+import {
+  processMerge,
+  processTokenize,
+  type MergeDeps,
+  type TokenizeJobResult,
+} from '../../src/workers/postprocess/processor.js';
 import { createTokenizeContext, type TokenizeContext } from '../../src/workers/postprocess/tokenize.js';
 import type { GenerationRecord } from './pipeline.js';
 
@@ -19,8 +31,15 @@ export function bundledTokenizer(): Promise<ChatTokenizer> {
 }
 
 /** A generation record as the results sink writes it, with real Qwen3 ids. */
-export function generationRecord(tok: ChatTokenizer, dataset: string, id: string, finish: 'stop' | 'length' = 'stop'): GenerationRecord {
-  const promptIds = tok.encodePrompt([{ role: 'user', content: `Question ${id} of ${dataset}: what is ${id.length} squared?` }]);
+export function generationRecord(
+  tok: ChatTokenizer,
+  dataset: string,
+  id: string,
+  finish: 'stop' | 'length' = 'stop',
+): GenerationRecord {
+  const promptIds = tok.encodePrompt([
+    { role: 'user', content: `Question ${id} of ${dataset}: what is ${id.length} squared?` },
+  ]);
   const imEnd = tok.tokenToId('<|im_end|>') ?? -1;
   const answer = tok.encode(`The answer to ${id} is ${id.length * id.length}.`);
   const outputIds = finish === 'stop' ? [...answer, imEnd] : answer;
@@ -45,7 +64,12 @@ export function generationsDir(runDir: string, dataset: string): string {
 }
 
 /** Appends records to a part file, as the sink does (complete lines). */
-export function appendRecords(runDir: string, dataset: string, part: number, records: readonly GenerationRecord[]): string {
+export function appendRecords(
+  runDir: string,
+  dataset: string,
+  part: number,
+  records: readonly GenerationRecord[],
+): string {
   const dir = generationsDir(runDir, dataset);
   mkdirSync(dir, { recursive: true });
   const file = path.join(dir, `part-${String(part).padStart(5, '0')}.jsonl`);
@@ -64,7 +88,10 @@ export interface RoundSetup {
 let counter = 0;
 
 /** The tokenize jobs of one round, one per dataset, in this process. */
-export async function tokenizeRound(s: RoundSetup, flowId = `inc-pp-${++counter}`): Promise<{ flowId: string; results: TokenizeJobResult[] }> {
+export async function tokenizeRound(
+  s: RoundSetup,
+  flowId = `inc-pp-${++counter}`,
+): Promise<{ flowId: string; results: TokenizeJobResult[] }> {
   const tok = await bundledTokenizer();
   const ctx: TokenizeContext = createTokenizeContext(tok, { keepTruncated: s.keepTruncated ?? false });
   const logger = s.logger ?? createRootLogger({ level: 'silent' });

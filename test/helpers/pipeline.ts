@@ -21,7 +21,14 @@ export function writePrompts(dir: string, name: string, n: number, make?: (i: nu
   const file = path.join(dir, `${name}.jsonl`);
   const lines: string[] = [];
   for (let i = 0; i < n; i += 1) {
-    lines.push(JSON.stringify(make?.(i) ?? { id: `${name}-${i}`, prompt: `Prompt ${i} of ${name}: explain the idea numbered ${i * 13} in a few sentences.` }));
+    lines.push(
+      JSON.stringify(
+        make?.(i) ?? {
+          id: `${name}-${i}`,
+          prompt: `Prompt ${i} of ${name}: explain the idea numbered ${i * 13} in a few sentences.`,
+        },
+      ),
+    );
   }
   writeFileSync(file, `${lines.join('\n')}\n`);
   return file;
@@ -65,11 +72,22 @@ export async function killCliChildren(): Promise<void> {
 
 /** Runs the CLI from source (`node --import tsx src/cli/main.ts …`) as a real child process. */
 export function spawnCli(args: string[], options: { cwd?: string } = {}): CliProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'src/cli/main.ts'), '--log-level', process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'warn', ...args], {
-    cwd: options.cwd ?? repoRoot,
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env },
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      path.join(repoRoot, 'src/cli/main.ts'),
+      '--log-level',
+      process.env['TOKENMILL_TEST_LOG_LEVEL'] ?? 'warn',
+      ...args,
+    ],
+    {
+      cwd: options.cwd ?? repoRoot,
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env },
+    },
+  );
   liveChildren.add(child);
   child.once('exit', () => liveChildren.delete(child));
   let out = '';
@@ -79,12 +97,19 @@ export function spawnCli(args: string[], options: { cwd?: string } = {}): CliPro
     stdout += d.toString();
   });
   child.stderr?.on('data', (d: Buffer) => (out += d.toString()));
-  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
+  const exited = new Promise<number | string>((resolve) =>
+    child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)),
+  );
   return { child, output: () => out, stdout: () => stdout, exited };
 }
 
 /** Polls `cond` until it is truthy or the deadline passes (then throws with `what`). */
-export async function waitFor<T>(cond: () => Promise<T> | T, what: string, timeoutMs = 30_000, intervalMs = 50): Promise<T> {
+export async function waitFor<T>(
+  cond: () => Promise<T> | T,
+  what: string,
+  timeoutMs = 30_000,
+  intervalMs = 50,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await cond();
@@ -113,7 +138,9 @@ export function readGenerations(runDir: string, dataset: string): GenerationReco
   const dir = path.join(runDir, dataset, 'generations');
   if (!existsSync(dir)) return [];
   const out: GenerationRecord[] = [];
-  for (const f of readdirSync(dir).filter((x) => x.endsWith('.jsonl')).sort()) {
+  for (const f of readdirSync(dir)
+    .filter((x) => x.endsWith('.jsonl'))
+    .sort()) {
     for (const line of readFileSync(path.join(dir, f), 'utf8').split('\n')) {
       if (line.trim() !== '') out.push(JSON.parse(line) as GenerationRecord);
     }

@@ -15,7 +15,8 @@ export interface PromptFaultProxy {
 }
 
 /** The message the proxy's 500 carries, as SGLang words an out-of-memory abort. */
-export const INJECTED_500_MESSAGE = 'Out of memory even after retracting all other requests in the decode batch. Aborting the request.';
+export const INJECTED_500_MESSAGE =
+  'Out of memory even after retracting all other requests in the decode batch. Aborting the request.';
 
 function sampleIdOf(rid: string): string {
   return rid.slice(rid.indexOf('/') + 1, rid.lastIndexOf('#') < 0 ? undefined : rid.lastIndexOf('#'));
@@ -42,12 +43,15 @@ export async function startPromptFaultProxy(target: string): Promise<PromptFault
           counts.set(id, (counts.get(id) ?? 0) + 1);
           if (failing.has(id)) {
             res.writeHead(500, { 'content-type': 'application/json' });
-            res.end(JSON.stringify({ object: 'error', message: INJECTED_500_MESSAGE, type: '500', param: null, code: 500 }));
+            res.end(
+              JSON.stringify({ object: 'error', message: INJECTED_500_MESSAGE, type: '500', param: null, code: 500 }),
+            );
             return;
           }
         }
         const headers: Record<string, string> = {};
-        for (const [k, v] of Object.entries(req.headers)) if (typeof v === 'string' && k !== 'host' && k !== 'content-length' && k !== 'connection') headers[k] = v;
+        for (const [k, v] of Object.entries(req.headers))
+          if (typeof v === 'string' && k !== 'host' && k !== 'content-length' && k !== 'connection') headers[k] = v;
         const upstream = await fetch(target + (req.url ?? '/'), {
           method: req.method ?? 'GET',
           headers,

@@ -70,10 +70,20 @@ export interface ScanChildRun {
 export function runScanChild(target: string, heapLimitMiB: number): Promise<ScanChildRun> {
   return new Promise((resolve, reject) => {
     const t0 = performance.now();
-    const child = spawn(process.execPath, [`--max-old-space-size=${heapLimitMiB}`, '--import', 'tsx', path.join(repoRoot, 'test/helpers/prompt-scan-child.ts'), target], {
-      cwd: repoRoot,
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      process.execPath,
+      [
+        `--max-old-space-size=${heapLimitMiB}`,
+        '--import',
+        'tsx',
+        path.join(repoRoot, 'test/helpers/prompt-scan-child.ts'),
+        target,
+      ],
+      {
+        cwd: repoRoot,
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));

@@ -52,14 +52,21 @@ export function runProcess(
   args: readonly string[],
   opts: { stdin?: string; timeoutMs: number; env?: NodeJS.ProcessEnv; cwd?: string },
 ): Promise<ProcessResult> {
-  return runCaptured(command, args, { timeoutMs: opts.timeoutMs, cwd: opts.cwd ?? REPO_ROOT, env: opts.env ?? PYTHON_ENV, stdin: opts.stdin ?? '' });
+  return runCaptured(command, args, {
+    timeoutMs: opts.timeoutMs,
+    cwd: opts.cwd ?? REPO_ROOT,
+    env: opts.env ?? PYTHON_ENV,
+    stdin: opts.stdin ?? '',
+  });
 }
 
 function envIsCurrent(env: PythonEnvName): boolean {
   const python = pythonOf(env);
   const stamp = path.join(REPO_ROOT, ENVS[env].venv, '.requirements.sha256');
   if (!existsSync(python) || !existsSync(stamp)) return false;
-  const want = createHash('sha256').update(readFileSync(path.join(REPO_ROOT, 'scripts', ENVS[env].requirements))).digest('hex');
+  const want = createHash('sha256')
+    .update(readFileSync(path.join(REPO_ROOT, 'scripts', ENVS[env].requirements)))
+    .digest('hex');
   return readFileSync(stamp, 'utf8').trim() === want;
 }
 

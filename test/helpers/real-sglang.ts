@@ -41,7 +41,8 @@ export function realSglangDir(): string {
 /** Why the real server cannot run here, or undefined when it is installed. */
 export function missingReason(dir = realSglangDir()): string | undefined {
   for (const f of ['serve.sh', 'venv/bin/python', 'tiny-qwen3/model.safetensors']) {
-    if (!existsSync(path.join(dir, f))) return `no real SGLang installed in ${dir} (${f} missing; run bash scripts/setup-sglang.sh)`;
+    if (!existsSync(path.join(dir, f)))
+      return `no real SGLang installed in ${dir} (${f} missing; run bash scripts/setup-sglang.sh)`;
   }
   return undefined;
 }
@@ -128,7 +129,9 @@ function tail(file: string, lines = 8): string {
  * until `/health` answers 200, at most `timeoutMs`; throws, naming the log, when the server exits
  * first or never answers (its group is killed then).
  */
-export async function startRealSglang(options: { dir?: string; port?: number; args?: string[]; timeoutMs?: number } = {}): Promise<RealSglangServer> {
+export async function startRealSglang(
+  options: { dir?: string; port?: number; args?: string[]; timeoutMs?: number } = {},
+): Promise<RealSglangServer> {
   const dir = options.dir ?? realSglangDir();
   const missing = missingReason(dir);
   if (missing !== undefined) throw new Error(missing);
@@ -139,13 +142,16 @@ export async function startRealSglang(options: { dir?: string; port?: number; ar
   rmSync(pidFile, { force: true });
   rmSync(log, { force: true });
   const code = await new Promise<number>((resolve, reject) => {
-    const c = spawn('bash', [path.join(dir, 'serve.sh'), String(port), '0', ...(options.args ?? [])], { stdio: 'ignore' });
+    const c = spawn('bash', [path.join(dir, 'serve.sh'), String(port), '0', ...(options.args ?? [])], {
+      stdio: 'ignore',
+    });
     c.once('error', reject);
     c.once('exit', (code) => resolve(code ?? -1));
   });
   if (code !== 0) throw new Error(`${dir}/serve.sh ${port} exited ${code}; see ${log}`);
   const pgid = Number(readFileSync(pidFile, 'utf8').trim());
-  if (!Number.isInteger(pgid) || pgid <= 1) throw new Error(`${pidFile}: expected a process group id, got ${JSON.stringify(readFileSync(pidFile, 'utf8'))}`);
+  if (!Number.isInteger(pgid) || pgid <= 1)
+    throw new Error(`${pidFile}: expected a process group id, got ${JSON.stringify(readFileSync(pidFile, 'utf8'))}`);
   const server: RealSglangServer = {
     url,
     port,
@@ -162,10 +168,13 @@ export async function startRealSglang(options: { dir?: string; port?: number; ar
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     if (await healthy(url)) return server;
-    if (!groupAlive(pgid)) throw new Error(`the real SGLang server on port ${port} exited while starting; ${log} ends:\n${tail(log)}`);
+    if (!groupAlive(pgid))
+      throw new Error(`the real SGLang server on port ${port} exited while starting; ${log} ends:\n${tail(log)}`);
     if (Date.now() > deadline) {
       await server.kill();
-      throw new Error(`the real SGLang server on port ${port} did not answer ${url}/health within ${timeoutMs / 1000} s; ${log} ends:\n${tail(log)}`);
+      throw new Error(
+        `the real SGLang server on port ${port} did not answer ${url}/health within ${timeoutMs / 1000} s; ${log} ends:\n${tail(log)}`,
+      );
     }
     await sleep(500);
   }
@@ -183,7 +192,8 @@ export async function killServerOnPort(port: number, dir = realSglangDir()): Pro
   const url = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + 15_000;
   while ((groupAlive(pgid) || (await healthy(url))) && Date.now() < deadline) await sleep(100);
-  if (groupAlive(pgid)) throw new Error(`the real SGLang server's process group ${pgid} (port ${port}) is still alive 15 s after kill -9`);
+  if (groupAlive(pgid))
+    throw new Error(`the real SGLang server's process group ${pgid} (port ${port}) is still alive 15 s after kill -9`);
 }
 
 /** The shared server of the suite, as its global setup gave it. */

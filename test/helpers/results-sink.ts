@@ -9,7 +9,14 @@ import { quietLogger } from './redis.js';
 import type { GenerationRecord } from './pipeline.js';
 
 /** Commits one sample's result as a worker does (commit-sample-9.lua); 1 on its first commit. */
-export async function commitResult(redis: Redis, keys: RunKeys, dataset: string, id: string, tokens: number, options: { ts?: string } = {}): Promise<number> {
+export async function commitResult(
+  redis: Redis,
+  keys: RunKeys,
+  dataset: string,
+  id: string,
+  tokens: number,
+  options: { ts?: string } = {},
+): Promise<number> {
   const record: GenerationRecord = {
     id,
     dataset,
@@ -47,14 +54,19 @@ export async function commitResult(redis: Redis, keys: RunKeys, dataset: string,
 export function readParts(dir: string): GenerationRecord[] {
   if (!existsSync(dir)) return [];
   const out: GenerationRecord[] = [];
-  for (const f of readdirSync(dir).filter((x) => /^part-\d+\.jsonl$/.test(x)).sort()) {
-    for (const line of readFileSync(path.join(dir, f), 'utf8').split('\n')) if (line !== '') out.push(JSON.parse(line) as GenerationRecord);
+  for (const f of readdirSync(dir)
+    .filter((x) => /^part-\d+\.jsonl$/.test(x))
+    .sort()) {
+    for (const line of readFileSync(path.join(dir, f), 'utf8').split('\n'))
+      if (line !== '') out.push(JSON.parse(line) as GenerationRecord);
   }
   return out;
 }
 
 /** A started sink with a quiet logger (unless given one). */
-export async function startSink(options: Omit<ResultsSinkOptions, 'logger'> & Partial<Pick<ResultsSinkOptions, 'logger'>>): Promise<ResultsSink> {
+export async function startSink(
+  options: Omit<ResultsSinkOptions, 'logger'> & Partial<Pick<ResultsSinkOptions, 'logger'>>,
+): Promise<ResultsSink> {
   const sink = new ResultsSink({ logger: quietLogger(), ...options });
   await sink.start();
   return sink;
@@ -71,7 +83,15 @@ export async function drainOnce(options: Omit<ResultsSinkOptions, 'logger'>): Pr
 }
 
 /** What the counters of `dataset` say. */
-export async function datasetStats(redis: Redis, keys: RunKeys, dataset: string): Promise<{ records: number; outputTokens: number; outputTokensSq: number }> {
+export async function datasetStats(
+  redis: Redis,
+  keys: RunKeys,
+  dataset: string,
+): Promise<{ records: number; outputTokens: number; outputTokensSq: number }> {
   const s = await redis.hgetall(keys.stats(dataset));
-  return { records: Number(s.records ?? 0), outputTokens: Number(s.outputTokens ?? 0), outputTokensSq: Number(s.outputTokensSq ?? 0) };
+  return {
+    records: Number(s.records ?? 0),
+    outputTokens: Number(s.outputTokens ?? 0),
+    outputTokensSq: Number(s.outputTokensSq ?? 0),
+  };
 }

@@ -42,7 +42,14 @@ function start(args: string[], dir: string): ChildProcess {
 }
 
 async function ask<T>(port: number, f: (r: Redis) => Promise<T>): Promise<T> {
-  const r = new Redis({ host: '127.0.0.1', port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 2_000 });
+  const r = new Redis({
+    host: '127.0.0.1',
+    port,
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+    connectTimeout: 2_000,
+  });
   r.on('error', () => undefined);
   try {
     await r.connect();
@@ -75,7 +82,21 @@ export async function startSentinelCluster(
   const server = (port: number, sub: string, extra: string[] = []): SentinelNode => {
     const d = path.join(dir, sub);
     mkdirSync(d, { recursive: true });
-    const args = ['--port', String(port), '--bind', '127.0.0.1', '--dir', d, '--save', '', '--appendonly', 'yes', '--maxmemory-policy', 'noeviction', ...extra];
+    const args = [
+      '--port',
+      String(port),
+      '--bind',
+      '127.0.0.1',
+      '--dir',
+      d,
+      '--save',
+      '',
+      '--appendonly',
+      'yes',
+      '--maxmemory-policy',
+      'noeviction',
+      ...extra,
+    ];
     return { port, child: start(args, d) };
   };
   const primary = server(primaryPort, 'primary');
@@ -94,7 +115,12 @@ export async function startSentinelCluster(
     );
   };
   try {
-    await waitFor(async () => (await answers(primaryPort)) && (await answers(replicaPort)), 'primary and replica up', 20_000, 100);
+    await waitFor(
+      async () => (await answers(primaryPort)) && (await answers(replicaPort)),
+      'primary and replica up',
+      20_000,
+      100,
+    );
     await waitFor(
       () => ask(replicaPort, async (r) => /master_link_status:up/.test(await r.info('replication'))).catch(() => false),
       'the replica in sync',
@@ -146,7 +172,10 @@ export async function startSentinelCluster(
       addresses: sentinels.map((s) => `127.0.0.1:${s.port}`),
       async masterPort() {
         for (const s of sentinels) {
-          const addr = await ask(s.port, (r) => r.call('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', name) as Promise<[string, string]>).catch(() => undefined);
+          const addr = await ask(
+            s.port,
+            (r) => r.call('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', name) as Promise<[string, string]>,
+          ).catch(() => undefined);
           if (addr !== undefined) return Number(addr[1]);
         }
         throw new Error('no Sentinel answers');

@@ -14,7 +14,12 @@ import {
   type TrainMode,
   type TrainStatus,
 } from '../../src/shared/index.js';
-import { queueTrainJob, trainPayloadOf, waitForTrainJob, type TrainOutcomeSeen } from '../../src/workers/train/train-jobs.js';
+import {
+  queueTrainJob,
+  trainPayloadOf,
+  waitForTrainJob,
+  type TrainOutcomeSeen,
+} from '../../src/workers/train/train-jobs.js';
 import { TrainWorker } from '../../src/workers/train/worker.js';
 import { repoRoot, waitFor } from './pipeline.js';
 import { quietLogger, startTestRedis, type TestRedis } from './redis.js';
@@ -54,7 +59,8 @@ export async function startTrainHarness(): Promise<TrainHarness> {
   const gpuFile = path.join(root, 'gpus.json');
   writeFileSync(gpuFile, JSON.stringify({ driver: '550.54.15', gpus: [] }));
   process.env.NVIDIA_SMI_FIXTURE = gpuFile;
-  if (!(process.env.PATH ?? '').startsWith(NVIDIA_SMI_DIR)) process.env.PATH = `${NVIDIA_SMI_DIR}:${process.env.PATH ?? ''}`;
+  if (!(process.env.PATH ?? '').startsWith(NVIDIA_SMI_DIR))
+    process.env.PATH = `${NVIDIA_SMI_DIR}:${process.env.PATH ?? ''}`;
   const keys = new RunKeys(redis.prefix, 'r1');
   const workers: TrainWorker[] = [];
   const h: TrainHarness = {
@@ -116,7 +122,12 @@ export async function startTrainHarness(): Promise<TrainHarness> {
 }
 
 /** Waits until the run's train status satisfies `cond`. */
-export function waitForStatus(h: TrainHarness, cond: (s: TrainStatus) => boolean, what: string, timeoutMs = 30_000): Promise<TrainStatus> {
+export function waitForStatus(
+  h: TrainHarness,
+  cond: (s: TrainStatus) => boolean,
+  what: string,
+  timeoutMs = 30_000,
+): Promise<TrainStatus> {
   return waitFor(
     async () => {
       const s = await h.status();

@@ -3,7 +3,14 @@
 // side with the same requests sent one call each.
 import { describe, expect, it } from 'vitest';
 import { RunKeys, decodeAcquire } from '../../src/shared/index.js';
-import { addAcquires, newAttempts, readAcquires, type AcquireAttempt, type AcquireSettings, type RedisPipeline } from '../../src/workers/inference/dispatch-acquire.js';
+import {
+  addAcquires,
+  newAttempts,
+  readAcquires,
+  type AcquireAttempt,
+  type AcquireSettings,
+  type RedisPipeline,
+} from '../../src/workers/inference/dispatch-acquire.js';
 import type { Task } from '../../src/workers/inference/dispatch-queue.js';
 import type { Endpoint } from '../../src/workers/inference/endpoint-pool.js';
 import { useHarness } from '../helpers/fixture.js';
@@ -12,7 +19,14 @@ const { redis, scripts: r } = useHarness({ scripts: true });
 
 function task(ds: string, id: string, crashes = 0): Task {
   return {
-    req: { dataset: ds, sample: { id, line: 1, promptIds: [1, 2, 3], maxNewTokens: 100 }, sampling: {}, maxAttempts: 3, priorExpectedTokens: 40, attemptsSpent: 0 },
+    req: {
+      dataset: ds,
+      sample: { id, line: 1, promptIds: [1, 2, 3], maxNewTokens: 100 },
+      sampling: {},
+      maxAttempts: 3,
+      priorExpectedTokens: 40,
+      attemptsSpent: 0,
+    },
     state: 'pending',
     notBeforeMs: 0,
     crashes,
@@ -25,7 +39,13 @@ const group = endpoints.map((url) => ({ url })) as unknown as Endpoint[];
 
 /** What each task's acquire answers, sent as addAcquires groups them (`grouped`) or one pipeline call each. */
 async function acquireAll(keys: RunKeys, tasks: Task[], grouped: boolean): Promise<{ kinds: string[]; calls: number }> {
-  const settings: AcquireSettings = { keys, leaseTtlMs: 60_000, minCommitsForMean: 4, crashProbationMs: 5_000, budgetMarginSd: {} };
+  const settings: AcquireSettings = {
+    keys,
+    leaseTtlMs: 60_000,
+    minCommitsForMean: 4,
+    crashProbationMs: 5_000,
+    budgetMarginSd: {},
+  };
   const pipeline = r.pipeline() as unknown as RedisPipeline;
   const attempts = newAttempts(tasks);
   let calls: AcquireAttempt[][];
@@ -75,7 +95,17 @@ describe('acquires in groups', () => {
     expect(alone.calls).toBe(11);
     // What was decided: 2 endpoints x cap 3, one taken alone by the probation.
     expect(alone.kinds).toEqual([
-      'acquired@0', 'already-done', 'acquired@1', 'acquired@0', 'acquired@0', 'budget-reserved', 'paused', 'no-slot', 'no-slot', 'no-slot', 'no-slot',
+      'acquired@0',
+      'already-done',
+      'acquired@1',
+      'acquired@0',
+      'acquired@0',
+      'budget-reserved',
+      'paused',
+      'no-slot',
+      'no-slot',
+      'no-slot',
+      'no-slot',
     ]);
     for (const keys of [one, many]) {
       expect(await r.zcard(keys.inflight('a'))).toBe(2);

@@ -17,12 +17,21 @@ import { duplicates, readGenerations, spawnCli, waitFor, writeConfig } from '../
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 16, seed: 5, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 24 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 5,
+    contextLength: 2048,
+    outputLength: { distribution: 'fixed', mean: 24 },
+  },
   tmp: 'tm-bad-input-',
   cli: true,
 });
 
-async function cli(args: string[], env: Record<string, string> = {}): Promise<{ code: number | string; output: string }> {
+async function cli(
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<{ code: number | string; output: string }> {
   const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));
   Object.assign(process.env, env);
   try {
@@ -56,23 +65,75 @@ const DATASET = 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: 
 
 describe('bad config: every problem named with its path and line', () => {
   const cases: Array<{ name: string; yaml: string; env?: Record<string, string>; expect: RegExp[] }> = [
-    { name: 'unknown key (a typo)', yaml: `sglang:\n  endpoint: http://127.0.0.1:30000\n${DATASET}`, expect: [/:2: sglang.endpoint/, /unknown key|not allowed|unrecognized/i] },
-    { name: 'wrong type', yaml: 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: lots\n', expect: [/:4: datasets\[0\]\.tokenBudget/, /got "lots"/] },
-    { name: 'negative budget', yaml: 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: -5\n', expect: [/:4: datasets\[0\]\.tokenBudget/, /got -5/] },
-    { name: 'duplicate dataset names', yaml: `${DATASET}  - name: a\n    prompts: b.jsonl\n    tokenBudget: 10\n`, expect: [/:5: datasets\[1\]\.name/, /unique dataset name.*datasets\[0\]/] },
-    { name: 'endpoint without a scheme', yaml: `sglang:\n  endpoints: ["127.0.0.1:30000"]\n${DATASET}`, expect: [/:2: sglang\.endpoints\[0\]/, /http:\/\/ or https:\/\/ URL/] },
-    { name: 'endpoint with another scheme', yaml: `sglang:\n  endpoints: ["ftp://gpu-1:30000"]\n${DATASET}`, expect: [/sglang\.endpoints\[0\]/, /http:\/\/ or https:\/\/ URL/] },
-    { name: 'no endpoints', yaml: `sglang:\n  endpoints: []\n${DATASET}`, expect: [/sglang\.endpoints/, /at least one SGLang endpoint/] },
-    { name: 'YAML syntax error', yaml: 'datasets:\n  - name: a\n    prompts: [a.jsonl\n', expect: [/YAML syntax error/, /tokenmill-yaml-syntax-error\.yaml:\d+:/] },
+    {
+      name: 'unknown key (a typo)',
+      yaml: `sglang:\n  endpoint: http://127.0.0.1:30000\n${DATASET}`,
+      expect: [/:2: sglang.endpoint/, /unknown key|not allowed|unrecognized/i],
+    },
+    {
+      name: 'wrong type',
+      yaml: 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: lots\n',
+      expect: [/:4: datasets\[0\]\.tokenBudget/, /got "lots"/],
+    },
+    {
+      name: 'negative budget',
+      yaml: 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: -5\n',
+      expect: [/:4: datasets\[0\]\.tokenBudget/, /got -5/],
+    },
+    {
+      name: 'duplicate dataset names',
+      yaml: `${DATASET}  - name: a\n    prompts: b.jsonl\n    tokenBudget: 10\n`,
+      expect: [/:5: datasets\[1\]\.name/, /unique dataset name.*datasets\[0\]/],
+    },
+    {
+      name: 'endpoint without a scheme',
+      yaml: `sglang:\n  endpoints: ["127.0.0.1:30000"]\n${DATASET}`,
+      expect: [/:2: sglang\.endpoints\[0\]/, /http:\/\/ or https:\/\/ URL/],
+    },
+    {
+      name: 'endpoint with another scheme',
+      yaml: `sglang:\n  endpoints: ["ftp://gpu-1:30000"]\n${DATASET}`,
+      expect: [/sglang\.endpoints\[0\]/, /http:\/\/ or https:\/\/ URL/],
+    },
+    {
+      name: 'no endpoints',
+      yaml: `sglang:\n  endpoints: []\n${DATASET}`,
+      expect: [/sglang\.endpoints/, /at least one SGLang endpoint/],
+    },
+    {
+      name: 'YAML syntax error',
+      yaml: 'datasets:\n  - name: a\n    prompts: [a.jsonl\n',
+      expect: [/YAML syntax error/, /tokenmill-yaml-syntax-error\.yaml:\d+:/],
+    },
     { name: 'empty file', yaml: '', expect: [/empty document/] },
-    { name: 'dataset name with a slash', yaml: 'datasets:\n  - name: a/b\n    prompts: a.jsonl\n    tokenBudget: 10\n', expect: [/:2: datasets\[0\]\.name/, /letters, digits/] },
-    { name: 'top_p out of range', yaml: `${DATASET}    sampling: { top_p: 1.5 }\n`, expect: [/datasets\[0\]\.sampling\.top_p/, /\(0, 1\]/] },
-    { name: 'apiKey of the wrong type', yaml: `sglang:\n  apiKey: 12345\n${DATASET}`, expect: [/:2: sglang\.apiKey/, /expected an API key/] },
-    { name: 'SGLANG_API_KEY with a line break', yaml: DATASET, env: { SGLANG_API_KEY: 'sk\nx' }, expect: [/SGLANG_API_KEY/, /without line breaks/] },
+    {
+      name: 'dataset name with a slash',
+      yaml: 'datasets:\n  - name: a/b\n    prompts: a.jsonl\n    tokenBudget: 10\n',
+      expect: [/:2: datasets\[0\]\.name/, /letters, digits/],
+    },
+    {
+      name: 'top_p out of range',
+      yaml: `${DATASET}    sampling: { top_p: 1.5 }\n`,
+      expect: [/datasets\[0\]\.sampling\.top_p/, /\(0, 1\]/],
+    },
+    {
+      name: 'apiKey of the wrong type',
+      yaml: `sglang:\n  apiKey: 12345\n${DATASET}`,
+      expect: [/:2: sglang\.apiKey/, /expected an API key/],
+    },
+    {
+      name: 'SGLANG_API_KEY with a line break',
+      yaml: DATASET,
+      env: { SGLANG_API_KEY: 'sk\nx' },
+      expect: [/SGLANG_API_KEY/, /without line breaks/],
+    },
   ];
   for (const c of cases) {
     it(c.name, () => {
-      const file = `tokenmill-${c.name.replace(/[^a-z]+/gi, '-').toLowerCase().replace(/-+$/, '')}.yaml`;
+      const file = `tokenmill-${c.name
+        .replace(/[^a-z]+/gi, '-')
+        .toLowerCase()
+        .replace(/-+$/, '')}.yaml`;
       const e = configErrorOf(c.yaml, file, c.env);
       for (const re of c.expect) expect(e.message).toMatch(re);
       expect(e.message).toContain(file);
@@ -80,7 +141,9 @@ describe('bad config: every problem named with its path and line', () => {
   }
 
   it('a missing config file, and `run` on a bad config: one clear message, exit 1, no stack trace', async () => {
-    expect(() => loadConfig({ path: path.join(tmp.dir, 'nope.yaml') })).toThrow(/nope\.yaml: \(root\): config file not found/);
+    expect(() => loadConfig({ path: path.join(tmp.dir, 'nope.yaml') })).toThrow(
+      /nope\.yaml: \(root\): config file not found/,
+    );
     const file = path.join(tmp.dir, 'bad-run.yaml');
     writeFileSync(file, `sglang:\n  concurrency: many\n${DATASET}`);
     const { code, output } = await cli(['run', '-c', file]);
@@ -111,10 +174,22 @@ const PROMPT_LINES: Array<[string, RegExp | undefined, string?]> = (() => {
     [good('g-2'), undefined, 'g-2'], // 5
     [JSON.stringify({ id: 'empty', prompt: '' }), /empty/], // 6
     [JSON.stringify({ id: 'blank', prompt: '   \n\t ' }), /empty/], // 7
-    [JSON.stringify({ id: 'huge', prompt: 'lorem ipsum dolor '.repeat(20_000) }), /prompt has \d+ tokens; the model's context length is 2048/], // 8
+    [
+      JSON.stringify({ id: 'huge', prompt: 'lorem ipsum dolor '.repeat(20_000) }),
+      /prompt has \d+ tokens; the model's context length is 2048/,
+    ], // 8
     [good('g-1'), /repeat|duplicate|first/i], // 9: duplicate id
     [good('dir/with/slashes'), undefined, 'dir/with/slashes'], // 10: an id with '/'
-    [JSON.stringify({ id: 'assistant-last', messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'hello' }] }), /last message must be a user turn/], // 11
+    [
+      JSON.stringify({
+        id: 'assistant-last',
+        messages: [
+          { role: 'user', content: 'hi' },
+          { role: 'assistant', content: 'hello' },
+        ],
+      }),
+      /last message must be a user turn/,
+    ], // 11
     [JSON.stringify(['not', 'an', 'object']), /expected a JSON object/], // 12
     [JSON.stringify({ id: 'no-prompt', text: 'hello' }), /expected one of "messages", "conversations" or "prompt"/], // 13
     [JSON.stringify({ id: { nested: true }, prompt: 'x' }), /"id" must be a non-empty string or a number/], // 14
@@ -147,7 +222,10 @@ function runPromptFile(): Promise<PromptRun> {
     const marker = Buffer.from('\u0000PLACEHOLDER', 'utf8');
     const at = buf.indexOf(marker);
     const file = path.join(dir, 'mixed.jsonl');
-    writeFileSync(file, Buffer.concat([buf.subarray(0, at), Buffer.from([0xff, 0xfe, 0xc3, 0x28]), buf.subarray(at + marker.length)]));
+    writeFileSync(
+      file,
+      Buffer.concat([buf.subarray(0, at), Buffer.from([0xff, 0xfe, 0xc3, 0x28]), buf.subarray(at + marker.length)]),
+    );
     const cfg = writeConfig(dir, {
       run: 'bad-prompts',
       redis: { url: redis.url, prefix: redis.prefix },
@@ -181,7 +259,8 @@ describe('bad prompt files: one run, every bad line in rejects.jsonl with its fi
         continue;
       }
       if (r.length !== 1) problems.push(`line ${line}: expected one reject matching ${reason}, got ${r.length}`);
-      else if (!reason.test(r[0]?.reason ?? '')) problems.push(`line ${line}: reason ${JSON.stringify(r[0]?.reason)} does not match ${reason}`);
+      else if (!reason.test(r[0]?.reason ?? ''))
+        problems.push(`line ${line}: reason ${JSON.stringify(r[0]?.reason)} does not match ${reason}`);
       else if (r[0]?.file !== file) problems.push(`line ${line}: the reject names file ${r[0]?.file}`);
     }
     expect(problems).toEqual([]);
@@ -201,7 +280,9 @@ describe('bad prompt files: one run, every bad line in rejects.jsonl with its fi
   // prompt; it is rejected, naming the bad byte and its column.
   it('a line with bytes that are not UTF-8 is rejected, naming its line', async () => {
     const { rejects, generated } = await runPromptFile();
-    expect(rejects.filter((r) => r.line === NOT_UTF8_LINE).map((r) => r.reason)).toEqual([expect.stringMatching(/^not valid UTF-8 \(byte 0xff at column 53\)$/)]);
+    expect(rejects.filter((r) => r.line === NOT_UTF8_LINE).map((r) => r.reason)).toEqual([
+      expect.stringMatching(/^not valid UTF-8 \(byte 0xff at column 53\)$/),
+    ]);
     expect(generated).not.toContain('not-utf8');
   }, 60_000);
 });
@@ -214,18 +295,35 @@ describe('bad server answers: one run through a mix of faults, nothing lost', ()
     const dir = path.join(tmp.dir, 'answers-run');
     mkdirSync(dir, { recursive: true });
     const n = 40;
-    writeFileSync(path.join(dir, 'answers.jsonl'), Array.from({ length: n }, (_, i) => JSON.stringify({ id: `q-${i}`, prompt: `Question ${i}: say something short.` })).join('\n'));
+    writeFileSync(
+      path.join(dir, 'answers.jsonl'),
+      Array.from({ length: n }, (_, i) =>
+        JSON.stringify({ id: `q-${i}`, prompt: `Question ${i}: say something short.` }),
+      ).join('\n'),
+    );
     const cfg = writeConfig(dir, {
       run: 'bad-answers',
       redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 8, contextLength: 2048, maxAttempts: 10, healthCheckIntervalMs: 200 },
+      sglang: {
+        endpoints: [sim.url],
+        concurrency: 8,
+        contextLength: 2048,
+        maxAttempts: 10,
+        healthCheckIntervalMs: 200,
+      },
       datasets: [{ name: 'answers', prompts: 'answers.jsonl', tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 4 }],
       output: { dir: 'out' },
     });
     // Every bad shape but 413 (which fails the prompt it hits) cycles while the run goes on.
     const retryable = BAD_ANSWERS.filter((k) => k !== '413');
     sim.resetStats();
-    sim.setFaults({ firstTry503Rate: 0.1, errorRate: 0.03, malformedRate: 0.03, badAnswerRate: 0.12, badAnswer: 'html502' });
+    sim.setFaults({
+      firstTry503Rate: 0.1,
+      errorRate: 0.03,
+      malformedRate: 0.03,
+      badAnswerRate: 0.12,
+      badAnswer: 'html502',
+    });
     let k = 0;
     const cycle = setInterval(() => {
       k += 1;
@@ -266,7 +364,15 @@ describe('bad server answers: one run through a mix of faults, nothing lost', ()
 });
 
 describe('a server that wants an API key', () => {
-  const { sim: keyed } = useHarness({ sim: { timeScale: 200, seed: 6, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 }, apiKey: 'sk-catalogue' } });
+  const { sim: keyed } = useHarness({
+    sim: {
+      timeScale: 200,
+      seed: 6,
+      contextLength: 2048,
+      outputLength: { distribution: 'fixed', mean: 16 },
+      apiKey: 'sk-catalogue',
+    },
+  });
   let dir: string;
   let cfg: string;
   const keys = () => new RunKeys(redis.prefix, 'api-key');
@@ -274,7 +380,10 @@ describe('a server that wants an API key', () => {
   beforeAll(() => {
     dir = path.join(tmp.dir, 'key-run');
     mkdirSync(dir, { recursive: true });
-    writeFileSync(path.join(dir, 'k.jsonl'), Array.from({ length: 12 }, (_, i) => JSON.stringify({ id: `k-${i}`, prompt: `Key ${i}` })).join('\n'));
+    writeFileSync(
+      path.join(dir, 'k.jsonl'),
+      Array.from({ length: 12 }, (_, i) => JSON.stringify({ id: `k-${i}`, prompt: `Key ${i}` })).join('\n'),
+    );
     cfg = writeConfig(dir, {
       run: 'api-key',
       redis: { url: redis.url, prefix: redis.prefix },
@@ -308,7 +417,10 @@ describe('a server that wants an API key', () => {
     } finally {
       delete process.env['SGLANG_API_KEY'];
     }
-    const code = await Promise.race([second.exited, new Promise<string>((r) => setTimeout(() => r('still running'), 15_000))]);
+    const code = await Promise.race([
+      second.exited,
+      new Promise<string>((r) => setTimeout(() => r('still running'), 15_000)),
+    ]);
     if (code === 'still running') second.child.kill('SIGKILL');
     expect(code, second.output()).toBe(0);
     expect(second.output()).not.toContain('sk-catalogue');

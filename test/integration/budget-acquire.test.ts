@@ -13,14 +13,44 @@ const MIN_COMMITS = 32;
 
 function acquire(ds: string, rid: string, ttlMs = 60_000, marginSd = 0, timedFactor = 1): Promise<number> {
   const lease = keys.endpointLeases(endpoint);
-  return r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, rid, ttlMs, PRIOR, 10_000, MIN_COMMITS, 0, 0, `${rid}-sample`, MAX_NEW, marginSd, timedFactor);
+  return r.acquireRequest(
+    5,
+    keys.stats(ds),
+    keys.inflight(ds),
+    keys.done(ds),
+    keys.queueMeta(ds),
+    lease,
+    rid,
+    ttlMs,
+    PRIOR,
+    10_000,
+    MIN_COMMITS,
+    0,
+    0,
+    `${rid}-sample`,
+    MAX_NEW,
+    marginSd,
+    timedFactor,
+  );
 }
 
 function commit(ds: string, id: string, tokens: number, rid: string): Promise<number[]> {
   return r.commitSample(
-    keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), keys.endpointLeases(endpoint),
-    keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),
-    id, tokens, JSON.stringify({ id, completion_tokens: tokens }), rid, 10_000, 30,
+    keys.done(ds),
+    keys.stats(ds),
+    keys.results(ds),
+    keys.inflight(ds),
+    keys.endpointLeases(endpoint),
+    keys.failed(ds),
+    keys.skipped(ds),
+    keys.attempts(ds),
+    keys.rate(ds),
+    id,
+    tokens,
+    JSON.stringify({ id, completion_tokens: tokens }),
+    rid,
+    10_000,
+    30,
   );
 }
 
@@ -37,7 +67,11 @@ function lengths(n: number): number[] {
 }
 
 /** A dataset with `n` committed lengths and `inFlight` requests started, at the given progress. */
-async function dataset(ds: string, committedLengths: readonly number[], progress: readonly number[]): Promise<{ committed: number }> {
+async function dataset(
+  ds: string,
+  committedLengths: readonly number[],
+  progress: readonly number[],
+): Promise<{ committed: number }> {
   await r.hset(keys.stats(ds), 'tokenBudget', 1_000_000_000);
   let committed = 0;
   for (const [i, l] of committedLengths.entries()) {
@@ -84,7 +118,9 @@ describe('acquire-request.lua: the reservation of requests at various progress',
     const ls = lengths(200);
     await dataset('hist', ls, []);
     const hist = histogramFromHash(await r.hgetall(`${keys.stats('hist')}:lengths`));
-    expect([...hist.entries()].sort((a, b) => a[0] - b[0])).toEqual([...histogramOf(ls).entries()].sort((a, b) => a[0] - b[0]));
+    expect([...hist.entries()].sort((a, b) => a[0] - b[0])).toEqual(
+      [...histogramOf(ls).entries()].sort((a, b) => a[0] - b[0]),
+    );
     expect(decodeAcquire(await acquire('hist', 'one')).kind).toBe('acquired');
     expect(await r.hexists(`${keys.inflight('hist')}:start`, 'one')).toBe(1);
     await r.hset(`${keys.inflight('hist')}:progress`, 'one', 40);
@@ -187,7 +223,7 @@ describe('acquire-request.lua: the reservation of requests at various progress',
     expect(await admits('early', Math.floor(reserved), 'early-no')).toBe(false);
   });
 
-  it('releases the reservation of a crashed worker\'s request at the last prompts once its lease lapses', async () => {
+  it("releases the reservation of a crashed worker's request at the last prompts once its lease lapses", async () => {
     await dataset('crash', lengths(300), []);
     const stats = await r.hgetall(keys.stats('crash'));
     const committed = Number(stats['outputTokens']);
@@ -219,7 +255,8 @@ describe('budget-progress-2.lua: the strict stop flag', () => {
     await dataset(ds, lengths(100), [0, 0, 0]);
     const committed = Number(await r.hget(keys.stats(ds), 'outputTokens'));
     await r.hset(keys.stats(ds), 'tokenBudget', committed + 1_000);
-    const progress = (...args: (string | number)[]): Promise<number> => r.budgetProgress(keys.inflight(ds), keys.stats(ds), ...args);
+    const progress = (...args: (string | number)[]): Promise<number> =>
+      r.budgetProgress(keys.inflight(ds), keys.stats(ds), ...args);
     expect(await progress('run-0', 300, 'run-1', 300)).toBe(0);
     // A rid that is not in flight (already committed) is ignored.
     expect(await progress('gone', 5_000)).toBe(0);
@@ -234,7 +271,7 @@ describe('budget-progress-2.lua: the strict stop flag', () => {
     expect(decodeAcquire(await acquire(ds, 'later')).kind).toBe('budget-met');
   });
 
-  it('drops the flag when the aborted requests\' worker died before committing them (the budget is not met)', async () => {
+  it("drops the flag when the aborted requests' worker died before committing them (the budget is not met)", async () => {
     const ds = 'strict-crash';
     await dataset(ds, lengths(100), []);
     const committed = Number(await r.hget(keys.stats(ds), 'outputTokens'));
@@ -280,7 +317,8 @@ describe('acquire-request.lua: the margin near the end of a dataset', () => {
     const many = Array<number>(64).fill(0);
     await dataset('shrink-many', lengths(300), many);
     await dataset('shrink-few', lengths(300), many.slice(0, 4));
-    const gap = async (ds: string, progress: number[]): Promise<number> => (await expectedReservation(ds, progress, 1)) - (await expectedReservation(ds, progress, 0));
+    const gap = async (ds: string, progress: number[]): Promise<number> =>
+      (await expectedReservation(ds, progress, 1)) - (await expectedReservation(ds, progress, 0));
     const gMany = await gap('shrink-many', many);
     const gFew = await gap('shrink-few', many.slice(0, 4));
     expect(gMany / gFew).toBeCloseTo(4, 6);

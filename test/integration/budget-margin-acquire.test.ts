@@ -27,7 +27,14 @@ const IN_FLIGHT = 40;
 
 function task(ds: string, id: string): Task {
   return {
-    req: { dataset: ds, sample: { id, line: 1, promptIds: [1, 2, 3], maxNewTokens: MAX_NEW }, sampling: {}, maxAttempts: 3, priorExpectedTokens: PRIOR, attemptsSpent: 0 },
+    req: {
+      dataset: ds,
+      sample: { id, line: 1, promptIds: [1, 2, 3], maxNewTokens: MAX_NEW },
+      sampling: {},
+      maxAttempts: 3,
+      priorExpectedTokens: PRIOR,
+      attemptsSpent: 0,
+    },
     state: 'pending',
     notBeforeMs: 0,
     crashes: 0,
@@ -42,12 +49,42 @@ async function datasetWithRequests(ds: string): Promise<Omit<Parameters<typeof r
   for (let i = 0; i < 300; i += 1) {
     const tokens = 200 + ((i * 7919) % 7_000);
     await r.commitSample(
-      keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), lease, keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),
-      `c${i}`, tokens, JSON.stringify({ id: `c${i}`, completion_tokens: tokens }), `done-${i}`, 10_000, 30,
+      keys.done(ds),
+      keys.stats(ds),
+      keys.results(ds),
+      keys.inflight(ds),
+      lease,
+      keys.failed(ds),
+      keys.skipped(ds),
+      keys.attempts(ds),
+      keys.rate(ds),
+      `c${i}`,
+      tokens,
+      JSON.stringify({ id: `c${i}`, completion_tokens: tokens }),
+      `done-${i}`,
+      10_000,
+      30,
     );
   }
   for (let i = 0; i < IN_FLIGHT; i += 1) {
-    const code = await r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), lease, `run-${i}`, 60_000, PRIOR, 10_000, MIN_COMMITS, 0, 0, `s${i}`, MAX_NEW, 0);
+    const code = await r.acquireRequest(
+      5,
+      keys.stats(ds),
+      keys.inflight(ds),
+      keys.done(ds),
+      keys.queueMeta(ds),
+      lease,
+      `run-${i}`,
+      60_000,
+      PRIOR,
+      10_000,
+      MIN_COMMITS,
+      0,
+      0,
+      `s${i}`,
+      MAX_NEW,
+      0,
+    );
     expect(decodeAcquire(code).kind).toBe('acquired');
   }
   const stats = await r.hgetall(keys.stats(ds));
@@ -63,7 +100,10 @@ async function datasetWithRequests(ds: string): Promise<Omit<Parameters<typeof r
 
 /** {@link datasetWithRequests}, its budget halfway between the plain reservation and the one with the default margin. */
 async function datasetAtTheEnd(ds: string): Promise<void> {
-  const base = { ...(await datasetWithRequests(ds)), inFlight: Array.from({ length: IN_FLIGHT }, () => ({ produced: 0 })) };
+  const base = {
+    ...(await datasetWithRequests(ds)),
+    inFlight: Array.from({ length: IN_FLIGHT }, () => ({ produced: 0 })),
+  };
   const plain = reservedTokens(base);
   const withMargin = reservedTokens({ ...base, marginSd: DEFAULT_BUDGET_MARGIN_SD });
   expect(withMargin - plain).toBeGreaterThan(1_000);
@@ -76,7 +116,13 @@ async function acquireVia(ds: string, id: string, settings: Partial<AcquireSetti
   const [attempt] = newAttempts([task(ds, id)]);
   if (attempt === undefined) throw new Error('no attempt');
   const group = [{ url: endpointUrl }] as unknown as Endpoint[];
-  const calls = addAcquires(pipeline, [attempt], group, 10_000, { keys, leaseTtlMs: 60_000, minCommitsForMean: MIN_COMMITS, crashProbationMs: 0, ...settings });
+  const calls = addAcquires(pipeline, [attempt], group, 10_000, {
+    keys,
+    leaseTtlMs: 60_000,
+    minCommitsForMean: MIN_COMMITS,
+    crashProbationMs: 0,
+    ...settings,
+  });
   readAcquires(calls, await pipeline.exec());
   if (attempt.error !== undefined) throw attempt.error;
   return decodeAcquire(attempt.code).kind;
@@ -101,7 +147,9 @@ describe('the budget margin the dispatcher sends', () => {
   it('holds the margin back for a dataset in strict mode too (few requests in flight to abort at the budget), nothing with its own 0', async () => {
     await datasetAtTheEnd('strict');
     expect(await acquireVia('strict', 'y1', { strictDatasets: new Set(['strict']) })).toBe('budget-reserved');
-    expect(await acquireVia('strict', 'y2', { strictDatasets: new Set(['strict']), budgetMarginSd: { strict: 0 } })).toBe('acquired');
+    expect(
+      await acquireVia('strict', 'y2', { strictDatasets: new Set(['strict']), budgetMarginSd: { strict: 0 } }),
+    ).toBe('acquired');
   });
 
   it('scales the progress estimated from running time for a reserve dataset, not for a strict one', async () => {
@@ -112,11 +160,17 @@ describe('the budget margin the dispatcher sends', () => {
       const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
       for (let i = 0; i < IN_FLIGHT; i += 1) await r.hset(`${keys.inflight(ds)}:start`, `run-${i}`, now - 2_000);
       await r.hset(keys.stats(ds), 'rateMax', 1);
-      const at = (produced: number): number => reservedTokens({ ...base, inFlight: Array.from({ length: IN_FLIGHT }, () => ({ produced })) });
+      const at = (produced: number): number =>
+        reservedTokens({ ...base, inFlight: Array.from({ length: IN_FLIGHT }, () => ({ produced })) });
       expect(at(2_000 * TIMED_PROGRESS_FACTOR)).toBeGreaterThan(at(2_100) + 1_000);
       await r.hset(keys.stats(ds), 'tokenBudget', Math.floor((at(2_100) + at(2_000 * TIMED_PROGRESS_FACTOR)) / 2));
     }
     expect(await acquireVia('timed', 'z1', { budgetMarginSd: { timed: 0 } })).toBe('budget-reserved');
-    expect(await acquireVia('timed-strict', 'z2', { strictDatasets: new Set(['timed-strict']), budgetMarginSd: { 'timed-strict': 0 } })).toBe('acquired');
+    expect(
+      await acquireVia('timed-strict', 'z2', {
+        strictDatasets: new Set(['timed-strict']),
+        budgetMarginSd: { 'timed-strict': 0 },
+      }),
+    ).toBe('acquired');
   });
 });

@@ -5,7 +5,9 @@ import { SglangClient } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { waitFor } from '../helpers/pipeline.js';
 
-const { sim } = useHarness({ sim: { timeScale: 4, maxRunningRequests: 8, seed: 23, outputLength: { distribution: 'fixed', mean: 600 } } });
+const { sim } = useHarness({
+  sim: { timeScale: 4, maxRunningRequests: 8, seed: 23, outputLength: { distribution: 'fixed', mean: 600 } },
+});
 let client: SglangClient;
 
 beforeAll(() => {
@@ -21,7 +23,12 @@ const prompt = [9707, 11, 1879, 0];
 describe('streamed /generate (budget: strict)', () => {
   it('tells the tokens produced as they come and returns what a plain request returns', async () => {
     const seen: number[] = [];
-    const streamed = await client.generate({ inputIds: prompt, maxNewTokens: 4_096, rid: 'same', onProgress: (n) => seen.push(n) });
+    const streamed = await client.generate({
+      inputIds: prompt,
+      maxNewTokens: 4_096,
+      rid: 'same',
+      onProgress: (n) => seen.push(n),
+    });
     const plain = await client.generate({ inputIds: prompt, maxNewTokens: 4_096, rid: 'same' });
     expect(streamed.completionTokens).toBe(600);
     expect(streamed.outputIds).toEqual(plain.outputIds);
@@ -33,7 +40,12 @@ describe('streamed /generate (budget: strict)', () => {
 
   it('returns the partial output, finish_reason abort, of a request stopped with /abort_request', async () => {
     let produced = 0;
-    const pending = client.generate({ inputIds: prompt, maxNewTokens: 4_096, rid: 'cut', onProgress: (n) => (produced = n) });
+    const pending = client.generate({
+      inputIds: prompt,
+      maxNewTokens: 4_096,
+      rid: 'cut',
+      onProgress: (n) => (produced = n),
+    });
     await waitFor(() => produced >= 50, 'some tokens streamed', 30_000, 5);
     await client.abort('cut');
     const result = await pending;

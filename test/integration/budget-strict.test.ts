@@ -25,7 +25,12 @@ const BUDGET = 150_000;
 const { redis, sim, tmp, startSim } = useHarness({
   redis: true,
   // Long completions (mean 3,000): a request in flight at the budget still has thousands of tokens to go.
-  sim: { timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 17, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } },
+  sim: {
+    timeScale: TIME_SCALE,
+    maxRunningRequests: CONCURRENCY,
+    seed: 17,
+    outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 },
+  },
   tmp: true,
 });
 /** A second server: each worker process of a race has an endpoint (and its slots) of its own. */
@@ -33,7 +38,12 @@ let sim2: SimulatorHandle;
 const children = new Set<ChildProcess>();
 
 beforeAll(async () => {
-  sim2 = await startSim({ timeScale: TIME_SCALE, maxRunningRequests: CONCURRENCY, seed: 18, outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 } });
+  sim2 = await startSim({
+    timeScale: TIME_SCALE,
+    maxRunningRequests: CONCURRENCY,
+    seed: 18,
+    outputLength: { distribution: 'lognormal', mean: 3_000, sigma: 0.8 },
+  });
   writePrompts(tmp.dir, 'prompts', 400);
 });
 
@@ -49,7 +59,17 @@ function config(run: string, mode: 'reserve' | 'strict', marginSd?: number): Con
       run,
       redis: { url: redis.url, prefix: redis.prefix },
       sglang: { endpoints: [sim.url], concurrency: CONCURRENCY, requestTimeoutMs: 60_000 },
-      datasets: [{ name: 'ds', prompts: 'prompts.jsonl', tokenBudget: BUDGET, budget: mode, ...(marginSd === undefined ? {} : { budgetMarginSd: marginSd }), maxNewTokens: 8_192, batchSize: 8 }],
+      datasets: [
+        {
+          name: 'ds',
+          prompts: 'prompts.jsonl',
+          tokenBudget: BUDGET,
+          budget: mode,
+          ...(marginSd === undefined ? {} : { budgetMarginSd: marginSd }),
+          maxNewTokens: 8_192,
+          batchSize: 8,
+        },
+      ],
       output: { dir: 'out' },
       workers: { shutdownGraceMs: 2_000, leaseTtlMs: 1_500, lockDurationMs: 2_000, stalledIntervalMs: 1_000 },
     },
@@ -76,7 +96,9 @@ async function spawnWorker(cfg: Config, workerId: string, strict: boolean, endpo
     leaseTtlMs: cfg.workers.leaseTtlMs,
     workerId,
   };
-  const child = spawn(process.execPath, ['--import', 'tsx', childEntry, JSON.stringify(opts)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', childEntry, JSON.stringify(opts)], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   children.add(child);
   child.once('exit', () => {
     children.delete(child);
@@ -105,7 +127,11 @@ interface RunOutcome {
 }
 
 /** The producer and sinks in this process; `workers` starts the inference side and returns how to stop it. */
-async function run(cfg: Config, workers: () => Promise<() => Promise<void>>, during?: (ctx: Awaited<ReturnType<typeof openRunContextFor>>) => Promise<void>): Promise<RunOutcome> {
+async function run(
+  cfg: Config,
+  workers: () => Promise<() => Promise<void>>,
+  during?: (ctx: Awaited<ReturnType<typeof openRunContextFor>>) => Promise<void>,
+): Promise<RunOutcome> {
   sim.resetStats();
   sim2.resetStats();
   // The workers first: each is serving the dataset's queue when its first batch arrives.
@@ -123,7 +149,9 @@ async function run(cfg: Config, workers: () => Promise<() => Promise<void>>, dur
   const stats = await ctx.redis.hgetall(ctx.keys.stats('ds'));
   const records = readGenerations(ctx.runDir, 'ds');
   const metMs = Number(stats['budgetMetMs']);
-  const receivedAfterMet = [...sim.stats().requests, ...sim2.stats().requests].filter((q) => q.rid.startsWith('ds/') && q.receivedAtMs > metMs).length;
+  const receivedAfterMet = [...sim.stats().requests, ...sim2.stats().requests].filter(
+    (q) => q.rid.startsWith('ds/') && q.receivedAtMs > metMs,
+  ).length;
   await ctx.close();
   return { stats, records, receivedAfterMet };
 }
@@ -220,7 +248,11 @@ describe('the last prompts of a budget', () => {
       },
       async (ctx) => {
         // Near the end: most of the budget committed, the rest reserved by requests in flight.
-        await waitFor(async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'outputTokens')) ?? 0) >= 0.6 * BUDGET, 'most of the budget committed', 120_000);
+        await waitFor(
+          async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'outputTokens')) ?? 0) >= 0.6 * BUDGET,
+          'most of the budget committed',
+          120_000,
+        );
         victim?.kill('SIGKILL');
       },
     );

@@ -25,7 +25,10 @@ afterAll(async () => {
 });
 
 function expectOneClearLine(output: string, what: string, option: RegExp): void {
-  const lines = output.trim().split('\n').filter((l) => l.startsWith('tokenmill'));
+  const lines = output
+    .trim()
+    .split('\n')
+    .filter((l) => l.startsWith('tokenmill'));
   expect(lines, output).toHaveLength(1);
   expect(lines[0]).toContain(`${what} cannot listen on 127.0.0.1:${port}: the port is already in use (EADDRINUSE)`);
   expect(lines[0]).toMatch(option);

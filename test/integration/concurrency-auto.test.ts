@@ -5,11 +5,22 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { endpointConcurrencyKey, formatRunStatus, loadConfig, parseEndpointConcurrency, readRunStatus, type EndpointConcurrency } from '../../src/shared/index.js';
+import {
+  endpointConcurrencyKey,
+  formatRunStatus,
+  loadConfig,
+  parseEndpointConcurrency,
+  readRunStatus,
+  type EndpointConcurrency,
+} from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { waitFor, writePrompts } from '../helpers/pipeline.js';
 
-const { redis, tmp, startSim: sim } = useHarness({
+const {
+  redis,
+  tmp,
+  startSim: sim,
+} = useHarness({
   redis: true,
   tmp: true,
   simDefaults: { timeScale: 20, seed: 3, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 } },
@@ -28,13 +39,23 @@ interface Running {
 }
 
 /** Runs generation with `concurrency: auto`, polling the endpoint's record every 100 ms. */
-async function runAuto(run: string, s: SimulatorHandle, auto: Record<string, number>, more: SimulatorHandle[] = []): Promise<Running> {
+async function runAuto(
+  run: string,
+  s: SimulatorHandle,
+  auto: Record<string, number>,
+  more: SimulatorHandle[] = [],
+): Promise<Running> {
   const cfg = loadConfig({
     baseDir: tmp.dir,
     object: {
       run,
       redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [s.url, ...more.map((m) => m.url)], concurrency: 'auto', autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto }, requestTimeoutMs: 60_000 },
+      sglang: {
+        endpoints: [s.url, ...more.map((m) => m.url)],
+        concurrency: 'auto',
+        autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto },
+        requestTimeoutMs: 60_000,
+      },
       datasets: [{ name: 'ds', prompts: 'auto.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16 }],
       output: { dir: `out-${run}` },
       workers: { shutdownGraceMs: 500 },
@@ -45,7 +66,8 @@ async function runAuto(run: string, s: SimulatorHandle, auto: Record<string, num
   handle.finished.catch(() => undefined);
   const key = endpointConcurrencyKey(ctx.keys, s.url);
   const seen: EndpointConcurrency[] = [];
-  const current = async (): Promise<EndpointConcurrency | undefined> => parseEndpointConcurrency(await ctx.redis.hgetall(key));
+  const current = async (): Promise<EndpointConcurrency | undefined> =>
+    parseEndpointConcurrency(await ctx.redis.hgetall(key));
   const poll = setInterval(() => {
     void current()
       .then((c) => {
@@ -89,7 +111,7 @@ async function settled(r: Running, quietMs: number, timeoutMs: number): Promise<
 }
 
 describe('sglang.concurrency: auto against the simulator', () => {
-  it('raises while the queue is empty and throughput rises, stops at the server\'s running limit, and status shows the value', async () => {
+  it("raises while the queue is empty and throughput rises, stops at the server's running limit, and status shows the value", async () => {
     const s = await sim({ maxRunningRequests: 48, singleRequestTokensPerSec: 50, peakTokensPerSec: 1_500 });
     const r = await runAuto('raise', s, { start: 8 });
     try {
@@ -117,7 +139,13 @@ describe('sglang.concurrency: auto against the simulator', () => {
 
   it('goes back when more requests in flight stop raising throughput, though the server does not queue', async () => {
     // Throughput peaks near 27 decoding and falls beyond (a server short of KV cache); 128 could run.
-    const s = await sim({ maxRunningRequests: 128, singleRequestTokensPerSec: 50, peakTokensPerSec: 1_500, declineAboveBatch: 24, declinePerRequest: 0.02 });
+    const s = await sim({
+      maxRunningRequests: 128,
+      singleRequestTokensPerSec: 50,
+      peakTokensPerSec: 1_500,
+      declineAboveBatch: 24,
+      declinePerRequest: 0.02,
+    });
     const r = await runAuto('plateau', s, { start: 8 });
     try {
       const back = await waitFor(
@@ -180,9 +208,15 @@ describe('sglang.concurrency: auto against the simulator', () => {
     const small = await sim({ maxRunningRequests: 6 });
     const large = await sim({ maxRunningRequests: 30 });
     const r = await runAuto('two', small, { start: 4 }, [large]);
-    const capOf = async (url: string): Promise<number | undefined> => parseEndpointConcurrency(await r.ctx.redis.hgetall(endpointConcurrencyKey(r.ctx.keys, url)))?.cap;
+    const capOf = async (url: string): Promise<number | undefined> =>
+      parseEndpointConcurrency(await r.ctx.redis.hgetall(endpointConcurrencyKey(r.ctx.keys, url)))?.cap;
     try {
-      await waitFor(async () => ((await capOf(large.url)) ?? 0) >= 30, 'the large server\'s value to reach its running limit', 90_000, 100);
+      await waitFor(
+        async () => ((await capOf(large.url)) ?? 0) >= 30,
+        "the large server's value to reach its running limit",
+        90_000,
+        100,
+      );
       // Every lease on each endpoint stays within that endpoint's value (plus what a step back leaves draining).
       const deadline = Date.now() + 3_000;
       let sawBoth = false;

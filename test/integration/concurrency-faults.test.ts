@@ -46,7 +46,9 @@ describe('sglang.concurrency: auto at its worst moments', () => {
       }
       const holder = all.findIndex((c) => c.steering);
       expect(holder).toBeGreaterThanOrEqual(0);
-      const record = parseEndpointConcurrency(await redis.connection('client').hgetall(endpointConcurrencyKey(keys, sim.url)));
+      const record = parseEndpointConcurrency(
+        await redis.connection('client').hgetall(endpointConcurrencyKey(keys, sim.url)),
+      );
       expect(record?.controller).toBe(`host:${1000 + holder}`);
 
       const stoppedAt = Date.now();
@@ -81,10 +83,15 @@ describe('sglang.concurrency: auto at its worst moments', () => {
         await new Promise((res) => setTimeout(res, 50));
       }
       // Back up, with nothing in flight: it measures again and holds (demand, not the cap, limits).
-      const after = await waitFor(async () => {
-        const r = parseEndpointConcurrency(await conn.hgetall(endpointConcurrencyKey(keys, sim.url)));
-        return r !== undefined && r.updatedMs !== before?.updatedMs ? r : undefined;
-      }, 'a measurement after the outage', 15_000, 50);
+      const after = await waitFor(
+        async () => {
+          const r = parseEndpointConcurrency(await conn.hgetall(endpointConcurrencyKey(keys, sim.url)));
+          return r !== undefined && r.updatedMs !== before?.updatedMs ? r : undefined;
+        },
+        'a measurement after the outage',
+        15_000,
+        50,
+      );
       expect(after?.cap).toBe(24);
       expect(after?.reason).toMatch(/fewer requests ready/);
     } finally {

@@ -23,7 +23,9 @@ beforeAll(async () => {
     if (state.broken) {
       res.writeHead(500, { 'content-type': 'application/json' }).end('{"detail":"Internal Server Error"}');
     } else if (req.url === '/metrics') {
-      res.writeHead(200, { 'content-type': 'text/plain' }).end('sglang:num_running_reqs 2\nsglang:num_queue_reqs 0\nsglang:generation_tokens_total 100\n');
+      res
+        .writeHead(200, { 'content-type': 'text/plain' })
+        .end('sglang:num_running_reqs 2\nsglang:num_queue_reqs 0\nsglang:generation_tokens_total 100\n');
     } else {
       res.writeHead(404).end();
     }
@@ -38,7 +40,15 @@ afterAll(async () => {
 describe('the load of the server cannot be read', () => {
   it('is logged once, then every loadFailureReportMs, shown as the reason, and its end is logged', async () => {
     const lines: { level: number; msg: string }[] = [];
-    const logger = pino({ level: 'info' }, new Writable({ write: (chunk: Buffer, _e, cb) => (lines.push(JSON.parse(chunk.toString()) as { level: number; msg: string }), cb()) }));
+    const logger = pino(
+      { level: 'info' },
+      new Writable({
+        write: (chunk: Buffer, _e, cb) => (
+          lines.push(JSON.parse(chunk.toString()) as { level: number; msg: string }),
+          cb()
+        ),
+      }),
+    );
     const keys = new RunKeys('tm-test', 'unreadable');
     const controller = new ConcurrencyController({
       redis: redis.connection('client'),
@@ -56,12 +66,17 @@ describe('the load of the server cannot be read', () => {
       logger,
     });
     const r = redis.connection('client');
-    const reason = async (): Promise<string> => parseEndpointConcurrency(await r.hgetall(endpointConcurrencyKey(keys, url)))?.reason ?? '';
+    const reason = async (): Promise<string> =>
+      parseEndpointConcurrency(await r.hgetall(endpointConcurrencyKey(keys, url)))?.reason ?? '';
     controller.start();
     try {
       await waitFor(async () => (await reason()) !== '', 'the controller steering', 10_000);
       state.broken = true;
-      await waitFor(async () => (await reason()).startsWith("cannot read the server's load since "), 'the reason in the hash', 10_000);
+      await waitFor(
+        async () => (await reason()).startsWith("cannot read the server's load since "),
+        'the reason in the hash',
+        10_000,
+      );
       expect(await reason()).toContain('kept at 8');
       await new Promise((res) => setTimeout(res, 2_600));
       const warnings = lines.filter((l) => l.level === 40 && /read the server's load/.test(l.msg));
@@ -71,7 +86,11 @@ describe('the load of the server cannot be read', () => {
       expect(warnings[0]?.msg).toBe("cannot read the server's load; the requests in flight stay as they are");
       expect(warnings[1]?.msg).toMatch(/^still cannot read the server's load \(for \d+ s\)/);
       state.broken = false;
-      await waitFor(() => lines.some((l) => l.level === 40 && /server load readable again/.test(l.msg)), 'the end said', 10_000);
+      await waitFor(
+        () => lines.some((l) => l.level === 40 && /server load readable again/.test(l.msg)),
+        'the end said',
+        10_000,
+      );
       expect(await reason()).not.toContain('cannot read');
     } finally {
       await controller.stop();

@@ -22,7 +22,9 @@ beforeAll(async () => {
         : '# HELP python_gc_objects_collected_total Objects collected during gc\n';
       res.writeHead(200, { 'content-type': 'text/plain' }).end(body);
     } else if (req.url === '/v1/loads') {
-      const loads = [{ dp_rank: 0, num_reqs: state.running + state.queued, num_waiting_reqs: state.queued, num_tokens: 10 }];
+      const loads = [
+        { dp_rank: 0, num_reqs: state.running + state.queued, num_waiting_reqs: state.queued, num_tokens: 10 },
+      ];
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ loads }));
     } else {
       res.writeHead(404, { 'content-type': 'application/json' }).end('{"detail":"Not Found"}');
@@ -75,7 +77,7 @@ describe('ServerLoadProbe on a server that is still starting (SGLang 0.5.23 rout
     expect((await probe.read()).generationTokensTotal).toBe(1234);
   });
 
-  it('with the default retry, a restarted server\'s gauges are read again within a second, then the wait doubles up to 30 s', async () => {
+  it("with the default retry, a restarted server's gauges are read again within a second, then the wait doubles up to 30 s", async () => {
     let clock = 0;
     const probe = new ServerLoadProbe(url, { now: () => clock });
     state.gauges = false;
@@ -108,6 +110,8 @@ describe('ServerLoadProbe on a server that is still starting (SGLang 0.5.23 rout
 
   it('names the endpoint and the routes when no route has a reading', async () => {
     const probe = new ServerLoadProbe(`${url}/nothing-here`);
-    await expect(probe.read()).rejects.toThrow(/nothing-here: no load reading .*\/get_load and \/v1\/loads answered 404/);
+    await expect(probe.read()).rejects.toThrow(
+      /nothing-here: no load reading .*\/get_load and \/v1\/loads answered 404/,
+    );
   });
 });

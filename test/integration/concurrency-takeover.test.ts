@@ -3,13 +3,24 @@
 // the first is killed, and `status` (table and JSON) shows the value chosen and who chose it.
 import { hostname } from 'node:os';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, endpointConcurrencyKey, endpointConcurrencyLeaseKey, parseEndpointConcurrency, type RunStatus } from '../../src/shared/index.js';
+import {
+  RunKeys,
+  endpointConcurrencyKey,
+  endpointConcurrencyLeaseKey,
+  parseEndpointConcurrency,
+  type RunStatus,
+} from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 20, maxRunningRequests: 16, seed: 4, outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 } },
+  sim: {
+    timeScale: 20,
+    maxRunningRequests: 16,
+    seed: 4,
+    outputLength: { distribution: 'lognormal', mean: 1500, sigma: 0.5 },
+  },
   tmp: true,
   cli: true,
 });
@@ -20,7 +31,12 @@ beforeAll(() => {
   configPath = writeConfig(tmp.dir, {
     run: 'steer',
     redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 'auto', autoConcurrency: { min: 2, max: 64, start: 4, intervalMs: 800, maxQueued: 2 }, requestTimeoutMs: 60_000 },
+    sglang: {
+      endpoints: [sim.url],
+      concurrency: 'auto',
+      autoConcurrency: { min: 2, max: 64, start: 4, intervalMs: 800, maxQueued: 2 },
+      requestTimeoutMs: 60_000,
+    },
     datasets: [{ name: 'steer', prompts: 'steer.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 8 }],
     output: { dir: 'out' },
     workers: { shutdownGraceMs: 500 },
@@ -42,7 +58,8 @@ describe('sglang.concurrency: auto with two worker processes', () => {
   it('one worker steers the endpoint; when it is killed the other takes over; status shows the value', async () => {
     const conn = redis.connection('client');
     const keys = new RunKeys(redis.prefix, 'steer');
-    const record = async (): Promise<ReturnType<typeof parseEndpointConcurrency>> => parseEndpointConcurrency(await conn.hgetall(endpointConcurrencyKey(keys, sim.url)));
+    const record = async (): Promise<ReturnType<typeof parseEndpointConcurrency>> =>
+      parseEndpointConcurrency(await conn.hgetall(endpointConcurrencyKey(keys, sim.url)));
     const leaseKey = endpointConcurrencyLeaseKey(keys, sim.url);
 
     const producer = spawnCli(['produce', '-c', configPath]);
@@ -50,7 +67,12 @@ describe('sglang.concurrency: auto with two worker processes', () => {
     await waitFor(async () => (await record())?.controller === idOf(a), `worker A (${idOf(a)}) steering`, 60_000, 100);
     const b = spawnCli(['worker', '--role', 'inference', '-c', configPath]);
     // B is up and sending requests under the same cap.
-    await waitFor(async () => Object.keys(await conn.hgetall(keys.endpointHealth())).some((f) => f.startsWith(`${idOf(b)} `)), 'worker B reporting', 60_000, 100);
+    await waitFor(
+      async () => Object.keys(await conn.hgetall(keys.endpointHealth())).some((f) => f.startsWith(`${idOf(b)} `)),
+      'worker B reporting',
+      60_000,
+      100,
+    );
 
     // While both live, every write comes from A and A holds the lease.
     const writes = new Set<number>();
@@ -70,10 +92,15 @@ describe('sglang.concurrency: auto with two worker processes', () => {
     a.child.kill('SIGKILL');
     await a.exited;
     const killedAt = Date.now();
-    const taken = await waitFor(async () => {
-      const r = await record();
-      return r?.controller === idOf(b) ? r : undefined;
-    }, `worker B (${idOf(b)}) taking over`, 30_000, 50);
+    const taken = await waitFor(
+      async () => {
+        const r = await record();
+        return r?.controller === idOf(b) ? r : undefined;
+      },
+      `worker B (${idOf(b)}) taking over`,
+      30_000,
+      50,
+    );
     // The lease lapses within its TTL (2 s for these windows), then B takes it on its next sample.
     expect(Date.now() - killedAt).toBeLessThan(10_000);
     expect(taken?.reason).toBe('resumed from the last value chosen');
@@ -81,7 +108,9 @@ describe('sglang.concurrency: auto with two worker processes', () => {
 
     const table = await cli(['status', '-c', configPath]);
     expect(table).toMatch(new RegExp(`${sim.url.replace(/[.:/]/g, '\\$&')}: concurrency auto \\d+ \\(`));
-    const json = JSON.parse((await cli(['status', '-c', configPath, '--json'])).trim().split('\n').at(-1) ?? '{}') as RunStatus;
+    const json = JSON.parse(
+      (await cli(['status', '-c', configPath, '--json'])).trim().split('\n').at(-1) ?? '{}',
+    ) as RunStatus;
     const shown = json.endpoints.endpoints[0]?.concurrency;
     expect(shown?.controller).toBe(idOf(b));
     expect(shown?.cap).toBeGreaterThanOrEqual(2);

@@ -44,7 +44,8 @@ async function records(dataset: string): Promise<number> {
   return Number(await ctx.redis.hget(ctx.keys.stats(dataset), 'records'));
 }
 
-const cell = (dataset: string, field: string) => page.locator(`#datasets tr[data-dataset="${dataset}"] td[data-field="${field}"]`);
+const cell = (dataset: string, field: string) =>
+  page.locator(`#datasets tr[data-dataset="${dataset}"] td[data-field="${field}"]`);
 
 describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a run', () => {
   ({ redis, sim, tmp } = useHarness({
@@ -64,19 +65,40 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
         run: 'browser',
         redis: { url: redis.url, prefix: redis.prefix },
         sglang: { endpoints: [proxy.url], concurrency: 9, maxAttempts: 2, requestTimeoutMs: 30_000 },
-        datasets: DATASETS.map((name) => ({ name, prompts: `${name}.jsonl`, tokenBudget: 10_000_000, maxNewTokens: 256, batchSize: 8 })),
+        datasets: DATASETS.map((name) => ({
+          name,
+          prompts: `${name}.jsonl`,
+          tokenBudget: 10_000_000,
+          maxNewTokens: 256,
+          batchSize: 8,
+        })),
         output: { dir: 'out' },
         workers: { shutdownGraceMs: 1_000 },
       },
       baseDir: tmp.dir,
     });
     ctx = await openRunContextFor(config);
-    dashboard = await startDashboard({ redis: ctx.redis, keys: ctx.keys, config, host: '127.0.0.1', port: 0, token: TOKEN, pollMs: 500, logger: quietLogger() });
+    dashboard = await startDashboard({
+      redis: ctx.redis,
+      keys: ctx.keys,
+      config,
+      host: '127.0.0.1',
+      port: 0,
+      token: TOKEN,
+      pollMs: 500,
+      logger: quietLogger(),
+    });
     run = await startGeneration(ctx, { produce: true, infer: true });
     // Stopped by afterAll long before it would finish; what it was waiting on then does not matter.
     run.finished.catch(() => undefined);
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'] });
-    const context = await browser.newContext({ httpCredentials: { username: 'tokenmill', password: TOKEN }, viewport: { width: 1280, height: 900 } });
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+    });
+    const context = await browser.newContext({
+      httpCredentials: { username: 'tokenmill', password: TOKEN },
+      viewport: { width: 1280, height: 900 },
+    });
     page = await context.newPage();
   }, 60_000);
 
@@ -101,13 +123,24 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
     await page.locator(`#endpoints tr[data-endpoint="${proxy.url}"]`).waitFor({ timeout: 10_000 });
     await page.locator('#workers tr[data-role="inference"]').waitFor({ timeout: 10_000 });
     await page.locator('#workers tr[data-role="producer"]').waitFor({ timeout: 10_000 });
-    expect(await page.locator('#phases li').evaluateAll((li) => li.map((l) => l.getAttribute('data-phase')))).toEqual(['prepare', 'generate', 'tokenize', 'merge', 'train']);
+    expect(await page.locator('#phases li').evaluateAll((li) => li.map((l) => l.getAttribute('data-phase')))).toEqual([
+      'prepare',
+      'generate',
+      'tokenize',
+      'merge',
+      'train',
+    ]);
     expect(await page.locator('a#queues-link').getAttribute('href')).toBe('queues');
 
     // The figures move while the page stays the same document.
     await page.evaluate(() => Object.assign(globalThis, { sameDocument: true }));
     const first = await cell('beta', 'records').textContent();
-    await waitFor(async () => (await cell('beta', 'records').textContent()) !== first, 'beta\'s records to change on the page', 10_000, 100);
+    await waitFor(
+      async () => (await cell('beta', 'records').textContent()) !== first,
+      "beta's records to change on the page",
+      10_000,
+      100,
+    );
     expect(await page.evaluate(() => (globalThis as { sameDocument?: boolean }).sameDocument)).toBe(true);
     expect(navigations).toBe(1);
     // What the page shows is what Redis holds (within one update).
@@ -117,7 +150,9 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
   }, 30_000);
 
   it('pausing a dataset from the page stops its requests within a second while the others go on; resume', async () => {
-    const pauseDone = page.waitForResponse((r) => r.url().endsWith('/api/datasets/gamma/pause') && r.request().method() === 'POST');
+    const pauseDone = page.waitForResponse(
+      (r) => r.url().endsWith('/api/datasets/gamma/pause') && r.request().method() === 'POST',
+    );
     await page.locator('button[data-action="pause"][data-dataset="gamma"]').click();
     expect((await pauseDone).status()).toBe(200);
     const pausedAt = Date.now();
@@ -140,7 +175,7 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
     await page.locator('button[data-action="resume"][data-dataset="gamma"]').click();
     expect((await resumeDone).status()).toBe(200);
     const resumedAt = Date.now();
-    await waitFor(() => received('gamma', resumedAt) > 0, 'gamma\'s requests after resume', 5_000, 50);
+    await waitFor(() => received('gamma', resumedAt) > 0, "gamma's requests after resume", 5_000, 50);
     await waitFor(async () => (await records('gamma')) > gammaRecords, 'gamma committing again', 5_000, 50);
     await page.locator('#datasets tr[data-dataset="gamma"][data-status="in_progress"]').waitFor({ timeout: 5_000 });
 
@@ -150,7 +185,12 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
 
   it("shows the failed prompt in Bull Board's failed tab with its reason; Retry there gets it committed", async () => {
     const isDone = async (): Promise<boolean> => (await ctx.redis.sismember(ctx.keys.done('alpha'), BAD)) === 1;
-    await waitFor(async () => (await ctx.redis.hexists(ctx.keys.failed('alpha'), BAD)) === 1, `${BAD} failed`, 20_000, 100);
+    await waitFor(
+      async () => (await ctx.redis.hexists(ctx.keys.failed('alpha'), BAD)) === 1,
+      `${BAD} failed`,
+      20_000,
+      100,
+    );
     await page.goto(new URL('/queues/queue/generate-alpha?status=failed', dashboard.url).href);
     const card = page.locator('li, article, div').filter({ hasText: INJECTED_500_MESSAGE }).last();
     await card.waitFor({ timeout: 15_000 });
@@ -161,7 +201,12 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
     // The server is fixed; Bull Board's own Retry button on the job sends it again.
     proxy.failing.clear();
     const before = proxy.requests(BAD);
-    const retried = page.waitForResponse((r) => /\/queues\/api\/queues\/generate-alpha\/[^/]+\/retry(\/failed)?$/.test(r.url()) && r.request().method() === 'PUT', { timeout: 10_000 });
+    const retried = page.waitForResponse(
+      (r) =>
+        /\/queues\/api\/queues\/generate-alpha\/[^/]+\/retry(\/failed)?$/.test(r.url()) &&
+        r.request().method() === 'PUT',
+      { timeout: 10_000 },
+    );
     // The job card's first icon button is Retry; Bull Board asks to confirm.
     await page.locator('span[data-base-ui-tooltip-trigger] > button').first().click();
     const dialog = page.getByRole('alertdialog').or(page.getByRole('dialog'));

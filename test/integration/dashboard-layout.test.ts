@@ -37,9 +37,26 @@ beforeAll(async () => {
   const keys = new RunKeys(config.redis.prefix, config.run);
   const now = Date.now();
   await writeEndpointHealth(redis.connection('client'), keys, [
-    { url: ENDPOINT, up: false, reason: LONG_REASON, sinceMs: now - 5_000, worker: 'gpu-1:4242', updatedMs: now, expiresMs: now + 3_600_000 },
+    {
+      url: ENDPOINT,
+      up: false,
+      reason: LONG_REASON,
+      sinceMs: now - 5_000,
+      worker: 'gpu-1:4242',
+      updatedMs: now,
+      expiresMs: now + 3_600_000,
+    },
   ]);
-  dashboard = await startDashboard({ redis: redis.connection(), keys, config, host: '127.0.0.1', port: 0, token: TOKEN, pollMs: 500, logger: quietLogger() });
+  dashboard = await startDashboard({
+    redis: redis.connection(),
+    keys,
+    config,
+    host: '127.0.0.1',
+    port: 0,
+    token: TOKEN,
+    pollMs: 500,
+    logger: quietLogger(),
+  });
 });
 
 afterAll(async () => {
@@ -51,7 +68,12 @@ const auth = { authorization: `Bearer ${TOKEN}` };
 
 describe('/queues headers', () => {
   it('Bull Board pages and assets carry CSP (frame-ancestors none), nosniff and a frame ban, like the pipeline page', async () => {
-    for (const path of ['/queues', '/queues/queue/generate-alpha', '/queues/api/queues', '/queues/static/favicon-32x32.png']) {
+    for (const path of [
+      '/queues',
+      '/queues/queue/generate-alpha',
+      '/queues/api/queues',
+      '/queues/static/favicon-32x32.png',
+    ]) {
       const res = await fetch(new URL(path, dashboard.url), { headers: auth });
       expect(res.status, path).toBe(200);
       const csp = res.headers.get('content-security-policy') ?? '';
@@ -67,11 +89,17 @@ describe('/queues headers', () => {
 
 describe.skipIf(!existsSync(CHROMIUM))('in a browser', () => {
   beforeAll(async () => {
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'] });
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+    });
   }, 60_000);
 
   it('a long endpoint reason wraps inside its panel; the workers panel stays on the page', async () => {
-    const context = await browser!.newContext({ httpCredentials: { username: 'tokenmill', password: TOKEN }, viewport: { width: 1280, height: 900 } });
+    const context = await browser!.newContext({
+      httpCredentials: { username: 'tokenmill', password: TOKEN },
+      viewport: { width: 1280, height: 900 },
+    });
     const page = await context.newPage();
     await page.goto(dashboard.url);
     await page.locator('#endpoints tbody tr').first().waitFor({ timeout: 10_000 });
@@ -81,7 +109,12 @@ describe.skipIf(!existsSync(CHROMIUM))('in a browser', () => {
       const panels = [...document.querySelectorAll('section.two > div')].map((d) => d.getBoundingClientRect());
       const section = document.querySelector('section.two').getBoundingClientRect();
       return { panels: panels.map((p) => ({ left: p.left, right: p.right })), section: { left: section.left, right: section.right }, scroll: document.documentElement.scrollWidth, width: window.innerWidth };
-    })()`)) as { panels: { left: number; right: number }[]; section: { left: number; right: number }; scroll: number; width: number };
+    })()`)) as {
+      panels: { left: number; right: number }[];
+      section: { left: number; right: number };
+      scroll: number;
+      width: number;
+    };
     expect(box.panels).toHaveLength(2);
     const [endpoints, workers] = box.panels;
     expect(box.scroll, JSON.stringify(box)).toBeLessThanOrEqual(box.width);
@@ -92,12 +125,16 @@ describe.skipIf(!existsSync(CHROMIUM))('in a browser', () => {
     await context.close();
   }, 30_000);
 
-  it('Bull Board still renders under its policy: the queue list shows the run\'s queue', async () => {
-    const context = await browser!.newContext({ httpCredentials: { username: 'tokenmill', password: TOKEN }, viewport: { width: 1280, height: 900 } });
+  it("Bull Board still renders under its policy: the queue list shows the run's queue", async () => {
+    const context = await browser!.newContext({
+      httpCredentials: { username: 'tokenmill', password: TOKEN },
+      viewport: { width: 1280, height: 900 },
+    });
     const page = await context.newPage();
     const refusedScripts: string[] = [];
     page.on('console', (m) => {
-      if (m.type() === 'error' && /Refused to (execute|load the script|apply inline style)/.test(m.text())) refusedScripts.push(m.text());
+      if (m.type() === 'error' && /Refused to (execute|load the script|apply inline style)/.test(m.text()))
+        refusedScripts.push(m.text());
     });
     await page.goto(new URL('/queues', dashboard.url).href);
     await page.getByText('generate-alpha').first().waitFor({ timeout: 15_000 });

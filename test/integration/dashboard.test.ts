@@ -44,7 +44,11 @@ beforeAll(async () => {
   const queueName = generateQueueName('alpha');
   alpha = new Queue(queueName, { connection: redis.connection(), prefix: keys.bullPrefix });
   await alpha.add('batch', { n: 1 }, { jobId: 'alpha-failed', attempts: 1 });
-  const worker = new Worker(queueName, null, { connection: redis.connection(), prefix: keys.bullPrefix, autorun: false });
+  const worker = new Worker(queueName, null, {
+    connection: redis.connection(),
+    prefix: keys.bullPrefix,
+    autorun: false,
+  });
   const job = await worker.getNextJob('manual-token');
   if (job === undefined) throw new Error('no job to fail');
   await job.moveToFailed(new Error('boom'), 'manual-token');
@@ -52,7 +56,15 @@ beforeAll(async () => {
   await alpha.add('batch', { n: 2 }, { jobId: 'alpha-waiting' });
   await redis.connection('client').hset(keys.stats('alpha'), { records: 3, outputTokens: 120, status: 'in_progress' });
 
-  dashboard = await startDashboard({ redis: redis.connection(), keys, config, host: '127.0.0.1', port: 0, token: TOKEN, logger: quietLogger() });
+  dashboard = await startDashboard({
+    redis: redis.connection(),
+    keys,
+    config,
+    host: '127.0.0.1',
+    port: 0,
+    token: TOKEN,
+    logger: quietLogger(),
+  });
 });
 
 afterAll(async () => {
@@ -76,7 +88,13 @@ describe('dashboard: auth', () => {
   });
 
   it('refuses every other route without the token, or with a wrong one', async () => {
-    for (const path of ['/', '/api/status', '/queues/api/queues', '/queues/static/favicon-32x32.png', '/queues/queue/generate-alpha']) {
+    for (const path of [
+      '/',
+      '/api/status',
+      '/queues/api/queues',
+      '/queues/static/favicon-32x32.png',
+      '/queues/queue/generate-alpha',
+    ]) {
       const none = await get(path);
       expect(none.status, path).toBe(401);
       expect(none.headers.get('www-authenticate'), path).toMatch(/^Basic /);
@@ -90,12 +108,22 @@ describe('dashboard: auth', () => {
   });
 
   it('makes up a token when none is given', async () => {
-    const other = await startDashboard({ redis: redis.connection(), keys, config, host: '127.0.0.1', port: 0, logger: quietLogger() });
+    const other = await startDashboard({
+      redis: redis.connection(),
+      keys,
+      config,
+      host: '127.0.0.1',
+      port: 0,
+      logger: quietLogger(),
+    });
     try {
       expect(other.token.length).toBeGreaterThanOrEqual(24);
       expect(other.token).not.toBe(TOKEN);
       expect((await fetch(new URL('/api/status', other.url), { headers: bearer })).status).toBe(401);
-      expect((await fetch(new URL('/api/status', other.url), { headers: { authorization: `Bearer ${other.token}` } })).status).toBe(200);
+      expect(
+        (await fetch(new URL('/api/status', other.url), { headers: { authorization: `Bearer ${other.token}` } }))
+          .status,
+      ).toBe(200);
     } finally {
       await other.stop();
     }
@@ -127,10 +155,19 @@ describe('dashboard: every route but /healthz needs the token', () => {
       const none = await fetch(url, { method: route.method, headers: json, ...(body === undefined ? {} : { body }) });
       expect(none.status).toBe(401);
       expect(await none.text()).toBe('unauthorized');
-      const wrong = await fetch(url, { method: route.method, headers: { ...json, authorization: 'Bearer not-the-token-at-all' }, ...(body === undefined ? {} : { body }) });
+      const wrong = await fetch(url, {
+        method: route.method,
+        headers: { ...json, authorization: 'Bearer not-the-token-at-all' },
+        ...(body === undefined ? {} : { body }),
+      });
       expect(wrong.status).toBe(401);
       const abort = new AbortController();
-      const ok = await fetch(url, { method: route.method, headers: { ...json, ...basic('tokenmill', TOKEN) }, signal: abort.signal, ...(body === undefined ? {} : { body }) });
+      const ok = await fetch(url, {
+        method: route.method,
+        headers: { ...json, ...basic('tokenmill', TOKEN) },
+        signal: abort.signal,
+        ...(body === undefined ? {} : { body }),
+      });
       expect(ok.status, `${route.method} ${route.path}`).toBeGreaterThanOrEqual(200);
       expect(ok.status).toBeLessThan(300);
       if (route.type !== undefined) expect(ok.headers.get('content-type') ?? '').toMatch(route.type);
@@ -155,28 +192,55 @@ describe('dashboard: every route but /healthz needs the token', () => {
     expect(viaGet.headers.get('allow')).toBe('POST');
     expect(await alpha.isPaused()).toBe(false);
     // A form or script of another site cannot use credentials the browser holds.
-    const crossSite = await fetch(action, { method: 'POST', headers: { ...bearer, origin: 'http://evil.example', 'content-type': 'application/json' }, body: '{}' });
+    const crossSite = await fetch(action, {
+      method: 'POST',
+      headers: { ...bearer, origin: 'http://evil.example', 'content-type': 'application/json' },
+      body: '{}',
+    });
     expect(crossSite.status).toBe(403);
-    const fetchSite = await fetch(action, { method: 'POST', headers: { ...bearer, 'sec-fetch-site': 'cross-site' }, body: '{}' });
+    const fetchSite = await fetch(action, {
+      method: 'POST',
+      headers: { ...bearer, 'sec-fetch-site': 'cross-site' },
+      body: '{}',
+    });
     expect(fetchSite.status).toBe(403);
     expect(await alpha.isPaused()).toBe(false);
-    const unknown = await fetch(new URL('/api/datasets/nope/pause', dashboard.url), { method: 'POST', headers: bearer });
+    const unknown = await fetch(new URL('/api/datasets/nope/pause', dashboard.url), {
+      method: 'POST',
+      headers: bearer,
+    });
     expect(unknown.status).toBe(404);
     expect(((await unknown.json()) as { error: string }).error).toMatch(/no generation dataset "nope".*alpha/);
-    const sameOrigin = await fetch(action, { method: 'POST', headers: { ...bearer, origin: new URL(dashboard.url).origin } });
+    const sameOrigin = await fetch(action, {
+      method: 'POST',
+      headers: { ...bearer, origin: new URL(dashboard.url).origin },
+    });
     expect(sameOrigin.status).toBe(200);
     expect(await alpha.isPaused()).toBe(true);
-    const resume = await fetch(new URL('/api/datasets/alpha/resume', dashboard.url), { method: 'POST', headers: bearer });
+    const resume = await fetch(new URL('/api/datasets/alpha/resume', dashboard.url), {
+      method: 'POST',
+      headers: bearer,
+    });
     expect(await resume.json()).toEqual({ dataset: 'alpha', action: 'resume' });
     expect(await alpha.isPaused()).toBe(false);
   });
 
   it('refuses to listen beyond loopback without a configured token', async () => {
-    await expect(startDashboard({ redis: redis.connection(), keys, config, host: '0.0.0.0', port: 0, logger: quietLogger() })).rejects.toThrow(
+    await expect(
+      startDashboard({ redis: redis.connection(), keys, config, host: '0.0.0.0', port: 0, logger: quietLogger() }),
+    ).rejects.toThrow(
       /refusing to listen on 0\.0\.0\.0 .*without a configured token; set dashboard\.token .* or the DASHBOARD_TOKEN/,
     );
     // With a token it does (and ::1 / localhost never need one).
-    const open = await startDashboard({ redis: redis.connection(), keys, config, host: '0.0.0.0', port: 0, token: TOKEN, logger: quietLogger() });
+    const open = await startDashboard({
+      redis: redis.connection(),
+      keys,
+      config,
+      host: '0.0.0.0',
+      port: 0,
+      token: TOKEN,
+      logger: quietLogger(),
+    });
     await open.stop();
   });
 });
@@ -188,7 +252,13 @@ describe('dashboard: API', () => {
     const status = (await res.json()) as RunStatus;
     expect(status.run).toBe('dash');
     expect(status.datasets.map((d) => d.name)).toEqual(['alpha', 'chats']);
-    expect(status.datasets[0]).toMatchObject({ name: 'alpha', records: 3, outputTokens: 120, tokenBudget: 1_000, status: 'in_progress' });
+    expect(status.datasets[0]).toMatchObject({
+      name: 'alpha',
+      records: 3,
+      outputTokens: 120,
+      tokenBudget: 1_000,
+      status: 'in_progress',
+    });
   });
 
   it("Bull Board lists the run's queues with the jobs' counts", async () => {
@@ -201,13 +271,19 @@ describe('dashboard: API', () => {
   });
 
   it("pausing a dataset's queue in Bull Board pauses the dataset; retrying its failed jobs requeues them", async () => {
-    const pause = await fetch(new URL('/queues/api/queues/generate-alpha/pause', dashboard.url), { method: 'PUT', headers: bearer });
+    const pause = await fetch(new URL('/queues/api/queues/generate-alpha/pause', dashboard.url), {
+      method: 'PUT',
+      headers: bearer,
+    });
     expect(pause.status).toBe(200);
     expect(await alpha.isPaused()).toBe(true);
     const status = (await (await get('/api/status', bearer)).json()) as RunStatus;
     expect(status.datasets[0]?.status).toBe('paused');
 
-    const retry = await fetch(new URL('/queues/api/queues/generate-alpha/retry/failed', dashboard.url), { method: 'PUT', headers: bearer });
+    const retry = await fetch(new URL('/queues/api/queues/generate-alpha/retry/failed', dashboard.url), {
+      method: 'PUT',
+      headers: bearer,
+    });
     expect(retry.status).toBe(200);
     const counts = await alpha.getJobCounts('failed', 'waiting');
     expect(counts).toEqual({ failed: 0, waiting: 2 });
@@ -254,24 +330,32 @@ describe.skipIf(!existsSync(CHROMIUM))('dashboard: in a browser', () => {
 
 describe('tokenmill dashboard (CLI)', () => {
   it('refuses a non-loopback --host without a configured token, naming what to set', async () => {
-    const configPath = writeConfig(tmp.dir, {
-      run: 'dash',
-      redis: { url: redis.url, prefix: redis.prefix },
-      datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1_000 }],
-      output: { dir: 'out' },
-    }, 'cli-open.yaml');
+    const configPath = writeConfig(
+      tmp.dir,
+      {
+        run: 'dash',
+        redis: { url: redis.url, prefix: redis.prefix },
+        datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1_000 }],
+        output: { dir: 'out' },
+      },
+      'cli-open.yaml',
+    );
     const cli = spawnCli(['dashboard', '-c', configPath, '--host', '0.0.0.0', '--port', '0']);
     expect(await cli.exited).not.toBe(0);
     expect(cli.output()).toMatch(/refusing to listen on 0\.0\.0\.0 .*DASHBOARD_TOKEN/);
   });
 
   it('prints the URL and a generated token once, serves, and stops on SIGTERM', async () => {
-    const configPath = writeConfig(tmp.dir, {
-      run: 'dash',
-      redis: { url: redis.url, prefix: redis.prefix },
-      datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1_000 }],
-      output: { dir: 'out' },
-    }, 'cli.yaml');
+    const configPath = writeConfig(
+      tmp.dir,
+      {
+        run: 'dash',
+        redis: { url: redis.url, prefix: redis.prefix },
+        datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1_000 }],
+        output: { dir: 'out' },
+      },
+      'cli.yaml',
+    );
     const cli = spawnCli(['dashboard', '-c', configPath, '--host', '127.0.0.1', '--port', '0']);
     const line = (await waitFor(
       () => /tokenmill dashboard: (http:\/\/\S+) \(user "tokenmill", generated token: (\S+);/.exec(cli.output()),

@@ -47,7 +47,10 @@ describe('tokenmill demo', () => {
         // Ended by budget: the rest of its prompts skipped, the total on the budget.
         byBudget += 1;
         expect(d.skipped, d.name).toBeGreaterThan(0);
-        expect(d.outputTokens / d.tokenBudget - 1, `${d.name}: ${d.outputTokens} / ${d.tokenBudget}`).toBeLessThanOrEqual(MAX_OVER);
+        expect(
+          d.outputTokens / d.tokenBudget - 1,
+          `${d.name}: ${d.outputTokens} / ${d.tokenBudget}`,
+        ).toBeLessThanOrEqual(MAX_OVER);
       } else {
         // Ended by running out of prompts: nothing skipped by budget.
         expect(d.skipped, d.name).toBe(0);

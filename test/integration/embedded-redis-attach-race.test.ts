@@ -37,10 +37,14 @@ describe('attaching to the embedded redis while its owner stops it', () => {
       keepWhileInUse: true,
       logger: quietLogger(),
       beforeStopForTest: async () => {
-        const child = spawn(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'test/helpers/embedded-attach-child.ts'), dataDir], {
-          cwd: repoRoot,
-          stdio: ['ignore', 'pipe', 'pipe'],
-        });
+        const child = spawn(
+          process.execPath,
+          ['--import', 'tsx', path.join(repoRoot, 'test/helpers/embedded-attach-child.ts'), dataDir],
+          {
+            cwd: repoRoot,
+            stdio: ['ignore', 'pipe', 'pipe'],
+          },
+        );
         child.stdout.on('data', (d: Buffer) => (output += d.toString()));
         child.stderr.on('data', (d: Buffer) => (output += d.toString()));
         exited = new Promise((resolve) => child.on('exit', (c) => resolve(c)));

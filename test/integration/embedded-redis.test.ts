@@ -273,10 +273,12 @@ describe('EmbeddedRedis', () => {
     const savedPath = process.env['PATH'];
     process.env['PATH'] = emptyBin;
     try {
-      const err = await embedded({ dataDir: dir }).start().then(
-        () => undefined,
-        (e: unknown) => e,
-      );
+      const err = await embedded({ dataDir: dir })
+        .start()
+        .then(
+          () => undefined,
+          (e: unknown) => e,
+        );
       expect(err).toBeInstanceOf(EnvironmentError);
       expect((err as Error).message).toBe(REDIS_SERVER_NOT_FOUND_MESSAGE);
     } finally {
@@ -309,10 +311,12 @@ describe('EmbeddedRedis', () => {
     await once(blocker, 'listening');
     const port = (blocker.address() as net.AddressInfo).port;
 
-    const err = await embedded({ dataDir: dir, port }).start().then(
-      () => undefined,
-      (e: unknown) => e,
-    );
+    const err = await embedded({ dataDir: dir, port })
+      .start()
+      .then(
+        () => undefined,
+        (e: unknown) => e,
+      );
     expect(err).toBeInstanceOf(EnvironmentError);
     expect((err as Error).message).toMatch(/Address already in use/i);
     expect((err as Error).message).toContain(`port ${port}`);

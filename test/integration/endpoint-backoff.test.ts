@@ -16,7 +16,13 @@ import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '.
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 16, seed: 21, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 21,
+    contextLength: 2048,
+    outputLength: { distribution: 'fixed', mean: 16 },
+  },
   tmp: 'tm-backoff-',
   cli: true,
 });

@@ -13,7 +13,13 @@ import path from 'node:path';
 
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 
-import { bundledTokenizerPath, loadTokenizer, parsePromptLine, type ChatMessage, type ChatTokenizer } from '../../src/shared/index.js';
+import {
+  bundledTokenizerPath,
+  loadTokenizer,
+  parsePromptLine,
+  type ChatMessage,
+  type ChatTokenizer,
+} from '../../src/shared/index.js';
 import { generationCorpus, Rng } from '../fixtures/conversations/corpus.js';
 import { REASONING } from '../fixtures/conversations/fragments.js';
 import { AtomicJsonlWriter } from '../../src/cli/export/file.js';
@@ -73,7 +79,14 @@ async function cli(args: string[]): Promise<{ code: number | string; out: string
 function promptLine(i: number, messages: ChatMessage[]): Record<string, unknown> {
   const id = i % 11 === 0 ? i : `p-${i}`;
   if (messages.length === 1 && messages[0]?.role === 'user' && i % 3 === 0) return { id, prompt: messages[0].content };
-  if (i % 5 === 1) return { id, conversations: messages.map((m) => ({ from: m.role === 'user' ? 'human' : m.role === 'assistant' ? 'gpt' : m.role, value: m.content })) };
+  if (i % 5 === 1)
+    return {
+      id,
+      conversations: messages.map((m) => ({
+        from: m.role === 'user' ? 'human' : m.role === 'assistant' ? 'gpt' : m.role,
+        value: m.content,
+      })),
+    };
   return { id, messages };
 }
 
@@ -147,7 +160,10 @@ function buildRun(tok: ChatTokenizer, promptsFile: string, generationsDir: strin
     };
     records.push(JSON.stringify(rec));
     // A repeated record (a re-delivered result imported twice): the first wins.
-    if (i === 5) records.push(JSON.stringify({ ...rec, output_ids: [...tok.encode('a different answer'), imEnd], completion_tokens: 4 }));
+    if (i === 5)
+      records.push(
+        JSON.stringify({ ...rec, output_ids: [...tok.encode('a different answer'), imEnd], completion_tokens: 4 }),
+      );
   });
   writeFileSync(promptsFile, `${promptLines.join('\n')}\n`);
   mkdirSync(generationsDir, { recursive: true });
@@ -182,12 +198,30 @@ describe('export --format specforge | jsonl', () => {
     expect(sf.code, sf.out).toBe(0);
     const sfResult = JSON.parse(sf.out.split('\n').find((l) => l.startsWith('{"format"')) ?? 'null') as {
       exported: number;
-      datasets: { lines: number; exported: number; droppedTruncated: number; droppedAborted: number; droppedEmpty: number; duplicates: number; stopWithoutEndOfTurn: number }[];
+      datasets: {
+        lines: number;
+        exported: number;
+        droppedTruncated: number;
+        droppedAborted: number;
+        droppedEmpty: number;
+        duplicates: number;
+        stopWithoutEndOfTurn: number;
+      }[];
     };
     const leftOut = built.leftOut.size;
     expect(sfResult.exported).toBe(PROMPTS - leftOut);
-    expect(sfResult.datasets[0]).toMatchObject({ lines: PROMPTS + 1, exported: PROMPTS - leftOut, droppedAborted: 2, droppedEmpty: 1, duplicates: 1, stopWithoutEndOfTurn: 1 });
-    const lines = readFileSync(sfOut, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { id: string; dataset: string; conversations: ChatMessage[] });
+    expect(sfResult.datasets[0]).toMatchObject({
+      lines: PROMPTS + 1,
+      exported: PROMPTS - leftOut,
+      droppedAborted: 2,
+      droppedEmpty: 1,
+      duplicates: 1,
+      stopWithoutEndOfTurn: 1,
+    });
+    const lines = readFileSync(sfOut, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; dataset: string; conversations: ChatMessage[] });
     expect(lines.length).toBe(PROMPTS - leftOut);
     for (const l of lines) {
       expect(built.leftOut.has(l.id)).toBe(false);
@@ -223,21 +257,46 @@ describe('export --format specforge | jsonl', () => {
       writer: truncWriter,
     });
     await truncWriter.abort();
-    expect(truncStats).toMatchObject({ exported: PROMPTS - 1, keptTruncated: 10, droppedTruncated: 0, droppedAborted: 0, droppedEmpty: 1 });
+    expect(truncStats).toMatchObject({
+      exported: PROMPTS - 1,
+      keptTruncated: 10,
+      droppedTruncated: 0,
+      droppedAborted: 0,
+      droppedEmpty: 1,
+    });
 
     const rowsOut = path.join(tmp.dir, 'export', 'rows.jsonl');
     const rows = await inProcess(['export', '-c', configPath, '--format', 'jsonl', '--out', rowsOut]);
     expect(rows).toContain(`exported ${PROMPTS - leftOut} of ${PROMPTS - leftOut} rows`);
-    const chosen = await inProcess(['export', '-c', configPath, '--format', 'jsonl', '--dataset', DATASET, '--out', path.join(tmp.dir, 'export', 'b1.jsonl'), '--json']);
-    expect(JSON.parse(chosen)).toMatchObject({ exported: PROMPTS - leftOut, byDataset: { [DATASET]: PROMPTS - leftOut } });
+    const chosen = await inProcess([
+      'export',
+      '-c',
+      configPath,
+      '--format',
+      'jsonl',
+      '--dataset',
+      DATASET,
+      '--out',
+      path.join(tmp.dir, 'export', 'b1.jsonl'),
+      '--json',
+    ]);
+    expect(JSON.parse(chosen)).toMatchObject({
+      exported: PROMPTS - leftOut,
+      byDataset: { [DATASET]: PROMPTS - leftOut },
+    });
     expect(readFileSync(path.join(tmp.dir, 'export', 'b1.jsonl'), 'utf8')).toBe(readFileSync(rowsOut, 'utf8'));
 
-    const py = await runPythonJson<PyReport>('export_parity.py', [], {
-      tokenizer_dir: bundledTokenizerPath(),
-      specforge: sfOut,
-      rows: rowsOut,
-      target: path.join(tmp.dir, 'out', run, 'train-dataset'),
-    }, { timeoutMs: 180_000 });
+    const py = await runPythonJson<PyReport>(
+      'export_parity.py',
+      [],
+      {
+        tokenizer_dir: bundledTokenizerPath(),
+        specforge: sfOut,
+        rows: rowsOut,
+        target: path.join(tmp.dir, 'out', run, 'train-dataset'),
+      },
+      { timeoutMs: 180_000 },
+    );
 
     expect(py.target_rows).toBe(PROMPTS - leftOut);
     expect(py.jsonl_rows).toBe(py.target_rows);
@@ -262,14 +321,20 @@ describe('export --format specforge | jsonl', () => {
   it('refuses bad input with a clear message', async () => {
     // In process (the messages are what the CLI prints after "tokenmill: "), to keep the file fast.
     const exportCmd = (...args: string[]): Promise<string> => inProcess(['export', ...args]);
-    await expect(exportCmd('-c', configPath, '--format', 'parquet')).rejects.toThrow('unknown --format "parquet": expected one of specforge, jsonl');
+    await expect(exportCmd('-c', configPath, '--format', 'parquet')).rejects.toThrow(
+      'unknown --format "parquet": expected one of specforge, jsonl',
+    );
     await expect(exportCmd('-c', configPath, '--format', 'specforge', '--dataset', 'B9')).rejects.toThrow(
       `--dataset "B9" is not in the config's datasets (${DATASET})`,
     );
 
     const noTarget = writeConfig(
       tmp.dir,
-      { run: 'empty', datasets: [{ name: DATASET, prompts: 'prompts.jsonl', tokenBudget: 1000 }], output: { dir: 'out' } },
+      {
+        run: 'empty',
+        datasets: [{ name: DATASET, prompts: 'prompts.jsonl', tokenBudget: 1000 }],
+        output: { dir: 'out' },
+      },
       'empty.yaml',
     );
     await expect(exportCmd('-c', noTarget, '--format', 'jsonl')).rejects.toThrow(
@@ -297,7 +362,14 @@ describe('export --format specforge | jsonl', () => {
         });
       expect(edited.join('\n')).not.toBe(original.trimEnd());
       writeFileSync(promptsFile, `${edited.join('\n')}\n`);
-      const changed = await exportCmd('-c', configPath, '--format', 'specforge', '--out', path.join(tmp.dir, 'export', 'changed.jsonl'));
+      const changed = await exportCmd(
+        '-c',
+        configPath,
+        '--format',
+        'specforge',
+        '--out',
+        path.join(tmp.dir, 'export', 'changed.jsonl'),
+      );
       expect(changed).toContain('1 without a prompt line, 1 whose prompt line changed');
       expect(changed).toContain('sample p-1: no line of');
       expect(changed).toContain('sample p-2: its prompt line in');

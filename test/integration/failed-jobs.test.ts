@@ -6,7 +6,14 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { Queue, type Job } from 'bullmq';
 import { startGeneration, type GenerationHandle } from '../../src/cli/pipeline.js';
 import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
-import { batchSamples, generateQueueName, GenerateBatchPayloadSchema, loadConfig, readRunStatus, type BatchProgress } from '../../src/shared/index.js';
+import {
+  batchSamples,
+  generateQueueName,
+  GenerateBatchPayloadSchema,
+  loadConfig,
+  readRunStatus,
+  type BatchProgress,
+} from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { INJECTED_500_MESSAGE, startPromptFaultProxy, type PromptFaultProxy } from '../helpers/prompt-fault-proxy.js';
@@ -24,7 +31,12 @@ beforeAll(async () => {
   defer(() => proxy.close());
 });
 
-function yamlFor(run: string, ds: string, n: number, batchSize: number): { path: string; cfg: ReturnType<typeof loadConfig> } {
+function yamlFor(
+  run: string,
+  ds: string,
+  n: number,
+  batchSize: number,
+): { path: string; cfg: ReturnType<typeof loadConfig> } {
   writePrompts(tmp.dir, ds, n);
   const yaml = {
     run,
@@ -34,11 +46,15 @@ function yamlFor(run: string, ds: string, n: number, batchSize: number): { path:
     output: { dir: 'out' },
     workers: { shutdownGraceMs: 2_000 },
   };
-  return { path: writeConfig(tmp.dir, yaml as never, `${run}.yaml`), cfg: loadConfig({ baseDir: tmp.dir, object: yaml }) };
+  return {
+    path: writeConfig(tmp.dir, yaml as never, `${run}.yaml`),
+    cfg: loadConfig({ baseDir: tmp.dir, object: yaml }),
+  };
 }
 
 const failedCount = async (ctx: RunContext, ds: string): Promise<number> => ctx.redis.hlen(ctx.keys.failed(ds));
-const isDone = async (ctx: RunContext, ds: string, id: string): Promise<boolean> => (await ctx.redis.sismember(ctx.keys.done(ds), id)) === 1;
+const isDone = async (ctx: RunContext, ds: string, id: string): Promise<boolean> =>
+  (await ctx.redis.sismember(ctx.keys.done(ds), id)) === 1;
 
 /** Sample ids carried by a job's data. */
 function idsOf(job: Job): string[] {
@@ -78,12 +94,20 @@ describe('failed prompts are failed jobs of their dataset queue', () => {
         expect((job.data as { retryOfFailed?: boolean }).retryOfFailed).toBe(true);
         expect(job.progress as BatchProgress).toEqual({ committed: 9, failed: 1, skipped: 0, size: 10 });
         const { logs } = await queue.getJobLogs(String(job.id));
-        expect(logs.some((l) => l.startsWith(`line ${line} (id ${id}): attempt 1 of 2 failed, will retry:`) && l.includes('returned 500'))).toBe(true);
-        expect(logs.some((l) => l.startsWith(`line ${line} (id ${id}): failed (HTTP 500) after 2 attempt(s):`))).toBe(true);
+        expect(
+          logs.some(
+            (l) =>
+              l.startsWith(`line ${line} (id ${id}): attempt 1 of 2 failed, will retry:`) && l.includes('returned 500'),
+          ),
+        ).toBe(true);
+        expect(logs.some((l) => l.startsWith(`line ${line} (id ${id}): failed (HTTP 500) after 2 attempt(s):`))).toBe(
+          true,
+        );
       }
       const completed = await queue.getJobs(['completed']);
       expect(completed.length).toBeGreaterThan(0);
-      for (const job of completed) expect(job.progress as BatchProgress).toEqual({ committed: 10, failed: 0, skipped: 0, size: 10 });
+      for (const job of completed)
+        expect(job.progress as BatchProgress).toEqual({ committed: 10, failed: 0, skipped: 0, size: 10 });
       expect((await readRunStatus(ctx.redis, ctx.keys, cfg)).datasets[0]?.failed).toBe(3);
       const recordsBefore = readGenerations(ctx.runDir, ds).length;
       expect(recordsBefore).toBe(57);
@@ -104,7 +128,9 @@ describe('failed prompts are failed jobs of their dataset queue', () => {
       expect((await readRunStatus(ctx.redis, ctx.keys, cfg)).datasets[0]?.failed).toBe(2);
       expect(sentAgain(bad[0] ?? '')).toBe(1);
       expect(sentAgain(bad[1] ?? '')).toBe(0);
-      expect((await queue.getJobLogs(String(first.id))).logs.some((l) => l.includes('sent again with fresh attempts'))).toBe(true);
+      expect(
+        (await queue.getJobLogs(String(first.id))).logs.some((l) => l.includes('sent again with fresh attempts')),
+      ).toBe(true);
 
       // 2. Bull Board's "retry all failed" and `tokenmill retry-failed` at the same moment.
       const retryAll = (async () => {
@@ -114,9 +140,20 @@ describe('failed prompts are failed jobs of their dataset queue', () => {
       await retryAll;
       expect(await cli.exited, cli.output()).toBe(0);
       expect(cli.output()).toMatch(/fj: \d+ failed prompt\(s\) will be sent again/);
-      await waitFor(async () => (await failedCount(ctx, ds)) === 0 && (await isDone(ctx, ds, bad[1] ?? '')) && (await isDone(ctx, ds, bad[2] ?? '')), 'every retried prompt committed', 30_000);
+      await waitFor(
+        async () =>
+          (await failedCount(ctx, ds)) === 0 &&
+          (await isDone(ctx, ds, bad[1] ?? '')) &&
+          (await isDone(ctx, ds, bad[2] ?? '')),
+        'every retried prompt committed',
+        30_000,
+      );
       // No failed job left; each prompt sent once more and committed once.
-      await waitFor(async () => (await queue.getJobCounts('failed', 'active', 'wait')).active === 0, 'retried jobs finished', 10_000);
+      await waitFor(
+        async () => (await queue.getJobCounts('failed', 'active', 'wait')).active === 0,
+        'retried jobs finished',
+        10_000,
+      );
       expect((await queue.getJobCounts('failed')).failed).toBe(0);
       for (const id of bad) expect(sentAgain(id), id).toBe(1);
       const stats = await ctx.redis.hgetall(ctx.keys.stats(ds));

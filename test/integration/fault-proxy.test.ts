@@ -168,7 +168,10 @@ describe('fault proxy', () => {
     expect(echoAccepted).toBe(accepted); // the new one never reached the server
     expect(p.stats().open).toBe(2);
     await p.setMode('pass');
-    await waitFor(() => open.received() === 'before;during;' && fresh.received() === 'held', 'the held bytes delivered');
+    await waitFor(
+      () => open.received() === 'before;during;' && fresh.received() === 'held',
+      'the held bytes delivered',
+    );
     expect(echoAccepted).toBe(accepted + 1);
   });
 
@@ -210,7 +213,9 @@ describe('fault proxy', () => {
   });
 
   it('only loopback: another target host is refused with a message', async () => {
-    await expect(startFaultProxy({ target: { host: '10.0.0.1', port: 6379 } })).rejects.toThrow(/must be 127\.0\.0\.1.*10\.0\.0\.1/);
+    await expect(startFaultProxy({ target: { host: '10.0.0.1', port: 6379 } })).rejects.toThrow(
+      /must be 127\.0\.0\.1.*10\.0\.0\.1/,
+    );
     await expect(startFaultProxy({ target: { host: 'localhost', port: 6379 } })).rejects.toThrow(/loopback only/);
     expect(loopbackPort('redis://127.0.0.1:6390')).toBe(6390);
     expect(() => loopbackPort('http://example.com:80')).toThrow(/not on 127\.0\.0\.1/);

@@ -13,7 +13,7 @@ describe('useHarness', () => {
   const h = useHarness({ redis: true, scripts: true, keys: 'fx', sim: { seed: 1 }, tmp: 'tm-fixture-' });
   first = h;
 
-  it('gives a private Redis with the scripts and a run\'s keys, a simulator and a temp folder', async () => {
+  it("gives a private Redis with the scripts and a run's keys, a simulator and a temp folder", async () => {
     expect(await h.redis.connection('client').ping()).toBe('PONG');
     expect(h.redis.port).not.toBe(6379);
     expect(h.keys.stats('ds')).toContain(h.redis.prefix);

@@ -10,7 +10,12 @@ import { duplicates, readGenerations, sampleIdOfRid, waitFor, writePrompts } fro
 const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true });
 let sim: SimulatorHandle;
 
-function config(run: string, endpoint: string, datasets: ConfigInput['datasets'], extra: Partial<ConfigInput> = {}): ReturnType<typeof loadConfig> {
+function config(
+  run: string,
+  endpoint: string,
+  datasets: ConfigInput['datasets'],
+  extra: Partial<ConfigInput> = {},
+): ReturnType<typeof loadConfig> {
   return loadConfig({
     baseDir: tmp.dir,
     object: {
@@ -38,7 +43,9 @@ describe('generation: budgets and exactly-once accounting', () => {
     sim = await startSim({ timeScale: 200, maxRunningRequests: 32, seed: 3 });
     writePrompts(tmp.dir, 'big', 600);
     const budget = 150_000;
-    const cfg = config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: budget, maxNewTokens: 4096, batchSize: 16 }]);
+    const cfg = config('budget', sim.url, [
+      { name: 'big', prompts: 'big.jsonl', tokenBudget: budget, maxNewTokens: 4096, batchSize: 16 },
+    ]);
     const ctx = await runToEnd(cfg);
     try {
       const stats = await ctx.redis.hgetall(ctx.keys.stats('big'));
@@ -83,11 +90,19 @@ describe('generation: budgets and exactly-once accounting', () => {
 
   it('a dataset already at its budget sends nothing; a raised budget resumes the skipped prompts', async () => {
     const before = sim.stats().requests.filter((r) => r.rid.startsWith('big/')).length;
-    const again = await runToEnd(config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: 150_000, maxNewTokens: 4096, batchSize: 16 }]));
+    const again = await runToEnd(
+      config('budget', sim.url, [
+        { name: 'big', prompts: 'big.jsonl', tokenBudget: 150_000, maxNewTokens: 4096, batchSize: 16 },
+      ]),
+    );
     await again.close();
     expect(sim.stats().requests.filter((r) => r.rid.startsWith('big/')).length).toBe(before);
 
-    const raised = await runToEnd(config('budget', sim.url, [{ name: 'big', prompts: 'big.jsonl', tokenBudget: 300_000, maxNewTokens: 4096, batchSize: 16 }]));
+    const raised = await runToEnd(
+      config('budget', sim.url, [
+        { name: 'big', prompts: 'big.jsonl', tokenBudget: 300_000, maxNewTokens: 4096, batchSize: 16 },
+      ]),
+    );
     try {
       const tokens = Number(await raised.redis.hget(raised.keys.stats('big'), 'outputTokens'));
       expect(tokens).toBeGreaterThanOrEqual(300_000);
@@ -119,7 +134,9 @@ describe('generation: budgets and exactly-once accounting', () => {
 
   it('a batch delivered twice commits every sample once', async () => {
     writePrompts(tmp.dir, 'dup', 48);
-    const cfg = config('dup', sim.url, [{ name: 'dup', prompts: 'dup.jsonl', tokenBudget: 100_000_000, maxNewTokens: 2048, batchSize: 16 }]);
+    const cfg = config('dup', sim.url, [
+      { name: 'dup', prompts: 'dup.jsonl', tokenBudget: 100_000_000, maxNewTokens: 2048, batchSize: 16 },
+    ]);
     const ctx = await openRunContextFor(cfg);
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     // While the producer feeds the queue, copy every batch it adds under a second job id:
@@ -137,7 +154,12 @@ describe('generation: budgets and exactly-once accounting', () => {
     }, 20);
     try {
       await handle.finished;
-      await waitFor(async () => (await queue.getJobCounts('waiting', 'active')).waiting === 0 && (await queue.getJobCounts('active')).active === 0, 'copies processed');
+      await waitFor(
+        async () =>
+          (await queue.getJobCounts('waiting', 'active')).waiting === 0 &&
+          (await queue.getJobCounts('active')).active === 0,
+        'copies processed',
+      );
     } finally {
       clearInterval(copier);
       await handle.stop();
@@ -160,7 +182,16 @@ describe('generation: budgets and exactly-once accounting', () => {
     sim = await startSim({ timeScale: 50, maxRunningRequests: 32, seed: 5 });
     writePrompts(tmp.dir, 'strict', 400);
     const budget = 120_000;
-    const cfg = config('strict', sim.url, [{ name: 'strict', prompts: 'strict.jsonl', tokenBudget: budget, budget: 'strict', maxNewTokens: 4096, batchSize: 16 }]);
+    const cfg = config('strict', sim.url, [
+      {
+        name: 'strict',
+        prompts: 'strict.jsonl',
+        tokenBudget: budget,
+        budget: 'strict',
+        maxNewTokens: 4096,
+        batchSize: 16,
+      },
+    ]);
     const ctx = await runToEnd(cfg);
     try {
       const tokens = Number((await ctx.redis.hget(ctx.keys.stats('strict'), 'outputTokens')) ?? 0);

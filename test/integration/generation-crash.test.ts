@@ -2,18 +2,35 @@
 import { describe, expect, it } from 'vitest';
 import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, sampleIdOfRid, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import {
+  duplicates,
+  readGenerations,
+  sampleIdOfRid,
+  spawnCli,
+  waitFor,
+  writeConfig,
+  writePrompts,
+} from '../helpers/pipeline.js';
 import path from 'node:path';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
   // Slow enough that a kill lands mid-generation: ~1 s per request.
-  sim: { timeScale: 8, maxRunningRequests: 16, seed: 11, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  sim: {
+    timeScale: 8,
+    maxRunningRequests: 16,
+    seed: 11,
+    outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 },
+  },
   tmp: true,
   cli: true,
 });
 
-function setup(run: string, prompts: number, shutdownGraceMs = 2_000): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
+function setup(
+  run: string,
+  prompts: number,
+  shutdownGraceMs = 2_000,
+): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
   const config: ConfigInput = {
     run,
@@ -56,7 +73,11 @@ describe('generation survives crashes', () => {
     w1.child.kill('SIGKILL');
     const killedAt = Date.now();
     expect(await w1.exited).toBe('SIGKILL');
-    const before = new Set(readGenerations(runDir, 'ds').filter((r) => Date.parse(r.ts) < killedAt - 50).map((r) => r.id));
+    const before = new Set(
+      readGenerations(runDir, 'ds')
+        .filter((r) => Date.parse(r.ts) < killedAt - 50)
+        .map((r) => r.id),
+    );
     const w2 = spawnCli(['worker', '-c', configPath]);
     try {
       expect(await producer.exited, producer.output()).toBe(0);

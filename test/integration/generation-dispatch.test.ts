@@ -8,14 +8,21 @@ import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/p
 
 const { redis, tmp, startSim: sim } = useHarness({ redis: true, tmp: true });
 
-function config(run: string, endpoint: string, dataset: Record<string, unknown>, sglang: Record<string, unknown> = {}): ReturnType<typeof loadConfig> {
+function config(
+  run: string,
+  endpoint: string,
+  dataset: Record<string, unknown>,
+  sglang: Record<string, unknown> = {},
+): ReturnType<typeof loadConfig> {
   return loadConfig({
     baseDir: tmp.dir,
     object: {
       run,
       redis: { url: redis.url, prefix: redis.prefix },
       sglang: { endpoints: [endpoint], concurrency: 64, requestTimeoutMs: 30_000, ...sglang },
-      datasets: [{ name: 'ds', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16, ...dataset }] as ConfigInput['datasets'],
+      datasets: [
+        { name: 'ds', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16, ...dataset },
+      ] as ConfigInput['datasets'],
       output: { dir: 'out' },
       workers: { shutdownGraceMs: 2_000 },
     },
@@ -25,7 +32,12 @@ function config(run: string, endpoint: string, dataset: Record<string, unknown>,
 describe('generation: dispatch', () => {
   it('keeps the GPU saturated: time-averaged running requests >= 95% of the cap in steady state', async () => {
     // Long-tailed lengths: a batch-and-wait client would idle at every batch's tail.
-    const s = await sim({ timeScale: 20, maxRunningRequests: 64, seed: 5, outputLength: { distribution: 'lognormal', mean: 1000, sigma: 1.0 } });
+    const s = await sim({
+      timeScale: 20,
+      maxRunningRequests: 64,
+      seed: 5,
+      outputLength: { distribution: 'lognormal', mean: 1000, sigma: 1.0 },
+    });
     writePrompts(tmp.dir, 'sat', 700);
     const cfg = config('sat', s.url, { prompts: 'sat.jsonl' });
     const ctx = await openRunContextFor(cfg);
@@ -47,13 +59,22 @@ describe('generation: dispatch', () => {
   }, 120_000);
 
   it('an outage mid-run fails no prompt: workers wait, then resume on the same server', async () => {
-    const s = await sim({ timeScale: 20, maxRunningRequests: 32, seed: 6, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } });
+    const s = await sim({
+      timeScale: 20,
+      maxRunningRequests: 32,
+      seed: 6,
+      outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 },
+    });
     writePrompts(tmp.dir, 'outage', 160);
     const cfg = config('outage', s.url, { prompts: 'outage.jsonl' }, { concurrency: 32, maxAttempts: 1 });
     const ctx = await openRunContextFor(cfg);
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     try {
-      await waitFor(async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0) >= 30, 'first commits', 60_000);
+      await waitFor(
+        async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0) >= 30,
+        'first commits',
+        60_000,
+      );
       // Down for 3 s: every request in flight is cut, new connections are refused. With a
       // single attempt per prompt, any outage error counted as an attempt would fail a prompt.
       await s.outage(3_000);
@@ -75,13 +96,27 @@ describe('generation: dispatch', () => {
   }, 120_000);
 
   it('an endpoint whose /health fails leaves the rotation, and comes back when it passes', async () => {
-    const s = await sim({ timeScale: 20, maxRunningRequests: 16, seed: 9, outputLength: { distribution: 'lognormal', mean: 400, sigma: 0.5 } });
+    const s = await sim({
+      timeScale: 20,
+      maxRunningRequests: 16,
+      seed: 9,
+      outputLength: { distribution: 'lognormal', mean: 400, sigma: 0.5 },
+    });
     writePrompts(tmp.dir, 'health', 120);
-    const cfg = config('health', s.url, { prompts: 'health.jsonl', batchSize: 8 }, { concurrency: 16, healthCheckIntervalMs: 100 });
+    const cfg = config(
+      'health',
+      s.url,
+      { prompts: 'health.jsonl', batchSize: 8 },
+      { concurrency: 16, healthCheckIntervalMs: 100 },
+    );
     const ctx = await openRunContextFor(cfg);
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     try {
-      await waitFor(async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0) >= 10, 'first commits', 60_000);
+      await waitFor(
+        async () => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0) >= 10,
+        'first commits',
+        60_000,
+      );
       s.setFaults({ unhealthy: true });
       // Requests in flight finish; no new one starts while the server says it is unhealthy.
       await waitFor(() => s.stats().running === 0 && s.stats().queued === 0, 'in-flight requests drained', 30_000);
@@ -104,12 +139,26 @@ describe('generation: dispatch', () => {
     }
   }, 120_000);
 
-  it('a prompt SGLang rejects (400) fails alone, with SGLang\'s message and no retry; the rest of its batch commits', async () => {
+  it("a prompt SGLang rejects (400) fails alone, with SGLang's message and no retry; the rest of its batch commits", async () => {
     // The simulator's context is 2048 tokens, but the config claims more, so two long
     // prompts reach SGLang and get its 400.
-    const s = await sim({ timeScale: 50, maxRunningRequests: 32, seed: 7, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 50 } });
-    writePrompts(tmp.dir, 'bad', 64, (i) => ({ id: `bad-${i}`, prompt: i === 5 || i === 40 ? 'long '.repeat(3000) : `short prompt ${i}` }));
-    const cfg = config('bad', s.url, { prompts: 'bad.jsonl', maxNewTokens: 100, batchSize: 64 }, { contextLength: 100_000, concurrency: 32 });
+    const s = await sim({
+      timeScale: 50,
+      maxRunningRequests: 32,
+      seed: 7,
+      contextLength: 2048,
+      outputLength: { distribution: 'fixed', mean: 50 },
+    });
+    writePrompts(tmp.dir, 'bad', 64, (i) => ({
+      id: `bad-${i}`,
+      prompt: i === 5 || i === 40 ? 'long '.repeat(3000) : `short prompt ${i}`,
+    }));
+    const cfg = config(
+      'bad',
+      s.url,
+      { prompts: 'bad.jsonl', maxNewTokens: 100, batchSize: 64 },
+      { contextLength: 100_000, concurrency: 32 },
+    );
     const ctx = await openRunContextFor(cfg);
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     try {
@@ -137,7 +186,12 @@ describe('generation: dispatch', () => {
   }, 60_000);
 
   it('the per-endpoint cap holds across worker processes together', async () => {
-    const s = await sim({ timeScale: 20, maxRunningRequests: 64, seed: 8, outputLength: { distribution: 'lognormal', mean: 500, sigma: 0.5 } });
+    const s = await sim({
+      timeScale: 20,
+      maxRunningRequests: 64,
+      seed: 8,
+      outputLength: { distribution: 'lognormal', mean: 500, sigma: 0.5 },
+    });
     writePrompts(tmp.dir, 'cap', 200);
     const cfg = config('cap', s.url, { prompts: 'cap.jsonl', batchSize: 8 }, { concurrency: 12 });
     const ctx = await openRunContextFor(cfg);

@@ -59,7 +59,10 @@ describe('generation start-up', () => {
       } finally {
         await handle.stop();
       }
-      for (const [name, n] of [['one', 60], ['two', 45]] as const) {
+      for (const [name, n] of [
+        ['one', 60],
+        ['two', 45],
+      ] as const) {
         const ids = readGenerations(ctx.runDir, name).map((l) => l.id);
         expect(ids.length).toBe(n);
         expect(duplicates(ids)).toEqual([]);

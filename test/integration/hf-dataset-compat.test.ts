@@ -31,7 +31,12 @@ interface PyOut {
 }
 
 function load(env: PythonEnvName, dirs: readonly string[]): Promise<PyOut> {
-  return runPythonJson<PyOut>('hf_datasets.py', [], { ops: dirs.map((dir) => ({ op: 'load', dir, data: true })) }, { env, timeoutMs: 180_000 });
+  return runPythonJson<PyOut>(
+    'hf_datasets.py',
+    [],
+    { ops: dirs.map((dir) => ({ op: 'load', dir, data: true })) },
+    { env, timeoutMs: 180_000 },
+  );
 }
 
 function expectRows(d: PyLoad | undefined, rows: readonly HfRow[]): void {
@@ -52,7 +57,11 @@ describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
 
   beforeAll(async () => {
     written = await writeHfDataset(path.join(tmp.dir, 'fresh'), rows, { shardSizeMiB: SHARD_MIB });
-    await writeHfDataset(path.join(tmp.dir, 'wide'), rows64, { shardSizeMiB: 1, inputIdsType: 'int64', lossMaskType: 'int8' });
+    await writeHfDataset(path.join(tmp.dir, 'wide'), rows64, {
+      shardSizeMiB: 1,
+      inputIdsType: 'int64',
+      lossMaskType: 'int8',
+    });
     // A target created by a merge, then grown by a second one (new shards listed after the old).
     const target = path.join(tmp.dir, 'merged');
     const runDir = path.join(tmp.dir, 'run');
@@ -71,7 +80,9 @@ describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
       num_tokens: VALUE('int32'),
       finish_reason: VALUE('string'),
     };
-    const info = JSON.parse(await readFile(path.join(tmp.dir, 'fresh', 'dataset_info.json'), 'utf8')) as { features: unknown };
+    const info = JSON.parse(await readFile(path.join(tmp.dir, 'fresh', 'dataset_info.json'), 'utf8')) as {
+      features: unknown;
+    };
     expect(info.features).toEqual(want);
     expect(written.shards.length).toBeGreaterThan(1);
     for (const s of written.shards) {
@@ -84,7 +95,10 @@ describe('datasets 3.x and 5.x both load what tokenmill writes', () => {
     expect(py3.versions.datasets).toMatch(/^3\./);
     expectRows(py3.results[0], rows);
     expectRows(py3.results[1], rows64);
-    expect(py3.results[1]?.arrow_types).toMatchObject({ input_ids: 'list<item: int64>', loss_mask: 'list<item: int8>' });
+    expect(py3.results[1]?.arrow_types).toMatchObject({
+      input_ids: 'list<item: int64>',
+      loss_mask: 'list<item: int8>',
+    });
     expectRows(py3.results[2], [...rows, ...more]);
     expect(py3.results[0]?.features['input_ids']).toMatch(/^Sequence\(feature=Value\(dtype='int32'/);
   });
@@ -116,7 +130,17 @@ describe('tokenmill reads folders written by datasets 3.x (`Sequence`) and 5.x (
       runPythonJson<PyOut>(
         'hf_datasets.py',
         [],
-        { ops: [{ op: 'save', dir: path.join(tmp.dir, dir), columns: toColumns(rows), features: features(list), num_shards: 2 }] },
+        {
+          ops: [
+            {
+              op: 'save',
+              dir: path.join(tmp.dir, dir),
+              columns: toColumns(rows),
+              features: features(list),
+              num_shards: 2,
+            },
+          ],
+        },
         { env, timeoutMs: 180_000 },
       );
     await Promise.all([save('datasets3', 'by-3x', SEQ), save('main', 'by-5x', LIST)]);

@@ -9,7 +9,13 @@ import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger } from '../../src/shared/logger.js';
-import { MERGE_CRASH_POINTS, mergeIntoTarget, rollbackTarget, type HfRow, type MergeCrashPoint } from '../../src/shared/hf-dataset/index.js';
+import {
+  MERGE_CRASH_POINTS,
+  mergeIntoTarget,
+  rollbackTarget,
+  type HfRow,
+  type MergeCrashPoint,
+} from '../../src/shared/hf-dataset/index.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
 import { useHarness } from '../helpers/fixture.js';
 import { REPO_ROOT, runProcess, runPythonJson, type ProcessResult } from '../helpers/python.js';
@@ -18,7 +24,10 @@ const RUNNER = path.join(REPO_ROOT, 'test', 'helpers', 'hf-merge-runner.ts');
 const SHARD_MIB = 0.01;
 
 function runChild(job: Record<string, unknown>): Promise<ProcessResult> {
-  return runProcess(process.execPath, ['--import', 'tsx', RUNNER, JSON.stringify(job)], { timeoutMs: 60_000, env: process.env });
+  return runProcess(process.execPath, ['--import', 'tsx', RUNNER, JSON.stringify(job)], {
+    timeoutMs: 60_000,
+    env: process.env,
+  });
 }
 
 interface Case {
@@ -64,7 +73,14 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
           op: 'save',
           dir: pyBase,
           columns: toColumns(A),
-          features: { id: S, dataset: S, input_ids: L64, loss_mask: L64, num_tokens: { dtype: 'int64', _type: 'Value' }, finish_reason: S },
+          features: {
+            id: S,
+            dataset: S,
+            input_ids: L64,
+            loss_mask: L64,
+            num_tokens: { dtype: 'int64', _type: 'Value' },
+            finish_reason: S,
+          },
           num_shards: 2,
         },
       ],
@@ -74,16 +90,40 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
     for (const point of MERGE_CRASH_POINTS) {
       const target = path.join(tmp.dir, `merge-${point}`);
       await cp(base, target, { recursive: true });
-      cases.push({ name: `merge into an existing target, killed ${point}`, op: 'merge', target, before: A, after: [...A, ...B], expect: point === committedAt ? 'after' : 'before', child: undefined });
+      cases.push({
+        name: `merge into an existing target, killed ${point}`,
+        op: 'merge',
+        target,
+        before: A,
+        after: [...A, ...B],
+        expect: point === committedAt ? 'after' : 'before',
+        child: undefined,
+      });
     }
     for (const point of ['after-validate', 'between-renames'] as const) {
       const target = path.join(tmp.dir, `py-${point}`);
       await cp(pyBase, target, { recursive: true });
-      cases.push({ name: `merge into a Python dataset, killed ${point}`, op: 'merge', target, before: A, after: [...A, ...B], expect: 'before', child: undefined });
+      cases.push({
+        name: `merge into a Python dataset, killed ${point}`,
+        op: 'merge',
+        target,
+        before: A,
+        after: [...A, ...B],
+        expect: 'before',
+        child: undefined,
+      });
     }
     for (const point of ['after-link', 'after-journal', 'after-swap'] as const) {
       const target = path.join(tmp.dir, `first-${point}`);
-      cases.push({ name: `first merge, killed ${point}`, op: 'merge', target, before: null, after: B, expect: point === committedAt ? 'after' : 'before', child: undefined });
+      cases.push({
+        name: `first merge, killed ${point}`,
+        op: 'merge',
+        target,
+        before: null,
+        after: B,
+        expect: point === committedAt ? 'after' : 'before',
+        child: undefined,
+      });
     }
 
     // Two children at a time (each works on its own target).
@@ -119,7 +159,9 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
     });
 
     afterCrash = (
-      await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], { ops: cases.map((c) => ({ op: 'load', dir: c.target, data: true })) })
+      await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], {
+        ops: cases.map((c) => ({ op: 'load', dir: c.target, data: true })),
+      })
     ).results;
 
     // The retried merge (or, after the rollback, the next merge) repairs whatever the crash
@@ -128,7 +170,13 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
       try {
         const r =
           c.op === 'merge'
-            ? await mergeIntoTarget({ target: c.target, newRows: B, runDir, shardSizeMiB: SHARD_MIB, mergeKey: MERGE_KEY })
+            ? await mergeIntoTarget({
+                target: c.target,
+                newRows: B,
+                runDir,
+                shardSizeMiB: SHARD_MIB,
+                mergeKey: MERGE_KEY,
+              })
             : await mergeIntoTarget({ target: c.target, newRows: C, runDir, shardSizeMiB: SHARD_MIB });
         retriedAlreadyMerged.push(r.alreadyMerged);
         repairs.push(r.repaired);
@@ -138,7 +186,9 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
       }
     }
     afterRepair = (
-      await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], { ops: cases.map((c) => ({ op: 'load', dir: c.target, data: true })) })
+      await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], {
+        ops: cases.map((c) => ({ op: 'load', dir: c.target, data: true })),
+      })
     ).results;
   }, 180_000);
 
@@ -167,18 +217,26 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
       expect(repairs[i]?.join('\n') ?? '', c.name).not.toMatch(/^merge failed/);
       if (c.op === 'merge') {
         expectDataset(afterRepair[i], c.after, `${c.name}, then retried`);
-        expect(retriedAlreadyMerged[i], `${c.name}: retry skipped because already committed`).toBe(c.expect === 'after');
+        expect(retriedAlreadyMerged[i], `${c.name}: retry skipped because already committed`).toBe(
+          c.expect === 'after',
+        );
       } else {
         expectDataset(afterRepair[i], [...c.after, ...C], `${c.name}, then merged again`);
       }
       // Nothing but the listed shards, the metadata and the control folder remains.
-      const state = JSON.parse(await readFile(path.join(c.target, 'state.json'), 'utf8')) as { _data_files: { filename: string }[] };
+      const state = JSON.parse(await readFile(path.join(c.target, 'state.json'), 'utf8')) as {
+        _data_files: { filename: string }[];
+      };
       const listed = state._data_files.map((f) => f.filename).sort();
-      const present = (await readdir(c.target)).filter((n) => n !== 'state.json' && n !== 'dataset_info.json' && n !== '.tokenmill').sort();
+      const present = (await readdir(c.target))
+        .filter((n) => n !== 'state.json' && n !== 'dataset_info.json' && n !== '.tokenmill')
+        .sort();
       expect(present, c.name).toEqual(listed);
       expect((await readdir(path.join(c.target, '.tokenmill'))).sort(), c.name).toEqual(['history', 'index']);
       // The id index: one file per listed shard; those of an undone merge went with its shards.
-      expect((await readdir(path.join(c.target, '.tokenmill', 'index'))).sort(), c.name).toEqual(listed.map((f) => `${f}.keys`));
+      expect((await readdir(path.join(c.target, '.tokenmill', 'index'))).sort(), c.name).toEqual(
+        listed.map((f) => `${f}.keys`),
+      );
     }
     const siblings = (await readdir(tmp.dir)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'));
     expect(siblings).toEqual([]);
@@ -186,8 +244,12 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
 
   it('the repair said what it did when there was something to undo', () => {
     const byName = new Map(cases.map((c, i) => [c.name, repairs[i] ?? []]));
-    expect(byName.get('merge into an existing target, killed between-renames')?.join('\n')).toMatch(/removed merge .* not in effect/);
-    expect(byName.get('merge into an existing target, killed after-link')?.join('\n')).toMatch(/removed staging folder/);
+    expect(byName.get('merge into an existing target, killed between-renames')?.join('\n')).toMatch(
+      /removed merge .* not in effect/,
+    );
+    expect(byName.get('merge into an existing target, killed after-link')?.join('\n')).toMatch(
+      /removed staging folder/,
+    );
     expect(byName.get('first merge, killed after-journal')?.join('\n')).toMatch(/removed unfinished merge folder/);
     expect(byName.get('rollback killed rollback-after-swap')?.join('\n')).toMatch(/removed merge .* not in effect/);
   });
@@ -197,7 +259,13 @@ describe('merge and rollback killed at every step leave a loadable dataset', () 
     const r = await rollbackTarget({ target: c.target, runDir });
     expect(r.restored.rows).toBe(A.length);
     expect(r.removedFiles.length).toBeGreaterThan(0);
-    const again = await mergeIntoTarget({ target: c.target, newRows: B, runDir, shardSizeMiB: SHARD_MIB, mergeKey: MERGE_KEY });
+    const again = await mergeIntoTarget({
+      target: c.target,
+      newRows: B,
+      runDir,
+      shardSizeMiB: SHARD_MIB,
+      mergeKey: MERGE_KEY,
+    });
     expect(again.alreadyMerged).toBe(false);
     expect(again.report.rows).toBe(A.length + B.length);
   });

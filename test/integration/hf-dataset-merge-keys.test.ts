@@ -33,7 +33,10 @@ async function fingerprintTree(dir: string): Promise<Record<string, string>> {
     for (const e of await readdir(d, { withFileTypes: true })) {
       const p = path.join(d, e.name);
       if (e.isDirectory()) await walk(p);
-      else out[path.relative(dir, p)] = createHash('sha256').update(await readFile(p)).digest('hex');
+      else
+        out[path.relative(dir, p)] = createHash('sha256')
+          .update(await readFile(p))
+          .digest('hex');
     }
   };
   await walk(dir);
@@ -89,10 +92,20 @@ describe('a target without the sample-key columns dataset and id', () => {
     // The tokenize step asks for the target's ids first: refused there, before anything is staged.
     keyError = await mergedSampleIds(target, 'B1_glaive').catch((e: unknown) => e);
     expect(keyError).toBeInstanceOf(DatasetMergeError);
-    expect((keyError as Error).message).toMatch(/has no column dataset and no column id, so its rows cannot be matched/);
-    expect((keyError as Error).message).toMatch(/add_column\("dataset", \["<name>"\] \* len\(ds\)\)\.add_column\("id", \[str\(i\) for i in range\(len\(ds\)\)\]\)/);
+    expect((keyError as Error).message).toMatch(
+      /has no column dataset and no column id, so its rows cannot be matched/,
+    );
+    expect((keyError as Error).message).toMatch(
+      /add_column\("dataset", \["<name>"\] \* len\(ds\)\)\.add_column\("id", \[str\(i\) for i in range\(len\(ds\)\)\]\)/,
+    );
     // The merge of a round refuses it too (a target swapped in between both steps).
-    const err = await mergeIntoTarget({ target, newRows: fresh, runDir: paths('run'), shardSizeMiB: 1, requireSampleKey: true }).catch((e: unknown) => e);
+    const err = await mergeIntoTarget({
+      target,
+      newRows: fresh,
+      runDir: paths('run'),
+      shardSizeMiB: 1,
+      requireSampleKey: true,
+    }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(DatasetMergeError);
     expect((err as Error).message).toMatch(/no column dataset and no column id/);
     expect(await fingerprintTree(target)).toEqual(before);
@@ -103,9 +116,13 @@ describe('a target without the sample-key columns dataset and id', () => {
     expect(err).toBeInstanceOf(DatasetMergeError);
     expect((err as Error).message).toMatch(/it has no column dataset, so/);
     expect((err as Error).message).not.toMatch(/no column id/);
-    const merged = await mergeIntoTarget({ target: paths('ids-only'), newRows: fresh, runDir: paths('run'), shardSizeMiB: 1, requireSampleKey: true }).catch(
-      (e: unknown) => e,
-    );
+    const merged = await mergeIntoTarget({
+      target: paths('ids-only'),
+      newRows: fresh,
+      runDir: paths('run'),
+      shardSizeMiB: 1,
+      requireSampleKey: true,
+    }).catch((e: unknown) => e);
     expect((merged as Error).message).toMatch(/it has no column dataset, so/);
   });
 
@@ -129,12 +146,21 @@ describe('a target without the sample-key columns dataset and id', () => {
       const have = await mergedSampleIds(fixed, 'B1_glaive');
       const rows = fresh.filter((r) => !have.has(r.id));
       if (rows.length > 0) {
-        await mergeIntoTarget({ target: fixed, newRows: rows, runDir: paths('run'), shardSizeMiB: 1, requireSampleKey: true, mergeKey: `round-${round}` });
+        await mergeIntoTarget({
+          target: fixed,
+          newRows: rows,
+          runDir: paths('run'),
+          shardSizeMiB: 1,
+          requireSampleKey: true,
+          mergeKey: `round-${round}`,
+        });
       }
       rounds.push(rows.length);
     }
     expect(rounds).toEqual([50, 0]);
-    const loaded = await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], { ops: [{ op: 'load', dir: fixed, data: true }] });
+    const loaded = await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], {
+      ops: [{ op: 'load', dir: fixed, data: true }],
+    });
     const py = loaded.results[0];
     expect(py?.error).toBeUndefined();
     expect(py?.num_rows).toBe(52 + 50);
@@ -149,7 +175,12 @@ describe('the merge lock after a restart reused the PID', () => {
   it('a lock naming this PID with another start time is cleared', async () => {
     const target = paths('lock-reused');
     const lockPath = `${target}.lock`;
-    const stale = { pid: process.pid, host: hostname(), since: '2026-01-01T00:00:00.000Z', startTime: String(Number(myStartTime()) + 4242) };
+    const stale = {
+      pid: process.pid,
+      host: hostname(),
+      since: '2026-01-01T00:00:00.000Z',
+      startTime: String(Number(myStartTime()) + 4242),
+    };
     await writeFile(lockPath, JSON.stringify(stale));
     const r = await mergeIntoTarget({ target, newRows: rows(8), runDir: paths('run'), shardSizeMiB: 1 });
     expect(r.report.rows).toBe(8);
@@ -164,7 +195,9 @@ describe('the merge lock after a restart reused the PID', () => {
     const lockPath = `${target}.lock`;
     const live = { pid: process.pid, host: hostname(), since: new Date().toISOString(), startTime: myStartTime() };
     await writeFile(lockPath, JSON.stringify(live));
-    const err = await mergeIntoTarget({ target, newRows: rows(8), runDir: paths('run'), shardSizeMiB: 1 }).catch((e: unknown) => e);
+    const err = await mergeIntoTarget({ target, newRows: rows(8), runDir: paths('run'), shardSizeMiB: 1 }).catch(
+      (e: unknown) => e,
+    );
     expect(err).toBeInstanceOf(DatasetMergeError);
     expect((err as Error).message).toMatch(new RegExp(`is locked by process ${process.pid} on `));
     expect(JSON.parse(await readFile(lockPath, 'utf8'))).toEqual(live);
@@ -189,7 +222,12 @@ describe('the merge lock after a restart reused the PID', () => {
 });
 
 describe('rows without end-of-turn supervision', () => {
-  function tokenizeResult(dataset: string, stagedDir: string, rows: number, stopWithoutEndOfTurn: number): TokenizeResult {
+  function tokenizeResult(
+    dataset: string,
+    stagedDir: string,
+    rows: number,
+    stopWithoutEndOfTurn: number,
+  ): TokenizeResult {
     return {
       dataset,
       kind: 'generations',
@@ -220,7 +258,11 @@ describe('rows without end-of-turn supervision', () => {
     const result = await processMerge(
       { flowId: 'round-eot', target, runDir: paths('run'), shardSizeMiB: 1, mergeKey: 'round-eot/1' },
       {
-        childResults: () => Promise.resolve([tokenizeResult('A', paths('staged/A'), 100, 6), tokenizeResult('B', paths('staged/B'), 100, 5)]),
+        childResults: () =>
+          Promise.resolve([
+            tokenizeResult('A', paths('staged/A'), 100, 6),
+            tokenizeResult('B', paths('staged/B'), 100, 5),
+          ]),
         setPhase: () => Promise.resolve(),
         roundCompleted: () => Promise.resolve(),
         logger: logger('postprocess-test'),
@@ -229,9 +271,14 @@ describe('rows without end-of-turn supervision', () => {
     expect(result.status).toBe('merged');
     const warnings = result.report?.warnings ?? [];
     expect(warnings.filter((w) => /end-of-turn/.test(w))).toEqual([
-      expect.stringMatching(/^dataset A: 6 of 100 rows \(6%, more than 5%\) stopped without the end-of-turn token.*stop-token handling/),
+      expect.stringMatching(
+        /^dataset A: 6 of 100 rows \(6%, more than 5%\) stopped without the end-of-turn token.*stop-token handling/,
+      ),
     ]);
-    const full = JSON.parse(await readFile(result.report?.reportPath ?? '', 'utf8')) as { warnings: string[]; ok: boolean };
+    const full = JSON.parse(await readFile(result.report?.reportPath ?? '', 'utf8')) as {
+      warnings: string[];
+      ok: boolean;
+    };
     expect(full.ok).toBe(true);
     expect(full.warnings.some((w) => w.startsWith('dataset A: 6 of 100'))).toBe(true);
     const log = (await readFile(logFile, 'utf8')).split('\n').filter((l) => l.includes('end-of-turn supervision'));

@@ -41,7 +41,10 @@ async function fingerprintTree(dir: string): Promise<Record<string, string>> {
     for (const e of await readdir(d, { withFileTypes: true })) {
       const p = path.join(d, e.name);
       if (e.isDirectory()) await walk(p);
-      else out[path.relative(dir, p)] = createHash('sha256').update(await readFile(p)).digest('hex');
+      else
+        out[path.relative(dir, p)] = createHash('sha256')
+          .update(await readFile(p))
+          .digest('hex');
     }
   };
   await walk(dir);
@@ -177,7 +180,9 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
     });
     expect(r.lossMaskCoverage).toBeCloseTo((sup(old) + sup(newA)) / (tokens(old) + tokens(newA)), 12);
     expect(r.checkedSamples).toBe(16);
-    expect(r.samples.every((s) => s.matches && s.index >= 120 && typeof s.text === 'string' && s.text.length > 0)).toBe(true);
+    expect(r.samples.every((s) => s.matches && s.index >= 120 && typeof s.text === 'string' && s.text.length > 0)).toBe(
+      true,
+    );
     const onDisk = JSON.parse(await readFile(merge1.reportPath, 'utf8')) as { rows: number; ok: boolean };
     expect(onDisk).toMatchObject({ ok: true, rows: 210 });
     expect(path.dirname(merge1.reportPath)).toBe(runDir);
@@ -197,9 +202,17 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
   });
 
   it('rolls back one merge at a time, down to the dataset Python wrote, then refuses', async () => {
-    expect(rollback1).toMatchObject({ undoneMergeId: merge2.report.mergeId, undoneNewRows: 40, restored: { rows: 210 } });
+    expect(rollback1).toMatchObject({
+      undoneMergeId: merge2.report.mergeId,
+      undoneNewRows: 40,
+      restored: { rows: 210 },
+    });
     expectRows(final[2], [...old, ...newA]);
-    expect(rollback2).toMatchObject({ undoneMergeId: merge1.report.mergeId, restored: { rows: 120, shards: 2 }, remainingMerges: 0 });
+    expect(rollback2).toMatchObject({
+      undoneMergeId: merge1.report.mergeId,
+      restored: { rows: 120, shards: 2 },
+      remainingMerges: 0,
+    });
     expectRows(final[3], old, ['id', 'dataset', 'input_ids', 'loss_mask', 'num_tokens', 'finish_reason']);
     // The undone merges' shards are gone: the folder holds Python's files again.
     const names = (await readdir(paths('py-full'))).filter((n) => n.endsWith('.arrow')).sort();
@@ -211,7 +224,11 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
 
   it('leaves out columns the target does not have, and says so', () => {
     expect(minimalMerge.report.droppedColumns).toEqual(['dataset', 'num_tokens', 'finish_reason']);
-    expect(final[4]?.arrow_types).toEqual({ id: 'string', input_ids: 'list<item: int64>', loss_mask: 'list<item: int64>' });
+    expect(final[4]?.arrow_types).toEqual({
+      id: 'string',
+      input_ids: 'list<item: int64>',
+      loss_mask: 'list<item: int64>',
+    });
     expectRows(final[4], [...old, ...minimal]);
   });
 
@@ -220,7 +237,9 @@ describe('mergeIntoTarget / rollbackTarget with Python datasets', () => {
     const before = await fingerprintTree(target);
     const err = await mergeIntoTarget({ target, newRows: newA, runDir, shardSizeMiB: 1 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(DatasetMergeError);
-    expect((err as Error).message).toMatch(/cannot merge: column loss_mask is list<string> in the target but list<int32> in the new rows/);
+    expect((err as Error).message).toMatch(
+      /cannot merge: column loss_mask is list<string> in the target but list<int32> in the new rows/,
+    );
     expect(await fingerprintTree(target)).toEqual(before);
     expect((await readdir(tmp.dir)).filter((n) => n.includes('.merge-') || n.endsWith('.lock'))).toEqual([]);
   });
@@ -243,9 +262,16 @@ describe('mergeIntoTarget: failed validation and first merges', () => {
 
   it('creates the target on the first merge; that merge cannot be rolled back', async () => {
     const target = path.join(tmp.dir, 'train');
-    const r = await mergeIntoTarget({ target, newRows: makeRows('A', 20), runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 });
+    const r = await mergeIntoTarget({
+      target,
+      newRows: makeRows('A', 20),
+      runDir: path.join(tmp.dir, 'run'),
+      shardSizeMiB: 1,
+    });
     expect(r.report).toMatchObject({ ok: true, firstMerge: true, oldRows: 0, newRows: 20, rows: 20, shards: 1 });
-    await expect(rollbackTarget({ target, runDir: path.join(tmp.dir, 'run') })).rejects.toThrow(/it created .*no earlier dataset/);
+    await expect(rollbackTarget({ target, runDir: path.join(tmp.dir, 'run') })).rejects.toThrow(
+      /it created .*no earlier dataset/,
+    );
     expect(await readdir(tmp.dir)).toEqual(expect.arrayContaining(['train', 'run']));
     expect((await readdir(tmp.dir)).filter((n) => n !== 'train' && n !== 'run')).toEqual([]);
   });
@@ -263,7 +289,13 @@ describe('mergeIntoTarget: failed validation and first merges', () => {
     }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(DatasetMergeError);
     const report = (err as DatasetMergeError).report;
-    expect(report).toMatchObject({ ok: false, oldRows: 20, newRows: 10, rows: 30, problems: ['the trainer could not load it'] });
+    expect(report).toMatchObject({
+      ok: false,
+      oldRows: 20,
+      newRows: 10,
+      rows: 30,
+      problems: ['the trainer could not load it'],
+    });
     const files = await readdir(runDir);
     expect(files).toHaveLength(1);
     expect(JSON.parse(await readFile(path.join(runDir, files[0]!), 'utf8'))).toMatchObject({ ok: false });
@@ -274,13 +306,31 @@ describe('mergeIntoTarget: failed validation and first merges', () => {
     const target = path.join(tmp.dir, 'keyed');
     const runDir = path.join(tmp.dir, 'run');
     await mergeIntoTarget({ target, newRows: makeRows('A', 10), runDir, shardSizeMiB: 1 });
-    const first = await mergeIntoTarget({ target, newRows: makeRows('B', 5), runDir, shardSizeMiB: 1, mergeKey: 'run/B/1' });
-    const again = await mergeIntoTarget({ target, newRows: makeRows('B', 5), runDir, shardSizeMiB: 1, mergeKey: 'run/B/1' });
+    const first = await mergeIntoTarget({
+      target,
+      newRows: makeRows('B', 5),
+      runDir,
+      shardSizeMiB: 1,
+      mergeKey: 'run/B/1',
+    });
+    const again = await mergeIntoTarget({
+      target,
+      newRows: makeRows('B', 5),
+      runDir,
+      shardSizeMiB: 1,
+      mergeKey: 'run/B/1',
+    });
     expect(first.alreadyMerged).toBe(false);
     expect(again).toMatchObject({ alreadyMerged: true, report: { mergeId: first.report.mergeId, rows: 15 } });
     expect((await describeHfDataset(target)).rows).toBe(15);
     await rollbackTarget({ target, runDir });
-    const after = await mergeIntoTarget({ target, newRows: makeRows('B', 5), runDir, shardSizeMiB: 1, mergeKey: 'run/B/1' });
+    const after = await mergeIntoTarget({
+      target,
+      newRows: makeRows('B', 5),
+      runDir,
+      shardSizeMiB: 1,
+      mergeKey: 'run/B/1',
+    });
     expect(after).toMatchObject({ alreadyMerged: false, report: { rows: 15 } });
     expect((await describeHfDataset(target)).rows).toBe(15);
   });
@@ -289,10 +339,12 @@ describe('mergeIntoTarget: failed validation and first merges', () => {
     const target = path.join(tmp.dir, 'train');
     const before = await fingerprintTree(target);
     const unsupervised = makeRows('C', 5).map((r) => ({ ...r, loss_mask: r.loss_mask.map(() => 0) }));
-    await expect(mergeIntoTarget({ target, newRows: unsupervised, runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 })).rejects.toThrow(
-      /loss-mask coverage of the new rows is 0/,
-    );
-    await expect(mergeIntoTarget({ target, newRows: [], runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 })).rejects.toThrow(/no new rows/);
+    await expect(
+      mergeIntoTarget({ target, newRows: unsupervised, runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 }),
+    ).rejects.toThrow(/loss-mask coverage of the new rows is 0/);
+    await expect(
+      mergeIntoTarget({ target, newRows: [], runDir: path.join(tmp.dir, 'run'), shardSizeMiB: 1 }),
+    ).rejects.toThrow(/no new rows/);
     expect(await fingerprintTree(target)).toEqual(before);
   });
 });

@@ -34,7 +34,11 @@ describe('writeHfDataset: Python datasets loads what it writes', () => {
     async function* gen(): AsyncGenerator<HfRow> {
       for (const r of rows64) yield r;
     }
-    wide = await writeHfDataset(path.join(tmp.dir, 'wide'), gen(), { shardSizeMiB: 1, inputIdsType: 'int64', lossMaskType: 'int8' });
+    wide = await writeHfDataset(path.join(tmp.dir, 'wide'), gen(), {
+      shardSizeMiB: 1,
+      inputIdsType: 'int64',
+      lossMaskType: 'int8',
+    });
     await writeHfDataset(path.join(tmp.dir, 'empty'), [], { shardSizeMiB: 1 });
     const out = await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], {
       ops: [
@@ -49,7 +53,9 @@ describe('writeHfDataset: Python datasets loads what it writes', () => {
   it('writes several size-capped shards in the IPC stream format, named like save_to_disk', async () => {
     expect(defaults.shards.length).toBeGreaterThan(2);
     const n = defaults.shards.length;
-    expect(defaults.shards).toEqual(Array.from({ length: n }, (_, i) => `data-${String(i).padStart(5, '0')}-of-${String(n).padStart(5, '0')}.arrow`));
+    expect(defaults.shards).toEqual(
+      Array.from({ length: n }, (_, i) => `data-${String(i).padStart(5, '0')}-of-${String(n).padStart(5, '0')}.arrow`),
+    );
     const names = (await readdir(path.join(tmp.dir, 'default'))).sort();
     expect(names).toEqual([...defaults.shards, 'dataset_info.json', 'state.json'].sort());
     for (const s of defaults.shards) {
@@ -64,7 +70,10 @@ describe('writeHfDataset: Python datasets loads what it writes', () => {
   });
 
   it('writes state.json with all seven keys, shards in row order, and features matching the schema', async () => {
-    const state = JSON.parse(await readFile(path.join(tmp.dir, 'default', 'state.json'), 'utf8')) as Record<string, unknown>;
+    const state = JSON.parse(await readFile(path.join(tmp.dir, 'default', 'state.json'), 'utf8')) as Record<
+      string,
+      unknown
+    >;
     expect(Object.keys(state).sort()).toEqual([
       '_data_files',
       '_fingerprint',
@@ -77,7 +86,9 @@ describe('writeHfDataset: Python datasets loads what it writes', () => {
     expect(state['_data_files']).toEqual(defaults.shards.map((filename) => ({ filename })));
     expect(state['_format_kwargs']).toEqual({});
     expect(state['_output_all_columns']).toBe(false);
-    const info = JSON.parse(await readFile(path.join(tmp.dir, 'default', 'dataset_info.json'), 'utf8')) as { features: unknown };
+    const info = JSON.parse(await readFile(path.join(tmp.dir, 'default', 'dataset_info.json'), 'utf8')) as {
+      features: unknown;
+    };
     expect(info.features).toEqual({
       id: { dtype: 'string', _type: 'Value' },
       dataset: { dtype: 'string', _type: 'Value' },
@@ -141,7 +152,13 @@ describe('writeHfDataset: Python datasets loads what it writes', () => {
     const summary = await describeHfDataset(path.join(tmp.dir, 'default'));
     const tokens = rows.reduce((a, r) => a + r.input_ids.length, 0);
     const supervised = rows.reduce((a, r) => a + r.loss_mask.reduce((x, y) => x + y, 0), 0);
-    expect(summary).toMatchObject({ rows: 400, shards: defaults.shards.length, totalTokens: tokens, supervisedTokens: supervised, problems: [] });
+    expect(summary).toMatchObject({
+      rows: 400,
+      shards: defaults.shards.length,
+      totalTokens: tokens,
+      supervisedTokens: supervised,
+      problems: [],
+    });
     expect(defaults).toMatchObject({ rows: 400, tokens, supervisedTokens: supervised });
     expect(summary.lossMaskCoverage).toBeCloseTo(supervised / tokens, 12);
   });
@@ -157,9 +174,13 @@ describe('writeHfDataset: refusals', () => {
       /row 3 \(id "short"\): loss_mask has 1 values but input_ids has \d+/,
     );
     const badValue = [{ ...good[0]!, loss_mask: good[0]!.loss_mask.map(() => 2) }];
-    await expect(writeHfDataset(path.join(tmp.dir, 'b'), badValue, { shardSizeMiB: 1 })).rejects.toBeInstanceOf(PayloadError);
+    await expect(writeHfDataset(path.join(tmp.dir, 'b'), badValue, { shardSizeMiB: 1 })).rejects.toBeInstanceOf(
+      PayloadError,
+    );
     const badCount = [{ ...good[0]!, num_tokens: 1 }];
-    await expect(writeHfDataset(path.join(tmp.dir, 'c'), badCount, { shardSizeMiB: 1 })).rejects.toThrow(/num_tokens is 1/);
+    await expect(writeHfDataset(path.join(tmp.dir, 'c'), badCount, { shardSizeMiB: 1 })).rejects.toThrow(
+      /num_tokens is 1/,
+    );
     const badId = [...good, { ...good[1]!, id: 'big', input_ids: good[1]!.input_ids.map(() => 2 ** 31) }];
     await expect(writeHfDataset(path.join(tmp.dir, 'd'), badId, { shardSizeMiB: 1 })).rejects.toThrow(
       /row 3 \(id "big"\): column input_ids: 2147483648 is not an int32 value/,

@@ -8,7 +8,17 @@
 // - a target written without any index or offsets (an older tokenmill) merges exactly, and a
 //   round with nothing new into it records its index and offsets;
 // - two datasets with the same ids stay distinct, in the index and in the target.
-import { openSync, readFileSync, readdirSync, rmSync, statSync, utimesSync, writeFileSync, copyFileSync, existsSync } from 'node:fs';
+import {
+  openSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  utimesSync,
+  writeFileSync,
+  copyFileSync,
+  existsSync,
+} from 'node:fs';
 import path from 'node:path';
 
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -26,7 +36,13 @@ import {
 } from '../../src/shared/index.js';
 import { makeRows } from '../fixtures/hf/rows.js';
 import { useHarness } from '../helpers/fixture.js';
-import { appendRecords, bundledTokenizer, fullRound, generationRecord, type RoundSetup } from '../helpers/incremental-round.js';
+import {
+  appendRecords,
+  bundledTokenizer,
+  fullRound,
+  generationRecord,
+  type RoundSetup,
+} from '../helpers/incremental-round.js';
 
 const { tmp } = useHarness({ tmp: 'tm-inc-index-' });
 let tok: ChatTokenizer;
@@ -40,7 +56,12 @@ beforeAll(async () => {
 
 function setup(name: string, datasets: string[] = ['A']): RoundSetup {
   const dir = path.join(tmp.dir, name);
-  return { runDir: path.join(dir, 'run'), target: path.join(dir, 'target'), datasets, logger: createRootLogger({ level: 'info', destination: openSync(logFile, 'a') }) };
+  return {
+    runDir: path.join(dir, 'run'),
+    target: path.join(dir, 'target'),
+    datasets,
+    logger: createRootLogger({ level: 'info', destination: openSync(logFile, 'a') }),
+  };
 }
 
 const recs = (dataset: string, ids: string[]) => ids.map((id) => generationRecord(tok, dataset, id));
@@ -63,7 +84,11 @@ function rebuildLogs(dir: string): { shard: string; why: string }[] {
 
 function indexFiles(target: string): string[] {
   const dir = path.join(target, '.tokenmill', 'index');
-  return existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith('.keys')).sort() : [];
+  return existsSync(dir)
+    ? readdirSync(dir)
+        .filter((n) => n.endsWith('.keys'))
+        .sort()
+    : [];
 }
 
 describe('the merge id index', () => {
@@ -72,7 +97,13 @@ describe('the merge id index', () => {
     const runDir = path.join(tmp.dir, 'no-read', 'run');
     const first = makeRows('A-old', 300, 1);
     await mergeIntoTarget({ target, runDir, shardSizeMiB: 0.01, newRows: first, requireSampleKey: true });
-    await mergeIntoTarget({ target, runDir, shardSizeMiB: 0.01, newRows: makeRows('A-mid', 200, 2), requireSampleKey: true });
+    await mergeIntoTarget({
+      target,
+      runDir,
+      shardSizeMiB: 0.01,
+      newRows: makeRows('A-mid', 200, 2),
+      requireSampleKey: true,
+    });
     const meta = await readDatasetMeta(target);
     expect(meta.shards.length).toBeGreaterThan(3);
     expect(indexFiles(target)).toHaveLength(meta.shards.length);
@@ -86,7 +117,13 @@ describe('the merge id index', () => {
       writeFileSync(file, Buffer.alloc(st.size, 0xff));
       utimesSync(file, st.atime, st.mtime);
     }
-    const r = await mergeIntoTarget({ target, runDir, shardSizeMiB: 0.01, newRows: makeRows('A-new', 50, 3), requireSampleKey: true });
+    const r = await mergeIntoTarget({
+      target,
+      runDir,
+      shardSizeMiB: 0.01,
+      newRows: makeRows('A-new', 50, 3),
+      requireSampleKey: true,
+    });
     expect(r.report).toMatchObject({ ok: true, oldRows: 500, newRows: 50, rows: 550 });
     for (const [s, buf] of saved) {
       const file = path.join(target, s);
@@ -99,7 +136,13 @@ describe('the merge id index', () => {
     // A row the target holds (A/A-mid-7), among new ones: refused, nothing added.
     const before = readFileSync(path.join(target, 'state.json'), 'utf8');
     const again = [...makeRows('A-late', 3, 4), makeRows('A-mid', 8, 2)[7] as HfRow];
-    const err = await mergeIntoTarget({ target, runDir, shardSizeMiB: 0.01, newRows: again, requireSampleKey: true }).catch((e: unknown) => e);
+    const err = await mergeIntoTarget({
+      target,
+      runDir,
+      shardSizeMiB: 0.01,
+      newRows: again,
+      requireSampleKey: true,
+    }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(DatasetMergeError);
     expect((err as Error).message).toMatch(/1 new rows are already in the target \("A\/A-mid-7"\)/);
     expect(readFileSync(path.join(target, 'state.json'), 'utf8')).toBe(before);
@@ -138,7 +181,14 @@ describe('the merge id index', () => {
 
   it('a target written without index or offsets (an older tokenmill) merges exactly, and gets its index', async () => {
     const s = setup('older');
-    const old = (id: string): HfRow => ({ id, dataset: 'A', input_ids: [1, 2, 3], loss_mask: [0, 1, 1], num_tokens: 3, finish_reason: 'stop' });
+    const old = (id: string): HfRow => ({
+      id,
+      dataset: 'A',
+      input_ids: [1, 2, 3],
+      loss_mask: [0, 1, 1],
+      num_tokens: 3,
+      finish_reason: 'stop',
+    });
     await writeHfDataset(s.target, [old('a-0'), old('a-1'), { ...old('a-1'), dataset: 'B' }], { shardSizeMiB: 1 });
     expect(existsSync(path.join(s.target, '.tokenmill'))).toBe(false);
     appendRecords(s.runDir, 'A', 0, recs('A', ['a-0', 'a-1', 'a-2', 'a-3']));
@@ -151,7 +201,14 @@ describe('the merge id index', () => {
 
   it('a round with nothing new into an older target writes its index and offsets: the next round reads nothing', async () => {
     const s = setup('older-nothing-new');
-    const old = (id: string): HfRow => ({ id, dataset: 'A', input_ids: [1, 2, 3], loss_mask: [0, 1, 1], num_tokens: 3, finish_reason: 'stop' });
+    const old = (id: string): HfRow => ({
+      id,
+      dataset: 'A',
+      input_ids: [1, 2, 3],
+      loss_mask: [0, 1, 1],
+      num_tokens: 3,
+      finish_reason: 'stop',
+    });
     await writeHfDataset(s.target, [old('a-0'), old('a-1')], { shardSizeMiB: 1 });
     appendRecords(s.runDir, 'A', 0, recs('A', ['a-0', 'a-1']));
     const r1 = await fullRound(s);

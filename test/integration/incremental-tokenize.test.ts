@@ -18,7 +18,15 @@ import { beforeAll, describe, expect, it } from 'vitest';
 
 import { createRootLogger, readHfDataset, readCommittedOffsets, type ChatTokenizer } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { appendRecords, bundledTokenizer, fullRound, generationRecord, generationsDir, tokenizeRound, type RoundSetup } from '../helpers/incremental-round.js';
+import {
+  appendRecords,
+  bundledTokenizer,
+  fullRound,
+  generationRecord,
+  generationsDir,
+  tokenizeRound,
+  type RoundSetup,
+} from '../helpers/incremental-round.js';
 import { repoRoot } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 
@@ -34,10 +42,16 @@ beforeAll(async () => {
 
 function setup(name: string, datasets: string[] = ['A']): RoundSetup {
   const dir = path.join(tmp.dir, name);
-  return { runDir: path.join(dir, 'run'), target: path.join(dir, 'target'), datasets, logger: createRootLogger({ level: 'info', destination: openSync(logFile, 'a') }) };
+  return {
+    runDir: path.join(dir, 'run'),
+    target: path.join(dir, 'target'),
+    datasets,
+    logger: createRootLogger({ level: 'info', destination: openSync(logFile, 'a') }),
+  };
 }
 
-const recs = (dataset: string, ids: string[], finish: 'stop' | 'length' = 'stop') => ids.map((id) => generationRecord(tok, dataset, id, finish));
+const recs = (dataset: string, ids: string[], finish: 'stop' | 'length' = 'stop') =>
+  ids.map((id) => generationRecord(tok, dataset, id, finish));
 
 async function targetKeys(target: string): Promise<string[]> {
   const ds = await readHfDataset(target);
@@ -69,8 +83,12 @@ describe('incremental tokenize', () => {
     expect(r2.results[0]).toMatchObject({ lines: 3, rows: 3, alreadyMerged: 0, duplicates: 0 });
     expect(r2.merged.report).toMatchObject({ oldRows: 3, newRows: 3, rows: 6 });
     const committed = await readCommittedOffsets(s.target);
-    const partSize = (n: number) => readFileSync(path.join(generationsDir(s.runDir, 'A'), `part-0000${n}.jsonl`)).length;
-    expect(committed.datasets['A']?.files).toMatchObject({ 'part-00000.jsonl': { bytes: partSize(0), lines: 5 }, 'part-00001.jsonl': { bytes: partSize(1), lines: 1 } });
+    const partSize = (n: number) =>
+      readFileSync(path.join(generationsDir(s.runDir, 'A'), `part-0000${n}.jsonl`)).length;
+    expect(committed.datasets['A']?.files).toMatchObject({
+      'part-00000.jsonl': { bytes: partSize(0), lines: 5 },
+      'part-00001.jsonl': { bytes: partSize(1), lines: 1 },
+    });
 
     const r3 = await fullRound(s);
     expect(r3.results[0]).toMatchObject({ lines: 0, rows: 0, alreadyMerged: 0 });
@@ -113,8 +131,20 @@ describe('incremental tokenize', () => {
       const { flowId, results } = await tokenizeRound(s);
       expect(results[0]).toMatchObject({ lines: 2, rows: 2 });
       const jobFile = path.join(s.runDir, `child-${crashAt}.json`);
-      writeFileSync(jobFile, JSON.stringify({ setup: { runDir: s.runDir, target: s.target, datasets: s.datasets }, flowId, results, crashAt }));
-      const child = spawnSync(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'test/helpers/incremental-merge-child.ts'), jobFile], { cwd: repoRoot, encoding: 'utf8' });
+      writeFileSync(
+        jobFile,
+        JSON.stringify({
+          setup: { runDir: s.runDir, target: s.target, datasets: s.datasets },
+          flowId,
+          results,
+          crashAt,
+        }),
+      );
+      const child = spawnSync(
+        process.execPath,
+        ['--import', 'tsx', path.join(repoRoot, 'test/helpers/incremental-merge-child.ts'), jobFile],
+        { cwd: repoRoot, encoding: 'utf8' },
+      );
       expect(child.signal).toBe('SIGKILL');
 
       const committed = await readCommittedOffsets(s.target);
@@ -147,7 +177,11 @@ describe('incremental tokenize', () => {
     writeFileSync(part0, text.replace('a-0', 'a-7'));
     const r3 = await fullRound(s);
     expect(r3.results[0]).toMatchObject({ lines: 2, rows: 1, alreadyMerged: 1 });
-    expect(logLines('reading every generation line of the dataset (no usable offsets)').some((l) => String(l['reason']).includes('rewritten'))).toBe(true);
+    expect(
+      logLines('reading every generation line of the dataset (no usable offsets)').some((l) =>
+        String(l['reason']).includes('rewritten'),
+      ),
+    ).toBe(true);
 
     // A part that disappeared.
     appendRecords(s.runDir, 'A', 1, recs('A', ['a-5']));

@@ -7,14 +7,38 @@ const ep = ['http://a:1', 'http://b:2'];
 
 function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep): Promise<number> {
   const leaseKeys = endpoints.map((e) => keys.endpointLeases(e));
-  return r.acquireRequest(4 + leaseKeys.length, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), ...leaseKeys, rid, 60_000, prior, cap, 4);
+  return r.acquireRequest(
+    4 + leaseKeys.length,
+    keys.stats(ds),
+    keys.inflight(ds),
+    keys.done(ds),
+    keys.queueMeta(ds),
+    ...leaseKeys,
+    rid,
+    60_000,
+    prior,
+    cap,
+    4,
+  );
 }
 
 function commit(ds: string, id: string, tokens: number, rid: string, endpoint = ep[0] ?? ''): Promise<number[]> {
   return r.commitSample(
-    keys.done(ds), keys.stats(ds), keys.results(ds), keys.inflight(ds), keys.endpointLeases(endpoint),
-    keys.failed(ds), keys.skipped(ds), keys.attempts(ds), keys.rate(ds),
-    id, tokens, JSON.stringify({ id, completion_tokens: tokens }), rid, 10_000, 30,
+    keys.done(ds),
+    keys.stats(ds),
+    keys.results(ds),
+    keys.inflight(ds),
+    keys.endpointLeases(endpoint),
+    keys.failed(ds),
+    keys.skipped(ds),
+    keys.attempts(ds),
+    keys.rate(ds),
+    id,
+    tokens,
+    JSON.stringify({ id, completion_tokens: tokens }),
+    rid,
+    10_000,
+    30,
   );
 }
 
@@ -30,7 +54,7 @@ describe('commit-sample.lua', () => {
     expect(await r.hget(keys.stats('c'), 'outputTokensSq')).toBe(String(40 * 40 + 10 * 10));
   });
 
-  it('releases the request\'s leases whether or not it was the first commit, and records when the budget was met', async () => {
+  it("releases the request's leases whether or not it was the first commit, and records when the budget was met", async () => {
     await r.hset(keys.stats('l'), 'tokenBudget', 1_000);
     expect(decodeAcquire(await acquire('l', 'ra'))).toEqual({ kind: 'acquired', endpointIndex: 0 });
     expect(decodeAcquire(await acquire('l', 'rb'))).toEqual({ kind: 'acquired', endpointIndex: 1 });
@@ -45,24 +69,55 @@ describe('commit-sample.lua', () => {
   });
   it('commits a group in one call exactly as one call each: duplicates in and across groups change nothing but their leases', async () => {
     await r.hset(keys.stats('g'), 'tokenBudget', 100);
-    for (const rid of ['g1', 'g2', 'g3', 'g4']) expect(decodeAcquire(await acquire('g', rid, 10, 1, [ep[0] ?? '']))).toEqual({ kind: 'acquired', endpointIndex: 0 });
+    for (const rid of ['g1', 'g2', 'g3', 'g4'])
+      expect(decodeAcquire(await acquire('g', rid, 10, 1, [ep[0] ?? '']))).toEqual({
+        kind: 'acquired',
+        endpointIndex: 0,
+      });
     expect(await commit('g', 'a', 30, 'g0')).toEqual([1, 30]);
     const rec = (id: string, tokens: number): string => JSON.stringify({ id, completion_tokens: tokens });
     const reply = await r.commitSample(
-      keys.done('g'), keys.stats('g'), keys.results('g'), keys.inflight('g'), keys.endpointLeases(ep[0] ?? ''),
-      keys.failed('g'), keys.skipped('g'), keys.attempts('g'), keys.rate('g'),
-      'b', 40, rec('b', 40), 'g1', 10_000, 30,
-      'a', 99, rec('a', 99), 'g2', // committed before this group
-      'c', 50, rec('c', 50), 'g3', // meets the budget of 100
-      'b', 7, rec('b', 7), 'g4', // twice in one group
+      keys.done('g'),
+      keys.stats('g'),
+      keys.results('g'),
+      keys.inflight('g'),
+      keys.endpointLeases(ep[0] ?? ''),
+      keys.failed('g'),
+      keys.skipped('g'),
+      keys.attempts('g'),
+      keys.rate('g'),
+      'b',
+      40,
+      rec('b', 40),
+      'g1',
+      10_000,
+      30,
+      'a',
+      99,
+      rec('a', 99),
+      'g2', // committed before this group
+      'c',
+      50,
+      rec('c', 50),
+      'g3', // meets the budget of 100
+      'b',
+      7,
+      rec('b', 7),
+      'g4', // twice in one group
     );
     expect(reply).toEqual([1, 70, 0, 70, 1, 120, 0, 120]);
     expect(await r.zcard(keys.inflight('g'))).toBe(0);
     expect(await r.zcard(keys.endpointLeases(ep[0] ?? ''))).toBe(0);
-    const stream = (await r.xrange(keys.results('g'), '-', '+')).map(([, f]) => (JSON.parse(f[1] ?? '{}') as { id: string }).id);
+    const stream = (await r.xrange(keys.results('g'), '-', '+')).map(
+      ([, f]) => (JSON.parse(f[1] ?? '{}') as { id: string }).id,
+    );
     expect(stream).toEqual(['a', 'b', 'c']);
     const stats = await r.hgetall(keys.stats('g'));
-    expect([stats.records, stats.outputTokens, stats.outputTokensSq]).toEqual(['3', '120', String(30 * 30 + 40 * 40 + 50 * 50)]);
+    expect([stats.records, stats.outputTokens, stats.outputTokensSq]).toEqual([
+      '3',
+      '120',
+      String(30 * 30 + 40 * 40 + 50 * 50),
+    ]);
     expect(Number(stats.budgetMetMs)).toBeGreaterThan(0);
   });
 });
@@ -87,13 +142,57 @@ describe('acquire-request.lua', () => {
     expect(decodeAcquire(await acquire('b', 'q9', 100, 300, eps)).kind).toBe('budget-met');
   });
 
-  it('lets a crashed worker\'s leases lapse', async () => {
+  it("lets a crashed worker's leases lapse", async () => {
     const eps = ['http://f:1'];
     const leaseKeys = eps.map((e) => keys.endpointLeases(e));
-    expect(await r.acquireRequest(5, keys.stats('t'), keys.inflight('t'), keys.done('t'), keys.queueMeta('t'), ...leaseKeys, 'dead', 50, 1, 1, 4)).toBe(1);
-    expect(decodeAcquire(await r.acquireRequest(5, keys.stats('t'), keys.inflight('t'), keys.done('t'), keys.queueMeta('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).kind).toBe('no-slot');
+    expect(
+      await r.acquireRequest(
+        5,
+        keys.stats('t'),
+        keys.inflight('t'),
+        keys.done('t'),
+        keys.queueMeta('t'),
+        ...leaseKeys,
+        'dead',
+        50,
+        1,
+        1,
+        4,
+      ),
+    ).toBe(1);
+    expect(
+      decodeAcquire(
+        await r.acquireRequest(
+          5,
+          keys.stats('t'),
+          keys.inflight('t'),
+          keys.done('t'),
+          keys.queueMeta('t'),
+          ...leaseKeys,
+          'alive',
+          50,
+          1,
+          1,
+          4,
+        ),
+      ).kind,
+    ).toBe('no-slot');
     await new Promise((res) => setTimeout(res, 80));
-    expect(await r.acquireRequest(5, keys.stats('t'), keys.inflight('t'), keys.done('t'), keys.queueMeta('t'), ...leaseKeys, 'alive', 50, 1, 1, 4)).toBe(1);
+    expect(
+      await r.acquireRequest(
+        5,
+        keys.stats('t'),
+        keys.inflight('t'),
+        keys.done('t'),
+        keys.queueMeta('t'),
+        ...leaseKeys,
+        'alive',
+        50,
+        1,
+        1,
+        4,
+      ),
+    ).toBe(1);
   });
 });
 
@@ -101,7 +200,20 @@ describe('renew-leases.lua', () => {
   it('after a stall that let the leases lapse, takes a slot again only while the endpoint is below its cap', async () => {
     const ep1 = 'http://stall:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
-    const take = (rid: string, ttl: number): Promise<number> => r.acquireRequest(5, keys.stats('st'), keys.inflight('st'), keys.done('st'), keys.queueMeta('st'), ...leaseKeys, rid, ttl, 1, 2, 4);
+    const take = (rid: string, ttl: number): Promise<number> =>
+      r.acquireRequest(
+        5,
+        keys.stats('st'),
+        keys.inflight('st'),
+        keys.done('st'),
+        keys.queueMeta('st'),
+        ...leaseKeys,
+        rid,
+        ttl,
+        1,
+        2,
+        4,
+      );
     // Worker A holds both slots with a short lease, then stalls past it.
     expect(await take('a1', 40)).toBe(1);
     expect(await take('a2', 40)).toBe(1);
@@ -109,7 +221,17 @@ describe('renew-leases.lua', () => {
     // Worker B's acquire sweeps A's lapsed leases and takes one slot.
     expect(await take('b1', 60_000)).toBe(1);
     // A renews both: one slot is free (taken again), the other is not (lost).
-    const codes = await r.renewLeases(4, keys.inflight('st'), leaseKeys[0] ?? '', keys.inflight('st'), leaseKeys[0] ?? '', 60_000, 2, 'a1', 'a2');
+    const codes = await r.renewLeases(
+      4,
+      keys.inflight('st'),
+      leaseKeys[0] ?? '',
+      keys.inflight('st'),
+      leaseKeys[0] ?? '',
+      60_000,
+      2,
+      'a1',
+      'a2',
+    );
     expect(codes).toEqual([2, 0]);
     expect(await r.zcard(leaseKeys[0] ?? '')).toBe(2);
     expect((await r.zrange(leaseKeys[0] ?? '', 0, -1)).sort()).toEqual(['a1', 'b1']);
@@ -124,7 +246,21 @@ describe('probation (acquire-request.lua, end-probation.lua)', () => {
     const ep1 = 'http://probation:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
     const take = (rid: string, probation: 0 | 1, probationMs = 60_000): Promise<number> =>
-      r.acquireRequest(5, keys.stats('pb'), keys.inflight('pb'), keys.done('pb'), keys.queueMeta('pb'), ...leaseKeys, rid, 60_000, 1, 10, 4, probation, probationMs);
+      r.acquireRequest(
+        5,
+        keys.stats('pb'),
+        keys.inflight('pb'),
+        keys.done('pb'),
+        keys.queueMeta('pb'),
+        ...leaseKeys,
+        rid,
+        60_000,
+        1,
+        10,
+        4,
+        probation,
+        probationMs,
+      );
     expect(await take('before', 0)).toBe(1);
     expect(await take('suspect', 1)).toBe(1);
     expect(await r.get(keys.endpointProbation(ep1))).toBe('suspect');
@@ -146,7 +282,22 @@ describe('acquire-request.lua: a sample committed meanwhile', () => {
   it('is not sent again (a worker that lost its batch to another one)', async () => {
     const leaseKeys = [keys.endpointLeases('http://done:1')];
     const take = (rid: string, id: string): Promise<number> =>
-      r.acquireRequest(5, keys.stats('dn'), keys.inflight('dn'), keys.done('dn'), keys.queueMeta('dn'), ...leaseKeys, rid, 60_000, 1, 10, 4, 0, 0, id);
+      r.acquireRequest(
+        5,
+        keys.stats('dn'),
+        keys.inflight('dn'),
+        keys.done('dn'),
+        keys.queueMeta('dn'),
+        ...leaseKeys,
+        rid,
+        60_000,
+        1,
+        10,
+        4,
+        0,
+        0,
+        id,
+      );
     expect(await take('r1', 's1')).toBe(1);
     await r.sadd(keys.done('dn'), 's2');
     expect(decodeAcquire(await take('r2', 's2')).kind).toBe('already-done');
@@ -157,7 +308,23 @@ describe('acquire-request.lua: a sample committed meanwhile', () => {
 describe('acquire-request.lua: a paused dataset', () => {
   it('starts nothing while its queue is paused (the BullMQ meta field every pause route sets), and goes on once resumed', async () => {
     const leaseKeys = [keys.endpointLeases('http://pause:1')];
-    const take = (ds: string, rid: string): Promise<number> => r.acquireRequest(5, keys.stats(ds), keys.inflight(ds), keys.done(ds), keys.queueMeta(ds), ...leaseKeys, rid, 60_000, 1, 10, 4, 0, 0, rid);
+    const take = (ds: string, rid: string): Promise<number> =>
+      r.acquireRequest(
+        5,
+        keys.stats(ds),
+        keys.inflight(ds),
+        keys.done(ds),
+        keys.queueMeta(ds),
+        ...leaseKeys,
+        rid,
+        60_000,
+        1,
+        10,
+        4,
+        0,
+        0,
+        rid,
+      );
     await pauseDataset(r, keys, 'pz');
     expect(await isDatasetPaused(r, keys, 'pz')).toBe(true);
     expect(decodeAcquire(await take('pz', 'p1')).kind).toBe('paused');
@@ -177,9 +344,14 @@ describe('claim-failed-3.lua and release-claims-1.lua', () => {
     await r.hset(keys.failed('cl'), 'a', rec('j1'), 'b', rec('j2'), 'c', rec('j1'), 'd', 'not json');
     await r.hset(keys.attempts('cl'), 'a', 2);
     await r.sadd(keys.done('cl'), 'c');
-    const claim = (job: string, ...ids: string[]): Promise<number[]> => r.claimFailed(keys.done('cl'), keys.failed('cl'), keys.attempts('cl'), job, ...ids);
+    const claim = (job: string, ...ids: string[]): Promise<number[]> =>
+      r.claimFailed(keys.done('cl'), keys.failed('cl'), keys.attempts('cl'), job, ...ids);
     expect(await claim('j1', 'a', 'b', 'c', 'd', 'e')).toEqual([1, -2, 0, -2, -1]);
-    expect(JSON.parse((await r.hget(keys.failed('cl'), 'a')) ?? '{}')).toMatchObject({ job: 'j1', retrying: true, status: 500 });
+    expect(JSON.parse((await r.hget(keys.failed('cl'), 'a')) ?? '{}')).toMatchObject({
+      job: 'j1',
+      retrying: true,
+      status: 500,
+    });
     expect(await r.hexists(keys.attempts('cl'), 'a')).toBe(0);
     // The same job claims again after a hand-back; attempts spent since the first claim stay.
     await r.hset(keys.attempts('cl'), 'a', 1);
@@ -197,12 +369,27 @@ describe('retry-failed-4.lua with the queue prefix', () => {
   it('leaves failures carried by a failed job or claimed by a running retry; gives back the rest', async () => {
     const ds = 'rf';
     const q = keys.queuePrefix(ds);
-    const rec = (job: string | undefined, retrying = false): string => JSON.stringify({ reason: 'x', ...(job === undefined ? {} : { job }), ...(retrying ? { retrying: true } : {}) });
+    const rec = (job: string | undefined, retrying = false): string =>
+      JSON.stringify({ reason: 'x', ...(job === undefined ? {} : { job }), ...(retrying ? { retrying: true } : {}) });
     // jf: a failed job; ja: an active job (first delivery, or a retry running); jc: completed; jx: removed.
     for (const j of ['jf', 'ja', 'jc']) await r.hset(q + j, 'name', j);
     await r.zadd(q + 'failed', 1, 'jf');
     await r.zadd(q + 'completed', 1, 'jc');
-    await r.hset(keys.failed(ds), 'legacy', rec(undefined), 'inFailedJob', rec('jf'), 'firstDelivery', rec('ja'), 'claimedRunning', rec('ja', true), 'claimedCompleted', rec('jc', true), 'removed', rec('jx'));
+    await r.hset(
+      keys.failed(ds),
+      'legacy',
+      rec(undefined),
+      'inFailedJob',
+      rec('jf'),
+      'firstDelivery',
+      rec('ja'),
+      'claimedRunning',
+      rec('ja', true),
+      'claimedCompleted',
+      rec('jc', true),
+      'removed',
+      rec('jx'),
+    );
     const n = await r.retryFailed(keys.failed(ds), keys.attempts(ds), keys.stats(ds), keys.producer(ds), q);
     expect(n).toBe(4);
     expect((await r.hkeys(keys.failed(ds))).sort()).toEqual(['claimedRunning', 'inFailedJob']);

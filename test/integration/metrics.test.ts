@@ -97,7 +97,8 @@ function parsePrometheusText(text: string): Map<string, Family> {
       const f = families.get(name) ?? { name, type: 'untyped', help: undefined, samples: [] };
       if (kind === 'TYPE') {
         if (f.samples.length > 0) throw new Error(`${where}: TYPE of ${name} after its samples`);
-        if (!['counter', 'gauge', 'histogram', 'summary', 'untyped'].includes(rest)) throw new Error(`${where}: bad type "${rest}"`);
+        if (!['counter', 'gauge', 'histogram', 'summary', 'untyped'].includes(rest))
+          throw new Error(`${where}: bad type "${rest}"`);
         f.type = rest as Family['type'];
       } else {
         if (f.help !== undefined) throw new Error(`${where}: second HELP for ${name}`);
@@ -138,10 +139,13 @@ function parsePrometheusText(text: string): Map<string, Family> {
       const les = buckets.map((b) => parseValue(b.labels.le ?? '', f.name));
       for (let i = 1; i < buckets.length; i++) {
         if (!((les[i] ?? 0) > (les[i - 1] ?? 0))) throw new Error(`${f.name}${k}: le not increasing`);
-        if ((buckets[i]?.value ?? 0) < (buckets[i - 1]?.value ?? 0)) throw new Error(`${f.name}${k}: buckets not cumulative`);
+        if ((buckets[i]?.value ?? 0) < (buckets[i - 1]?.value ?? 0))
+          throw new Error(`${f.name}${k}: buckets not cumulative`);
       }
       if (les.at(-1) !== Infinity) throw new Error(`${f.name}${k}: no +Inf bucket`);
-      const count = f.samples.find((s) => s.name === `${f.name}_count` && JSON.stringify(Object.entries(s.labels).sort()) === k);
+      const count = f.samples.find(
+        (s) => s.name === `${f.name}_count` && JSON.stringify(Object.entries(s.labels).sort()) === k,
+      );
       if (count?.value !== buckets.at(-1)?.value) throw new Error(`${f.name}${k}: _count differs from the +Inf bucket`);
     }
   }
@@ -149,7 +153,12 @@ function parsePrometheusText(text: string): Map<string, Family> {
 }
 
 /** The one sample of `name` whose labels include `labels`. */
-function value(families: Map<string, Family>, family: string, name: string, labels: Record<string, string>): number | undefined {
+function value(
+  families: Map<string, Family>,
+  family: string,
+  name: string,
+  labels: Record<string, string>,
+): number | undefined {
   const f = families.get(family);
   const s = f?.samples.filter((x) => x.name === name && Object.entries(labels).every(([k, v]) => x.labels[k] === v));
   if (s === undefined || s.length === 0) return undefined;
@@ -161,7 +170,9 @@ function value(families: Map<string, Family>, family: string, name: string, labe
 
 describe('the strict parser', () => {
   it('accepts valid text and refuses what the format forbids', () => {
-    const ok = parsePrometheusText('# HELP a_total x\n# TYPE a_total counter\na_total{k="v\\"q\\\\"} 3\n\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n');
+    const ok = parsePrometheusText(
+      '# HELP a_total x\n# TYPE a_total counter\na_total{k="v\\"q\\\\"} 3\n\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n',
+    );
     expect(value(ok, 'a_total', 'a_total', { k: 'v"q\\' })).toBe(3);
     for (const bad of [
       'a 1\n', // no TYPE
@@ -190,7 +201,7 @@ beforeAll(async () => {
 });
 
 describe('GET /metrics', () => {
-  it('is valid Prometheus text with the run\'s numbers, per dataset and per endpoint', async () => {
+  it("is valid Prometheus text with the run's numbers, per dataset and per endpoint", async () => {
     writePrompts(tmp.dir, 'm', 30);
     proxy.failing.add('m-4');
     const config = loadConfig({
@@ -205,12 +216,22 @@ describe('GET /metrics', () => {
       baseDir: tmp.dir,
     });
     const ctx = await openRunContextFor(config);
-    const dashboard = await startDashboard({ redis: ctx.redis, keys: ctx.keys, config, host: '127.0.0.1', port: 0, token: 'metrics-test-token-0123456789', logger: quietLogger() });
+    const dashboard = await startDashboard({
+      redis: ctx.redis,
+      keys: ctx.keys,
+      config,
+      host: '127.0.0.1',
+      port: 0,
+      token: 'metrics-test-token-0123456789',
+      logger: quietLogger(),
+    });
     const run = await startGeneration(ctx, { produce: true, infer: true });
     try {
       await run.finished;
       const scrape = async (): Promise<{ type: string; families: Map<string, Family> }> => {
-        const res = await fetch(new URL('/metrics', dashboard.url), { headers: { authorization: 'Bearer metrics-test-token-0123456789' } });
+        const res = await fetch(new URL('/metrics', dashboard.url), {
+          headers: { authorization: 'Bearer metrics-test-token-0123456789' },
+        });
         expect(res.status).toBe(200);
         return { type: res.headers.get('content-type') ?? '', families: parsePrometheusText(await res.text()) };
       };
@@ -218,7 +239,14 @@ describe('GET /metrics', () => {
       const scraped = await waitFor(
         async () => {
           const s = await scrape();
-          return value(s.families, 'tokenmill_endpoint_request_duration_seconds', 'tokenmill_endpoint_request_duration_seconds_count', { endpoint: proxy.url }) === 29 ? s : undefined;
+          return value(
+            s.families,
+            'tokenmill_endpoint_request_duration_seconds',
+            'tokenmill_endpoint_request_duration_seconds_count',
+            { endpoint: proxy.url },
+          ) === 29
+            ? s
+            : undefined;
         },
         'the worker heartbeat with every request',
         15_000,
@@ -229,7 +257,8 @@ describe('GET /metrics', () => {
       expect(type).toMatch(/^text\/plain; version=0\.0\.4/);
       const status = await readRunStatus(ctx.redis, ctx.keys, config);
       const ds = { run: 'metrics', dataset: 'm' };
-      const g = (family: string, labels: Record<string, string>): number | undefined => value(families, family, family, labels);
+      const g = (family: string, labels: Record<string, string>): number | undefined =>
+        value(families, family, family, labels);
       expect(g('tokenmill_dataset_records', ds)).toBe(29);
       expect(g('tokenmill_dataset_output_tokens', ds)).toBe(29 * 50);
       expect(g('tokenmill_dataset_output_tokens', ds)).toBe(status.datasets[0]?.outputTokens);

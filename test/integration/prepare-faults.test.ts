@@ -14,7 +14,15 @@ function writeSource(file: string, n: number, tag: string): void {
   const lines: string[] = [];
   for (let i = 0; i < n; i += 1) {
     const text = `${tag} question ${i}: ${'lorem ipsum dolor sit amet '.repeat(4 + (i % 8))}`;
-    lines.push(JSON.stringify({ id: `q${i}`, conversations: [{ from: 'human', value: text }, { from: 'gpt', value: `answer ${i}` }] }));
+    lines.push(
+      JSON.stringify({
+        id: `q${i}`,
+        conversations: [
+          { from: 'human', value: text },
+          { from: 'gpt', value: `answer ${i}` },
+        ],
+      }),
+    );
   }
   writeFileSync(file, `${lines.join('\n')}\n`);
 }
@@ -22,18 +30,23 @@ function writeSource(file: string, n: number, tag: string): void {
 function setup(name: string, rows: number, tag: string): { config: string; prompts: string; folder: string } {
   const source = path.join(tmp.dir, `${name}.jsonl`);
   writeSource(source, rows, tag);
-  const config = writeConfig(tmp.dir, {
-    run: name,
-    redis: { url: redis.url, prefix: redis.prefix },
-    datasets: [{ name: 'd', source: { path: `${name}.jsonl` }, tokenBudget: 1000 }],
-    output: { dir: 'out' },
-  }, `${name}.yaml`);
+  const config = writeConfig(
+    tmp.dir,
+    {
+      run: name,
+      redis: { url: redis.url, prefix: redis.prefix },
+      datasets: [{ name: 'd', source: { path: `${name}.jsonl` }, tokenBudget: 1000 }],
+      output: { dir: 'out' },
+    },
+    `${name}.yaml`,
+  );
   const folder = path.join(tmp.dir, 'out', name, 'd');
   return { config, prompts: path.join(folder, 'prompts.jsonl'), folder };
 }
 
 const sha = (file: string): string => createHash('sha256').update(readFileSync(file)).digest('hex');
-const tempFiles = (folder: string): string[] => (existsSync(folder) ? readdirSync(folder).filter((f) => f.startsWith('.')) : []);
+const tempFiles = (folder: string): string[] =>
+  existsSync(folder) ? readdirSync(folder).filter((f) => f.startsWith('.')) : [];
 
 async function prepare(config: string): Promise<string> {
   const p = spawnCli(['prepare', '-c', config]);
@@ -45,10 +58,15 @@ async function prepare(config: string): Promise<string> {
 /** Starts `prepare` and SIGKILLs it once its temp file holds some lines. */
 async function killWhileWriting(config: string, folder: string): Promise<void> {
   const p = spawnCli(['prepare', '-c', config]);
-  const temp = await waitFor(() => {
-    const t = tempFiles(folder).find((f) => f.endsWith('.tmp'));
-    return t !== undefined && statSync(path.join(folder, t)).size > 1 << 20 ? t : undefined;
-  }, 'the temp prompt file to grow', 60_000, 10);
+  const temp = await waitFor(
+    () => {
+      const t = tempFiles(folder).find((f) => f.endsWith('.tmp'));
+      return t !== undefined && statSync(path.join(folder, t)).size > 1 << 20 ? t : undefined;
+    },
+    'the temp prompt file to grow',
+    60_000,
+    10,
+  );
   p.child.kill('SIGKILL');
   await p.exited;
   expect(temp).toMatch(/^\.prompts\.jsonl\./);
@@ -66,7 +84,11 @@ describe('prepare faults', () => {
     expect(out).toMatch(/d: prepared 60,000 prompts into/);
     expect(tempFiles(s.folder)).toEqual([]);
     const first = sha(s.prompts);
-    expect(readFileSync(s.prompts, 'utf8').split('\n').filter((l) => l !== '')).toHaveLength(rows);
+    expect(
+      readFileSync(s.prompts, 'utf8')
+        .split('\n')
+        .filter((l) => l !== ''),
+    ).toHaveLength(rows);
 
     // A changed source, killed again: the file of the last complete prepare stays as it was.
     writeSource(path.join(tmp.dir, 'killed.jsonl'), rows, 'v2');
@@ -86,11 +108,18 @@ describe('prepare faults', () => {
     writeSource(path.join(tmp.dir, 'stopped.jsonl'), 60_000, 'v2');
     for (const verb of ['prepare', 'run']) {
       const p = spawnCli([verb, '-c', s.config]);
-      await waitFor(() => tempFiles(s.folder).some((f) => f.endsWith('.tmp') && statSync(path.join(s.folder, f)).size > 1 << 20), 'the temp prompt file to grow', 60_000, 10);
+      await waitFor(
+        () => tempFiles(s.folder).some((f) => f.endsWith('.tmp') && statSync(path.join(s.folder, f)).size > 1 << 20),
+        'the temp prompt file to grow',
+        60_000,
+        10,
+      );
       p.child.kill('SIGTERM');
       const code = await p.exited;
       expect(code, p.output()).toBe(1);
-      expect(p.output()).toMatch(/prepare of dataset "d" stopped after [\d,]+ rows \(SIGTERM\); its prompt file was left as it was/);
+      expect(p.output()).toMatch(
+        /prepare of dataset "d" stopped after [\d,]+ rows \(SIGTERM\); its prompt file was left as it was/,
+      );
       expect(tempFiles(s.folder)).toEqual([]);
       expect(sha(s.prompts)).toBe(first);
     }
@@ -104,7 +133,9 @@ describe('prepare faults', () => {
     expect(codes, `${a.output()}\n${b.output()}`).toEqual([0, 0]);
     expect(tempFiles(s.folder)).toEqual([]);
     const raced = sha(s.prompts);
-    const lines = readFileSync(s.prompts, 'utf8').split('\n').filter((l) => l !== '');
+    const lines = readFileSync(s.prompts, 'utf8')
+      .split('\n')
+      .filter((l) => l !== '');
     expect(lines).toHaveLength(20_000);
     // Whatever the interleaving, a third prepare either keeps the file or writes the same bytes.
     const third = await prepare(s.config);

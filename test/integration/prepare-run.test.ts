@@ -21,7 +21,15 @@ const promptsFile = (): string => path.join(tmp.dir, 'out', 'prep', 'chats', 'pr
 function writeSource(n: number, variant = ''): void {
   const rows = [];
   for (let i = 0; i < n; i += 1) {
-    rows.push(JSON.stringify({ id: `c${i}`, conversations: [{ from: 'human', value: `question ${i}${variant}` }, { from: 'gpt', value: `answer ${i}` }] }));
+    rows.push(
+      JSON.stringify({
+        id: `c${i}`,
+        conversations: [
+          { from: 'human', value: `question ${i}${variant}` },
+          { from: 'gpt', value: `answer ${i}` },
+        ],
+      }),
+    );
   }
   rows.push(JSON.stringify({ id: 'dup', conversations: [{ from: 'human', value: 'question 0' + variant }] }));
   rows.push('{"id": "broken", ');
@@ -46,7 +54,8 @@ beforeAll(() => {
 async function cli(args: string[], expectCode = 0): Promise<string> {
   const p = spawnCli(args);
   const code = await p.exited;
-  if (code !== expectCode) throw new Error(`tokenmill ${args.join(' ')} exited ${code}, expected ${expectCode}:\n${p.output()}`);
+  if (code !== expectCode)
+    throw new Error(`tokenmill ${args.join(' ')} exited ${code}, expected ${expectCode}:\n${p.output()}`);
   return p.output();
 }
 
@@ -65,7 +74,14 @@ describe('run with a source', () => {
     const prepare = s.phases.find((p) => p.name === 'prepare');
     expect(prepare?.status).toBe('completed');
     expect(prepare?.detail).toMatch(/^1 source: 14 rows read, 12 kept, 1 duplicates, 0 too long, 0 empty, 1 malformed/);
-    expect(s.datasets.find((d) => d.name === 'chats')?.prepared).toEqual({ rows: 14, kept: 12, duplicates: 1, tooLong: 0, empty: 0, malformed: 1 });
+    expect(s.datasets.find((d) => d.name === 'chats')?.prepared).toEqual({
+      rows: 14,
+      kept: 12,
+      duplicates: 1,
+      tooLong: 0,
+      empty: 0,
+      malformed: 1,
+    });
     expect(s.datasets.find((d) => d.name === 'plain')?.prepared).toBeNull();
     const table = await cli(['status', '-c', configPath]);
     expect(table).toMatch(/prepare: 1 source: 14 rows read, 12 kept/);

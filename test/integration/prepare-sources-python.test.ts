@@ -93,17 +93,30 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     expect(first).toEqual(written.rows.slice(0, 9));
     expect(await largeRowGroupNotes([file])).toEqual([]);
     const [note] = await largeRowGroupNotes([file], 100);
-    expect(note?.startsWith(`${file}: row groups of up to 7 rows and 0 MiB uncompressed; each is read whole, taking about ten times that in memory`)).toBe(true);
+    expect(
+      note?.startsWith(
+        `${file}: row groups of up to 7 rows and 0 MiB uncompressed; each is read whole, taking about ten times that in memory`,
+      ),
+    ).toBe(true);
   });
 
   it('reads only the wanted columns when the file has the required ones, else all', async () => {
     const { file, written } = at('sharegpt_snappy');
-    const some = plain(await rawRowsOf([file], (f) => readParquetRows(f, { columns: { required: ['conversations'], optional: ['id', 'absent'] } })));
+    const some = plain(
+      await rawRowsOf([file], (f) =>
+        readParquetRows(f, { columns: { required: ['conversations'], optional: ['id', 'absent'] } }),
+      ),
+    );
     expect(some).toEqual(written.rows.map((r) => ({ id: r.id, conversations: r.conversations })));
-    const all = plain(await rawRowsOf([file], (f) => readParquetRows(f, { columns: { required: ['messages'], optional: ['id'] } })));
+    const all = plain(
+      await rawRowsOf([file], (f) => readParquetRows(f, { columns: { required: ['messages'], optional: ['id'] } })),
+    );
     expect(all).toEqual(written.rows);
     const rows = await collect((await openSource(source(file, { format: 'prompt', field: 'question' }))).rows());
-    expect(rows[0]).toMatchObject({ ok: false, reason: 'no column "question" (the prompt column); the row has: id, system, conversations' });
+    expect(rows[0]).toMatchObject({
+      ok: false,
+      reason: 'no column "question" (the prompt column); the row has: id, system, conversations',
+    });
   });
 
   it('reads gzip, brotli, lz4, data page v2 without dictionaries, and large_string/large_list columns', async () => {
@@ -120,7 +133,9 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     const opened = await openSource(source(file));
     expect(opened.format).toBe('openai');
     await expectConverted(opened, written);
-    const withCall = (await collect(opened.rows())).find((r) => r.ok && r.messages.some((m) => m.tool_calls !== undefined));
+    const withCall = (await collect(opened.rows())).find(
+      (r) => r.ok && r.messages.some((m) => m.tool_calls !== undefined),
+    );
     expect(withCall?.ok && withCall.messages.find((m) => m.tool_calls !== undefined)).toMatchObject({
       role: 'assistant',
       content: '',
@@ -131,7 +146,9 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
   it('reads the train shards of a hub download in order, skipping README, .gitattributes and .cache, and says it chose train', async () => {
     const { file, written } = at('hub');
     const opened = await openSource(source(file));
-    expect(opened.files.map((f) => path.relative(file, f))).toEqual([0, 1, 2].map((k) => path.join('data', `train-0000${k}-of-00003.parquet`)));
+    expect(opened.files.map((f) => path.relative(file, f))).toEqual(
+      [0, 1, 2].map((k) => path.join('data', `train-0000${k}-of-00003.parquet`)),
+    );
     expect(opened.notes?.join(' ')).toMatch(/splits test, train: reading train \(3 files\)/);
     await expectConverted(opened, written);
   });
@@ -153,7 +170,10 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
   it('reads a save_to_disk Dataset of two Arrow shards in state.json order', async () => {
     const { file, written } = at('saved');
     const opened = await openSource(source(file));
-    expect(opened.files.map((f) => path.basename(f))).toEqual(['data-00000-of-00002.arrow', 'data-00001-of-00002.arrow']);
+    expect(opened.files.map((f) => path.basename(f))).toEqual([
+      'data-00000-of-00002.arrow',
+      'data-00001-of-00002.arrow',
+    ]);
     expect(plain(await rawRowsOf(opened.files, readArrowRows))).toEqual(written.rows);
     expect(opened.format).toBe('openai');
     await expectConverted(opened, written);
@@ -171,7 +191,9 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
   it('reads the train split of a save_to_disk DatasetDict and says so', async () => {
     const { file, written } = at('saved_dict');
     const opened = await openSource(source(file));
-    expect(opened.notes).toEqual([`${file} is a DatasetDict with the splits train, test: reading train; set source.path to ${path.join(file, '<split>')} for another`]);
+    expect(opened.notes).toEqual([
+      `${file} is a DatasetDict with the splits train, test: reading train; set source.path to ${path.join(file, '<split>')} for another`,
+    ]);
     expect(opened.format).toBe('sharegpt');
     await expectConverted(opened, written);
   });
@@ -234,7 +256,8 @@ describe.skipIf(!existsSync(MAIN_PYTHON))('sources written by pyarrow and datase
     await fh.write(Buffer.alloc(64, 0xff), 0, 64, 40);
     await fh.close();
     const opened = await openSource(source(bad, { format: 'sharegpt' })).catch((e: unknown) => e);
-    const error = opened instanceof Error ? opened : await collect((opened as OpenedSource).rows()).catch((e: unknown) => e);
+    const error =
+      opened instanceof Error ? opened : await collect((opened as OpenedSource).rows()).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(SourceError);
     expect(String(error)).toMatch(/damaged\.parquet/);
   });
@@ -245,7 +268,9 @@ describe.skipIf(!existsSync(DATASETS3_PYTHON))('save_to_disk folders written by 
   let report: Report;
 
   beforeAll(async () => {
-    report = await runPythonJson<Report>('make_prepare_sources.py', [tmp.dir, '--only-saved'], undefined, { env: 'datasets3' });
+    report = await runPythonJson<Report>('make_prepare_sources.py', [tmp.dir, '--only-saved'], undefined, {
+      env: 'datasets3',
+    });
   }, 120_000);
 
   it('reads a Dataset, a DatasetDict and its JSON and parquet exports row for row', async () => {

@@ -17,7 +17,9 @@ const { redis, sim, tmp } = useHarness({
 describe('producer: the final pass', () => {
   it('completes after one pass when every enqueued prompt is accounted for; a rerun enqueues nothing', async () => {
     const n = 300;
-    writePrompts(tmp.dir, 'once', n, (i) => (i === 7 ? { id: 'once-3', prompt: 'a repeated id' } : { id: `once-${i}`, prompt: `prompt ${i}` }));
+    writePrompts(tmp.dir, 'once', n, (i) =>
+      i === 7 ? { id: 'once-3', prompt: 'a repeated id' } : { id: `once-${i}`, prompt: `prompt ${i}` },
+    );
     const cfg = loadConfig({
       baseDir: tmp.dir,
       object: {

@@ -8,7 +8,12 @@ import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipelin
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 5, maxRunningRequests: 8, seed: 71, outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.4 } },
+  sim: {
+    timeScale: 5,
+    maxRunningRequests: 8,
+    seed: 71,
+    outputLength: { distribution: 'lognormal', mean: 800, sigma: 0.4 },
+  },
   tmp: true,
   cli: true,
 });
@@ -30,7 +35,11 @@ describe('the producer lock', () => {
     const { configPath, keys } = setup('twice');
     const conn = redis.connection('client');
     const first = spawnCli(['produce', '-c', configPath]);
-    await waitFor(async () => (await conn.hget(keys.stats('ds'), 'status')) === 'in_progress', 'the first producer feeding', 60_000);
+    await waitFor(
+      async () => (await conn.hget(keys.stats('ds'), 'status')) === 'in_progress',
+      'the first producer feeding',
+      60_000,
+    );
     const t0 = Date.now();
     const second = spawnCli(['produce', '-c', configPath]);
     expect(await second.exited, second.output()).toBe(1);
@@ -47,7 +56,11 @@ describe('the producer lock', () => {
     const { configPath, keys } = setup('takeover');
     const conn = redis.connection('client');
     const p = spawnCli(['produce', '-c', configPath]);
-    await waitFor(async () => (await conn.hget(keys.stats('ds'), 'status')) === 'in_progress', 'the producer feeding', 60_000);
+    await waitFor(
+      async () => (await conn.hget(keys.stats('ds'), 'status')) === 'in_progress',
+      'the producer feeding',
+      60_000,
+    );
     // What another producer does once the lock lapsed: the key now names someone else.
     await conn.set(keys.producerLock(), 'otherhost:4242:1700000000000:abcdef12', 'PX', 60_000);
     const code = await Promise.race([p.exited, new Promise((r) => setTimeout(() => r('still running'), 40_000))]);

@@ -32,7 +32,10 @@ describe('producer pass: tokenizing in pieces', () => {
   it('tokenizes at most ENCODE_CHUNK prompts at once, yields between pieces, enqueues each batch once it is tokenized; the ids are those of one call', async () => {
     const n = 1_000;
     const batchSize = ENCODE_CHUNK;
-    writePrompts(tmp.dir, 'pieces', n, (i) => ({ id: `p-${i}`, prompt: `prompt number ${i} ${'word '.repeat(i % 7)}` }));
+    writePrompts(tmp.dir, 'pieces', n, (i) => ({
+      id: `p-${i}`,
+      prompt: `prompt number ${i} ${'word '.repeat(i % 7)}`,
+    }));
     const cfg = loadConfig({
       baseDir: tmp.dir,
       object: {
@@ -99,7 +102,11 @@ describe('producer pass: tokenizing in pieces', () => {
     expect(events.slice(0, 4).map((e) => e.kind)).toEqual(['encode', 'batch', 'encode', 'batch']);
 
     // Pieces give the very ids that one call over every prompt gives.
-    const whole = await tokenizer.encodePrompts(samples.map((s) => [{ role: 'user', content: `prompt number ${s.line - 1} ${'word '.repeat((s.line - 1) % 7)}` }]));
+    const whole = await tokenizer.encodePrompts(
+      samples.map((s) => [
+        { role: 'user', content: `prompt number ${s.line - 1} ${'word '.repeat((s.line - 1) % 7)}` },
+      ]),
+    );
     expect(samples.map((s) => s.id)).toEqual(Array.from({ length: n }, (_, i) => `p-${i}`));
     expect(samples.map((s) => s.promptIds)).toEqual(whole);
   }, 120_000);

@@ -25,7 +25,19 @@ describe('retry-failed-4.lua', () => {
     expect(await r.hget(keys.producer('ds'), 'retryGen')).toBe('1');
     expect(await r.hget(keys.stats('ds'), 'status')).toBe('in_progress');
     // A failure recorded after the script is not touched by it.
-    expect(await r.failSample(keys.done('ds'), keys.failed('ds'), keys.inflight('ds'), keys.inflight('ds'), keys.attempts('ds'), keys.skipped('ds'), 'c', '{"reason":"z"}', 'rid-c')).toBe(1);
+    expect(
+      await r.failSample(
+        keys.done('ds'),
+        keys.failed('ds'),
+        keys.inflight('ds'),
+        keys.inflight('ds'),
+        keys.attempts('ds'),
+        keys.skipped('ds'),
+        'c',
+        '{"reason":"z"}',
+        'rid-c',
+      ),
+    ).toBe(1);
     expect(await r.hkeys(keys.failed('ds'))).toEqual(['c']);
     expect(await retry(keys, 'empty')).toBe(0);
     // More than one unpack() slice.
@@ -90,14 +102,21 @@ describe('retry-failed-4.lua', () => {
 
 describe('retry-failed while a producer runs', () => {
   it('the running producer sends the given-back prompts again: all commit, none failed, no duplicates', async () => {
-    const s = await startSim({ timeScale: 20, maxRunningRequests: 8, seed: 11, outputLength: { distribution: 'fixed', mean: 300 } });
+    const s = await startSim({
+      timeScale: 20,
+      maxRunningRequests: 8,
+      seed: 11,
+      outputLength: { distribution: 'fixed', mean: 300 },
+    });
     const n = 400;
     writePrompts(tmp.dir, 'flaky', n);
     const yaml = {
       run: 'flaky',
       redis: { url: redis.url, prefix: redis.prefix },
       sglang: { endpoints: [s.url], concurrency: 8, maxAttempts: 1, requestTimeoutMs: 30_000 },
-      datasets: [{ name: 'flaky', prompts: 'flaky.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 1024, batchSize: 8 }],
+      datasets: [
+        { name: 'flaky', prompts: 'flaky.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 1024, batchSize: 8 },
+      ],
       output: { dir: 'out' },
       workers: { shutdownGraceMs: 2_000 },
     };
@@ -108,9 +127,13 @@ describe('retry-failed while a producer runs', () => {
     const ctx = await openRunContextFor(cfg);
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     let finished = false;
-    void handle.finished.then(() => (finished = true), () => (finished = true));
+    void handle.finished.then(
+      () => (finished = true),
+      () => (finished = true),
+    );
     const hlenFailed = (): Promise<number> => ctx.redis.hlen(ctx.keys.failed('flaky'));
-    const records = async (): Promise<number> => Number((await ctx.redis.hget(ctx.keys.stats('flaky'), 'records')) ?? 0);
+    const records = async (): Promise<number> =>
+      Number((await ctx.redis.hget(ctx.keys.stats('flaky'), 'records')) ?? 0);
     try {
       await waitFor(async () => (await hlenFailed()) >= 10, 'failures recorded', 90_000);
       s.clearFaults();

@@ -13,7 +13,13 @@ import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 16, seed: 12, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 12,
+    contextLength: 2048,
+    outputLength: { distribution: 'fixed', mean: 16 },
+  },
   tmp: 'tm-prompt-edited-',
   cli: true,
 });
@@ -23,7 +29,9 @@ describe('an edited prompt line with the same id', () => {
     const dir = path.join(tmp.dir, 'edited');
     mkdirSync(dir, { recursive: true });
     const file = path.join(dir, 'e.jsonl');
-    const lines = Array.from({ length: 6 }, (_, i) => JSON.stringify({ id: `e-${i}`, prompt: `Question ${i}: say something short.` }));
+    const lines = Array.from({ length: 6 }, (_, i) =>
+      JSON.stringify({ id: `e-${i}`, prompt: `Question ${i}: say something short.` }),
+    );
     lines.push(JSON.stringify({ prompt: 'A prompt without an id.' }));
     writeFileSync(file, `${lines.join('\n')}\n`);
     const cfg = writeConfig(dir, {
@@ -44,9 +52,14 @@ describe('an edited prompt line with the same id', () => {
     writeFileSync(file, edited.join('\n'));
     const second = spawnCli(['run', '-c', cfg]);
     expect(await second.exited, second.output()).toBe(0);
-    const warnings = second.output().split('\n').filter((l) => l.includes('changed since it was generated'));
+    const warnings = second
+      .output()
+      .split('\n')
+      .filter((l) => l.includes('changed since it was generated'));
     expect(warnings, second.output()).toHaveLength(1);
-    expect(warnings[0]).toContain('e.jsonl:3: the prompt with id \\"e-2\\" changed since it was generated; its old generation is kept');
+    expect(warnings[0]).toContain(
+      'e.jsonl:3: the prompt with id \\"e-2\\" changed since it was generated; its old generation is kept',
+    );
     expect(warnings[0]).toContain('give the line a new id');
     const generated = readGenerations(path.join(dir, 'out', 'edited'), 'e');
     expect(generated.filter((g) => g.id === 'e-2')).toHaveLength(1);

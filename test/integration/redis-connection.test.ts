@@ -83,9 +83,14 @@ describe('createRedisConnection', () => {
     expect(await processed).toBe(42);
     afterEachCleanups.push(() => queue.close());
 
-    expect(() => new Worker(queueName, async () => undefined, { connection: redis.connection('client'), prefix: redis.prefix, autorun: false })).toThrow(
-      /maxRetriesPerRequest must be null/,
-    );
+    expect(
+      () =>
+        new Worker(queueName, async () => undefined, {
+          connection: redis.connection('client'),
+          prefix: redis.prefix,
+          autorun: false,
+        }),
+    ).toThrow(/maxRetriesPerRequest must be null/);
     // Everything BullMQ wrote is under the test's prefix.
     const keys = await redis.connection('client').keys('*');
     expect(keys.length).toBeGreaterThan(0);
@@ -161,7 +166,11 @@ describe('openRedis', () => {
 
   it('reports an unreachable URL quickly, without its password', async () => {
     const port = await findFreePort();
-    const err = await openRedis({ url: `redis://:hunter2@127.0.0.1:${port}/0`, dataDir: '/nonexistent/unused', logger: quietLogger() }).then(
+    const err = await openRedis({
+      url: `redis://:hunter2@127.0.0.1:${port}/0`,
+      dataDir: '/nonexistent/unused',
+      logger: quietLogger(),
+    }).then(
       () => undefined,
       (e: unknown) => e,
     );
@@ -175,9 +184,9 @@ describe('openRedis', () => {
   it('passes on EnvironmentError when redis-server is missing', async () => {
     const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'tokenmill-open-'));
     try {
-      await expect(openRedis({ dataDir, redisServerPath: '/nonexistent/redis-server', logger: quietLogger() })).rejects.toBeInstanceOf(
-        EnvironmentError,
-      );
+      await expect(
+        openRedis({ dataDir, redisServerPath: '/nonexistent/redis-server', logger: quietLogger() }),
+      ).rejects.toBeInstanceOf(EnvironmentError);
     } finally {
       await fs.rm(dataDir, { recursive: true, force: true });
     }

@@ -16,7 +16,13 @@ import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 16, seed: 4, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 16 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 4,
+    contextLength: 2048,
+    outputLength: { distribution: 'fixed', mean: 16 },
+  },
   tmp: 'tm-redis-memory-',
   cli: true,
 });
@@ -51,9 +57,11 @@ describe('a Redis that refuses writes', () => {
 
   it('MISCONF (as Redis words it when it cannot write its AOF): says it cannot persist and to free disk space', () => {
     const e = new Error(
-      "MISCONF Errors writing to the AOF file: No space left on device. script: 2f5e…, on @user_script:41.",
+      'MISCONF Errors writing to the AOF file: No space left on device. script: 2f5e…, on @user_script:41.',
     );
-    expect(describeRedisRefusal(e)).toMatch(/^Redis cannot persist its data \(MISCONF.*Free space on the disk of its dir/);
+    expect(describeRedisRefusal(e)).toMatch(
+      /^Redis cannot persist its data \(MISCONF.*Free space on the disk of its dir/,
+    );
     expect(describeRedisRefusal(new Error('ERR unknown command'))).toBeUndefined();
   });
 });
@@ -65,7 +73,9 @@ describe('maxmemory small for the run', () => {
     await r.hset(keys.stats('big'), { prompts: 2_000_000, records: 0 });
     await r.config('SET', 'maxmemory', String(128 * 1024 * 1024));
     const w = await smallMaxmemoryWarning(r, keys, ['big']);
-    expect(w).toMatch(/^Redis maxmemory is 128 MiB \(\d+ MiB used\); this run may need about [\d,]+ MiB \(2,000,000 prompts to go/);
+    expect(w).toMatch(
+      /^Redis maxmemory is 128 MiB \(\d+ MiB used\); this run may need about [\d,]+ MiB \(2,000,000 prompts to go/,
+    );
     await r.config('SET', 'maxmemory', '0');
     expect(await smallMaxmemoryWarning(r, keys, ['big'])).toBeUndefined();
   });
@@ -85,7 +95,10 @@ describe('maxmemory small for the run', () => {
     });
     const p = spawnCli(['run', '-c', cfg]);
     expect(await p.exited, p.output()).toBe(0);
-    const warnings = p.output().split('\n').filter((l) => l.startsWith('tokenmill: warning: Redis maxmemory is 48 MiB'));
+    const warnings = p
+      .output()
+      .split('\n')
+      .filter((l) => l.startsWith('tokenmill: warning: Redis maxmemory is 48 MiB'));
     expect(warnings, p.output()).toHaveLength(1);
   }, 90_000);
 });

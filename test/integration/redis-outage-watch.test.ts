@@ -19,7 +19,12 @@ describe('watchRedisOutage', () => {
   it('says once that Redis is not answering, reminds at its period, and says when it is back', async () => {
     const port = await findFreePort();
     const lines: string[] = [];
-    const stop = watchRedisOutage(`redis://127.0.0.1:${port}`, { probeIntervalMs: 100, probeTimeoutMs: 500, remindEveryMs: 1_000, write: (l) => lines.push(l) });
+    const stop = watchRedisOutage(`redis://127.0.0.1:${port}`, {
+      probeIntervalMs: 100,
+      probeTimeoutMs: 500,
+      remindEveryMs: 1_000,
+      write: (l) => lines.push(l),
+    });
     closes.push(stop);
     await waitFor(() => lines.some((l) => l.includes('still not answering')), 'a reminder', 10_000);
     const startedAt = Date.now();
@@ -28,14 +33,22 @@ describe('watchRedisOutage', () => {
     // About 20 probes failed by now: one first line and one reminder a second, not one line a probe.
     expect(lines.filter((l) => l.includes('is not answering'))).toHaveLength(1);
     expect(down).toBeLessThanOrEqual(2 + Math.ceil((Date.now() - startedAt) / 1_000) + 2);
-    expect(lines[0]).toMatch(new RegExp(`^tokenmill: Redis at redis://127\\.0\\.0\\.1:${port}/? is not answering \\(.+\\); waiting for it to come back`));
+    expect(lines[0]).toMatch(
+      new RegExp(
+        `^tokenmill: Redis at redis://127\\.0\\.0\\.1:${port}/? is not answering \\(.+\\); waiting for it to come back`,
+      ),
+    );
 
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'tokenmill-outage-'));
     closes.push(() => fs.rm(dir, { recursive: true, force: true }));
     const server = new EmbeddedRedis({ dataDir: dir, port, logger: quietLogger() });
     await server.start();
     closes.push(() => server.stop());
-    await waitFor(() => lines.some((l) => /is back after \S+; carrying on/.test(l)), 'the line saying it is back', 10_000);
+    await waitFor(
+      () => lines.some((l) => /is back after \S+; carrying on/.test(l)),
+      'the line saying it is back',
+      10_000,
+    );
     const after = lines.length;
     await new Promise((r) => setTimeout(r, 500));
     expect(lines.length).toBe(after);

@@ -7,7 +7,13 @@ import { createServer, type Server } from 'node:http';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { UnavailableError, closeRedisConnection, createRedisConnection, findFreePort, openRedis } from '../../src/shared/index.js';
+import {
+  UnavailableError,
+  closeRedisConnection,
+  createRedisConnection,
+  findFreePort,
+  openRedis,
+} from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
 import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
@@ -19,7 +25,9 @@ let http: Server;
 const sockets = new Set<net.Socket>();
 
 function listen(server: net.Server | Server): Promise<number> {
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)));
+  return new Promise((resolve) =>
+    server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)),
+  );
 }
 
 let silentPort: number;
@@ -59,7 +67,10 @@ function config(port: number, name: string): string {
   );
 }
 
-async function runBounded(args: string[], boundMs: number): Promise<{ code: number | string; output: string; ms: number }> {
+async function runBounded(
+  args: string[],
+  boundMs: number,
+): Promise<{ code: number | string; output: string; ms: number }> {
   const started = Date.now();
   const p = spawnCli(args);
   const timer = setTimeout(() => p.child.kill('SIGKILL'), boundMs);
@@ -89,7 +100,9 @@ describe('a redis.url that is not a working Redis', () => {
     const url = `redis://:***@127.0.0.1:${httpPort}/0`;
     const r = await runBounded(['status', '-c', config(httpPort, 'http.yaml')], BOUND_MS);
     expect(r.code, r.output).toBe(1);
-    expect(r.output).toContain(`tokenmill: cannot use Redis at ${url}: Protocol error, got "H": is ${url} a Redis server?`);
+    expect(r.output).toContain(
+      `tokenmill: cannot use Redis at ${url}: Protocol error, got "H": is ${url} a Redis server?`,
+    );
     expect(r.output).not.toMatch(/max retries per request/i);
     expect(r.output).not.toContain('s3cret-pass');
     expect(r.output).not.toMatch(/\n\s+at |"stack"/);
@@ -101,17 +114,24 @@ describe('a long-lived connection to a server that accepted it and stays silent'
     const lines: Array<{ level: number; msg: string }> = [];
     const sink = new Writable({
       write(chunk: Buffer, _enc, done) {
-        for (const l of chunk.toString().split('\n')) if (l.trim() !== '') lines.push(JSON.parse(l) as { level: number; msg: string });
+        for (const l of chunk.toString().split('\n'))
+          if (l.trim() !== '') lines.push(JSON.parse(l) as { level: number; msg: string });
         done();
       },
     });
-    const conn = createRedisConnection(`redis://:s3cret-pass@127.0.0.1:${silentPort}/0`, { role: 'worker', name: 'tokenmill:test', logger: pino({ level: 'info' }, sink) });
+    const conn = createRedisConnection(`redis://:s3cret-pass@127.0.0.1:${silentPort}/0`, {
+      role: 'worker',
+      name: 'tokenmill:test',
+      logger: pino({ level: 'info' }, sink),
+    });
     try {
       await new Promise((r) => setTimeout(r, 18_000));
       const reports = lines.filter((l) => l.msg.includes('accepted the connection but has not answered'));
       expect(reports).toHaveLength(1);
       expect(reports[0]?.level).toBe(40);
-      expect(reports[0]?.msg).toContain(`Redis at redis://:***@127.0.0.1:${silentPort}/0 accepted the connection but has not answered for 15 s; waiting`);
+      expect(reports[0]?.msg).toContain(
+        `Redis at redis://:***@127.0.0.1:${silentPort}/0 accepted the connection but has not answered for 15 s; waiting`,
+      );
       expect(JSON.stringify(lines)).not.toContain('s3cret-pass');
     } finally {
       await closeRedisConnection(conn);
@@ -123,18 +143,48 @@ describe('a Redis that wants a password', () => {
   it('says it needs one, or that it refused the one given, naming the URL without the password', async () => {
     // Its own redis-server: the test helper's readiness PING has no password.
     const port = await findFreePort();
-    const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--maxmemory-policy', 'noeviction', '--requirepass', 'right-pass'], { stdio: 'ignore' });
+    const child = spawn(
+      'redis-server',
+      [
+        '--port',
+        String(port),
+        '--bind',
+        '127.0.0.1',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--maxmemory-policy',
+        'noeviction',
+        '--requirepass',
+        'right-pass',
+      ],
+      { stdio: 'ignore' },
+    );
     const server = { port };
     try {
-      await waitFor(() => new Promise<boolean>((resolve) => {
-        const s = net.connect(port, '127.0.0.1', () => { s.destroy(); resolve(true); });
-        s.on('error', () => resolve(false));
-      }), 'redis-server with a password', 20_000, 100);
+      await waitFor(
+        () =>
+          new Promise<boolean>((resolve) => {
+            const s = net.connect(port, '127.0.0.1', () => {
+              s.destroy();
+              resolve(true);
+            });
+            s.on('error', () => resolve(false));
+          }),
+        'redis-server with a password',
+        20_000,
+        100,
+      );
       const open = (url: string) => openRedis({ url, dataDir: tmp.dir, logger: quietLogger() });
       await expect(open(`redis://127.0.0.1:${server.port}/0`)).rejects.toThrow(
-        new UnavailableError(`Redis at redis://127.0.0.1:${server.port}/0 needs a password (NOAUTH Authentication required): put it in redis.url (redis://:<password>@host:6379/0), or in redis.password with redis.sentinels`),
+        new UnavailableError(
+          `Redis at redis://127.0.0.1:${server.port}/0 needs a password (NOAUTH Authentication required): put it in redis.url (redis://:<password>@host:6379/0), or in redis.password with redis.sentinels`,
+        ),
       );
-      await expect(open(`redis://:wrong-pass@127.0.0.1:${server.port}/0`)).rejects.toThrow(/^Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:\d+\/0 refused the password \(WRONGPASS/);
+      await expect(open(`redis://:wrong-pass@127.0.0.1:${server.port}/0`)).rejects.toThrow(
+        /^Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:\d+\/0 refused the password \(WRONGPASS/,
+      );
       const opened = await open(`redis://:right-pass@127.0.0.1:${server.port}/0`);
       expect(opened.server.maxmemoryPolicy).toBe('noeviction');
       await opened.close();

@@ -9,7 +9,14 @@ import { useHarness } from '../helpers/fixture.js';
 
 const ENDPOINT = 'http://127.0.0.1:1';
 
-function finished(keys: RunKeys, dataset: string, id: string, tokens: number, rid: string, endpoint = ENDPOINT): FinishedRequest {
+function finished(
+  keys: RunKeys,
+  dataset: string,
+  id: string,
+  tokens: number,
+  rid: string,
+  endpoint = ENDPOINT,
+): FinishedRequest {
   return {
     req: {
       dataset,
@@ -23,7 +30,15 @@ function finished(keys: RunKeys, dataset: string, id: string, tokens: number, ri
     endpointUrl: endpoint,
     leaseKey: keys.endpointLeases(endpoint),
     workerId: 'test',
-    result: { outputIds: Array.from({ length: tokens }, (_, i) => i), promptTokens: 3, completionTokens: tokens, finishReason: { type: 'length', length: tokens }, text: '', droppedLeadingIds: 0, metaInfo: {} },
+    result: {
+      outputIds: Array.from({ length: tokens }, (_, i) => i),
+      promptTokens: 3,
+      completionTokens: tokens,
+      finishReason: { type: 'length', length: tokens },
+      text: '',
+      droppedLeadingIds: 0,
+      metaInfo: {},
+    },
   };
 }
 
@@ -70,7 +85,9 @@ describe('commits in groups', () => {
     expect(await conn.zcard(keys.inflight(ds))).toBe(0);
     // The record on disk is the first answer's, never the duplicate's.
     const entries = (await conn.xrange(keys.results(ds), '-', '+')) as [string, string[]][];
-    const first = entries.map(([, f]) => JSON.parse(f[1] ?? '{}') as { id: string; completion_tokens: number }).find((r) => r.id === 'p3');
+    const first = entries
+      .map(([, f]) => JSON.parse(f[1] ?? '{}') as { id: string; completion_tokens: number })
+      .find((r) => r.id === 'p3');
     expect(first?.completion_tokens).toBe(13);
   });
 
@@ -99,7 +116,9 @@ describe('commits in groups', () => {
       const [tokens, records] = await conn.hmget(keys.stats(ds), 'outputTokens', 'records');
       expect(Number(records)).toBe(20);
       expect(Number(tokens)).toBe(mine.reduce((a, r) => a + r.result.completionTokens, 0));
-      const ids = ((await conn.xrange(keys.results(ds), '-', '+')) as [string, string[]][]).map(([, f]) => (JSON.parse(f[1] ?? '{}') as { id: string }).id);
+      const ids = ((await conn.xrange(keys.results(ds), '-', '+')) as [string, string[]][]).map(
+        ([, f]) => (JSON.parse(f[1] ?? '{}') as { id: string }).id,
+      );
       expect(ids.sort()).toEqual(mine.map((r) => r.req.sample.id).sort());
       expect(await conn.zcard(keys.inflight(ds))).toBe(0);
     }
@@ -132,7 +151,12 @@ describe('commits in groups', () => {
       return (replies) => seen.push({ freed, leasesLeft: replies?.[0]?.[1] });
     });
     const requests = Array.from({ length: 8 }, (_, i) => finished(keys, 'ds', `p${i}`, 4, `ds/p${i}#1`));
-    await conn.zadd(leaseKey, ...requests.flatMap((r) => [Date.now() + 60_000, r.rid]), Date.now() + 60_000, 'someone-else');
+    await conn.zadd(
+      leaseKey,
+      ...requests.flatMap((r) => [Date.now() + 60_000, r.rid]),
+      Date.now() + 60_000,
+      'someone-else',
+    );
     await Promise.all(requests.map((r) => batcher.commit(r)));
     expect(pipelines.count()).toBe(1);
     expect(seen).toEqual([{ freed: 8, leasesLeft: 1 }]);
@@ -140,14 +164,18 @@ describe('commits in groups', () => {
 
   it('a group that cannot reach Redis fails every commit in it, and its rider is told', async () => {
     const keys = new RunKeys(redis.prefix, 'down');
-    const conn = withScripts(new Redis(redis.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, lazyConnect: true }));
+    const conn = withScripts(
+      new Redis(redis.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, lazyConnect: true }),
+    );
     conn.on('error', () => undefined);
     const told: unknown[] = [];
     const batcher = new CommitBatcher(conn, keys, (pipeline) => {
       void pipeline.ping();
       return (replies) => told.push(replies);
     });
-    const results = await Promise.allSettled(Array.from({ length: 5 }, (_, i) => batcher.commit(finished(keys, 'ds', `p${i}`, 4, `ds/p${i}#1`))));
+    const results = await Promise.allSettled(
+      Array.from({ length: 5 }, (_, i) => batcher.commit(finished(keys, 'ds', `p${i}`, 4, `ds/p${i}#1`))),
+    );
     expect(results.every((r) => r.status === 'rejected')).toBe(true);
     // Told once: the pipeline failed as a whole (null) or each of its commands did.
     expect(told).toHaveLength(1);

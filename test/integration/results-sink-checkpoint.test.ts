@@ -12,7 +12,11 @@ import { commitResult, datasetStats, drainOnce, readParts, startSink } from '../
 const { redis, tmp } = useHarness({ redis: true, tmp: true });
 
 function setup(run: string): { keys: RunKeys; dir: string; conn: ReturnType<TestRedis['connection']> } {
-  return { keys: new RunKeys(redis.prefix, run), dir: path.join(tmp.dir, run, 'ds', 'generations'), conn: redis.connection() };
+  return {
+    keys: new RunKeys(redis.prefix, run),
+    dir: path.join(tmp.dir, run, 'ds', 'generations'),
+    conn: redis.connection(),
+  };
 }
 
 async function commitMany(conn: ReturnType<TestRedis['connection']>, keys: RunKeys, ids: string[]): Promise<void> {
@@ -70,7 +74,9 @@ describe('results sink recovery without a checkpoint', () => {
     const file = path.join(dir, 'part-00000.jsonl');
     appendFileSync(file, '{"id":"u1","dataset":"ds","prompt_ids":[1,2');
     const size = statSync(file).size;
-    await expect(startSink({ redis: conn, keys, dataset: 'ds', dir })).rejects.toThrow(new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} ends with an incomplete line.*u1`));
+    await expect(startSink({ redis: conn, keys, dataset: 'ds', dir })).rejects.toThrow(
+      new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} ends with an incomplete line.*u1`),
+    );
     expect(statSync(file).size).toBe(size);
     // The lock was given back: a sink can start once the file is repaired.
     truncateSync(file, size - '{"id":"u1","dataset":"ds","prompt_ids":[1,2'.length);
@@ -88,7 +94,9 @@ describe('results sink recovery with a checkpoint', () => {
     const size = statSync(file).size;
     truncateSync(file, Math.floor(size / 2));
     await commitResult(conn, keys, 'ds', 'v4', 3);
-    await expect(startSink({ redis: conn, keys, dataset: 'ds', dir })).rejects.toThrow(`${file} is ${Math.floor(size / 2)} bytes but the sink checkpoint`);
+    await expect(startSink({ redis: conn, keys, dataset: 'ds', dir })).rejects.toThrow(
+      `${file} is ${Math.floor(size / 2)} bytes but the sink checkpoint`,
+    );
     expect(statSync(file).size).toBe(Math.floor(size / 2));
     expect(await conn.xlen(keys.results('ds'))).toBe(1);
   });

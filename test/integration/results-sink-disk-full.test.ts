@@ -14,7 +14,13 @@ import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
-  sim: { timeScale: 200, maxRunningRequests: 32, seed: 8, contextLength: 2048, outputLength: { distribution: 'fixed', mean: 64 } },
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 32,
+    seed: 8,
+    contextLength: 2048,
+    outputLength: { distribution: 'fixed', mean: 64 },
+  },
   tmp: 'tm-disk-full-',
   cli: true,
 });
@@ -55,7 +61,12 @@ describe.skipIf(!canMount())('a full disk under the results sink', () => {
     expect(code, output).not.toBe(0);
     const generations = path.join(out, 'full', 'f', 'generations');
     const lines = output.split('\n').filter((l) => l.startsWith('tokenmill:'));
-    expect(lines.join('\n'), output).toMatch(new RegExp(`^tokenmill: cannot write ${generations.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}/(part-\\d+\\.jsonl|\\.sink-checkpoint\\.json): no space left on the device \\(ENOSPC\\)\\. Free space`, 'm'));
+    expect(lines.join('\n'), output).toMatch(
+      new RegExp(
+        `^tokenmill: cannot write ${generations.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}/(part-\\d+\\.jsonl|\\.sink-checkpoint\\.json): no space left on the device \\(ENOSPC\\)\\. Free space`,
+        'm',
+      ),
+    );
     expect(output).not.toContain('unexpected error');
     expect(output).not.toMatch(/^\s+at /m);
     expect(readdirSync(generations).filter((n) => n.startsWith('.tmp-'))).toEqual([]);

@@ -29,7 +29,11 @@ describe('results sink: drained', () => {
       const blocked = sinkConn.blpop(unblockKey, 0).then(() => {
         blockReleased = true;
       });
-      await waitFor(async () => String(await conn.client('LIST')).includes('cmd=blpop'), 'the sink connection to block', 10_000);
+      await waitFor(
+        async () => String(await conn.client('LIST')).includes('cmd=blpop'),
+        'the sink connection to block',
+        10_000,
+      );
       await sink.drained();
       expect(blockReleased).toBe(false);
 

@@ -38,12 +38,18 @@ describe('results sink fencing', () => {
     const keys = new RunKeys(redis.prefix, 'frozen');
     const dir = path.join(tmp.dir, 'frozen', 'ds', 'generations');
     const job = { redisUrl: redis.url, prefix: redis.prefix, run: 'frozen', dataset: 'ds', dir, lockTtlMs: 1_000 };
-    const child = spawn(process.execPath, ['--import', 'tsx', path.join(repoRoot, 'test/helpers/results-sink-runner.ts'), JSON.stringify(job)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', path.join(repoRoot, 'test/helpers/results-sink-runner.ts'), JSON.stringify(job)],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     children.push(child);
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     child.stderr.on('data', (d: Buffer) => (out += d.toString()));
-    const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
+    const exited = new Promise<number | string>((resolve) =>
+      child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)),
+    );
     const conn = redis.connection();
     let b: Awaited<ReturnType<typeof startSink>> | undefined;
     try {
@@ -114,7 +120,10 @@ describe('results sink fencing', () => {
       await sink.drained();
       // Complete lines appended by another writer: kept, counted, and their samples done.
       const line = readParts(dir)[0];
-      appendFileSync(path.join(dir, 'part-00000.jsonl'), `${JSON.stringify({ ...line, id: 'f9', completion_tokens: 6 })}\n`);
+      appendFileSync(
+        path.join(dir, 'part-00000.jsonl'),
+        `${JSON.stringify({ ...line, id: 'f9', completion_tokens: 6 })}\n`,
+      );
       await commitResult(conn, keys, 'ds', 'f1', 2);
       await waitFor(() => readParts(dir).length === 3, 'f1 to be written after the recovery', 10_000);
       await sink.drained();
@@ -144,7 +153,7 @@ describe('results sink fencing', () => {
     expect(lost[0]?.holder?.host).toBe('elsewhere');
     expect(lost[0]?.message).toContain('elsewhere:4242 since');
     // Not renewed by the old holder: it expires on its own.
-    await waitFor(async () => (await conn.exists(key)) === 0, 'the other holder\'s key to expire', 3_000);
+    await waitFor(async () => (await conn.exists(key)) === 0, "the other holder's key to expire", 3_000);
     await expect(lock.confirm()).rejects.toBeInstanceOf(LockLostError);
     await lock.release();
   });
@@ -156,7 +165,11 @@ describe('results sink fencing', () => {
     const { logger, lines } = capturingLogger();
     const starting = startSink({ redis: redis.connection(), keys, dataset: 'ds', dir, waitReportMs: 150, logger });
     try {
-      await waitFor(() => lines.filter((l) => l.level === 40 && l.msg.includes('another process writes its results')).length >= 2, 'two reports of the holder', 10_000);
+      await waitFor(
+        () => lines.filter((l) => l.level === 40 && l.msg.includes('another process writes its results')).length >= 2,
+        'two reports of the holder',
+        10_000,
+      );
       const report = lines.find((l) => l.level === 40) ?? { msg: '' };
       expect(report.msg).toContain(`${hostname()}:${process.pid} since `);
       expect(report.msg).toContain('dataset ds');

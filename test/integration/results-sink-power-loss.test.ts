@@ -25,7 +25,13 @@ describe('results sink after Redis lost its last writes', () => {
     const lost = ['p9', 'p10', 'p11'];
     for (const id of lost) {
       const t = tokens.get(id) ?? 0;
-      await conn.multi().srem(keys.done('ds'), id).hincrby(keys.stats('ds'), 'outputTokens', -t).hincrby(keys.stats('ds'), 'records', -1).hincrby(keys.stats('ds'), 'outputTokensSq', -t * t).exec();
+      await conn
+        .multi()
+        .srem(keys.done('ds'), id)
+        .hincrby(keys.stats('ds'), 'outputTokens', -t)
+        .hincrby(keys.stats('ds'), 'records', -1)
+        .hincrby(keys.stats('ds'), 'outputTokensSq', -t * t)
+        .exec();
     }
     // Two of them were generated again (other outputs) and committed before the sink restarted.
     expect(await commitResult(conn, keys, 'ds', 'p10', 77)).toBe(1);

@@ -26,7 +26,11 @@ describe('results sink when Redis restarts under it', () => {
     const proxy: FaultProxy = await startFaultProxy({ target: { host: '127.0.0.1', port } });
     const keys = new RunKeys('tm-test', 'restart');
     const dir = path.join(tmp.dir, 'out', 'ds', 'generations');
-    const sinkConn = createRedisConnection(proxy.url('redis'), { role: 'worker', name: 'tokenmill:test-sink', logger: quietLogger() });
+    const sinkConn = createRedisConnection(proxy.url('redis'), {
+      role: 'worker',
+      name: 'tokenmill:test-sink',
+      logger: quietLogger(),
+    });
     const conn = createRedisConnection(url, { role: 'worker', name: 'tokenmill:test', logger: quietLogger() });
     const sink = await startSink({ redis: sinkConn, probe: conn, keys, dataset: 'ds', dir });
     try {
@@ -42,7 +46,11 @@ describe('results sink when Redis restarts under it', () => {
       await proxy.setMode('pass');
       // b*: committed and written after the copy: the restarted server has never heard of them.
       for (const [i, id] of b.entries()) expect(await commitResult(conn, keys, 'ds', id, 20 + i)).toBe(1);
-      await waitFor(async () => readParts(dir).length === 12 && (await conn.xlen(keys.results('ds'))) === 0, 'all 12 lines written and trimmed', 20_000);
+      await waitFor(
+        async () => readParts(dir).length === 12 && (await conn.xlen(keys.results('ds'))) === 0,
+        'all 12 lines written and trimmed',
+        20_000,
+      );
 
       const pid = first.pid;
       if (pid === undefined) throw new Error('no redis pid');
@@ -56,7 +64,11 @@ describe('results sink when Redis restarts under it', () => {
       // if this comes before the sink reconciles, refused after; written once either way.
       await commitResult(conn, keys, 'ds', 'b1', 99);
 
-      await waitFor(async () => (await conn.xlen(keys.results('ds'))) === 0 && (await conn.scard(keys.done('ds'))) === 12, 'the stream drained, every sample done', 20_000);
+      await waitFor(
+        async () => (await conn.xlen(keys.results('ds'))) === 0 && (await conn.scard(keys.done('ds'))) === 12,
+        'the stream drained, every sample done',
+        20_000,
+      );
       await sink.drained();
       const lines = readParts(dir);
       expect(duplicates(lines.map((r) => r.id))).toEqual([]);

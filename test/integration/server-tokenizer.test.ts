@@ -40,9 +40,17 @@ beforeAll(async () => {
   await cp(kimiDir, otherDir, { recursive: true });
   const cfgFile = path.join(otherDir, 'tokenizer_config.json');
   const cfg = JSON.parse(await readFile(cfgFile, 'utf8')) as { chat_template: string };
-  cfg.chat_template = cfg.chat_template.replace('<|im_system|>system<|im_middle|>\n', '<|im_system|>System<|im_middle|>\n');
+  cfg.chat_template = cfg.chat_template.replace(
+    '<|im_system|>system<|im_middle|>\n',
+    '<|im_system|>System<|im_middle|>\n',
+  );
   await writeFile(cfgFile, JSON.stringify(cfg));
-  const simOptions = { timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed' as const, mean: 12 } };
+  const simOptions = {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 5,
+    outputLength: { distribution: 'fixed' as const, mean: 12 },
+  };
   [sim, otherTemplateSim, qwenSim] = await Promise.all([
     startSim({ ...simOptions, modelPath: MODEL, tokenizerPath: kimiDir }),
     startSim({ ...simOptions, modelPath: MODEL, tokenizerPath: otherDir }),
@@ -93,7 +101,12 @@ describe('server-side tokenization', () => {
     const localCtx = createTokenizeContext(local);
     expect(ctx.format).toEqual(localCtx.format);
     const prompt = local.encodePrompt([{ role: 'user', content: 'Hi' }]);
-    const record = { id: 'r', prompt_ids: prompt, output_ids: [...local.encode('Hello!'), ctx.format.endOfTurnTokenId], finish_reason: { type: 'stop' as const, matched: 0 } };
+    const record = {
+      id: 'r',
+      prompt_ids: prompt,
+      output_ids: [...local.encode('Hello!'), ctx.format.endOfTurnTokenId],
+      finish_reason: { type: 'stop' as const, matched: 0 },
+    };
     expect(recordToRow(record, ctx, 'B1')).toEqual(recordToRow(record, localCtx, 'B1'));
   });
 
@@ -106,7 +119,9 @@ describe('server-side tokenization', () => {
     const tools = [{ type: 'function', function: { name: 'f' } }];
     const withPrompt = (await client.post(sim.url, '/tokenize', { messages, tools })) as { tokens: number[] };
     expect(withPrompt.tokens).toEqual(local.encodePrompt(messages, { tools }));
-    const without = (await client.post(sim.url, '/tokenize', { messages, add_generation_prompt: false })) as { tokens: number[] };
+    const without = (await client.post(sim.url, '/tokenize', { messages, add_generation_prompt: false })) as {
+      tokens: number[];
+    };
     expect(without.tokens).toEqual(local.encode(local.applyChatTemplate(messages, { addGenerationPrompt: false })));
     expect(without.tokens.length).toBeLessThan(local.encodePrompt(messages).length);
   });
@@ -120,7 +135,9 @@ describe('server-side tokenization', () => {
   it('the probe refuses a server whose chat template differs, naming the endpoint and the first differing token', async () => {
     const client = new ServerTokenizeClient({ endpoints: [otherTemplateSim.url] });
     await expect(checkServerTokenizer(remote, client, otherTemplateSim.url)).rejects.toThrow(
-      new RegExp(`renders a probe conversation differently from ${otherTemplateSim.url}'s own: .*differ from token \\d+ on`),
+      new RegExp(
+        `renders a probe conversation differently from ${otherTemplateSim.url}'s own: .*differ from token \\d+ on`,
+      ),
     );
   });
 
@@ -142,9 +159,14 @@ describe('server-side tokenization', () => {
   });
 
   it('refuses conversation datasets, saying to use a local tokenizer', () => {
-    const config = { tokenizer: { kind: 'server' as const }, datasets: [{ name: 'p' }, { name: 'conv', conversations: '/x.jsonl' }] };
+    const config = {
+      tokenizer: { kind: 'server' as const },
+      datasets: [{ name: 'p' }, { name: 'conv', conversations: '/x.jsonl' }],
+    };
     expect(() => checkTokenizerKindFits(config)).toThrow(ConfigError);
-    expect(() => checkTokenizerKindFits(config)).toThrow(/datasets\[1\]\.conversations: dataset "conv" .*tokenizer\.kind huggingface .* or tiktoken/);
+    expect(() => checkTokenizerKindFits(config)).toThrow(
+      /datasets\[1\]\.conversations: dataset "conv" .*tokenizer\.kind huggingface .* or tiktoken/,
+    );
     expect(() => checkTokenizerKindFits({ ...config, tokenizer: { kind: 'tiktoken' as const } })).not.toThrow();
   });
 
@@ -164,7 +186,10 @@ describe('server-side tokenization', () => {
     expect(code, p.output()).toBe(0);
     const records = readGenerations(path.join(tmp.dir, 'out', run), 'ds');
     expect(records).toHaveLength(6);
-    const prompts = (await readFile(path.join(tmp.dir, `${run}.jsonl`), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as { id: string; prompt: string });
+    const prompts = (await readFile(path.join(tmp.dir, `${run}.jsonl`), 'utf8'))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; prompt: string });
     for (const r of records) {
       const prompt = prompts.find((x) => x.id === r.id)?.prompt ?? '';
       expect(r.prompt_ids).toEqual(local.encodePrompt([{ role: 'user', content: prompt }]));

@@ -5,12 +5,7 @@ import type { AddressInfo, Socket } from 'node:net';
 
 import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 
-import {
-  CancelledError,
-  TimeoutError,
-  UnavailableError,
-  UpstreamHttpError,
-} from '../../src/shared/errors.js';
+import { CancelledError, TimeoutError, UnavailableError, UpstreamHttpError } from '../../src/shared/errors.js';
 import {
   EndpointMisconfiguredError,
   SglangBadRequestError,
@@ -107,7 +102,9 @@ async function literalServer(
   };
 }
 const literals: LiteralServer[] = [];
-async function literal(handle: (req: IncomingMessage, res: ServerResponse, body: string) => void): Promise<LiteralServer> {
+async function literal(
+  handle: (req: IncomingMessage, res: ServerResponse, body: string) => void,
+): Promise<LiteralServer> {
   const s = await literalServer(handle);
   literals.push(s);
   return s;
@@ -121,7 +118,11 @@ function json(res: ServerResponse, status: number, body: unknown): void {
 const prompt = (n: number): number[] => Array.from({ length: n }, (_, i) => 100 + (i % 1000));
 
 // Every simulator this file needs, started in parallel (each loads a real tokenizer).
-const FAST: SimulatorOptions = { timeScale: 1000, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 20 } };
+const FAST: SimulatorOptions = {
+  timeScale: 1000,
+  contextLength: 4096,
+  outputLength: { distribution: 'fixed', mean: 20 },
+};
 let fast: SimulatorHandle;
 let rc1: SimulatorHandle;
 let old: SimulatorHandle;
@@ -158,7 +159,12 @@ describe('SglangClient against the simulator', () => {
   });
 
   it('generates: ids and counts agree, a stop on EOS ends with the stop token', async () => {
-    const r = await c.generate({ inputIds: prompt(30), maxNewTokens: 100, samplingParams: { temperature: 0.6 }, rid: 'eos-1' });
+    const r = await c.generate({
+      inputIds: prompt(30),
+      maxNewTokens: 100,
+      samplingParams: { temperature: 0.6 },
+      rid: 'eos-1',
+    });
     expect(r.finishReason.type).toBe('stop');
     expect(r.completionTokens).toBe(20);
     expect(r.outputIds).toHaveLength(20);
@@ -212,7 +218,9 @@ describe('SglangClient against the simulator', () => {
   });
 
   it('turns an invalid top_p into a non-retryable SglangBadRequestError naming top_p', async () => {
-    const e = await rejectionOf(c.generate({ inputIds: prompt(10), maxNewTokens: 10, samplingParams: { top_p: 1.5 }, rid: 'topp-1' }));
+    const e = await rejectionOf(
+      c.generate({ inputIds: prompt(10), maxNewTokens: 10, samplingParams: { top_p: 1.5 }, rid: 'topp-1' }),
+    );
     expect(e).toBeInstanceOf(SglangBadRequestError);
     expect((e as SglangBadRequestError).retryable).toBe(false);
     expect((e as SglangBadRequestError).contextLengthExceeded).toBe(false);
@@ -362,7 +370,12 @@ describe('SGLang version quirks', () => {
       json(res, 200, {
         text: 'ab',
         output_ids: [11, 12],
-        meta_info: { id: 'short-1', finish_reason: { type: 'length', length: 3 }, prompt_tokens: 4, completion_tokens: 3 },
+        meta_info: {
+          id: 'short-1',
+          finish_reason: { type: 'length', length: 3 },
+          prompt_tokens: 4,
+          completion_tokens: 3,
+        },
       }),
     );
     const e = await rejectionOf(client(s.url).generate({ inputIds: [1, 2, 3, 4], maxNewTokens: 3, rid: 'short-1' }));
@@ -373,7 +386,11 @@ describe('SGLang version quirks', () => {
 
   it('names a missing required field of a 200 response', async () => {
     const s = await literal((_req, res) =>
-      json(res, 200, { text: '', output_ids: [1], meta_info: { finish_reason: { type: 'length', length: 1 }, prompt_tokens: 1 } }),
+      json(res, 200, {
+        text: '',
+        output_ids: [1],
+        meta_info: { finish_reason: { type: 'length', length: 1 }, prompt_tokens: 1 },
+      }),
     );
     const e = await rejectionOf(client(s.url).generate({ inputIds: [1], maxNewTokens: 1, rid: 'm-1' }));
     expect(e).toBeInstanceOf(SglangResponseFormatError);
@@ -454,7 +471,6 @@ describe('cancellation', () => {
 // slow simulator: requests stay running until aborted
 
 describe('SglangClient against a busy simulator', () => {
-
   it('cancels via AbortSignal with CancelledError, and the simulator frees the request', async () => {
     slow.resetStats();
     const c = client(slow.url);
@@ -545,9 +561,7 @@ describe('endpoint down', () => {
     const c = client(s.url);
     await c.generate({ inputIds: prompt(10), maxNewTokens: 20, rid: 'pre-outage' });
     s.setFaults({ hangRate: 1 });
-    const inFlight = handledOne(
-      c.generate({ inputIds: prompt(10), maxNewTokens: 20, rid: 'during-outage' }),
-    );
+    const inFlight = handledOne(c.generate({ inputIds: prompt(10), maxNewTokens: 20, rid: 'during-outage' }));
     await waitFor(() => s.stats().requests.some((r) => r.rid === 'during-outage'), 'the request at the server');
     s.clearFaults();
     await s.outage(1_500);
@@ -570,9 +584,16 @@ describe('sglang.apiKey', () => {
     const s = await literal((req, res) => {
       auth.push({ url: req.url ?? '', authorization: req.headers.authorization });
       if (req.url === '/generate') {
-        json(res, 200, { text: '', output_ids: [5], meta_info: { finish_reason: { type: 'length', length: 1 }, prompt_tokens: 1, completion_tokens: 1 } });
+        json(res, 200, {
+          text: '',
+          output_ids: [5],
+          meta_info: { finish_reason: { type: 'length', length: 1 }, prompt_tokens: 1, completion_tokens: 1 },
+        });
       } else if (req.url === '/v1/chat/completions') {
-        json(res, 200, { choices: [{ message: { content: 'x' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1 } });
+        json(res, 200, {
+          choices: [{ message: { content: 'x' }, finish_reason: 'stop' }],
+          usage: { prompt_tokens: 1, completion_tokens: 1 },
+        });
       } else if (req.url === '/model_info') {
         json(res, 200, { model_path: 'm' });
       } else {
@@ -586,7 +607,14 @@ describe('sglang.apiKey', () => {
     await c.generate({ inputIds: [1], maxNewTokens: 1, rid: 'k-1' });
     await c.chat({ messages: [{ role: 'user', content: 'x' }], maxNewTokens: 1, rid: 'k-2' });
     await c.abort('k-1');
-    expect(auth.map((a) => a.url)).toEqual(['/model_info', '/health_generate', '/health', '/generate', '/v1/chat/completions', '/abort_request']);
+    expect(auth.map((a) => a.url)).toEqual([
+      '/model_info',
+      '/health_generate',
+      '/health',
+      '/generate',
+      '/v1/chat/completions',
+      '/abort_request',
+    ]);
     expect(auth.every((a) => a.authorization === 'Bearer sk-test-1')).toBe(true);
     // Without a key, no header at all, and no extra access check.
     auth.length = 0;

@@ -37,9 +37,17 @@ async function call(url: string, init: RequestInit = {}): Promise<Reply> {
 }
 
 const post = (url: string, body: unknown, headers: Record<string, string> = {}): Promise<Reply> =>
-  call(url, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json', ...headers } });
+  call(url, {
+    method: 'POST',
+    body: JSON.stringify(body),
+    headers: { 'content-type': 'application/json', ...headers },
+  });
 
-const gen = (rid: string, maxNewTokens = 4) => ({ input_ids: [1, 2, 3], sampling_params: { max_new_tokens: maxNewTokens }, rid });
+const gen = (rid: string, maxNewTokens = 4) => ({
+  input_ids: [1, 2, 3],
+  sampling_params: { max_new_tokens: maxNewTokens },
+  rid,
+});
 
 /** The error code behind a failed fetch (ECONNREFUSED, ECONNRESET, …), or 'no error'. */
 async function fetchErrorCode(promise: Promise<unknown>): Promise<string> {
@@ -78,7 +86,12 @@ function client(endpoint: string, options: Partial<SglangClientOptions> = {}): S
 }
 const generate = (c: SglangClient, rid: string) => c.generate({ inputIds: [1, 2, 3], maxNewTokens: 4, rid });
 
-const FAST: SimulatorOptions = { timeScale: 1000, contextLength: 4096, outputLength: { distribution: 'fixed', mean: 8 }, seed: 11 };
+const FAST: SimulatorOptions = {
+  timeScale: 1000,
+  contextLength: 4096,
+  outputLength: { distribution: 'fixed', mean: 8 },
+  seed: 11,
+};
 const { sim, startSim } = useHarness({ sim: FAST });
 let keyed: SimulatorHandle;
 
@@ -120,8 +133,14 @@ describe('firstTry503Rate', () => {
     try {
       again.setFaults({ firstTry503Rate: 0.3 });
       const replay = [];
-      for (const id of [...ids].reverse()) replay.push({ id, status: (await post(`${again.url}/generate`, gen(`${id}#c`))).status });
-      expect(replay.filter((r) => r.status === 503).map((r) => r.id).sort()).toEqual([...refused].sort());
+      for (const id of [...ids].reverse())
+        replay.push({ id, status: (await post(`${again.url}/generate`, gen(`${id}#c`))).status });
+      expect(
+        replay
+          .filter((r) => r.status === 503)
+          .map((r) => r.id)
+          .sort(),
+      ).toEqual([...refused].sort());
     } finally {
       await again.stop();
     }
@@ -146,7 +165,9 @@ describe('poisonSampleIds', () => {
       expect((await post(`${url}/generate`, gen('B1/good#1'))).status).toBe(200);
       const t0 = Date.now();
       // Matched by the bare id as well as by `<dataset>/<id>`.
-      expect(['ECONNRESET', 'UND_ERR_SOCKET']).toContain(await fetchErrorCode(post(`${url}/generate`, gen('B1/bad-1#1'))));
+      expect(['ECONNRESET', 'UND_ERR_SOCKET']).toContain(
+        await fetchErrorCode(post(`${url}/generate`, gen('B1/bad-1#1'))),
+      );
       await waitFor('down', async () => (await fetchErrorCode(fetch(`${url}/health`))) === 'ECONNREFUSED', 2000);
       expect(await fetchErrorCode(post(`${url}/generate`, gen('B1/good#2')))).toBe('ECONNREFUSED');
       await waitFor('back up', async () => (await fetch(`${url}/health`).catch(() => undefined))?.status === 200, 5000);
@@ -156,7 +177,11 @@ describe('poisonSampleIds', () => {
       own.setFaults({ poisonSampleIds: ['B1/bad-1'], poisonDownMs: 100 });
       const e = await rejectionOf(generate(client(url), 'B1/bad-1#2'));
       expect(e).toBeInstanceOf(UnavailableError);
-      await waitFor('back up again', async () => (await fetch(`${url}/health`).catch(() => undefined))?.status === 200, 5000);
+      await waitFor(
+        'back up again',
+        async () => (await fetch(`${url}/health`).catch(() => undefined))?.status === 200,
+        5000,
+      );
     } finally {
       await own.stop();
     }
@@ -169,7 +194,9 @@ describe('statusAll', () => {
     const r401 = await post(`${sim.url}/generate`, gen('B1/a#1'));
     expect(r401.status).toBe(401);
     expect(r401.json).toEqual({ detail: 'Unauthorized' });
-    expect((await post(`${sim.url}/v1/chat/completions`, { messages: [{ role: 'user', content: 'x' }] })).status).toBe(401);
+    expect((await post(`${sim.url}/v1/chat/completions`, { messages: [{ role: 'user', content: 'x' }] })).status).toBe(
+      401,
+    );
     expect((await call(`${sim.url}/model_info`)).status).toBe(401);
     expect((await call(`${sim.url}/health`)).status).toBe(200);
     sim.setFaults({ statusAllHealth: true });
@@ -223,7 +250,9 @@ describe('outage (until cleared)', () => {
       expect(await fetchErrorCode(inflight)).not.toBe('no error');
       await waitFor('freed', () => own.stats().running === 0);
       expect(['ECONNRESET', 'UND_ERR_SOCKET']).toContain(await fetchErrorCode(fetch(`${own.url}/health`)));
-      expect(['ECONNRESET', 'UND_ERR_SOCKET']).toContain(await fetchErrorCode(post(`${own.url}/generate`, gen('B1/x#1'))));
+      expect(['ECONNRESET', 'UND_ERR_SOCKET']).toContain(
+        await fetchErrorCode(post(`${own.url}/generate`, gen('B1/x#1'))),
+      );
       expect((await call(`${own.url}/_sim/stats`)).status).toBe(200);
       const e = await rejectionOf(generate(client(own.url), 'B1/x#2'));
       expect(e).toBeInstanceOf(UnavailableError);
@@ -310,7 +339,16 @@ describe('bad answers', () => {
   });
 
   it('rejects invalid fault values on the admin route with 400', async () => {
-    for (const bad of [{ statusAll: 200 }, { statusAll: 'x' }, { badAnswer: 'nope' }, { poisonSampleIds: 'x' }, { poisonDownMs: -1 }, { firstTry503Rate: 2 }, { outage: 'yes' }, { badAnswerRate: 0.6, errorRate: 0.6 }]) {
+    for (const bad of [
+      { statusAll: 200 },
+      { statusAll: 'x' },
+      { badAnswer: 'nope' },
+      { poisonSampleIds: 'x' },
+      { poisonDownMs: -1 },
+      { firstTry503Rate: 2 },
+      { outage: 'yes' },
+      { badAnswerRate: 0.6, errorRate: 0.6 },
+    ]) {
       const r = await post(`${sim.url}/_sim/faults`, bad);
       expect(r.status, JSON.stringify(bad)).toBe(400);
       expect(r.json.error.message).toMatch(/fault /);
@@ -319,12 +357,14 @@ describe('bad answers', () => {
 });
 
 describe('apiKey (SGLang --api-key)', () => {
-  it("answers 401 {\"error\":\"Unauthorized\"} without the right bearer, like SGLang; health, metrics and /_sim/ stay open", async () => {
+  it('answers 401 {"error":"Unauthorized"} without the right bearer, like SGLang; health, metrics and /_sim/ stay open', async () => {
     const none = await post(`${keyed.url}/generate`, gen('B1/k#1'));
     expect(none.status).toBe(401);
     expect(none.json).toEqual({ error: 'Unauthorized' });
     expect((await post(`${keyed.url}/generate`, gen('B1/k#2'), { authorization: 'Bearer wrong' })).status).toBe(401);
-    expect((await post(`${keyed.url}/generate`, gen('B1/k#3'), { authorization: 'Bearer sk-sim-key' })).status).toBe(200);
+    expect((await post(`${keyed.url}/generate`, gen('B1/k#3'), { authorization: 'Bearer sk-sim-key' })).status).toBe(
+      200,
+    );
     expect((await call(`${keyed.url}/model_info`)).status).toBe(401);
     expect((await call(`${keyed.url}/health`)).status).toBe(200);
     expect((await call(`${keyed.url}/health_generate`)).status).toBe(200);

@@ -143,24 +143,43 @@ describe('native /generate', () => {
   it('tokenizes text input and accepts any content type (curl sends form-urlencoded)', async () => {
     const text = 'The capital city of France is';
     const tok = await post(`${sim.url}/tokenize`, { prompt: text });
-    const r = await post(`${sim.url}/generate`, { text, sampling_params: { max_new_tokens: 8 } }, 'application/x-www-form-urlencoded');
+    const r = await post(
+      `${sim.url}/generate`,
+      { text, sampling_params: { max_new_tokens: 8 } },
+      'application/x-www-form-urlencoded',
+    );
     expect(r.status).toBe(200);
     expect(r.json.meta_info.prompt_tokens).toBe(tok.json.count);
     expect(r.json.output_ids).toHaveLength(8);
   });
 
   it('answers a batch in request order, rid string -> rid_i, or a list', async () => {
-    const r = await post(`${sim.url}/generate`, { input_ids: [[1, 2, 3], [4, 5], [6]], sampling_params: { max_new_tokens: 4 }, rid: 'bat' });
+    const r = await post(`${sim.url}/generate`, {
+      input_ids: [[1, 2, 3], [4, 5], [6]],
+      sampling_params: { max_new_tokens: 4 },
+      rid: 'bat',
+    });
     expect(r.status).toBe(200);
     expect(Array.isArray(r.json)).toBe(true);
-    expect(r.json.map((x: { meta_info: { id: string; prompt_tokens: number }; output_ids: number[] }) => x.meta_info.id)).toEqual(['bat_0', 'bat_1', 'bat_2']);
-    expect(r.json.map((x: { meta_info: { id: string; prompt_tokens: number }; output_ids: number[] }) => x.meta_info.prompt_tokens)).toEqual([3, 2, 1]);
+    expect(
+      r.json.map((x: { meta_info: { id: string; prompt_tokens: number }; output_ids: number[] }) => x.meta_info.id),
+    ).toEqual(['bat_0', 'bat_1', 'bat_2']);
+    expect(
+      r.json.map(
+        (x: { meta_info: { id: string; prompt_tokens: number }; output_ids: number[] }) => x.meta_info.prompt_tokens,
+      ),
+    ).toEqual([3, 2, 1]);
     const list = await post(`${sim.url}/generate`, {
       text: ['a', 'b'],
       sampling_params: [{ max_new_tokens: 2 }, { max_new_tokens: 3 }],
       rid: ['x1', 'x2'],
     });
-    expect(list.json.map((x: { meta_info: { id: string; prompt_tokens: number }; output_ids: number[] }) => [x.meta_info.id, x.output_ids.length])).toEqual([
+    expect(
+      list.json.map((x: { meta_info: { id: string; prompt_tokens: number }; output_ids: number[] }) => [
+        x.meta_info.id,
+        x.output_ids.length,
+      ]),
+    ).toEqual([
       ['x1', 2],
       ['x2', 3],
     ]);
@@ -170,7 +189,10 @@ describe('native /generate', () => {
   });
 
   it('streams cumulative text and output_ids, then [DONE]', async () => {
-    const r = await post(`${sim.url}/generate`, gen([1, 2, 3], { max_new_tokens: 200, ignore_eos: true }, { stream: true, rid: 'st' }));
+    const r = await post(
+      `${sim.url}/generate`,
+      gen([1, 2, 3], { max_new_tokens: 200, ignore_eos: true }, { stream: true, rid: 'st' }),
+    );
     expect(r.status).toBe(200);
     const events = sseEvents(r.text);
     expect(events.at(-1)).toBe('[DONE]');
@@ -189,7 +211,11 @@ describe('native /generate', () => {
     for (const chunk of chunks.slice(0, -1)) expect(chunk.meta_info.finish_reason).toBeNull();
     for (const chunk of chunks) expect(last.output_ids.slice(0, chunk.output_ids.length)).toEqual(chunk.output_ids);
 
-    const batch = await post(`${sim.url}/generate`, { input_ids: [[1], [2]], sampling_params: { max_new_tokens: 3 }, stream: true });
+    const batch = await post(`${sim.url}/generate`, {
+      input_ids: [[1], [2]],
+      sampling_params: { max_new_tokens: 3 },
+      stream: true,
+    });
     const batchEvents = sseEvents(batch.text);
     expect(batchEvents.at(-1)).toBe('[DONE]');
     const finals = batchEvents
@@ -205,7 +231,10 @@ describe('native /generate', () => {
       [gen([1], { temperature: -1 }), 'temperature must be non-negative, got -1.'],
       [gen([1], { max_new_tokens: -1 }), 'max_new_tokens must be at least 0, got -1.'],
       [gen([1], { top_k: 0 }), 'top_k must be -1 (disable), or at least 1, got 0.'],
-      [gen(Array.from({ length: 4096 }, () => 1)), "The input (4096 tokens) is longer than the model's context length (4096 tokens)."],
+      [
+        gen(Array.from({ length: 4096 }, () => 1)),
+        "The input (4096 tokens) is longer than the model's context length (4096 tokens).",
+      ],
       [gen([999_999]), 'contains values greater than the vocab size'],
       [{ sampling_params: {} }, 'Either text, input_ids or input_embeds should be provided.'],
     ];
@@ -215,7 +244,13 @@ describe('native /generate', () => {
       expect(Object.keys(r.json)).toEqual(['error']);
       expect(r.json.error.message).toContain(message);
     }
-    const total = await post(`${sim.url}/generate`, gen(Array.from({ length: 4000 }, () => 1), { max_new_tokens: 200 }));
+    const total = await post(
+      `${sim.url}/generate`,
+      gen(
+        Array.from({ length: 4000 }, () => 1),
+        { max_new_tokens: 200 },
+      ),
+    );
     expect(total.status).toBe(400);
     expect(total.json.error.message).toMatch(
       /^Requested token count exceeds the model's maximum context length of 4096 tokens\. You requested a total of 4200 tokens: 4000 tokens from the input messages and 200 tokens/,
@@ -245,7 +280,11 @@ describe('/v1/chat/completions', () => {
     const r = await post(`${sim.url}/v1/chat/completions`, { model: 'Qwen/Qwen3-8B', messages, max_tokens: 100 });
     expect(r.status).toBe(200);
     expect(r.json.id).toMatch(/^[0-9a-f]{32}$/);
-    expect(r.json).toMatchObject({ object: 'chat.completion', model: 'Qwen/Qwen3-8B', metadata: { weight_version: 'default' } });
+    expect(r.json).toMatchObject({
+      object: 'chat.completion',
+      model: 'Qwen/Qwen3-8B',
+      metadata: { weight_version: 'default' },
+    });
     expect(typeof r.json.created).toBe('number');
     const choice = r.json.choices[0];
     expect(choice).toMatchObject({
@@ -269,7 +308,13 @@ describe('/v1/chat/completions', () => {
   });
 
   it('streams chunks, then [DONE]', async () => {
-    const r = await post(`${sim.url}/v1/chat/completions`, { messages, max_tokens: 300, ignore_eos: true, stream: true, stream_options: { include_usage: true } });
+    const r = await post(`${sim.url}/v1/chat/completions`, {
+      messages,
+      max_tokens: 300,
+      ignore_eos: true,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     const events = sseEvents(r.text);
     expect(events.at(-1)).toBe('[DONE]');
     const chunks = events.slice(0, -1).map((e) => JSON.parse(e));
@@ -288,7 +333,9 @@ describe('/v1/chat/completions', () => {
     const tooLong = await post(`${sim.url}/v1/chat/completions`, { messages, max_tokens: 5000 });
     expect(tooLong.status).toBe(400);
     expect(tooLong.json).toMatchObject({ object: 'error', type: 'BadRequestError', param: null, code: 400 });
-    expect(tooLong.json.message).toContain("Requested token count exceeds the model's maximum context length of 4096 tokens.");
+    expect(tooLong.json.message).toContain(
+      "Requested token count exceeds the model's maximum context length of 4096 tokens.",
+    );
     const badTopP = await post(`${sim.url}/v1/chat/completions`, { messages, top_p: 0 });
     expect(badTopP.json.message).toBe('top_p must be in (0, 1], got 0.');
   });
@@ -302,7 +349,10 @@ describe('other routes', () => {
       expect(r.text).toBe('');
     }
     const models = await call(`${sim.url}/v1/models`);
-    expect(models.json).toMatchObject({ object: 'list', data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'sglang', max_model_len: 4096 }] });
+    expect(models.json).toMatchObject({
+      object: 'list',
+      data: [{ id: 'Qwen/Qwen3-8B', object: 'model', owned_by: 'sglang', max_model_len: 4096 }],
+    });
     expect((await call(`${sim.url}/v1/models/Qwen/Qwen3-8B`)).json.id).toBe('Qwen/Qwen3-8B');
     expect((await call(`${sim.url}/v1/models/nope`)).status).toBe(404);
     for (const p of ['/model_info', '/get_model_info']) {
@@ -314,12 +364,20 @@ describe('other routes', () => {
       const r = await call(`${sim.url}${p}`);
       expect(r.json).toMatchObject({ max_running_requests: 4, context_length: 4096, version: '0.5.4' });
       expect(r.json.max_total_num_tokens).toBeGreaterThan(0);
-      expect(r.json.internal_states[0]).toMatchObject({ last_gen_throughput: expect.any(Number), load: expect.any(Number) });
+      expect(r.json.internal_states[0]).toMatchObject({
+        last_gen_throughput: expect.any(Number),
+        load: expect.any(Number),
+      });
     }
     const load = await call(`${sim.url}/get_load`);
     expect(load.json).toEqual([{ dp_rank: 0, num_reqs: 0, num_waiting_reqs: 0, num_tokens: 0 }]);
     const loads = await call(`${sim.url}/v1/loads`);
-    expect(loads.json.loads[0]).toMatchObject({ dp_rank: 0, num_running_reqs: 0, num_waiting_reqs: 0, max_running_requests: 4 });
+    expect(loads.json.loads[0]).toMatchObject({
+      dp_rank: 0,
+      num_running_reqs: 0,
+      num_waiting_reqs: 0,
+      max_running_requests: 4,
+    });
     for (const method of ['GET', 'POST']) {
       const flush = await call(`${sim.url}/flush_cache`, { method });
       expect(flush.status).toBe(200);
@@ -358,7 +416,8 @@ describe('other routes', () => {
 });
 
 describe('abort', () => {
-  const long = (rid: string) => post(`${sim.url}/generate`, gen([1, 2, 3], { max_new_tokens: 3000, ignore_eos: true }, { rid }));
+  const long = (rid: string) =>
+    post(`${sim.url}/generate`, gen([1, 2, 3], { max_new_tokens: 3000, ignore_eos: true }, { rid }));
 
   it('ends a running request now, with its partial output', async () => {
     sim.resetStats();
@@ -395,9 +454,12 @@ describe('abort', () => {
     sim.resetStats();
     const controller = new AbortController();
     const kept = long('kept');
-    const gone = post(`${sim.url}/generate`, gen([9], { max_new_tokens: 3000, ignore_eos: true }), 'application/json', controller.signal).catch(
-      (e: unknown) => e,
-    );
+    const gone = post(
+      `${sim.url}/generate`,
+      gen([9], { max_new_tokens: 3000, ignore_eos: true }),
+      'application/json',
+      controller.signal,
+    ).catch((e: unknown) => e);
     await waitFor('2 running', () => sim.stats().running === 2);
     controller.abort();
     expect(await gone).toBeInstanceOf(Error);
@@ -409,10 +471,19 @@ describe('abort', () => {
 
 describe('determinism and versions', () => {
   it('gives the same output for the same (seed, rid, prompt length)', async () => {
-    const other = await startSimulator({ seed: 7, timeScale: 50, outputLength: { distribution: 'lognormal', mean: 40 } });
-    const same = await startSimulator({ seed: 0, timeScale: 50, outputLength: { distribution: 'lognormal', mean: 40 } });
+    const other = await startSimulator({
+      seed: 7,
+      timeScale: 50,
+      outputLength: { distribution: 'lognormal', mean: 40 },
+    });
+    const same = await startSimulator({
+      seed: 0,
+      timeScale: 50,
+      outputLength: { distribution: 'lognormal', mean: 40 },
+    });
     try {
-      const ask = (url: string, rid: string) => post(`${url}/generate`, gen([1, 2, 3, 4], { max_new_tokens: 1000 }, { rid }));
+      const ask = (url: string, rid: string) =>
+        post(`${url}/generate`, gen([1, 2, 3, 4], { max_new_tokens: 1000 }, { rid }));
       const a1 = await ask(same.url, 'det');
       const a2 = await ask(same.url, 'det');
       expect(a2.json.output_ids).toEqual(a1.json.output_ids);
@@ -428,8 +499,16 @@ describe('determinism and versions', () => {
   });
 
   it('reproduces the 0.5.2rc1 output_ids quirk and the 0.4.10 shapes', async () => {
-    const rc = await startSimulator({ version: '0.5.2rc1', timeScale: 50, outputLength: { distribution: 'fixed', mean: 20 } });
-    const old = await startSimulator({ version: '0.4.10', timeScale: 50, outputLength: { distribution: 'fixed', mean: 20 } });
+    const rc = await startSimulator({
+      version: '0.5.2rc1',
+      timeScale: 50,
+      outputLength: { distribution: 'fixed', mean: 20 },
+    });
+    const old = await startSimulator({
+      version: '0.4.10',
+      timeScale: 50,
+      outputLength: { distribution: 'fixed', mean: 20 },
+    });
     try {
       const prompt = [11, 12, 13, 14, 15, 16, 17];
       const r = await post(`${rc.url}/generate`, gen(prompt, { max_new_tokens: 128, ignore_eos: true }));
@@ -480,7 +559,12 @@ describe('faults, as a plain fetch client sees them', () => {
   it('hangRate: no answer until the client gives up; abort_request answers a hung request', async () => {
     sim.resetStats();
     sim.setFaults({ hangRate: 1 });
-    const timedOut = await post(`${sim.url}/generate`, gen([1], {}), 'application/json', AbortSignal.timeout(300)).catch((e: unknown) => e);
+    const timedOut = await post(
+      `${sim.url}/generate`,
+      gen([1], {}),
+      'application/json',
+      AbortSignal.timeout(300),
+    ).catch((e: unknown) => e);
     expect((timedOut as Error).name).toBe('TimeoutError');
     await waitFor('hung request released', () => sim.stats().aborted === 1);
     const hung = post(`${sim.url}/generate`, gen([1], {}, { rid: 'hung-1' }));
@@ -499,7 +583,10 @@ describe('faults, as a plain fetch client sees them', () => {
 
   it('malformedRate: 200 with a truncated JSON body', async () => {
     sim.setFaults({ malformedRate: 1 });
-    const res = await fetch(`${sim.url}/generate`, { method: 'POST', body: JSON.stringify(gen([1], { max_new_tokens: 4 })) });
+    const res = await fetch(`${sim.url}/generate`, {
+      method: 'POST',
+      body: JSON.stringify(gen([1], { max_new_tokens: 4 })),
+    });
     expect(res.status).toBe(200);
     await expect(res.json()).rejects.toThrow(SyntaxError);
   });
@@ -554,7 +641,8 @@ describe('faults, as a plain fetch client sees them', () => {
   it('maxQueuedRequests: 503 "The request queue is full." beyond it', async () => {
     const small = await startSimulator({ maxRunningRequests: 1, maxQueuedRequests: 1, timeScale: 20 });
     try {
-      const slow = (rid: string) => post(`${small.url}/generate`, gen([1], { max_new_tokens: 3000, ignore_eos: true }, { rid }));
+      const slow = (rid: string) =>
+        post(`${small.url}/generate`, gen([1], { max_new_tokens: 3000, ignore_eos: true }, { rid }));
       const a = slow('a');
       const b = slow('b');
       await waitFor('one running, one queued', () => small.stats().running === 1 && small.stats().queued === 1);
@@ -573,7 +661,12 @@ describe('continuous batching over HTTP', () => {
   it('aggregate throughput rises with concurrency, saturates at the slot limit; extra requests queue', async () => {
     const timeScale = 25;
     const config = { singleRequestTokensPerSec: 80, peakTokensPerSec: 2500 };
-    const load = await startSimulator({ ...config, timeScale, maxRunningRequests: 64, outputLength: { distribution: 'fixed', mean: 400 } });
+    const load = await startSimulator({
+      ...config,
+      timeScale,
+      maxRunningRequests: 64,
+      outputLength: { distribution: 'fixed', mean: 400 },
+    });
     try {
       const rounds = 2;
       /** Output tokens per wall second with `concurrency` clients each sending `rounds` requests back to back. */
@@ -583,7 +676,10 @@ describe('continuous batching over HTTP', () => {
         await Promise.all(
           Array.from({ length: concurrency }, async (_, w) => {
             for (let r = 0; r < rounds; r++) {
-              const res = await post(`${load.url}/generate`, gen([1, 2, 3, 4], { max_new_tokens: 1000 }, { rid: `c${concurrency}-${w}-${r}` }));
+              const res = await post(
+                `${load.url}/generate`,
+                gen([1, 2, 3, 4], { max_new_tokens: 1000 }, { rid: `c${concurrency}-${w}-${r}` }),
+              );
               expect(res.json.output_ids).toHaveLength(400);
               tokens += res.json.meta_info.completion_tokens as number;
             }
@@ -640,7 +736,20 @@ describe('tokenmill sim (CLI)', () => {
   it('starts, logs its URL, serves SGLang, stops cleanly on SIGTERM', async () => {
     child = spawn(
       process.execPath,
-      ['--import', 'tsx', 'src/cli/main.ts', 'sim', '--port', '0', '--time-scale', '100', '--output-distribution', 'fixed', '--mean-output-tokens', '16'],
+      [
+        '--import',
+        'tsx',
+        'src/cli/main.ts',
+        'sim',
+        '--port',
+        '0',
+        '--time-scale',
+        '100',
+        '--output-distribution',
+        'fixed',
+        '--mean-output-tokens',
+        '16',
+      ],
       { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     let stdout = '';
@@ -648,7 +757,11 @@ describe('tokenmill sim (CLI)', () => {
     const exited = new Promise<number | null>((resolve) => child?.on('exit', (code) => resolve(code)));
     await waitFor('URL on stdout', () => /listening on (http:\/\/\S+)/.test(stdout), 30_000);
     const url = /listening on (http:\/\/\S+)/.exec(stdout)?.[1] ?? '';
-    const r = await post(`${url}/generate`, '{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":8}}', 'application/x-www-form-urlencoded');
+    const r = await post(
+      `${url}/generate`,
+      '{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":8}}',
+      'application/x-www-form-urlencoded',
+    );
     expect(r.status).toBe(200);
     expect(r.json.output_ids).toHaveLength(8);
     expect(r.json.meta_info.finish_reason).toEqual({ type: 'length', length: 8 });

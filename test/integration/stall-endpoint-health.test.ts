@@ -40,13 +40,23 @@ describe('endpoint health published by the inference workers', () => {
     try {
       await Promise.all([a.start(), b.start()]);
       // Published at start, by both workers.
-      expect(await health()).toMatchObject({ total: 1, healthy: 1, reported: 1, endpoints: [{ url: sim.url, up: true, reason: null, workers: 2 }] });
+      expect(await health()).toMatchObject({
+        total: 1,
+        healthy: 1,
+        reported: 1,
+        endpoints: [{ url: sim.url, up: true, reason: null, workers: 2 }],
+      });
 
       // Refreshed periodically: a report outlives its own expiry (three intervals).
-      const first = JSON.parse((await reader.hget(keys.endpointHealth(), `host-a:1 ${sim.url}`)) ?? '{}') as { updatedMs: number; expiresMs: number };
+      const first = JSON.parse((await reader.hget(keys.endpointHealth(), `host-a:1 ${sim.url}`)) ?? '{}') as {
+        updatedMs: number;
+        expiresMs: number;
+      };
       expect(first.expiresMs - first.updatedMs).toBe(3 * INTERVAL_MS);
       await waitFor(async () => {
-        const now = JSON.parse((await reader.hget(keys.endpointHealth(), `host-a:1 ${sim.url}`)) ?? '{}') as { updatedMs: number };
+        const now = JSON.parse((await reader.hget(keys.endpointHealth(), `host-a:1 ${sim.url}`)) ?? '{}') as {
+          updatedMs: number;
+        };
         return now.updatedMs > first.expiresMs;
       }, 'a refreshed report');
       expect((await health()).healthy).toBe(1);
@@ -57,13 +67,23 @@ describe('endpoint health published by the inference workers', () => {
         const h = await health();
         return h.healthy === 0 && h.reported === 1 ? h : undefined;
       }, 'the endpoint reported down');
-      expect(down?.endpoints[0]).toMatchObject({ up: false, reason: `GET /health on ${sim.url} answered 503`, workers: 2 });
+      expect(down?.endpoints[0]).toMatchObject({
+        up: false,
+        reason: `GET /health on ${sim.url} answered 503`,
+        workers: 2,
+      });
 
       // The progress line of `run` says why nothing moves.
-      const cfg = { run: 'health', datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }], sglang: { endpoints: [sim.url] } } as never;
+      const cfg = {
+        run: 'health',
+        datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }],
+        sglang: { endpoints: [sim.url] },
+      } as never;
       await reader.hset(keys.stats('alpha'), 'status', 'in_progress');
       const line = formatProgressLine(await readRunStatus(reader, keys, cfg), 12);
-      expect(line).toBe(`[12s] generate: 0/1 datasets completed, 0 tokens, 0 in flight, 0 tok/s, ETA unknown; waiting: 0/1 endpoints healthy (GET /health on ${sim.url} answered 503)`);
+      expect(line).toBe(
+        `[12s] generate: 0/1 datasets completed, 0 tokens, 0 in flight, 0 tok/s, ETA unknown; waiting: 0/1 endpoints healthy (GET /health on ${sim.url} answered 503)`,
+      );
 
       // Healthy again: back in rotation, with a new "since".
       const downSince = down?.endpoints[0]?.sinceMs ?? 0;
@@ -82,7 +102,7 @@ describe('endpoint health published by the inference workers', () => {
 
       // The other can no longer reach Redis (as if killed or cut off): its view expires.
       connB.disconnect();
-      await waitFor(async () => (await health()).reported === 0, 'the silent worker\'s view expired');
+      await waitFor(async () => (await health()).reported === 0, "the silent worker's view expired");
       expect(await health()).toMatchObject({ healthy: 0, reported: 0, endpoints: [{ up: null, workers: 0 }] });
     } finally {
       await a.stop();
@@ -98,12 +118,36 @@ describe('endpoint health published by the inference workers', () => {
     await conn.hset(
       keys.endpointHealth(),
       `w1 ${url}`,
-      JSON.stringify({ url, up: false, reason: 'connect ECONNREFUSED', sinceMs: now - 5_000, worker: 'w1', updatedMs: now, expiresMs: now + 10_000 }),
+      JSON.stringify({
+        url,
+        up: false,
+        reason: 'connect ECONNREFUSED',
+        sinceMs: now - 5_000,
+        worker: 'w1',
+        updatedMs: now,
+        expiresMs: now + 10_000,
+      }),
       `w2 ${url}`,
-      JSON.stringify({ url, up: true, reason: null, sinceMs: now - 9_000, worker: 'w2', updatedMs: now, expiresMs: now + 10_000 }),
+      JSON.stringify({
+        url,
+        up: true,
+        reason: null,
+        sinceMs: now - 9_000,
+        worker: 'w2',
+        updatedMs: now,
+        expiresMs: now + 10_000,
+      }),
       // Long dead (expired ten minutes ago and more): deleted by the reader.
       `w3 ${url}`,
-      JSON.stringify({ url, up: true, reason: null, sinceMs: 0, worker: 'w3', updatedMs: 0, expiresMs: now - 11 * 60_000 }),
+      JSON.stringify({
+        url,
+        up: true,
+        reason: null,
+        sinceMs: 0,
+        worker: 'w3',
+        updatedMs: 0,
+        expiresMs: now - 11 * 60_000,
+      }),
       'garbage',
       'not json',
     );

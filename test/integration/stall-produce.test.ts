@@ -33,18 +33,52 @@ describe('stall watchdog in `produce`', () => {
     const conn = redis.connection('client');
     // An inference worker reports the endpoint healthy, but takes no batch (the bug case).
     const now = Date.now();
-    await writeEndpointHealth(conn, keys, [{ url: EP, up: true, reason: null, sinceMs: now, worker: 'silent:1', updatedMs: now, expiresMs: now + 10 * 60_000 }]);
+    await writeEndpointHealth(conn, keys, [
+      {
+        url: EP,
+        up: true,
+        reason: null,
+        sinceMs: now,
+        worker: 'silent:1',
+        updatedMs: now,
+        expiresMs: now + 10 * 60_000,
+      },
+    ]);
 
     const produce = spawnCli(['produce', '-c', configPath]);
     try {
-      await waitFor(() => /"msg":"dataset alpha stalled for \d+s: 3 batch job\(s\) pending \(3 waiting, 0 active\), 0 requests in flight, 1\/1 endpoints healthy"/.test(produce.output()), 'the stall error from produce', 30_000);
-      const line = produce.output().split('\n').find((l) => l.includes('dataset alpha stalled')) ?? '';
-      expect(JSON.parse(line)).toMatchObject({ level: 50, dataset: 'alpha', waiting: 3, active: 0, inFlight: 0, healthyEndpoints: 1, totalEndpoints: 1 });
+      await waitFor(
+        () =>
+          /"msg":"dataset alpha stalled for \d+s: 3 batch job\(s\) pending \(3 waiting, 0 active\), 0 requests in flight, 1\/1 endpoints healthy"/.test(
+            produce.output(),
+          ),
+        'the stall error from produce',
+        30_000,
+      );
+      const line =
+        produce
+          .output()
+          .split('\n')
+          .find((l) => l.includes('dataset alpha stalled')) ?? '';
+      expect(JSON.parse(line)).toMatchObject({
+        level: 50,
+        dataset: 'alpha',
+        waiting: 3,
+        active: 0,
+        inFlight: 0,
+        healthyEndpoints: 1,
+        totalEndpoints: 1,
+      });
 
-      const [json, table] = await Promise.all([cliOk(['status', '-c', configPath, '--json']), cliOk(['status', '-c', configPath])]);
+      const [json, table] = await Promise.all([
+        cliOk(['status', '-c', configPath, '--json']),
+        cliOk(['status', '-c', configPath]),
+      ]);
       const status = JSON.parse(json.trim().split('\n').at(-1) ?? '{}') as RunStatus;
       expect(status.datasets[0]?.status).toMatch(/^(pending|in_progress)$/);
-      expect(status.datasets[0]?.stalled?.reason).toBe('3 batch job(s) pending (3 waiting, 0 active), 0 requests in flight, 1/1 endpoints healthy');
+      expect(status.datasets[0]?.stalled?.reason).toBe(
+        '3 batch job(s) pending (3 waiting, 0 active), 0 requests in flight, 1/1 endpoints healthy',
+      );
       expect(table).toMatch(/\n! alpha stalled for \d+s: 3 batch job\(s\) pending/);
     } finally {
       produce.child.kill('SIGTERM');

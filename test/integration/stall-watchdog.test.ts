@@ -49,7 +49,13 @@ interface Logged {
 }
 
 /** A fresh run: its keys, a queue for dataset `alpha` marked in progress, a log to read back. */
-async function setup(): Promise<{ run: string; keys: RunKeys; queue: Queue; logs: Logged[]; watchdog: (o?: Partial<StallWatchdogOptions>) => StallWatchdog }> {
+async function setup(): Promise<{
+  run: string;
+  keys: RunKeys;
+  queue: Queue;
+  logs: Logged[];
+  watchdog: (o?: Partial<StallWatchdogOptions>) => StallWatchdog;
+}> {
   runNo += 1;
   const run = `stall${runNo}`;
   const keys = new RunKeys(redis.prefix, run);
@@ -59,7 +65,16 @@ async function setup(): Promise<{ run: string; keys: RunKeys; queue: Queue; logs
   const logs: Logged[] = [];
   const logger = pino({ level: 'warn' }, { write: (line: string) => void logs.push(JSON.parse(line) as Logged) });
   const watchdog = (o: Partial<StallWatchdogOptions> = {}): StallWatchdog => {
-    const w = new StallWatchdog({ redis: conn, keys, datasets: ['alpha'], endpoints: [EP], stallAfterMs: STALL_MS, checkIntervalMs: 50, logger, ...o });
+    const w = new StallWatchdog({
+      redis: conn,
+      keys,
+      datasets: ['alpha'],
+      endpoints: [EP],
+      stallAfterMs: STALL_MS,
+      checkIntervalMs: 50,
+      logger,
+      ...o,
+    });
     cleanups.push(() => w.stop());
     return w;
   };
@@ -68,15 +83,28 @@ async function setup(): Promise<{ run: string; keys: RunKeys; queue: Queue; logs
 
 function report(up: boolean, o: Partial<EndpointHealthReport> = {}): EndpointHealthReport {
   const now = Date.now();
-  return { url: EP, up, reason: up ? null : 'GET /health answered 503', sinceMs: now, worker: 'w1:1', updatedMs: now, expiresMs: now + 60_000, ...o };
+  return {
+    url: EP,
+    up,
+    reason: up ? null : 'GET /health answered 503',
+    sinceMs: now,
+    worker: 'w1:1',
+    updatedMs: now,
+    expiresMs: now + 60_000,
+    ...o,
+  };
 }
 
 /** Checks until the dataset has been in its condition longer than the threshold; returns that check. */
 async function checkPastThreshold(w: StallWatchdog): Promise<DatasetWatch> {
-  return until(async () => {
-    const [d] = await w.check();
-    return d !== undefined && Date.now() - d.sinceMs > 2 * STALL_MS ? d : undefined;
-  }, 'a check past the stall threshold', 10_000);
+  return until(
+    async () => {
+      const [d] = await w.check();
+      return d !== undefined && Date.now() - d.sinceMs > 2 * STALL_MS ? d : undefined;
+    },
+    'a check past the stall threshold',
+    10_000,
+  );
 }
 
 describe('stall watchdog', () => {
@@ -85,7 +113,11 @@ describe('stall watchdog', () => {
     await queue.add('batch', { n: 1 });
     await queue.add('batch', { n: 2 });
     // A worker takes one batch and sits on it (the issue's case: active, lock renewed, nothing sent).
-    const holder = new Worker(generateQueueName('alpha'), null, { connection: redis.connection(), prefix: keys.bullPrefix, autorun: false });
+    const holder = new Worker(generateQueueName('alpha'), null, {
+      connection: redis.connection(),
+      prefix: keys.bullPrefix,
+      autorun: false,
+    });
     cleanups.push(() => holder.close());
     expect(await holder.getNextJob('holder-token')).toBeDefined();
     await writeEndpointHealth(conn, keys, [report(true)]);
@@ -93,10 +125,23 @@ describe('stall watchdog', () => {
     const w = watchdog();
     const started = Date.now();
     w.start();
-    const stalled = await until(async () => (await readStalls(conn, keys)).get('alpha'), 'alpha reported stalled', 10_000);
+    const stalled = await until(
+      async () => (await readStalls(conn, keys)).get('alpha'),
+      'alpha reported stalled',
+      10_000,
+    );
     expect(Date.now() - started).toBeGreaterThanOrEqual(STALL_MS);
-    expect(stalled).toMatchObject({ dataset: 'alpha', waiting: 1, active: 1, inFlight: 0, healthyEndpoints: 1, totalEndpoints: 1 });
-    expect(stalled.reason).toBe('2 batch job(s) pending (1 waiting, 1 active), 0 requests in flight, 1/1 endpoints healthy');
+    expect(stalled).toMatchObject({
+      dataset: 'alpha',
+      waiting: 1,
+      active: 1,
+      inFlight: 0,
+      healthyEndpoints: 1,
+      totalEndpoints: 1,
+    });
+    expect(stalled.reason).toBe(
+      '2 batch job(s) pending (1 waiting, 1 active), 0 requests in flight, 1/1 endpoints healthy',
+    );
 
     // An error names the dataset and the counts; it is not repeated on every check.
     await waitFor(() => logs.some((l) => l.level === 50), 'the error log');
@@ -106,20 +151,38 @@ describe('stall watchdog', () => {
     expect(errors[0]?.msg).toMatch(/^dataset alpha stalled for \d+s: 2 batch job\(s\) pending/);
 
     // status: the dataset keeps its status, with `stalled` beside it and a warning line.
-    const cfg = { run, datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }], sglang: { endpoints: [EP] } } as never;
+    const cfg = {
+      run,
+      datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }],
+      sglang: { endpoints: [EP] },
+    } as never;
     const status = await readRunStatus(conn, keys, cfg);
-    expect(status.datasets[0]).toMatchObject({ status: 'in_progress', stalled: { sinceMs: stalled.sinceMs, reason: stalled.reason } });
+    expect(status.datasets[0]).toMatchObject({
+      status: 'in_progress',
+      stalled: { sinceMs: stalled.sinceMs, reason: stalled.reason },
+    });
     expect(status.endpoints).toMatchObject({ total: 1, healthy: 1, reported: 1 });
-    expect(formatRunStatus(status)).toMatch(/\n! alpha stalled for \d+s: 2 batch job\(s\) pending \(1 waiting, 1 active\), 0 requests in flight, 1\/1 endpoints healthy — a bug/);
+    expect(formatRunStatus(status)).toMatch(
+      /\n! alpha stalled for \d+s: 2 batch job\(s\) pending \(1 waiting, 1 active\), 0 requests in flight, 1\/1 endpoints healthy — a bug/,
+    );
 
     // The same through the CLI, as users run it.
     writePrompts(tmp.dir, 'alpha', 2);
     const configPath = writeConfig(
       tmp.dir,
-      { run, redis: { url: redis.url, prefix: redis.prefix }, sglang: { endpoints: [EP] }, datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }], output: { dir: 'out' } },
+      {
+        run,
+        redis: { url: redis.url, prefix: redis.prefix },
+        sglang: { endpoints: [EP] },
+        datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }],
+        output: { dir: 'out' },
+      },
       `${run}.yaml`,
     );
-    const [json, table] = await Promise.all([cliOk(['status', '-c', configPath, '--json']), cliOk(['status', '-c', configPath])]);
+    const [json, table] = await Promise.all([
+      cliOk(['status', '-c', configPath, '--json']),
+      cliOk(['status', '-c', configPath]),
+    ]);
     const parsed = JSON.parse(json.trim().split('\n').at(-1) ?? '{}') as RunStatus;
     expect(parsed.datasets[0]?.status).toBe('in_progress');
     expect(parsed.datasets[0]?.stalled?.reason).toBe(stalled.reason);
@@ -154,11 +217,17 @@ describe('stall watchdog', () => {
     expect(logs.find((l) => l.level === 40)?.msg).toBe(
       `dataset alpha is waiting: 0/1 endpoints healthy (${EP}: GET /health answered 503); 1 batch job(s) pending`,
     );
-    const cfg = { run, datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }], sglang: { endpoints: [EP] } } as never;
+    const cfg = {
+      run,
+      datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }],
+      sglang: { endpoints: [EP] },
+    } as never;
     const status = await readRunStatus(conn, keys, cfg);
     expect(status.datasets[0]?.stalled).toBeNull();
     expect(status.endpoints).toMatchObject({ total: 1, healthy: 0, reported: 1 });
-    expect(formatRunStatus(status)).toMatch(new RegExp(`\\nwaiting: 0/1 endpoints healthy \\(${EP}: GET /health answered 503\\)$`));
+    expect(formatRunStatus(status)).toMatch(
+      new RegExp(`\\nwaiting: 0/1 endpoints healthy \\(${EP}: GET /health answered 503\\)$`),
+    );
   });
 
   it('with no inference worker reporting (or only expired reports), the dataset is waiting', async () => {
@@ -215,7 +284,11 @@ describe('stall watchdog', () => {
     expect((await readStalls(conn, keys)).has('alpha')).toBe(true);
     await w.stop();
     expect(await conn.hexists(keys.stalls(), 'alpha')).toBe(0);
-    await conn.hset(keys.stalls(), 'alpha', JSON.stringify({ dataset: 'alpha', sinceMs: 1, reason: 'old', expiresMs: Date.now() - 1 }));
+    await conn.hset(
+      keys.stalls(),
+      'alpha',
+      JSON.stringify({ dataset: 'alpha', sinceMs: 1, reason: 'old', expiresMs: Date.now() - 1 }),
+    );
     expect((await readStalls(conn, keys)).size).toBe(0);
   });
 });

@@ -10,7 +10,12 @@ import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '.
 const { redis, sim, tmp } = useHarness({
   redis: true,
   // ~1 s per request: a signal lands mid-generation.
-  sim: { timeScale: 8, maxRunningRequests: 16, seed: 23, outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 } },
+  sim: {
+    timeScale: 8,
+    maxRunningRequests: 16,
+    seed: 23,
+    outputLength: { distribution: 'lognormal', mean: 600, sigma: 0.6 },
+  },
   tmp: true,
   cli: true,
 });

@@ -54,9 +54,18 @@ const FIXED_TEXTS = [
 /** Deterministic pseudo-random texts over a mixed alphabet, for what hand-picking misses. */
 function randomTexts(count: number, seed: number): string[] {
   const pools = [
-    'abcdefghijklmnopqrstuvwxyz', 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', '0123456789', '     \t\n\r',
-    '.,;:!?\'"()[]{}<>/\\|-_=+*&^%$#@~`', '你好世界中文字漢語', 'ひらがなカタカナー、。', '한국어텍스트',
-    'éèêëàâäôöûüçñßœ', '🙂😀🎉👍🏽👨‍👩‍👧\u200d\ufe0f', 'ſK\u00a0\u3000\u2028\u200b', 'абвгдежзαβγδ',
+    'abcdefghijklmnopqrstuvwxyz',
+    'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+    '0123456789',
+    '     \t\n\r',
+    '.,;:!?\'"()[]{}<>/\\|-_=+*&^%$#@~`',
+    '你好世界中文字漢語',
+    'ひらがなカタカナー、。',
+    '한국어텍스트',
+    'éèêëàâäôöûüçñßœ',
+    '🙂😀🎉👍🏽👨‍👩‍👧\u200d\ufe0f',
+    'ſK\u00a0\u3000\u2028\u200b',
+    'абвгдежзαβγδ',
   ];
   let state = seed;
   const next = (n: number): number => {
@@ -150,7 +159,11 @@ describe('tiktoken encoder against Python tiktoken on the same rank file', () =>
       ranks: o200kTable,
       pattern: CL100K_PATTERN,
       patternSource: 'cl100k',
-      specialTokens: Object.entries(o200kRanks().specialTokens).map(([content, id]) => ({ content, id, special: true })),
+      specialTokens: Object.entries(o200kRanks().specialTokens).map(([content, id]) => ({
+        content,
+        id,
+        special: true,
+      })),
     });
     const py = report.cases.find((c) => c.name === 'cl100k-pattern');
     const diffs = TEXTS.map((text, i) => difference(text, cl.encode(text), py?.ids[i] ?? [])).filter((d) => d !== '');
@@ -175,7 +188,8 @@ describe('tiktoken encoder against Python tiktoken on the same rank file', () =>
   it('the patterns tokenize part of the corpus differently, so each case tests its own pattern', () => {
     const py = (name: string): number[][] => report.cases.find((c) => c.name === name)?.ids ?? [];
     const plain = TEXTS.flatMap((t, i) => (t.includes('<|') || t.includes('[EOS]') ? [] : [i]));
-    const differing = (a: number[][], b: number[][]): number => plain.filter((i) => JSON.stringify(a[i]) !== JSON.stringify(b[i])).length;
+    const differing = (a: number[][], b: number[][]): number =>
+      plain.filter((i) => JSON.stringify(a[i]) !== JSON.stringify(b[i])).length;
     expect(differing(py('o200k'), py('kimi'))).toBeGreaterThanOrEqual(2);
     expect(differing(py('o200k'), py('cl100k-pattern'))).toBeGreaterThanOrEqual(2);
   });

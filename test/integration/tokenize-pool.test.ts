@@ -52,8 +52,17 @@ function corpusLines(): string[] {
     [3, '{"id": "broken", "conversations": ['],
     [10, JSON.stringify({ id: 'no-turns', conversations: [] })],
     [20, JSON.stringify({ id: 'refused', conversations: [user(REFUSED), { role: 'assistant', content: 'x' }] })],
-    [25, JSON.stringify({ id: 'refused', conversations: [user('same id as a refused line'), { role: 'assistant', content: 'y' }] })],
-    [40, JSON.stringify({ id: 'only-user', conversations: [{ role: 'system', content: 's' }, user('nobody answers')] })],
+    [
+      25,
+      JSON.stringify({
+        id: 'refused',
+        conversations: [user('same id as a refused line'), { role: 'assistant', content: 'y' }],
+      }),
+    ],
+    [
+      40,
+      JSON.stringify({ id: 'only-user', conversations: [{ role: 'system', content: 's' }, user('nobody answers')] }),
+    ],
     [41, ''],
     [42, '   '],
     [300, JSON.stringify({ id: 'late-unsupervised', conversations: [user('still nobody')] })],
@@ -71,8 +80,14 @@ beforeAll(async () => {
   const bundled = bundledTokenizerPath();
   mkdirSync(tokenizerDir);
   copyFileSync(path.join(bundled, 'tokenizer.json'), path.join(tokenizerDir, 'tokenizer.json'));
-  const config = JSON.parse(readFileSync(path.join(bundled, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
-  writeFileSync(path.join(tokenizerDir, 'tokenizer_config.json'), JSON.stringify({ ...config, chat_template: TEMPLATE }));
+  const config = JSON.parse(readFileSync(path.join(bundled, 'tokenizer_config.json'), 'utf8')) as Record<
+    string,
+    unknown
+  >;
+  writeFileSync(
+    path.join(tokenizerDir, 'tokenizer_config.json'),
+    JSON.stringify({ ...config, chat_template: TEMPLATE }),
+  );
   ctx = createTokenizeContext(await loadTokenizer(tokenizerDir));
   file = path.join(tmp.dir, 'conversations.jsonl');
   writeFileSync(file, `${corpusLines().join('\n')}\n`);
@@ -129,6 +144,8 @@ describe('conversation datasets on worker threads', () => {
     const rest = (async () => {
       for (;;) if ((await gen.next()).done === true) return 'finished';
     })();
-    await expect(rest).rejects.toThrow(/tokenize thread 1 of 2 stopped \(exit code 1\) while tokenizing .*conversations\.jsonl, (lines \d+–\d+|no lines in hand)/);
+    await expect(rest).rejects.toThrow(
+      /tokenize thread 1 of 2 stopped \(exit code 1\) while tokenizing .*conversations\.jsonl, (lines \d+–\d+|no lines in hand)/,
+    );
   });
 });

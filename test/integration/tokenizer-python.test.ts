@@ -75,7 +75,11 @@ for (const { pkg, bosInPrompt } of TOKENIZERS) {
       tok = await loadTokenizer(dir);
       py = await runPythonJson<PyReport>('chat_template_parity.py', [], {
         tokenizer_dir: dir,
-        cases: CHAT_CASES.map((c) => ({ messages: c.messages, tools: c.tools ?? null, kwargs: c.templateKwargs ?? null })),
+        cases: CHAT_CASES.map((c) => ({
+          messages: c.messages,
+          tools: c.tools ?? null,
+          kwargs: c.templateKwargs ?? null,
+        })),
         texts: PLAIN_TEXTS,
       });
     }, 600_000);
@@ -98,7 +102,10 @@ for (const { pkg, bosInPrompt } of TOKENIZERS) {
       expect(firstDifference(ids, ref.input_ids!), 'prompt ids').toBe('');
       expect(ids[0] === tok.bosTokenId).toBe(bosInPrompt);
       expect(firstTextDifference(tok.decode(ids), ref.decoded!), 'decode').toBe('');
-      expect(firstTextDifference(tok.decode(ids, { skipSpecialTokens: true }), ref.decoded_skip!), 'decode, skipping special tokens').toBe('');
+      expect(
+        firstTextDifference(tok.decode(ids, { skipSpecialTokens: true }), ref.decoded_skip!),
+        'decode, skipping special tokens',
+      ).toBe('');
     });
 
     it('encodes and decodes plain texts identically (no special tokens added)', () => {

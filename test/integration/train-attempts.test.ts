@@ -24,22 +24,29 @@ describe('train attempts, resume, progress and cancel', () => {
     await h?.close();
   });
 
-  const cpu = (args: string[], extra: Record<string, unknown> = {}) => h.config({ command: fakeTrainer(...args), gpus: 0, mode: 'from-scratch', ...extra });
+  const cpu = (args: string[], extra: Record<string, unknown> = {}) =>
+    h.config({ command: fakeTrainer(...args), gpus: 0, mode: 'from-scratch', ...extra });
 
   it('resume with nothing to resume fails, saying there is no attempt', async () => {
     const outcome = await h.wait(await h.queue(cpu(['--steps', '3']), { mode: 'resume' }));
     expect(outcome).toMatchObject({ status: 'failed' });
-    expect(outcome.status === 'failed' ? outcome.reason : '').toContain(`no training attempt under ${trainRoot}; start one with --from-scratch`);
+    expect(outcome.status === 'failed' ? outcome.reason : '').toContain(
+      `no training attempt under ${trainRoot}; start one with --from-scratch`,
+    );
   });
 
-  it('from-scratch twice: two attempt folders, the first one\'s checkpoints untouched', async () => {
+  it("from-scratch twice: two attempt folders, the first one's checkpoints untouched", async () => {
     const first = await h.wait(await h.queue(cpu(['--steps', '6'])));
     expect(first).toMatchObject({ status: 'completed', result: { attempt: '0001', mode: 'from-scratch' } });
     const firstCkpts = readdirSync(path.join(trainRoot, '0001', 'checkpoints')).sort();
     expect(firstCkpts).toEqual(['step-5', 'step-6']);
     const second = await h.wait(await h.queue(cpu(['--steps', '6'])));
     expect(second).toMatchObject({ status: 'completed', result: { attempt: '0002' } });
-    expect(readdirSync(trainRoot).filter((n) => /^\d+$/.test(n)).sort()).toEqual(['0001', '0002']);
+    expect(
+      readdirSync(trainRoot)
+        .filter((n) => /^\d+$/.test(n))
+        .sort(),
+    ).toEqual(['0001', '0002']);
     expect(readdirSync(path.join(trainRoot, '0001', 'checkpoints')).sort()).toEqual(firstCkpts);
     expect(readFileSync(path.join(trainRoot, '0001', 'checkpoints', 'step-6'), 'utf8')).toBe('{"step":6}');
     // Each attempt has its log.
@@ -50,7 +57,10 @@ describe('train attempts, resume, progress and cancel', () => {
     const envOut = path.join(h.root, 'env-resume.json');
     const outcome = await h.wait(await h.queue(cpu(['--steps', '9', '--env-out', envOut]), { mode: 'resume' }));
     const newest = path.join(trainRoot, '0002', 'checkpoints', 'step-6');
-    expect(outcome).toMatchObject({ status: 'completed', result: { attempt: '0003', mode: 'resume', checkpoint: newest } });
+    expect(outcome).toMatchObject({
+      status: 'completed',
+      result: { attempt: '0003', mode: 'resume', checkpoint: newest },
+    });
     const env = JSON.parse(readFileSync(envOut, 'utf8')) as { argv: string[]; TOKENMILL_TRAIN_CHECKPOINT: string };
     expect(env.argv.slice(-2)).toEqual(['--resume', newest]);
     expect(env.TOKENMILL_TRAIN_CHECKPOINT).toBe(newest);
@@ -66,7 +76,9 @@ describe('train attempts, resume, progress and cancel', () => {
 
   it('resume when the latest attempt left no checkpoint fails listing every attempt and its checkpoints', async () => {
     const failed = await h.wait(await h.queue(cpu(['--steps', '9', '--fail-at', '2'])));
-    expect(failed.status === 'failed' ? failed.reason : '').toMatch(/the training command failed \(exit code 3\) in attempt 0005 .*fake-trainer: failing at step 2/);
+    expect(failed.status === 'failed' ? failed.reason : '').toMatch(
+      /the training command failed \(exit code 3\) in attempt 0005 .*fake-trainer: failing at step 2/,
+    );
     const outcome = await h.wait(await h.queue(cpu(['--steps', '9']), { mode: 'resume' }));
     expect(outcome.status).toBe('failed');
     const reason = outcome.status === 'failed' ? outcome.reason : '';
@@ -77,7 +89,9 @@ describe('train attempts, resume, progress and cancel', () => {
     expect(reason).toMatch(/attempt 0005 \([^)]*\): no checkpoint/);
     // Nothing was started for it: no attempt 0006.
     expect(readdirSync(trainRoot).filter((n) => /^\d+$/.test(n))).not.toContain('0006');
-    await expect(resolveResumeCheckpoint(path.join(h.root, 'out', 'r1'), path.join(trainRoot, 'nope'))).rejects.toThrow(/checkpoint .*nope does not exist\. What exists: attempt 0001/);
+    await expect(resolveResumeCheckpoint(path.join(h.root, 'out', 'r1'), path.join(trainRoot, 'nope'))).rejects.toThrow(
+      /checkpoint .*nope does not exist\. What exists: attempt 0001/,
+    );
   });
 
   it('parses progress (step, total, loss, steps/s, ETA) into the status and the job, with the default and a custom pattern', async () => {
@@ -99,22 +113,39 @@ describe('train attempts, resume, progress and cancel', () => {
     expect(logs.logs).toContain('step 12/12 loss 0.3333');
     await queue.close();
 
-    const custom = cpu(['--steps', '6', '--format', 'custom'], { progressRegex: String.raw`it=(?<step>\d+) of (?<total>\d+) \| objective=(?<loss>[\d.]+)` });
+    const custom = cpu(['--steps', '6', '--format', 'custom'], {
+      progressRegex: String.raw`it=(?<step>\d+) of (?<total>\d+) \| objective=(?<loss>[\d.]+)`,
+    });
     const c = await h.wait(await h.queue(custom));
-    expect(c).toMatchObject({ status: 'completed', result: { progress: { step: 6, total: 6, loss: 0.6667 }, firstLoss: 4 } });
+    expect(c).toMatchObject({
+      status: 'completed',
+      result: { progress: { step: 6, total: 6, loss: 0.6667 }, firstLoss: 4 },
+    });
   });
 
   it('--cancel sends SIGTERM then SIGKILL to the whole process group (the command and its grandchild)', async () => {
     const pidFile = path.join(h.root, 'pids.json');
-    const jobId = await h.queue(cpu(['--steps', '100000', '--sleep-ms', '200', '--grandchild', pidFile, '--ignore-term']));
+    const jobId = await h.queue(
+      cpu(['--steps', '100000', '--sleep-ms', '200', '--grandchild', pidFile, '--ignore-term']),
+    );
     await waitForStatus(h, (s) => s.state === 'running' && (s.step ?? 0) >= 1, 'the command to run');
-    const pids = JSON.parse(await waitFor(() => { try { return readFileSync(pidFile, 'utf8'); } catch { return ''; } }, 'the pid file')) as { child: number; grandchild: number };
+    const pids = JSON.parse(
+      await waitFor(() => {
+        try {
+          return readFileSync(pidFile, 'utf8');
+        } catch {
+          return '';
+        }
+      }, 'the pid file'),
+    ) as { child: number; grandchild: number };
     expect(alive(pids.child) && alive(pids.grandchild)).toBe(true);
     const cancelled = await cancelTrainJobs(h.redis.connection(), h.keys);
     expect(cancelled).toEqual([{ jobId, state: 'active', action: 'signalled' }]);
     const outcome = await h.wait(jobId);
     expect(outcome.status).toBe('failed');
-    expect(outcome.status === 'failed' ? outcome.reason : '').toMatch(/cancelled by `tokenmill train --cancel` at step \d+ .*SIGKILL after the grace period/);
+    expect(outcome.status === 'failed' ? outcome.reason : '').toMatch(
+      /cancelled by `tokenmill train --cancel` at step \d+ .*SIGKILL after the grace period/,
+    );
     expect(alive(pids.child)).toBe(false);
     expect(alive(pids.grandchild)).toBe(false);
     expect((await h.status())?.state).toBe('cancelled');

@@ -21,10 +21,19 @@ describe('train.steps', () => {
   });
 
   it('refuses a train section with both or neither of command and steps', () => {
-    const load = (train: Record<string, unknown>) => () => loadConfig({ object: { datasets: [{ name: 'a', conversations: 'a.jsonl' }], train }, baseDir: h.root });
+    const load = (train: Record<string, unknown>) => () =>
+      loadConfig({ object: { datasets: [{ name: 'a', conversations: 'a.jsonl' }], train }, baseDir: h.root });
     expect(load({ mode: 'from-scratch' })).toThrow(/train: expected exactly one of "command" or "steps", got neither/);
     expect(load({ mode: 'from-scratch', command: ['t'], steps: [{ name: 'a', command: ['t'] }] })).toThrow(/got both/);
-    expect(load({ mode: 'from-scratch', steps: [{ name: 'a', command: ['t'] }, { name: 'a', command: ['u'] }] })).toThrow(/train\.steps\[1\]\.name: expected a unique step name, got "a" again/);
+    expect(
+      load({
+        mode: 'from-scratch',
+        steps: [
+          { name: 'a', command: ['t'] },
+          { name: 'a', command: ['u'] },
+        ],
+      }),
+    ).toThrow(/train\.steps\[1\]\.name: expected a unique step name, got "a" again/);
   });
 
   it('runs the steps in order in one attempt; a failed step stops the chain; --resume reruns from it, never redoing finished ones', async () => {
@@ -35,29 +44,55 @@ describe('train.steps', () => {
     const config = h.config({
       steps: [
         { name: 'extract', command: fakeTrainer('--steps', '3', '--count', count, '--name', 'extract') },
-        { name: 'train', command: fakeTrainer('--steps', '4', '--count', count, '--name', 'train', '--fail-if', failFlag, '--features', '{output:extract}', '--env-out', envOut) },
+        {
+          name: 'train',
+          command: fakeTrainer(
+            '--steps',
+            '4',
+            '--count',
+            count,
+            '--name',
+            'train',
+            '--fail-if',
+            failFlag,
+            '--features',
+            '{output:extract}',
+            '--env-out',
+            envOut,
+          ),
+        },
       ],
       gpus: 0,
       mode: 'from-scratch',
     });
     const first = await h.queue(config);
     const queue = new Queue(TRAIN_QUEUE, { connection: h.redis.connection(), prefix: h.keys.bullPrefix });
-    expect((await Job.fromId(queue, `${first}-extract`))?.data).toMatchObject({ stepIndex: 0, command: expect.arrayContaining(['extract']) as unknown });
+    expect((await Job.fromId(queue, `${first}-extract`))?.data).toMatchObject({
+      stepIndex: 0,
+      command: expect.arrayContaining(['extract']) as unknown,
+    });
     await queue.close();
     const failed = await h.wait(first);
     expect(failed.status).toBe('failed');
-    expect(failed.status === 'failed' ? failed.reason : '').toMatch(/the training command failed \(exit code 3\) in step train of attempt 0001 .*fake-trainer: failing at step 2/);
+    expect(failed.status === 'failed' ? failed.reason : '').toMatch(
+      /the training command failed \(exit code 3\) in step train of attempt 0001 .*fake-trainer: failing at step 2/,
+    );
     const attempt = path.join(h.root, 'out', 'r1', 'train', '0001');
     expect(existsSync(path.join(attempt, 'extract', 'done.json'))).toBe(true);
     expect(readFileSync(path.join(attempt, 'extract', 'train.log'), 'utf8')).toContain('step 3/3');
     expect(existsSync(path.join(attempt, 'extract', 'output', 'step-3'))).toBe(true);
     expect(existsSync(path.join(attempt, 'train', 'done.json'))).toBe(false);
-    expect(JSON.parse(readFileSync(envOut, 'utf8')).argv).toEqual(expect.arrayContaining(['--features', path.join(attempt, 'extract', 'output')]) as unknown);
+    expect(JSON.parse(readFileSync(envOut, 'utf8')).argv).toEqual(
+      expect.arrayContaining(['--features', path.join(attempt, 'extract', 'output')]) as unknown,
+    );
     expect(readFileSync(count, 'utf8')).toBe('extract\ntrain\n');
 
     rmSync(failFlag);
     const rerun = await h.wait(await h.queue(config, { mode: 'resume' }));
-    expect(rerun).toMatchObject({ status: 'completed', result: { status: 'completed', step: 'train', attempt: '0001', progress: { step: 4, total: 4 } } });
+    expect(rerun).toMatchObject({
+      status: 'completed',
+      result: { status: 'completed', step: 'train', attempt: '0001', progress: { step: 4, total: 4 } },
+    });
     // extract was not run again; train ran again in the same attempt.
     expect(readFileSync(count, 'utf8')).toBe('extract\ntrain\ntrain\n');
     expect(existsSync(path.join(attempt, 'train', 'done.json'))).toBe(true);
@@ -65,9 +100,17 @@ describe('train.steps', () => {
   });
 
   it('a step waits while the disk lacks the space it asks for, saying how much there is', async () => {
-    const config = h.config({ steps: [{ name: 'extract', command: fakeTrainer('--steps', '1'), minFreeDiskGiB: 1e9 }], gpus: 0, mode: 'from-scratch' });
+    const config = h.config({
+      steps: [{ name: 'extract', command: fakeTrainer('--steps', '1'), minFreeDiskGiB: 1e9 }],
+      gpus: 0,
+      mode: 'from-scratch',
+    });
     const jobId = await h.queue(config);
-    const waiting = await waitForStatus(h, (s) => s.jobId === jobId && s.state === 'waiting', 'the step to wait for disk space');
+    const waiting = await waitForStatus(
+      h,
+      (s) => s.jobId === jobId && s.state === 'waiting',
+      'the step to wait for disk space',
+    );
     expect(waiting.waiting).toMatch(/^disk \/\S*: [\d.]+ GiB free, 1000000000 GiB needed by step extract$/);
     expect(waiting.chainStep).toBe('extract (1/1)');
     const cancelled = await cancelTrainJobs(h.redis.connection(), h.keys);

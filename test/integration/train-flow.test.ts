@@ -27,7 +27,13 @@ describe('train ◀ merge ◀ tokenize', () => {
     writeFileSync(
       conv,
       Array.from({ length: 6 }, (_, i) =>
-        JSON.stringify({ id: `c${i}`, conversations: [{ role: 'user', content: `What is ${i} + ${i}?` }, { role: 'assistant', content: `It is ${2 * i}.` }] }),
+        JSON.stringify({
+          id: `c${i}`,
+          conversations: [
+            { role: 'user', content: `What is ${i} + ${i}?` },
+            { role: 'assistant', content: `It is ${2 * i}.` },
+          ],
+        }),
       ).join('\n'),
     );
     envOut = path.join(h.root, 'env.json');
@@ -38,7 +44,12 @@ describe('train ◀ merge ◀ tokenize', () => {
       output: { dir: path.join(h.root, 'out') },
       postprocess: { target: path.join(h.root, 'dataset') },
       workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000 },
-      train: { command: fakeTrainer('--steps', '4', '--env-out', envOut, '--data', '{dataset}'), gpus: 0, mode: 'from-scratch', preflightPollMs: 300 },
+      train: {
+        command: fakeTrainer('--steps', '4', '--env-out', envOut, '--data', '{dataset}'),
+        gpus: 0,
+        mode: 'from-scratch',
+        preflightPollMs: 300,
+      },
     };
     ctx = await openRunContextFor(h.config(input.train ?? { command: [], mode: 'from-scratch' }, input));
   });
@@ -48,7 +59,7 @@ describe('train ◀ merge ◀ tokenize', () => {
     await h?.close();
   });
 
-  it('trains on the merged dataset once the round\'s merge is done, and not again for a round with nothing new', async () => {
+  it("trains on the merged dataset once the round's merge is done, and not again for a round with nothing new", async () => {
     const pp = await startPostprocess(ctx, { worker: true, wait: true });
     const queue = new Queue(TRAIN_QUEUE, { connection: ctx.redis, prefix: ctx.keys.bullPrefix });
     const trainJobId = roundTrainJobId(pp.round.flowId);
@@ -63,11 +74,20 @@ describe('train ◀ merge ◀ tokenize', () => {
     // The merge is done, nobody trains yet: the train job waits in its queue.
     expect(await (await Job.fromId(queue, trainJobId))?.getState()).toBe('waiting');
 
-    const worker = new TrainWorker({ redisUrl: h.redis.url, keys: ctx.keys, lockDurationMs: 2_000, stalledIntervalMs: 1_000, logger: quietLogger() });
+    const worker = new TrainWorker({
+      redisUrl: h.redis.url,
+      keys: ctx.keys,
+      lockDurationMs: 2_000,
+      stalledIntervalMs: 1_000,
+      logger: quietLogger(),
+    });
     await worker.start();
     try {
       const trained = await waitForTrainJob(ctx.redis, ctx.keys, trainJobId, { pollMs: 100 });
-      expect(trained).toMatchObject({ status: 'completed', result: { status: 'completed', attempt: '0001', mode: 'from-scratch' } });
+      expect(trained).toMatchObject({
+        status: 'completed',
+        result: { status: 'completed', attempt: '0001', mode: 'from-scratch' },
+      });
       const env = JSON.parse(readFileSync(envOut, 'utf8')) as { argv: string[]; TOKENMILL_TRAIN_DATASET: string };
       expect(env.argv.slice(-2)).toEqual(['--data', path.join(h.root, 'dataset')]);
       expect(env.TOKENMILL_TRAIN_DATASET).toBe(path.join(h.root, 'dataset'));
@@ -96,8 +116,8 @@ describe('train ◀ merge ◀ tokenize', () => {
     expect(cli.output()).toMatch(/train job r1-train-1 queued: from-scratch \(--from-scratch\)/);
     expect(cli.output()).toMatch(/train: completed, attempt 0002 \(from-scratch\) on CPU/);
     expect(cli.output()).toMatch(/loss {9}4\.0000 -> 1\.0000/);
-    await expect(buildProgram().parseAsync(['node', 'tokenmill', 'train', '-c', file, '--from-scratch', '--resume'])).rejects.toThrow(
-      'train: choose one of --from-scratch or --resume, not both',
-    );
+    await expect(
+      buildProgram().parseAsync(['node', 'tokenmill', 'train', '-c', file, '--from-scratch', '--resume']),
+    ).rejects.toThrow('train: choose one of --from-scratch or --resume, not both');
   }, 90_000);
 });

@@ -25,7 +25,12 @@ describe('train preflight, OOM and environment fingerprint', () => {
   it('waits while the GPU lacks free memory, says why, then starts by itself when it frees', async () => {
     h.setGpus({ driver: '550.54.15', gpus: [{ ...H100, freeMiB: 14_200 }] });
     const envOut = path.join(h.root, 'env-1.json');
-    const config = h.config({ command: fakeTrainer('--steps', '6', '--env-out', envOut), gpus: 1, minFreeGpuMemMiB: 20_000, mode: 'from-scratch' });
+    const config = h.config({
+      command: fakeTrainer('--steps', '6', '--env-out', envOut),
+      gpus: 1,
+      minFreeGpuMemMiB: 20_000,
+      mode: 'from-scratch',
+    });
     const jobId = await h.queue(config);
     await h.worker();
 
@@ -52,15 +57,24 @@ describe('train preflight, OOM and environment fingerprint', () => {
     const env = JSON.parse(readFileSync(envOut, 'utf8')) as Record<string, unknown>;
     expect(env.CUDA_VISIBLE_DEVICES).toBe('0');
     // The fingerprint is in the attempt folder and in the status.
-    const recorded = JSON.parse(readFileSync(path.join(outcome.result.attemptDir ?? '', 'environment.json'), 'utf8')) as { driver: string; gpus: string[] };
+    const recorded = JSON.parse(
+      readFileSync(path.join(outcome.result.attemptDir ?? '', 'environment.json'), 'utf8'),
+    ) as { driver: string; gpus: string[] };
     expect(recorded.driver).toBe('550.54.15');
     expect(recorded.gpus).toEqual([H100.name]);
     expect((await h.status())?.fingerprint?.driver).toBe('550.54.15');
-    expect((await readRunStatus(h.redis.connection(), h.keys, config)).phases.find((p) => p.name === 'train')?.status).toBe('completed');
+    expect(
+      (await readRunStatus(h.redis.connection(), h.keys, config)).phases.find((p) => p.name === 'train')?.status,
+    ).toBe('completed');
   });
 
   it('fails a CUDA out-of-memory with that reason and the free memory seen at preflight', async () => {
-    const config = h.config({ command: fakeTrainer('--steps', '6', '--oom-at', '3'), gpus: 1, minFreeGpuMemMiB: 20_000, mode: 'from-scratch' });
+    const config = h.config({
+      command: fakeTrainer('--steps', '6', '--oom-at', '3'),
+      gpus: 1,
+      minFreeGpuMemMiB: 20_000,
+      mode: 'from-scratch',
+    });
     const outcome = await h.wait(await h.queue(config));
     expect(outcome.status).toBe('failed');
     if (outcome.status !== 'failed') return;
@@ -75,7 +89,12 @@ describe('train preflight, OOM and environment fingerprint', () => {
   it('refuses a changed environment (driver), showing the difference, then allows it when told', async () => {
     const attemptsBefore = readdirSync(path.join(h.root, 'out', 'r1', 'train')).length;
     h.setGpus({ driver: '555.42.02', gpus: [{ ...H100, freeMiB: 30_000 }] });
-    const config = h.config({ command: fakeTrainer('--steps', '3'), gpus: 1, minFreeGpuMemMiB: 20_000, mode: 'from-scratch' });
+    const config = h.config({
+      command: fakeTrainer('--steps', '3'),
+      gpus: 1,
+      minFreeGpuMemMiB: 20_000,
+      mode: 'from-scratch',
+    });
     const refused = await h.wait(await h.queue(config));
     expect(refused.status).toBe('failed');
     if (refused.status !== 'failed') return;
@@ -90,6 +109,9 @@ describe('train preflight, OOM and environment fingerprint', () => {
     // The new environment is now the last good one: the same again needs no permission.
     const again = await h.wait(await h.queue(config));
     expect(again.status).toBe('completed');
-    await waitFor(async () => (await h.status())?.fingerprint?.driver === '555.42.02', 'the new fingerprint in the status');
+    await waitFor(
+      async () => (await h.status())?.fingerprint?.driver === '555.42.02',
+      'the new fingerprint in the status',
+    );
   });
 });

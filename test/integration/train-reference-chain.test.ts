@@ -12,7 +12,14 @@ import { startTrainHarness, type TrainHarness } from '../helpers/train.js';
 function rows(n: number): HfRow[] {
   return Array.from({ length: n }, (_, i) => {
     const input_ids = Array.from({ length: 30 }, (_, k) => 500 + (((i % 3) + 5 * k) % 11) * 31);
-    return { id: `s${i}`, dataset: 'd1', input_ids, loss_mask: input_ids.map((_, k) => (k < 6 ? 0 : 1)), num_tokens: input_ids.length, finish_reason: 'stop' };
+    return {
+      id: `s${i}`,
+      dataset: 'd1',
+      input_ids,
+      loss_mask: input_ids.map((_, k) => (k < 6 ? 0 : 1)),
+      num_tokens: input_ids.length,
+      finish_reason: 'stop',
+    };
   });
 }
 
@@ -20,7 +27,10 @@ describe('reference trainer as a chain: extract, then train', () => {
   let h: TrainHarness;
   beforeAll(async () => {
     if (demoTrainerPython(REPO_ROOT) === null) {
-      const setup = await runProcess('bash', [path.join(REPO_ROOT, 'scripts/setup-python.sh'), 'trainer'], { timeoutMs: 15 * 60_000, env: process.env });
+      const setup = await runProcess('bash', [path.join(REPO_ROOT, 'scripts/setup-python.sh'), 'trainer'], {
+        timeoutMs: 15 * 60_000,
+        env: process.env,
+      });
       if (setup.code !== 0) throw new Error(`scripts/setup-python.sh trainer failed:\n${setup.stderr}`);
     }
     h = await startTrainHarness();
@@ -35,8 +45,31 @@ describe('reference trainer as a chain: extract, then train', () => {
     const trainer = path.join(REPO_ROOT, 'trainers/tiny_drafter.py');
     const config = h.config({
       steps: [
-        { name: 'extract', command: [VENV_PYTHON, trainer, '--extract', '--data', '{dataset}', '--output', '{output}'] },
-        { name: 'train', command: [VENV_PYTHON, trainer, '--features', '{output:extract}', '--data', '{dataset}', '--output', '{output}', '--steps', '15', '--batch-size', '4', '--seq-len', '24', '--save-every', '15'] },
+        {
+          name: 'extract',
+          command: [VENV_PYTHON, trainer, '--extract', '--data', '{dataset}', '--output', '{output}'],
+        },
+        {
+          name: 'train',
+          command: [
+            VENV_PYTHON,
+            trainer,
+            '--features',
+            '{output:extract}',
+            '--data',
+            '{dataset}',
+            '--output',
+            '{output}',
+            '--steps',
+            '15',
+            '--batch-size',
+            '4',
+            '--seq-len',
+            '24',
+            '--save-every',
+            '15',
+          ],
+        },
       ],
       gpus: 0,
       mode: 'from-scratch',
@@ -48,7 +81,9 @@ describe('reference trainer as a chain: extract, then train', () => {
     expect(outcome.result).toMatchObject({ step: 'train', progress: { step: 15, total: 15 } });
     expect(outcome.result.lastLoss ?? Infinity).toBeLessThan((outcome.result.firstLoss ?? 0) * 0.5);
     expect(existsSync(path.join(attempt, 'extract', 'output', 'features.pt'))).toBe(true);
-    expect(readFileSync(path.join(attempt, 'extract', 'train.log'), 'utf8')).toMatch(/features .*: 12 samples, 360 positions, width 96/);
+    expect(readFileSync(path.join(attempt, 'extract', 'train.log'), 'utf8')).toMatch(
+      /features .*: 12 samples, 360 positions, width 96/,
+    );
     expect(existsSync(path.join(attempt, 'train', 'output', 'step-000015.pt'))).toBe(true);
   }, 300_000);
 });

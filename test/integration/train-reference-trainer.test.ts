@@ -14,8 +14,15 @@ import { startTrainHarness, type TrainHarness } from '../helpers/train.js';
 /** Rows a drafter can learn: each sample cycles through a pattern of token ids; the first 8 are the prompt. */
 function learnableRows(n: number): HfRow[] {
   return Array.from({ length: n }, (_, i) => {
-    const input_ids = Array.from({ length: 40 }, (_, k) => 1000 + ((i % 4) + 3 * k) % 13 * 97);
-    return { id: `s${i}`, dataset: 'd1', input_ids, loss_mask: input_ids.map((_, k) => (k < 8 ? 0 : 1)), num_tokens: input_ids.length, finish_reason: 'stop' };
+    const input_ids = Array.from({ length: 40 }, (_, k) => 1000 + (((i % 4) + 3 * k) % 13) * 97);
+    return {
+      id: `s${i}`,
+      dataset: 'd1',
+      input_ids,
+      loss_mask: input_ids.map((_, k) => (k < 8 ? 0 : 1)),
+      num_tokens: input_ids.length,
+      finish_reason: 'stop',
+    };
   });
 }
 
@@ -31,7 +38,10 @@ describe('reference trainer (tiny_drafter.py)', () => {
   beforeAll(async () => {
     // Built when missing (a fresh clone); an existing one is only looked up, not imported (slow).
     if (demoTrainerPython(REPO_ROOT) === null) {
-      const setup = await runProcess('bash', [path.join(REPO_ROOT, 'scripts/setup-python.sh'), 'trainer'], { timeoutMs: 15 * 60_000, env: process.env });
+      const setup = await runProcess('bash', [path.join(REPO_ROOT, 'scripts/setup-python.sh'), 'trainer'], {
+        timeoutMs: 15 * 60_000,
+        env: process.env,
+      });
       if (setup.code !== 0) throw new Error(`scripts/setup-python.sh trainer failed:\n${setup.stderr}`);
     }
     h = await startTrainHarness();
@@ -44,7 +54,24 @@ describe('reference trainer (tiny_drafter.py)', () => {
 
   const trainer = (steps: number) =>
     h.config({
-      command: [VENV_PYTHON, path.join(REPO_ROOT, 'trainers/tiny_drafter.py'), '--data', '{dataset}', '--output', '{output}', '--steps', String(steps), '--batch-size', '4', '--seq-len', '32', '--save-every', '10', '--lr', '0.003'],
+      command: [
+        VENV_PYTHON,
+        path.join(REPO_ROOT, 'trainers/tiny_drafter.py'),
+        '--data',
+        '{dataset}',
+        '--output',
+        '{output}',
+        '--steps',
+        String(steps),
+        '--batch-size',
+        '4',
+        '--seq-len',
+        '32',
+        '--save-every',
+        '10',
+        '--lr',
+        '0.003',
+      ],
       gpus: 0,
       mode: 'from-scratch',
     });
@@ -75,6 +102,8 @@ describe('reference trainer (tiny_drafter.py)', () => {
     expect(again.size).toBe(10);
     // Same batches, same optimizer state: the same losses as the run that was not interrupted.
     for (const [step, loss] of again) expect(loss, `step ${step}`).toBeCloseTo(straight.get(step) ?? NaN, 4);
-    expect(resumed.result.lastCheckpoint).toBe(path.join(resumed.result.attemptDir ?? '', 'checkpoints', 'step-000020.pt'));
+    expect(resumed.result.lastCheckpoint).toBe(
+      path.join(resumed.result.attemptDir ?? '', 'checkpoints', 'step-000020.pt'),
+    );
   }, 300_000);
 });

@@ -20,8 +20,16 @@ describe('train worker death', () => {
   });
 
   /** Queues a job, lets a CLI train worker run it past a checkpoint, then SIGKILLs that worker. */
-  async function killWorkerMidway(autoResume: boolean, steps: number): Promise<{ jobId: string; pid: number; runDir: string }> {
-    const train = { command: fakeTrainer('--steps', String(steps), '--sleep-ms', '150', '--save-every', '3'), gpus: 0, mode: 'from-scratch' as const, autoResume };
+  async function killWorkerMidway(
+    autoResume: boolean,
+    steps: number,
+  ): Promise<{ jobId: string; pid: number; runDir: string }> {
+    const train = {
+      command: fakeTrainer('--steps', String(steps), '--sleep-ms', '150', '--save-every', '3'),
+      gpus: 0,
+      mode: 'from-scratch' as const,
+      autoResume,
+    };
     const config = h.config(train);
     const file = writeConfig(h.root, {
       run: 'r1',
@@ -34,7 +42,12 @@ describe('train worker death', () => {
     });
     const cli = spawnCli(['worker', '-c', file, '--role', 'train']);
     const jobId = await h.queue(config);
-    const running = await waitForStatus(h, (s) => s.jobId === jobId && s.state === 'running' && (s.step ?? 0) >= 4, 'the CLI worker to run past a checkpoint', 45_000);
+    const running = await waitForStatus(
+      h,
+      (s) => s.jobId === jobId && s.state === 'running' && (s.step ?? 0) >= 4,
+      'the CLI worker to run past a checkpoint',
+      45_000,
+    );
     // The CLI worker runs it (no other worker is up), as the leader of its own process group.
     expect(running.worker).toBe(`${hostname()}:${cli.child.pid ?? ''}`);
     const pid = Number(await h.redis.connection().hget(`${h.keys.base}:train`, 'pid'));
@@ -50,7 +63,9 @@ describe('train worker death', () => {
     await worker.stop();
     expect(outcome.status).toBe('failed');
     const reason = outcome.status === 'failed' ? outcome.reason : '';
-    expect(reason).toMatch(/the train worker \S+ running attempt 0001 died; not resumed because train\.autoResume is false; newest checkpoint: .*0001\/checkpoints\/step-\d+ — continue with `tokenmill train --resume`/);
+    expect(reason).toMatch(
+      /the train worker \S+ running attempt 0001 died; not resumed because train\.autoResume is false; newest checkpoint: .*0001\/checkpoints\/step-\d+ — continue with `tokenmill train --resume`/,
+    );
     expect(reason).toContain(path.join(runDir, 'train', '0001', 'checkpoints'));
     // The dead worker's command is gone (killed by its stdout pipe closing, or by the next worker).
     await waitFor(() => !alive(pid), 'the orphaned command to be gone', 10_000);
@@ -64,7 +79,9 @@ describe('train worker death', () => {
     if (outcome.status !== 'completed') return;
     expect(outcome.result.mode).toBe('resume');
     expect(outcome.result.attempt).toBe('0003');
-    expect(outcome.result.checkpoint).toMatch(new RegExp(`${path.join(runDir, 'train', '0002', 'checkpoints')}/step-\\d+$`));
+    expect(outcome.result.checkpoint).toMatch(
+      new RegExp(`${path.join(runDir, 'train', '0002', 'checkpoints')}/step-\\d+$`),
+    );
     expect(outcome.result.progress?.step).toBe(14);
     const log = readFileSync(path.join(runDir, 'train', '0003', 'train.log'), 'utf8');
     expect(log.split('\n')[0]).toMatch(/^resumed from .*0002\/checkpoints\/step-\d+ at step \d+$/);

@@ -43,7 +43,12 @@ function mergeOpts(target: string, rows: HfRow[], python: string): Parameters<ty
 }
 
 async function loadIn(env: 'main' | 'datasets3', dir: string): Promise<PyLoad> {
-  const out = await runPythonJson<{ results: PyLoad[] }>('hf_datasets.py', [], { ops: [{ op: 'load', dir, data: true }] }, { env });
+  const out = await runPythonJson<{ results: PyLoad[] }>(
+    'hf_datasets.py',
+    [],
+    { ops: [{ op: 'load', dir, data: true }] },
+    { env },
+  );
   const r = out.results[0];
   if (r === undefined) throw new Error('no result');
   return r;
@@ -68,13 +73,17 @@ describe('postprocess.verifyWithPython', () => {
     // read; the merge keeps the target's dataset_info.json, so 3.6 cannot load the result.
     const target = path.join(tmp.dir, 'by-5x');
     const old = makeRows('p', 12, 3);
-    await runPythonJson('hf_datasets.py', [], { ops: [{ op: 'save', dir: target, columns: toColumns(old), features: TOKENMILL_FEATURES_AS_5X, num_shards: 1 }] });
+    await runPythonJson('hf_datasets.py', [], {
+      ops: [{ op: 'save', dir: target, columns: toColumns(old), features: TOKENMILL_FEATURES_AS_5X, num_shards: 1 }],
+    });
     const stateBefore = readFileSync(path.join(target, 'state.json'), 'utf8');
 
     const refused = mergeIntoTarget(mergeOpts(target, makeRows('q', 5, 4), py3));
     await expect(refused).rejects.toThrow(/merge refused, the target is unchanged/);
     await expect(refused).rejects.toThrow(
-      new RegExp(`Python datasets 3\\.6\\.\\d+ \\(${py3.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\) cannot load the merged dataset \\(datasets\\.load_from_disk\\): .*Feature type 'List' not found`),
+      new RegExp(
+        `Python datasets 3\\.6\\.\\d+ \\(${py3.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\) cannot load the merged dataset \\(datasets\\.load_from_disk\\): .*Feature type 'List' not found`,
+      ),
     );
     expect(readFileSync(path.join(target, 'state.json'), 'utf8')).toBe(stateBefore);
     const after = await loadIn('main', target);
@@ -100,7 +109,13 @@ describe('postprocess.verifyWithPython', () => {
 
   it('the config setting reaches the merge of a `postprocess` round', async () => {
     const conversations = Array.from({ length: 4 }, (_, i) =>
-      JSON.stringify({ id: `c${i}`, conversations: [{ role: 'user', content: `question ${i}` }, { role: 'assistant', content: `answer ${i}` }] }),
+      JSON.stringify({
+        id: `c${i}`,
+        conversations: [
+          { role: 'user', content: `question ${i}` },
+          { role: 'assistant', content: `answer ${i}` },
+        ],
+      }),
     );
     writeFileSync(path.join(tmp.dir, 'conv.jsonl'), `${conversations.join('\n')}\n`);
     const configFor = (run: string, python: string): string =>

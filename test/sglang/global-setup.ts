@@ -24,7 +24,9 @@ export default async function setup(project: TestProject): Promise<() => Promise
   }
   const started = Date.now();
   const server = await startRealSglang({ dir });
-  process.stdout.write(`test:sglang: real SGLang on ${server.url} (started in ${((Date.now() - started) / 1000).toFixed(0)} s, log ${server.log})\n`);
+  process.stdout.write(
+    `test:sglang: real SGLang on ${server.url} (started in ${((Date.now() - started) / 1000).toFixed(0)} s, log ${server.log})\n`,
+  );
   project.provide('realSglang', { dir, url: server.url, port: server.port, skip: '' });
   return async () => {
     // A test may have restarted the server on the same port: kill the group its pid file names now.

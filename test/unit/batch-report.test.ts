@@ -38,7 +38,8 @@ describe('BatchReporter', () => {
     // About one per 100 ms from the start, then the flush.
     expect(r.progress.length).toBeLessThanOrEqual(Math.ceil(elapsed / 100) + 2);
     expect(r.progress.length).toBeGreaterThanOrEqual(2);
-    for (let i = 1; i < r.progress.length - 1; i += 1) expect((r.progress[i]?.atMs ?? 0) - (r.progress[i - 1]?.atMs ?? 0)).toBeGreaterThanOrEqual(95);
+    for (let i = 1; i < r.progress.length - 1; i += 1)
+      expect((r.progress[i]?.atMs ?? 0) - (r.progress[i - 1]?.atMs ?? 0)).toBeGreaterThanOrEqual(95);
     expect(r.progress.at(-1)?.p).toEqual(p(50));
   });
 

@@ -91,7 +91,11 @@ describe('E[L | L > x] from the histogram', () => {
   });
 
   it('says when nothing was observed above x, and then expects a quarter more, capped', () => {
-    expect(conditionalMean(lengthModel(new Map()), 0, 4_096)).toEqual({ expected: 1.25, variance: 0, observedAbove: 0 });
+    expect(conditionalMean(lengthModel(new Map()), 0, 4_096)).toEqual({
+      expected: 1.25,
+      variance: 0,
+      observedAbove: 0,
+    });
     const hist = lengthModel(histogramOf([100, 200, 300]));
     expect(conditionalMean(hist, 1_000, 4_096)).toEqual({ expected: 1_251.25, variance: 0, observedAbove: 0 });
     expect(conditionalMean(hist, 4_000, 4_096).expected).toBe(4_096);
@@ -134,11 +138,27 @@ describe('reservedTokens', () => {
 
   it('adds each request in flight at its own expectation', () => {
     const one = (produced: number): number =>
-      reservedTokens({ committed: 0, records: 5_000, hist, inFlight: [{ produced }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240 });
+      reservedTokens({
+        committed: 0,
+        records: 5_000,
+        hist,
+        inFlight: [{ produced }],
+        prior: 5_120,
+        minCommits: 32,
+        maxNewTokens: 10_240,
+      });
     const fresh = one(0);
     const far = one(6_000);
     expect(far).toBeGreaterThan(fresh + 4_000);
-    const both = reservedTokens({ committed: 1_000, records: 5_000, hist, inFlight: [{ produced: 0 }, { produced: 6_000 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240 });
+    const both = reservedTokens({
+      committed: 1_000,
+      records: 5_000,
+      hist,
+      inFlight: [{ produced: 0 }, { produced: 6_000 }],
+      prior: 5_120,
+      minCommits: 32,
+      maxNewTokens: 10_240,
+    });
     // Each request in flight also counts as a censored length: a little above the sum of the two alone.
     expect(both).toBeGreaterThanOrEqual(1_000 + fresh + far - 1e-6);
     expect(both).toBeLessThan(1.001 * (1_000 + fresh + far));
@@ -151,7 +171,15 @@ describe('reservedTokens', () => {
     const m = above.reduce((a, b) => a + b, 0) / above.length;
     const v = above.reduce((a, b) => a + (b - m) ** 2, 0) / above.length;
     expect(Math.abs(Math.sqrt(c.variance) - Math.sqrt(v)) / Math.sqrt(v)).toBeLessThan(0.05);
-    const base = { committed: 0, records: 20_000, hist: histogramOf(lengths), inFlight: Array.from({ length: 100 }, () => ({ produced: 2_000 })), prior: 5_120, minCommits: 32, maxNewTokens: 10_240 };
+    const base = {
+      committed: 0,
+      records: 20_000,
+      hist: histogramOf(lengths),
+      inFlight: Array.from({ length: 100 }, () => ({ produced: 2_000 })),
+      prior: 5_120,
+      minCommits: 32,
+      maxNewTokens: 10_240,
+    };
     const plain = reservedTokens(base);
     const withMargin = reservedTokens({ ...base, marginSd: 1 });
     // 100 requests: the margin is one standard deviation of their sum, sqrt(100) times theirs.
@@ -160,22 +188,78 @@ describe('reservedTokens', () => {
   });
 
   it('floors every variance by that of a length spread over [0, 2 prior] while the commits are few', () => {
-    const early = reservedTokens({ committed: 0, records: 3, hist: histogramOf([10, 20, 30]), inFlight: [{ produced: 0 }, { produced: 0 }, { produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 2 });
+    const early = reservedTokens({
+      committed: 0,
+      records: 3,
+      hist: histogramOf([10, 20, 30]),
+      inFlight: [{ produced: 0 }, { produced: 0 }, { produced: 0 }],
+      prior: 5_120,
+      minCommits: 32,
+      maxNewTokens: 10_240,
+      marginSd: 2,
+    });
     expect(early).toBeCloseTo(3 * 5_120 + 2 * Math.sqrt((3 * 5_120 * 5_120) / 3), 6);
     // Past minCommits the observed spread counts alone: 40 lengths of 20 have none.
-    const later = reservedTokens({ committed: 0, records: 40, hist: histogramOf(Array<number>(40).fill(20)), inFlight: [{ produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 2 });
+    const later = reservedTokens({
+      committed: 0,
+      records: 40,
+      hist: histogramOf(Array<number>(40).fill(20)),
+      inFlight: [{ produced: 0 }],
+      prior: 5_120,
+      minCommits: 32,
+      maxNewTokens: 10_240,
+      marginSd: 2,
+    });
     expect(later).toBeLessThan(100);
   });
 
   it('holds nothing back with nothing in flight, whatever the margin (a dataset below its budget always admits one)', () => {
-    expect(reservedTokens({ committed: 12_345, records: 5_000, hist, inFlight: [], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 10 })).toBe(12_345);
-    expect(reservedTokens({ committed: 12_345, records: 0, hist: new Map(), inFlight: [], prior: 5_120, minCommits: 32, maxNewTokens: 10_240, marginSd: 10 })).toBe(12_345);
+    expect(
+      reservedTokens({
+        committed: 12_345,
+        records: 5_000,
+        hist,
+        inFlight: [],
+        prior: 5_120,
+        minCommits: 32,
+        maxNewTokens: 10_240,
+        marginSd: 10,
+      }),
+    ).toBe(12_345);
+    expect(
+      reservedTokens({
+        committed: 12_345,
+        records: 0,
+        hist: new Map(),
+        inFlight: [],
+        prior: 5_120,
+        minCommits: 32,
+        maxNewTokens: 10_240,
+        marginSd: 10,
+      }),
+    ).toBe(12_345);
   });
 
   it('floors every expectation by the prior while the commits are few', () => {
-    const early = reservedTokens({ committed: 0, records: 3, hist: histogramOf([10, 20, 30]), inFlight: [{ produced: 0 }, { produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240 });
+    const early = reservedTokens({
+      committed: 0,
+      records: 3,
+      hist: histogramOf([10, 20, 30]),
+      inFlight: [{ produced: 0 }, { produced: 0 }],
+      prior: 5_120,
+      minCommits: 32,
+      maxNewTokens: 10_240,
+    });
     expect(early).toBe(2 * 5_120);
-    const later = reservedTokens({ committed: 0, records: 40, hist: histogramOf(Array<number>(40).fill(20)), inFlight: [{ produced: 0 }], prior: 5_120, minCommits: 32, maxNewTokens: 10_240 });
+    const later = reservedTokens({
+      committed: 0,
+      records: 40,
+      hist: histogramOf(Array<number>(40).fill(20)),
+      inFlight: [{ produced: 0 }],
+      prior: 5_120,
+      minCommits: 32,
+      maxNewTokens: 10_240,
+    });
     expect(later).toBeLessThan(100);
   });
 });

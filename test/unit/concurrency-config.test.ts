@@ -3,7 +3,10 @@ import { ConfigError, autoConcurrencyOf, concurrencyCeiling, loadConfig } from '
 
 function load(sglang: Record<string, unknown>, text?: string): ReturnType<typeof loadConfig> {
   if (text !== undefined) return loadConfig({ baseDir: '/tmp', text });
-  return loadConfig({ baseDir: '/tmp', object: { run: 'r', sglang, datasets: [{ name: 'a', prompts: 'a.jsonl', tokenBudget: 10 }] } });
+  return loadConfig({
+    baseDir: '/tmp',
+    object: { run: 'r', sglang, datasets: [{ name: 'a', prompts: 'a.jsonl', tokenBudget: 10 }] },
+  });
 }
 
 function issues(f: () => unknown): Record<string, string> {
@@ -18,7 +21,16 @@ function issues(f: () => unknown): Record<string, string> {
 
 describe('config: sglang.concurrency "auto"', () => {
   it('takes "auto" from YAML, with the documented bounds by default', () => {
-    const c = load({}, ['run: r', 'sglang:', '  concurrency: auto', 'datasets:', '  - { name: a, prompts: a.jsonl, tokenBudget: 10 }'].join('\n'));
+    const c = load(
+      {},
+      [
+        'run: r',
+        'sglang:',
+        '  concurrency: auto',
+        'datasets:',
+        '  - { name: a, prompts: a.jsonl, tokenBudget: 10 }',
+      ].join('\n'),
+    );
     expect(c.sglang.concurrency).toBe('auto');
     expect(autoConcurrencyOf(c.sglang)).toEqual({ min: 8, max: 1024, start: 32, intervalMs: 10_000, maxQueued: 8 });
     expect(concurrencyCeiling(c.sglang)).toBe(1024);
@@ -32,10 +44,20 @@ describe('config: sglang.concurrency "auto"', () => {
   });
 
   it('names the path of a wrong value, and of bounds that do not fit together', () => {
-    expect(issues(() => load({ concurrency: 'automatic' }))).toEqual({ 'sglang.concurrency': 'expected a positive integer, got "automatic"' });
-    expect(issues(() => load({ concurrency: 0 }))).toEqual({ 'sglang.concurrency': 'expected a positive integer, got 0' });
-    expect(issues(() => load({ concurrency: 'auto', autoConcurrency: { min: 64, max: 32 } }))).toEqual({ 'sglang.autoConcurrency.min': 'expected min <= max (32), got 64' });
-    expect(issues(() => load({ concurrency: 'auto', autoConcurrency: { start: 4 } }))).toEqual({ 'sglang.autoConcurrency.start': 'expected start within [min, max] = [8, 1024], got 4' });
-    expect(issues(() => load({ concurrency: 'auto', autoConcurrency: { steps: 3 } }))).toHaveProperty(['sglang.autoConcurrency.steps']);
+    expect(issues(() => load({ concurrency: 'automatic' }))).toEqual({
+      'sglang.concurrency': 'expected a positive integer, got "automatic"',
+    });
+    expect(issues(() => load({ concurrency: 0 }))).toEqual({
+      'sglang.concurrency': 'expected a positive integer, got 0',
+    });
+    expect(issues(() => load({ concurrency: 'auto', autoConcurrency: { min: 64, max: 32 } }))).toEqual({
+      'sglang.autoConcurrency.min': 'expected min <= max (32), got 64',
+    });
+    expect(issues(() => load({ concurrency: 'auto', autoConcurrency: { start: 4 } }))).toEqual({
+      'sglang.autoConcurrency.start': 'expected start within [min, max] = [8, 1024], got 4',
+    });
+    expect(issues(() => load({ concurrency: 'auto', autoConcurrency: { steps: 3 } }))).toHaveProperty([
+      'sglang.autoConcurrency.steps',
+    ]);
   });
 });

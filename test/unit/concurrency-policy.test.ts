@@ -22,7 +22,11 @@ describe('sglang.concurrency: auto — one decision per window', () => {
     const caps = [cap];
     // T(B) rising with B (a server that runs everything it gets).
     for (let i = 0; i < 40; i += 1) {
-      const d = decideConcurrency(window({ cap, inFlight: cap, running: cap, tokensPerSec: (5000 * cap) / (cap + 100) }), state, BOUNDS);
+      const d = decideConcurrency(
+        window({ cap, inFlight: cap, running: cap, tokensPerSec: (5000 * cap) / (cap + 100) }),
+        state,
+        BOUNDS,
+      );
       state = d.state;
       cap = d.cap;
       caps.push(cap);
@@ -33,9 +37,17 @@ describe('sglang.concurrency: auto — one decision per window', () => {
   });
 
   it('goes back when a raise gained less than MIN_GAIN, and holds before probing again', () => {
-    const first = decideConcurrency(window({ cap: 100, inFlight: 100, running: 100, tokensPerSec: 4000 }), INITIAL_POLICY_STATE, BOUNDS);
+    const first = decideConcurrency(
+      window({ cap: 100, inFlight: 100, running: 100, tokensPerSec: 4000 }),
+      INITIAL_POLICY_STATE,
+      BOUNDS,
+    );
     expect(first.cap).toBe(125);
-    const flat = decideConcurrency(window({ cap: 125, inFlight: 125, running: 125, tokensPerSec: 4000 * (1 + MIN_GAIN / 2) }), first.state, BOUNDS);
+    const flat = decideConcurrency(
+      window({ cap: 125, inFlight: 125, running: 125, tokensPerSec: 4000 * (1 + MIN_GAIN / 2) }),
+      first.state,
+      BOUNDS,
+    );
     expect(flat.cap).toBe(100);
     expect(flat.reason).toMatch(/went back/);
     let state = flat.state;
@@ -50,26 +62,50 @@ describe('sglang.concurrency: auto — one decision per window', () => {
   });
 
   it('steps back to the running requests plus a short queue when the server queues', () => {
-    const d = decideConcurrency(window({ cap: 200, inFlight: 200, running: 64, queued: 136 }), INITIAL_POLICY_STATE, BOUNDS);
+    const d = decideConcurrency(
+      window({ cap: 200, inFlight: 200, running: 64, queued: 136 }),
+      INITIAL_POLICY_STATE,
+      BOUNDS,
+    );
     expect(d.cap).toBe(64 + 4);
     expect(d.reason).toMatch(/queues more than 8/);
     // Measured while the server filled up: its peak, not its mean, is what it can run.
-    expect(decideConcurrency(window({ cap: 64, inFlight: 40, running: 4, runningPeak: 8, queued: 17 }), INITIAL_POLICY_STATE, BOUNDS).cap).toBe(8 + 4);
+    expect(
+      decideConcurrency(
+        window({ cap: 64, inFlight: 40, running: 4, runningPeak: 8, queued: 17 }),
+        INITIAL_POLICY_STATE,
+        BOUNDS,
+      ).cap,
+    ).toBe(8 + 4);
     // A short queue (<= 10% of the running requests, or maxQueued) is what a full server should have: hold.
-    const held = decideConcurrency(window({ cap: 70, inFlight: 70, running: 64, queued: 6 }), INITIAL_POLICY_STATE, BOUNDS);
+    const held = decideConcurrency(
+      window({ cap: 70, inFlight: 70, running: 64, queued: 6 }),
+      INITIAL_POLICY_STATE,
+      BOUNDS,
+    );
     expect(held.cap).toBe(70);
     expect(held.reason).toMatch(/full/);
   });
 
   it('cuts the cap on 503s, never below min', () => {
-    const d = decideConcurrency(window({ cap: 100, inFlight: 60, running: 40, queued: 2, overloads: 3 }), INITIAL_POLICY_STATE, BOUNDS);
+    const d = decideConcurrency(
+      window({ cap: 100, inFlight: 60, running: 40, queued: 2, overloads: 3 }),
+      INITIAL_POLICY_STATE,
+      BOUNDS,
+    );
     expect(d.cap).toBe(Math.floor(60 * 0.7));
     expect(d.reason).toMatch(/503/);
-    expect(decideConcurrency(window({ cap: 5, inFlight: 5, overloads: 1 }), INITIAL_POLICY_STATE, BOUNDS).cap).toBe(BOUNDS.min);
+    expect(decideConcurrency(window({ cap: 5, inFlight: 5, overloads: 1 }), INITIAL_POLICY_STATE, BOUNDS).cap).toBe(
+      BOUNDS.min,
+    );
   });
 
   it('holds while a lowered cap drains, and while demand (not the cap) limits the requests in flight', () => {
-    const draining = decideConcurrency(window({ cap: 68, inFlight: 90, running: 64, queued: 26 }), INITIAL_POLICY_STATE, BOUNDS);
+    const draining = decideConcurrency(
+      window({ cap: 68, inFlight: 90, running: 64, queued: 26 }),
+      INITIAL_POLICY_STATE,
+      BOUNDS,
+    );
     expect(draining.cap).toBe(68);
     expect(draining.reason).toMatch(/drain/);
     const idle = decideConcurrency(window({ cap: 100, inFlight: 40, running: 40 }), INITIAL_POLICY_STATE, BOUNDS);
@@ -78,9 +114,17 @@ describe('sglang.concurrency: auto — one decision per window', () => {
   });
 
   it('steers by the queue alone when the server has no /metrics (no token rate)', () => {
-    const up = decideConcurrency(window({ cap: 40, inFlight: 40, running: 40, tokensPerSec: null }), INITIAL_POLICY_STATE, BOUNDS);
+    const up = decideConcurrency(
+      window({ cap: 40, inFlight: 40, running: 40, tokensPerSec: null }),
+      INITIAL_POLICY_STATE,
+      BOUNDS,
+    );
     expect(up.cap).toBe(50);
-    const again = decideConcurrency(window({ cap: 50, inFlight: 50, running: 50, tokensPerSec: null }), up.state, BOUNDS);
+    const again = decideConcurrency(
+      window({ cap: 50, inFlight: 50, running: 50, tokensPerSec: null }),
+      up.state,
+      BOUNDS,
+    );
     expect(again.cap).toBe(63);
   });
 });

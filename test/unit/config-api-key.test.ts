@@ -41,7 +41,9 @@ describe('sglang.apiKey', () => {
     const wrongType = configError(() => load(`sglang:\n  apiKey: 12345\n${dataset}`));
     expect(wrongType.issues[0]).toMatchObject({ path: 'sglang.apiKey', line: 2 });
     expect(wrongType.message).toContain('tokenmill.yaml:2: sglang.apiKey: expected an API key');
-    expect(configError(() => load(`sglang:\n  apiKey: ""\n${dataset}`)).message).toContain('sglang.apiKey: expected an API key, not an empty string');
+    expect(configError(() => load(`sglang:\n  apiKey: ""\n${dataset}`)).message).toContain(
+      'sglang.apiKey: expected an API key, not an empty string',
+    );
     expect(configError(() => load(`sglang:\n  apiKey: "a\\nb"\n${dataset}`)).message).toContain('without line breaks');
     const env = configError(() => load(dataset, { SGLANG_API_KEY: 'a\nb' }));
     expect(env.message).toContain('SGLANG_API_KEY: expected an API key without line breaks');

@@ -49,12 +49,13 @@ function issueAt(err: ConfigError, path: string): ConfigIssue {
   return found;
 }
 
-const yamlError = (text: string): ConfigError => configError(() => loadConfig({ text, baseDir: tmp, file: 'tokenmill.yaml' }));
+const yamlError = (text: string): ConfigError =>
+  configError(() => loadConfig({ text, baseDir: tmp, file: 'tokenmill.yaml' }));
 
 const minimalDataset = 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: 10\n';
 
 describe('loadConfig: valid configs', () => {
-  it('parses a full config, keeps every value and resolves paths against the file\'s folder', () => {
+  it("parses a full config, keeps every value and resolves paths against the file's folder", () => {
     const file = join(fixtures, 'full.yaml');
     const c = loadConfig({ path: file });
     expect(c.source).toEqual({ file, baseDir: fixtures });
@@ -76,7 +77,14 @@ describe('loadConfig: valid configs', () => {
         tokenBudget: 10_000_000,
         maxNewTokens: 4096,
         // Keys SGLang knows but the schema does not list pass through unchanged.
-        sampling: { temperature: 0.7, top_p: 0.8, top_k: 20, min_p: 0, stop_token_ids: [151645], repetition_penalty: 1.05 },
+        sampling: {
+          temperature: 0.7,
+          top_p: 0.8,
+          top_k: 20,
+          min_p: 0,
+          stop_token_ids: [151645],
+          repetition_penalty: 1.05,
+        },
         batchSize: 32,
         budget: 'reserve',
         budgetMarginSd: 2,
@@ -92,7 +100,12 @@ describe('loadConfig: valid configs', () => {
       },
     ]);
     expect(c.output.dir).toBe(resolve(fixtures, '../out'));
-    expect(c.postprocess).toEqual({ target: join(fixtures, 'train-dataset'), keepTruncated: true, shardSizeMiB: 0.5, verifyWithPython: false });
+    expect(c.postprocess).toEqual({
+      target: join(fixtures, 'train-dataset'),
+      keepTruncated: true,
+      shardSizeMiB: 0.5,
+      verifyWithPython: false,
+    });
     expect(c.train).toEqual({
       command: ['python', 'trainers/tiny_drafter.py', '--data', '{dataset}'],
       gpus: 0,
@@ -131,7 +144,12 @@ describe('loadConfig: valid configs', () => {
       budgetMarginSd: 2,
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
-    expect(c.postprocess).toEqual({ target: join(fixtures, 'out', 'demo', 'train-dataset'), keepTruncated: false, shardSizeMiB: 500, verifyWithPython: false });
+    expect(c.postprocess).toEqual({
+      target: join(fixtures, 'out', 'demo', 'train-dataset'),
+      keepTruncated: false,
+      shardSizeMiB: 500,
+      verifyWithPython: false,
+    });
     expect(c.train).toBeUndefined();
     expect(c.tokenizer.path).toBe(bundledTokenizerPath());
     expect(c.tokenizer.kind).toBe('auto');
@@ -181,7 +199,9 @@ describe('loadConfig: errors name their path, say what was expected and what was
     expect(issue.message).toBe('expected a positive integer (output tokens), got -5');
     expect(issue.line).toBe(lineOf(text, 'tokenBudget: -5'));
     expect(err.file).toBe(join(fixtures, 'invalid.yaml'));
-    expect(err.message).toContain(`${join(fixtures, 'invalid.yaml')}:${lineOf(text, 'tokenBudget: -5')}: datasets[2].tokenBudget: expected a positive integer`);
+    expect(err.message).toContain(
+      `${join(fixtures, 'invalid.yaml')}:${lineOf(text, 'tokenBudget: -5')}: datasets[2].tokenBudget: expected a positive integer`,
+    );
   });
 
   it('reports every problem of a file at once, in file order', () => {
@@ -213,10 +233,12 @@ describe('loadConfig: errors name their path, say what was expected and what was
 
   it('lists the allowed keys when an unknown key resembles none', () => {
     const err = yamlError(`${minimalDataset}redis: { flavour: vanilla }\n`);
-    expect(issueAt(err, 'redis.flavour').message).toBe('unknown key (allowed keys: url, sentinels, name, password, sentinelPassword, tls, db, prefix)');
+    expect(issueAt(err, 'redis.flavour').message).toBe(
+      'unknown key (allowed keys: url, sentinels, name, password, sentinelPassword, tls, db, prefix)',
+    );
   });
 
-  it('requires exactly one of prompts and conversations, on the dataset\'s path', () => {
+  it("requires exactly one of prompts and conversations, on the dataset's path", () => {
     const text = [
       'datasets:',
       '  - name: both',
@@ -242,12 +264,33 @@ describe('loadConfig: errors name their path, say what was expected and what was
 
   it('a source is prepared into <output.dir>/<run>/<dataset>/prompts.jsonl unless prompts names the file; it needs a budget and no conversations', () => {
     const c = loadConfig({
-      object: { run: 'r', datasets: [{ name: 'a', source: { path: 'dl/a' }, tokenBudget: 5 }, { name: 'b', source: { path: '/x/b.parquet', format: 'sharegpt' }, prompts: 'p/b.jsonl', tokenBudget: 5 }] },
+      object: {
+        run: 'r',
+        datasets: [
+          { name: 'a', source: { path: 'dl/a' }, tokenBudget: 5 },
+          { name: 'b', source: { path: '/x/b.parquet', format: 'sharegpt' }, prompts: 'p/b.jsonl', tokenBudget: 5 },
+        ],
+      },
       baseDir: '/base',
     });
-    expect(c.datasets[0]).toMatchObject({ prompts: '/base/out/r/a/prompts.jsonl', source: { path: '/base/dl/a', format: 'auto' } });
-    expect(c.datasets[1]).toMatchObject({ prompts: '/base/p/b.jsonl', source: { path: '/x/b.parquet', format: 'sharegpt' } });
-    const err = yamlError(['datasets:', '  - name: s', '    source: {path: a.jsonl}', '    conversations: c.jsonl', '  - name: t', '    source: {path: a.jsonl, format: csv}'].join('\n'));
+    expect(c.datasets[0]).toMatchObject({
+      prompts: '/base/out/r/a/prompts.jsonl',
+      source: { path: '/base/dl/a', format: 'auto' },
+    });
+    expect(c.datasets[1]).toMatchObject({
+      prompts: '/base/p/b.jsonl',
+      source: { path: '/x/b.parquet', format: 'sharegpt' },
+    });
+    const err = yamlError(
+      [
+        'datasets:',
+        '  - name: s',
+        '    source: {path: a.jsonl}',
+        '    conversations: c.jsonl',
+        '  - name: t',
+        '    source: {path: a.jsonl, format: csv}',
+      ].join('\n'),
+    );
     expect(err.issues.map((i) => `${i.path}: ${i.message}`)).toEqual([
       'datasets[0]: expected "source" or "conversations", got both (a source is prepared into prompts to generate from)',
       'datasets[1].tokenBudget: missing: expected a positive integer (output tokens), required when "source" is set',
@@ -271,7 +314,13 @@ describe('loadConfig: errors name their path, say what was expected and what was
     ].join('\n');
     const err = yamlError(text);
     expect(err.issues.map((i) => i.path).sort()).toEqual(
-      ['datasets[0]', 'datasets[0].maxNewTokens', 'datasets[0].name', 'datasets[1].batchSize', 'datasets[2].name'].sort(),
+      [
+        'datasets[0]',
+        'datasets[0].maxNewTokens',
+        'datasets[0].name',
+        'datasets[1].batchSize',
+        'datasets[2].name',
+      ].sort(),
     );
     expect(issueAt(err, 'datasets[0]').message).toContain('got both');
     expect(issueAt(err, 'datasets[2].name').message).toContain('"twin" again');
@@ -392,7 +441,9 @@ describe('loadConfig: errors name their path, say what was expected and what was
     const err = configError(() =>
       loadConfig({ object: { datasets: [{ name: 'a', prompts: 'p', tokenBudget: 0 }] }, baseDir: tmp }),
     );
-    expect(err.issues).toEqual([{ path: 'datasets[0].tokenBudget', message: 'expected a positive integer (output tokens), got 0' }]);
+    expect(err.issues).toEqual([
+      { path: 'datasets[0].tokenBudget', message: 'expected a positive integer (output tokens), got 0' },
+    ]);
   });
 });
 
@@ -431,7 +482,19 @@ describe('JSON Schema and reference', () => {
     expect(schema.$schema).toMatch(/json-schema\.org/);
     expect(schema.type).toBe('object');
     expect(Object.keys(schema.properties ?? {}).sort()).toEqual(
-      ['dashboard', 'datasets', 'output', 'postprocess', 'prepare', 'redis', 'run', 'sglang', 'tokenizer', 'train', 'workers'].sort(),
+      [
+        'dashboard',
+        'datasets',
+        'output',
+        'postprocess',
+        'prepare',
+        'redis',
+        'run',
+        'sglang',
+        'tokenizer',
+        'train',
+        'workers',
+      ].sort(),
     );
     expect(schema.required).toEqual(['datasets']);
     expect(schema.additionalProperties).toBe(false);
@@ -495,7 +558,10 @@ describe('tokenmill config', () => {
     const dir = mkdtempSync(join(tmpdir(), 'tm-cfg-'));
     try {
       const file = join(dir, 'c.yaml');
-      writeFileSync(file, 'datasets: [{ name: a, conversations: a.jsonl }]\ndashboard: { token: very-secret-token-123456 }\n');
+      writeFileSync(
+        file,
+        'datasets: [{ name: a, conversations: a.jsonl }]\ndashboard: { token: very-secret-token-123456 }\n',
+      );
       const out = await runConfigCommand(['-c', file]);
       expect(out).not.toContain('very-secret-token-123456');
       expect((JSON.parse(out) as { dashboard: { token: string } }).dashboard.token).toBe('***');

@@ -21,7 +21,9 @@ describe('deploy/docker-compose.sentinel.yml', () => {
   const compose = parse(text, { merge: true }) as { services: Record<string, Service> };
 
   it('starts a replica of the redis service and three Sentinels that monitor tm-primary with a quorum of two', () => {
-    expect(compose.services['redis-replica']?.command).toEqual(expect.arrayContaining(['--replicaof', 'redis', '6379']));
+    expect(compose.services['redis-replica']?.command).toEqual(
+      expect.arrayContaining(['--replicaof', 'redis', '6379']),
+    );
     for (const name of ['sentinel-1', 'sentinel-2', 'sentinel-3']) {
       const s = compose.services[name];
       expect(s?.hostname).toBe(name);
@@ -36,7 +38,10 @@ describe('deploy/docker-compose.sentinel.yml', () => {
       .map((l) => l.slice(4))
       .join('\n');
     const section = header.slice(header.indexOf('redis:'));
-    const config = loadConfig({ text: `${section}\ndatasets: [{ name: a, prompts: a.jsonl, tokenBudget: 1 }]\n`, baseDir: repoRoot });
+    const config = loadConfig({
+      text: `${section}\ndatasets: [{ name: a, prompts: a.jsonl, tokenBudget: 1 }]\n`,
+      baseDir: repoRoot,
+    });
     expect(config.redis.name).toBe('tm-primary');
     expect(config.redis.sentinels?.map((s) => s.split(':')[0])).toEqual(['sentinel-1', 'sentinel-2', 'sentinel-3']);
     for (const worker of ['producer', 'inference-worker', 'postprocess-worker', 'dashboard']) {

@@ -49,7 +49,14 @@ const DeviceSchema = z.looseObject({
 const ServiceSchema = z.looseObject({
   image: z.string().optional(),
   build: z
-    .union([z.string(), z.looseObject({ context: z.string().optional(), dockerfile: z.string().optional(), target: z.string().optional() })])
+    .union([
+      z.string(),
+      z.looseObject({
+        context: z.string().optional(),
+        dockerfile: z.string().optional(),
+        target: z.string().optional(),
+      }),
+    ])
     .optional(),
   command: z.union([z.string(), z.array(z.string())]).optional(),
   entrypoint: z.union([z.string(), z.array(z.string())]).optional(),
@@ -57,7 +64,9 @@ const ServiceSchema = z.looseObject({
   container_name: z.string().optional(),
   ports: z.array(z.unknown()).optional(),
   volumes: z.array(z.string()).optional(),
-  environment: z.union([z.array(z.string()), z.record(z.string(), z.union([z.string(), z.number(), z.boolean(), z.null()]))]).optional(),
+  environment: z
+    .union([z.array(z.string()), z.record(z.string(), z.union([z.string(), z.number(), z.boolean(), z.null()]))])
+    .optional(),
   depends_on: z.union([z.array(z.string()), z.record(z.string(), DependencySchema)]).optional(),
   healthcheck: HealthcheckSchema.optional(),
   restart: z.string().optional(),
@@ -66,12 +75,17 @@ const ServiceSchema = z.looseObject({
   ipc: z.string().optional(),
   shm_size: z.union([z.string(), z.number()]).optional(),
   networks: z
-    .union([z.array(z.string()), z.record(z.string(), z.looseObject({ aliases: z.array(z.string()).optional() }).nullable())])
+    .union([
+      z.array(z.string()),
+      z.record(z.string(), z.looseObject({ aliases: z.array(z.string()).optional() }).nullable()),
+    ])
     .optional(),
   deploy: z
     .looseObject({
       replicas: z.number().optional(),
-      resources: z.looseObject({ reservations: z.looseObject({ devices: z.array(DeviceSchema).optional() }).optional() }).optional(),
+      resources: z
+        .looseObject({ reservations: z.looseObject({ devices: z.array(DeviceSchema).optional() }).optional() })
+        .optional(),
     })
     .optional(),
 });
@@ -89,17 +103,20 @@ type Compose = z.infer<typeof ComposeSchema>;
  */
 function interpolate(value: unknown, env: Readonly<Record<string, string>>): unknown {
   if (typeof value === 'string') {
-    return value.replace(/\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])((?:[^}])*))?\}/g, (whole, name: string | undefined, colon: string, op: string, arg: string) => {
-      if (whole === '$$') return '$';
-      const v = env[name ?? ''];
-      const missing = v === undefined || (colon === ':' && v === '');
-      if (op === '-') return missing ? arg : (v ?? '');
-      if (op === '?') {
-        if (missing) throw new Error(`required variable ${name ?? ''} is missing: ${arg}`);
+    return value.replace(
+      /\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])((?:[^}])*))?\}/g,
+      (whole, name: string | undefined, colon: string, op: string, arg: string) => {
+        if (whole === '$$') return '$';
+        const v = env[name ?? ''];
+        const missing = v === undefined || (colon === ':' && v === '');
+        if (op === '-') return missing ? arg : (v ?? '');
+        if (op === '?') {
+          if (missing) throw new Error(`required variable ${name ?? ''} is missing: ${arg}`);
+          return v ?? '';
+        }
         return v ?? '';
-      }
-      return v ?? '';
-    });
+      },
+    );
   }
   if (Array.isArray(value)) return value.map((v) => interpolate(v, env));
   if (typeof value === 'object' && value !== null) {
@@ -128,14 +145,18 @@ function dependencies(service: Service): Map<string, Dependency> {
   const deps = service.depends_on;
   if (deps === undefined) return new Map();
   if (Array.isArray(deps)) return new Map(deps.map((d) => [d, { condition: 'service_started', required: true }]));
-  return new Map(Object.entries(deps).map(([name, d]) => [name, { condition: d.condition, required: d.required ?? true }]));
+  return new Map(
+    Object.entries(deps).map(([name, d]) => [name, { condition: d.condition, required: d.required ?? true }]),
+  );
 }
 
 function environment(service: Service): Record<string, string> {
   const env = service.environment;
   if (env === undefined) return {};
   if (Array.isArray(env)) {
-    return Object.fromEntries(env.map((e) => [e.split('=')[0] ?? e, e.includes('=') ? e.slice(e.indexOf('=') + 1) : '']));
+    return Object.fromEntries(
+      env.map((e) => [e.split('=')[0] ?? e, e.includes('=') ? e.slice(e.indexOf('=') + 1) : '']),
+    );
   }
   return Object.fromEntries(Object.entries(env).map(([k, v]) => [k, v === null ? '' : String(v)]));
 }
@@ -159,7 +180,8 @@ function mounts(service: Service): Mount[] {
 
 function gpuDevices(service: Service): z.infer<typeof DeviceSchema>[] {
   return (service.deploy?.resources?.reservations?.devices ?? []).filter(
-    (d) => d.driver === 'nvidia' && d.capabilities.includes('gpu') && (d.count !== undefined || d.device_ids !== undefined),
+    (d) =>
+      d.driver === 'nvidia' && d.capabilities.includes('gpu') && (d.count !== undefined || d.device_ids !== undefined),
   );
 }
 
@@ -239,7 +261,9 @@ function checkArgv(program: Command, args: readonly string[]): { problems: strin
     const flag = eq === -1 ? arg : arg.slice(0, eq);
     const opt = optionFor(options, flag);
     if (opt === undefined) {
-      problems.push(`${verb}: unknown option ${flag} (declared: ${cmd.options.map((o) => o.long ?? o.short).join(', ')})`);
+      problems.push(
+        `${verb}: unknown option ${flag} (declared: ${cmd.options.map((o) => o.long ?? o.short).join(', ')})`,
+      );
       continue;
     }
     seen.add(opt);
@@ -313,7 +337,9 @@ function checkDependencies(compose: Compose): string[] {
       const theirs = target.profiles ?? [];
       const alwaysEnabledWithMe = theirs.length === 0 || (mine.length > 0 && mine.every((p) => theirs.includes(p)));
       if (dep.required && !alwaysEnabledWithMe) {
-        problems.push(`${name}: requires ${depName}, which is under profile(s) ${theirs.join(', ')} (mark it required: false)`);
+        problems.push(
+          `${name}: requires ${depName}, which is under profile(s) ${theirs.join(', ')} (mark it required: false)`,
+        );
       }
       if (dep.condition === 'service_healthy' && target.healthcheck === undefined) {
         problems.push(`${name}: waits for ${depName} to be healthy, but ${depName} has no healthcheck`);
@@ -417,7 +443,9 @@ describe('docker-compose.yml', () => {
     expect(args[args.indexOf('--port') + 1]).toBe('30000');
     expect(args[args.indexOf('--host') + 1]).toBe('0.0.0.0');
     const networks = sim.networks;
-    expect(networks !== undefined && !Array.isArray(networks) ? networks.default?.aliases : undefined).toContain('sglang');
+    expect(networks !== undefined && !Array.isArray(networks) ? networks.default?.aliases : undefined).toContain(
+      'sglang',
+    );
     expect(healthcheckText(sim)).toContain('http://127.0.0.1:30000/health');
     expect(gpuDevices(sim)).toHaveLength(0);
   });
@@ -440,7 +468,7 @@ describe('docker-compose.yml', () => {
     expect(new Set(imageOfTarget.values()).size).toBe(2);
   });
 
-  it("runs only verbs and options the CLI declares (verbs that do not exist yet only under a profile)", () => {
+  it('runs only verbs and options the CLI declares (verbs that do not exist yet only under a profile)', () => {
     expect(checkCommands(compose, program)).toEqual([]);
     // Those the current CLI lacks are the ones kept under a profile.
     const missing = tokenmillServices(compose)
@@ -450,7 +478,10 @@ describe('docker-compose.yml', () => {
   });
 
   it('catches a misspelled verb, an unknown option, a bad option value and a missing required option', () => {
-    const typoVerb = edited('command: [worker, -c, /config/tokenmill.yaml, --role, inference]', 'command: [wroker, -c, /config/tokenmill.yaml, --role, inference]');
+    const typoVerb = edited(
+      'command: [worker, -c, /config/tokenmill.yaml, --role, inference]',
+      'command: [wroker, -c, /config/tokenmill.yaml, --role, inference]',
+    );
     expect(checkCommands(typoVerb, program)).toEqual([
       'inference-worker: the CLI has no verb "wroker", and the service starts without a profile',
     ]);
@@ -460,7 +491,10 @@ describe('docker-compose.yml', () => {
     expect(checkCommands(badValue, program).join('\n')).toMatch(/sglang-sim: sim: option --port rejects "thirty"/);
     const noConfig = edited('command: [produce, -c, /config/tokenmill.yaml]', 'command: [produce]');
     expect(checkCommands(noConfig, program)).toEqual(['producer: produce: required option --config is missing']);
-    const extraArg = edited('command: [produce, -c, /config/tokenmill.yaml]', 'command: [produce, -c, /config/tokenmill.yaml, B1_glaive]');
+    const extraArg = edited(
+      'command: [produce, -c, /config/tokenmill.yaml]',
+      'command: [produce, -c, /config/tokenmill.yaml, B1_glaive]',
+    );
     expect(checkCommands(extraArg, program)).toEqual(['producer: produce: unexpected argument(s) B1_glaive']);
   });
 
@@ -514,7 +548,10 @@ describe('docker-compose.yml', () => {
     expect(gpuDevices(train)).toHaveLength(1);
     expect(train.build !== undefined && typeof train.build !== 'string' ? train.build.target : undefined).toBe('train');
     expect(argv(train.command)).toEqual(['worker', '-c', '/config/tokenmill.yaml', '--role', 'train', '--gpus', 'all']);
-    expect(argv(loadCompose(composeText, { TRAIN_GPUS: '4,5' }).services['train-worker']?.command).slice(-2)).toEqual(['--gpus', '4,5']);
+    expect(argv(loadCompose(composeText, { TRAIN_GPUS: '4,5' }).services['train-worker']?.command).slice(-2)).toEqual([
+      '--gpus',
+      '4,5',
+    ]);
     const dashboard = service('dashboard');
     expect(Object.keys(environment(dashboard))).toContain('DASHBOARD_TOKEN');
     expect(dashboard.ports).toEqual(['127.0.0.1:3000:3000']);
@@ -579,9 +616,9 @@ describe('Dockerfile', () => {
     expect(text).toMatch(/^ARG NODE_IMAGE=node:20-slim$/m);
     expect(text).toMatch(/\bnpm ci\b/);
     expect(text).toMatch(/\bnpm run build\b/);
-    const pkg = z.looseObject({ bin: z.record(z.string(), z.string()), scripts: z.record(z.string(), z.string()) }).parse(
-      JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')),
-    );
+    const pkg = z
+      .looseObject({ bin: z.record(z.string(), z.string()), scripts: z.record(z.string(), z.string()) })
+      .parse(JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')));
     expect(pkg.scripts.build).toBeDefined();
     const entrypoint = /^ENTRYPOINT\s+(\[.*\])\s*$/m.exec(text)?.[1];
     expect(JSON.parse(entrypoint ?? '[]')).toEqual(['node', `/app/${pkg.bin.tokenmill ?? ''}`]);

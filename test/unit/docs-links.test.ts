@@ -95,7 +95,8 @@ export function brokenReason(root: string, page: string, target: string): string
   if (relative.startsWith('..') || path.isAbsolute(relative)) return `${filePath} is outside the repository`;
   if (!existsSync(resolved)) return `${relative} does not exist`;
   if (anchor === undefined || anchor === '') return undefined;
-  if (statSync(resolved).isDirectory() || !resolved.endsWith('.md')) return `#${anchor} on ${relative}, which is not a Markdown page`;
+  if (statSync(resolved).isDirectory() || !resolved.endsWith('.md'))
+    return `#${anchor} on ${relative}, which is not a Markdown page`;
   if (!anchorsOf(readFileSync(resolved, 'utf8')).has(anchor)) return `${relative} has no heading #${anchor}`;
   return undefined;
 }
@@ -133,15 +134,34 @@ describe('docs links', () => {
 });
 
 describe('the link checker', () => {
-  const page = ['# Title', '', '## Token budgets: `budget: reserve | strict`', '## Train stage (merge → train)', '## Repeated', '## Repeated'].join('\n');
+  const page = [
+    '# Title',
+    '',
+    '## Token budgets: `budget: reserve | strict`',
+    '## Train stage (merge → train)',
+    '## Repeated',
+    '## Repeated',
+  ].join('\n');
 
   it('makes GitHub heading ids', () => {
     const anchors = anchorsOf(page);
-    expect([...anchors]).toEqual(['title', 'token-budgets-budget-reserve--strict', 'train-stage-merge--train', 'repeated', 'repeated-1']);
+    expect([...anchors]).toEqual([
+      'title',
+      'token-budgets-budget-reserve--strict',
+      'train-stage-merge--train',
+      'repeated',
+      'repeated-1',
+    ]);
   });
 
   it('finds inline links and images, but not links in code', () => {
-    const text = ['See [a](a.md), ![img](b.png) and [c](c.md#x "title").', '`[not](a link)`', '```', '[nor](this.md)', '```'].join('\n');
+    const text = [
+      'See [a](a.md), ![img](b.png) and [c](c.md#x "title").',
+      '`[not](a link)`',
+      '```',
+      '[nor](this.md)',
+      '```',
+    ].join('\n');
     expect(linksOf(text).map((l) => l.target)).toEqual(['a.md', 'b.png', 'c.md#x']);
   });
 

@@ -5,7 +5,11 @@ import path from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { KNOWN_END_OF_TURN_TOKENS, generationConfigEosIds, templateEndOfTurnTokenId } from '../../src/shared/tokenizer/end-of-turn.js';
+import {
+  KNOWN_END_OF_TURN_TOKENS,
+  generationConfigEosIds,
+  templateEndOfTurnTokenId,
+} from '../../src/shared/tokenizer/end-of-turn.js';
 import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { createTokenizeContext, recordToRow, tokenizeConversation } from '../../src/workers/postprocess/tokenize.js';
 
@@ -36,7 +40,11 @@ type Json = Record<string, unknown>;
  * A copy of Qwen3's tokenizer folder whose special token 151649 is `<|turn_end|>` (a token no
  * known family uses) and whose template ends every turn with it instead of `<|im_end|>`.
  */
-async function turnEndTokenizer(name: string, edit: (config: Json) => void, extraFiles: Record<string, string> = {}): Promise<string> {
+async function turnEndTokenizer(
+  name: string,
+  edit: (config: Json) => void,
+  extraFiles: Record<string, string> = {},
+): Promise<string> {
   const dir = path.join(tmp, name);
   await cp(QWEN3_DIR, dir, { recursive: true, dereference: true });
   const tokenizerJson = JSON.parse(await readFile(path.join(dir, 'tokenizer.json'), 'utf8')) as Json;
@@ -82,7 +90,10 @@ describe('end-of-turn tokens of the bundled tokenizers', () => {
   it("adds generation_config.json's eos_token_id list (Qwen3 ships [151645, 151643])", async () => {
     const dir = path.join(tmp, 'qwen-generation-config');
     await cp(QWEN3_DIR, dir, { recursive: true, dereference: true });
-    await writeFile(path.join(dir, 'generation_config.json'), JSON.stringify({ eos_token_id: [IM_END, ENDOFTEXT], top_p: 0.95 }));
+    await writeFile(
+      path.join(dir, 'generation_config.json'),
+      JSON.stringify({ eos_token_id: [IM_END, ENDOFTEXT], top_p: 0.95 }),
+    );
     const qwen = await loadTokenizer(dir);
     expect(qwen.endOfTurnTokenIds).toEqual([ENDOFTEXT, IM_END]);
   });
@@ -112,7 +123,12 @@ describe('a template that ends turns with a token outside the known list', () =>
     expect(tok.endOfTurnTokenIds).toEqual([IM_END, TURN_END_ID]);
 
     const { ctx, out, prompt_ids, output_ids } = generationRow(tok, TURN_END_ID);
-    expect(ctx.format).toMatchObject({ header: '<|im_start|>assistant\n', turnEnd: `${TURN_END}\n`, endOfTurnTokenId: TURN_END_ID, suffixIds: [NEWLINE] });
+    expect(ctx.format).toMatchObject({
+      header: '<|im_start|>assistant\n',
+      turnEnd: `${TURN_END}\n`,
+      endOfTurnTokenId: TURN_END_ID,
+      suffixIds: [NEWLINE],
+    });
     if (out.status !== 'kept') throw new Error(`dropped: ${out.reason}`);
     expect(out.closedTurn).toBe(true);
     expect(out.row.input_ids).toEqual([...prompt_ids, ...output_ids, NEWLINE]);
@@ -141,7 +157,13 @@ describe('a template that ends turns with a token outside the known list', () =>
     const tok = await loadTokenizer(await turnEndTokenizer('conversation', () => undefined));
     const ctx = createTokenizeContext(tok);
     const conv = tokenizeConversation(
-      { id: 'c1', messages: [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello.' }] },
+      {
+        id: 'c1',
+        messages: [
+          { role: 'user', content: 'Hi' },
+          { role: 'assistant', content: 'Hello.' },
+        ],
+      },
       ctx,
     );
     const supervised = conv.input_ids.filter((_, i) => conv.loss_mask[i] === 1);

@@ -17,7 +17,10 @@ interface Stream {
 }
 
 /** The rate hash (bucket → tokens) and counters as they stand at `nowMs`. */
-function measure(streams: Stream[], nowMs: number): { rate: Record<string, string>; tokens: number; records: number; firstCommitMs: number | null } {
+function measure(
+  streams: Stream[],
+  nowMs: number,
+): { rate: Record<string, string>; tokens: number; records: number; firstCommitMs: number | null } {
   const rate: Record<string, number> = {};
   let tokens = 0;
   let records = 0;
@@ -31,7 +34,12 @@ function measure(streams: Stream[], nowMs: number): { rate: Record<string, strin
       firstCommitMs ??= t;
     }
   }
-  return { rate: Object.fromEntries(Object.entries(rate).map(([k, v]) => [k, String(v)])), tokens, records, firstCommitMs };
+  return {
+    rate: Object.fromEntries(Object.entries(rate).map(([k, v]) => [k, String(v)])),
+    tokens,
+    records,
+    firstCommitMs,
+  };
 }
 
 function etaAt(streams: Stream[], nowMs: number, remaining: (m: ReturnType<typeof measure>) => number) {
@@ -107,7 +115,8 @@ describe('ETA from the measured rate', () => {
   it('unknown until measured: no commit yet, one commit, two seconds of commits', () => {
     const start = T0 + 2_000;
     const run: Stream[] = [{ fromMs: start + 5_000, toMs: start + 60_000, gapMs: 500, len: 50 }];
-    for (const at of [1_000, 5_000, 7_000]) expect(etaAt(run, start + at, () => 10_000).eta, `at ${at}`).toEqual({ low: null, high: null });
+    for (const at of [1_000, 5_000, 7_000])
+      expect(etaAt(run, start + at, () => 10_000).eta, `at ${at}`).toEqual({ low: null, high: null });
     expect(etaAt(run, start + 12_000, () => 10_000).eta.low).not.toBeNull();
     // Done is done.
     expect(etaAt(run, start + 1_000, () => 0).eta).toEqual({ low: 0, high: 0 });

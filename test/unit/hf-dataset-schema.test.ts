@@ -41,7 +41,12 @@ describe('dataset columns', () => {
       num_tokens: { dtype: 'int32', _type: 'Value' },
       finish_reason: { dtype: 'string', _type: 'Value' },
     });
-    expect(featuresOf([{ name: 'x', type: list('int64', true) }, { name: 'y', type: { kind: 'string', large: true } }])).toEqual({
+    expect(
+      featuresOf([
+        { name: 'x', type: list('int64', true) },
+        { name: 'y', type: { kind: 'string', large: true } },
+      ]),
+    ).toEqual({
       x: { feature: { dtype: 'int64', _type: 'Value' }, _type: 'LargeList' },
       y: { dtype: 'large_string', _type: 'Value' },
     });
@@ -97,24 +102,42 @@ describe('planMergeColumns', () => {
   });
 
   it('refuses an incompatible type, naming the column and both types', () => {
-    const target = PY_TARGET.map((c) => (c.name === 'loss_mask' ? { ...c, type: { kind: 'other', name: 'list<string>' } as ColumnType } : c));
+    const target = PY_TARGET.map((c) =>
+      c.name === 'loss_mask' ? { ...c, type: { kind: 'other', name: 'list<string>' } as ColumnType } : c,
+    );
     const plan = planMergeColumns(target, defaultColumns());
     expect(plan.problems).toHaveLength(1);
-    expect(plan.problems[0]).toMatch(/^cannot merge: column loss_mask is list<string> in the target but list<int32> in the new rows/);
+    expect(plan.problems[0]).toMatch(
+      /^cannot merge: column loss_mask is list<string> in the target but list<int32> in the new rows/,
+    );
   });
 
   it('refuses token ids narrower than 32 bits, a count narrower than 32 bits, and a string column holding ints', () => {
     const target = PY_TARGET.map((c) =>
-      c.name === 'input_ids' ? { ...c, type: list('int16') } : c.name === 'num_tokens' ? { ...c, type: int('int16') } : c.name === 'id' ? { ...c, type: int('int64') } : c,
+      c.name === 'input_ids'
+        ? { ...c, type: list('int16') }
+        : c.name === 'num_tokens'
+          ? { ...c, type: int('int16') }
+          : c.name === 'id'
+            ? { ...c, type: int('int64') }
+            : c,
     );
     const problems = planMergeColumns(target, defaultColumns()).problems.join('\n');
-    expect(problems).toMatch(/column input_ids is list<int16> in the target but list<int32> in the new rows \(token ids need at least 32-bit integers\)/);
+    expect(problems).toMatch(
+      /column input_ids is list<int16> in the target but list<int32> in the new rows \(token ids need at least 32-bit integers\)/,
+    );
     expect(problems).toMatch(/column num_tokens is int16 in the target but int32/);
     expect(problems).toMatch(/column id is int64 in the target but string/);
   });
 
   it('accepts any integer list for the mask, and unsigned 32-bit ids', () => {
-    const target = PY_TARGET.map((c) => (c.name === 'loss_mask' ? { ...c, type: list('uint8') } : c.name === 'input_ids' ? { ...c, type: list('uint32') } : c));
+    const target = PY_TARGET.map((c) =>
+      c.name === 'loss_mask'
+        ? { ...c, type: list('uint8') }
+        : c.name === 'input_ids'
+          ? { ...c, type: list('uint32') }
+          : c,
+    );
     expect(planMergeColumns(target, defaultColumns()).problems).toEqual([]);
   });
 
@@ -124,7 +147,9 @@ describe('planMergeColumns', () => {
       'cannot merge: the target has column text (string) but the new rows do not',
     ]);
     const noMask = PY_TARGET.filter((c) => c.name !== 'loss_mask');
-    expect(planMergeColumns(noMask, defaultColumns()).problems).toEqual(['cannot merge: the target has no column loss_mask']);
+    expect(planMergeColumns(noMask, defaultColumns()).problems).toEqual([
+      'cannot merge: the target has no column loss_mask',
+    ]);
   });
 
   it('leaves out new columns the target does not have', () => {

@@ -24,17 +24,23 @@ describe('merge lock', () => {
       const dir = mkdtempSync(path.join(tmpdir(), 'tm-lock-'));
       dirs.push(dir);
       const target = path.join(dir, 'train-dataset');
-      writeFileSync(`${target}.lock`, JSON.stringify({ pid: deadPid(), host: hostname(), since: '2020-01-01T00:00:00Z' }));
+      writeFileSync(
+        `${target}.lock`,
+        JSON.stringify({ pid: deadPid(), host: hostname(), since: '2020-01-01T00:00:00Z' }),
+      );
       // Staggered by a few event-loop turns, so that one taker reads the stale lock while another
       // has already replaced it.
-      const takers = await Promise.allSettled(Array.from({ length: 6 }, async (_, i) => {
-        for (let k = 0; k < i * (round % 4); k++) await new Promise((r) => setImmediate(r));
-        return acquireLock(target);
-      }));
+      const takers = await Promise.allSettled(
+        Array.from({ length: 6 }, async (_, i) => {
+          for (let k = 0; k < i * (round % 4); k++) await new Promise((r) => setImmediate(r));
+          return acquireLock(target);
+        }),
+      );
       const held = takers.filter((t) => t.status === 'fulfilled');
       expect(held).toHaveLength(1);
       for (const t of takers) {
-        if (t.status === 'rejected') expect(String(t.reason)).toMatch(new RegExp(`is locked by process ${process.pid} on `));
+        if (t.status === 'rejected')
+          expect(String(t.reason)).toMatch(new RegExp(`is locked by process ${process.pid} on `));
       }
       expect(JSON.parse(readFileSync(`${target}.lock`, 'utf8'))).toMatchObject({ pid: process.pid });
     }
@@ -47,6 +53,8 @@ describe('merge lock', () => {
     const release = await acquireLock(target);
     await expect(acquireLock(target)).rejects.toThrow(/is locked by process/);
     await release();
-    await (await acquireLock(target))();
+    await (
+      await acquireLock(target)
+    )();
   });
 });

@@ -12,8 +12,20 @@ import {
   type MergeReport,
   type TokenizeResult,
 } from '../../src/shared/index.js';
-import { invalidLinesError, processMerge, processTokenize, type MergeDeps, type TokenizeDeps } from '../../src/workers/postprocess/processor.js';
-import { buildRoundFlow, roundFlowId, stagedDirOf, tokenizeJobId, type PostprocessPlan } from '../../src/workers/postprocess/flow.js';
+import {
+  invalidLinesError,
+  processMerge,
+  processTokenize,
+  type MergeDeps,
+  type TokenizeDeps,
+} from '../../src/workers/postprocess/processor.js';
+import {
+  buildRoundFlow,
+  roundFlowId,
+  stagedDirOf,
+  tokenizeJobId,
+  type PostprocessPlan,
+} from '../../src/workers/postprocess/flow.js';
 import { formatPostprocessResult } from '../../src/cli/commands/postprocess.js';
 
 const log = createRootLogger({ level: 'silent' });
@@ -131,7 +143,9 @@ describe('tokenize processor', () => {
       logger: log,
     };
     await expect(processTokenize({ dataset: 'A', kind: 'pictures' }, deps)).rejects.toThrow(PayloadError);
-    await expect(processTokenize({ dataset: 'A', kind: 'pictures' }, deps)).rejects.toThrow(/tokenize: invalid payload at/);
+    await expect(processTokenize({ dataset: 'A', kind: 'pictures' }, deps)).rejects.toThrow(
+      /tokenize: invalid payload at/,
+    );
     expect(calls).toEqual([]);
   });
 
@@ -147,21 +161,27 @@ describe('tokenize processor', () => {
     expect(none?.message).toContain('/r/A/generations/part-00000.jsonl:3: invalid JSON');
     expect(none?.message).toContain(':9: prompt_ids[0] is -1');
     expect(invalidLinesError('C', { lines: 100, invalid: 5, invalidExamples: examples }, 0.05)).toBeUndefined();
-    expect(invalidLinesError('C', { lines: 100, invalid: 6, invalidExamples: examples }, 0.05)?.message).toContain('at most 5% allowed');
+    expect(invalidLinesError('C', { lines: 100, invalid: 6, invalidExamples: examples }, 0.05)?.message).toContain(
+      'at most 5% allowed',
+    );
   });
 });
 
 describe('merge processor', () => {
   it('refuses a bad payload, and a child result that is not a tokenize result', async () => {
     const { deps } = mergeDeps([]);
-    await expect(processMerge({ ...mergePayload, mergeKey: '' }, deps)).rejects.toThrow(/merge: invalid payload at mergeKey/);
+    await expect(processMerge({ ...mergePayload, mergeKey: '' }, deps)).rejects.toThrow(
+      /merge: invalid payload at mergeKey/,
+    );
     const bad = mergeDeps([tokenizeResult('A', 2), { dataset: 'B', rows: 'many' }]);
     await expect(processMerge(mergePayload, bad.deps)).rejects.toThrow(/result of tokenize job 2: invalid payload/);
     expect(bad.rec.completed).toEqual([]);
   });
 
   it('merges nothing when no dataset has new rows, and still completes the round', async () => {
-    const { deps, rec } = mergeDeps([tokenizeResult('B', 0, { alreadyMerged: 7 }), tokenizeResult('A', 0)], () => Promise.reject(new Error('must not merge')));
+    const { deps, rec } = mergeDeps([tokenizeResult('B', 0, { alreadyMerged: 7 }), tokenizeResult('A', 0)], () =>
+      Promise.reject(new Error('must not merge')),
+    );
     const result = await processMerge(mergePayload, deps);
     expect(result.status).toBe('nothing-new');
     expect(result.report).toBeNull();
@@ -173,7 +193,12 @@ describe('merge processor', () => {
 
   it('makes one merge of the datasets with new rows, keyed by the round, and returns the report in brief', async () => {
     const { deps, rec } = mergeDeps([tokenizeResult('B', 3), tokenizeResult('A', 2), tokenizeResult('C', 0)], () =>
-      Promise.resolve({ report: report(), reportPath: `${NOWHERE}/run/merge-report-m1.json`, repaired: [], alreadyMerged: false }),
+      Promise.resolve({
+        report: report(),
+        reportPath: `${NOWHERE}/run/merge-report-m1.json`,
+        repaired: [],
+        alreadyMerged: false,
+      }),
     );
     const result = await processMerge(mergePayload, deps);
     expect(rec.merges).toHaveLength(1);
@@ -183,18 +208,30 @@ describe('merge processor', () => {
     expect(opts?.runDir).toBe(mergePayload.runDir);
     expect(opts?.shardSizeMiB).toBe(64);
     expect(result.status).toBe('merged');
-    expect(result.report).toMatchObject({ oldRows: 10, newRows: 5, rows: 15, shards: 3, newShards: 1, lossMaskCoverage: 0.6, reportPath: `${NOWHERE}/run/merge-report-m1.json` });
+    expect(result.report).toMatchObject({
+      oldRows: 10,
+      newRows: 5,
+      rows: 15,
+      shards: 3,
+      newShards: 1,
+      lossMaskCoverage: 0.6,
+      reportPath: `${NOWHERE}/run/merge-report-m1.json`,
+    });
     expect(rec.phases).toEqual(['tokenize:completed', 'merge:in_progress', 'merge:completed']);
     expect(rec.completed).toHaveLength(1);
   });
 
   it('reports a merge that an earlier attempt made as already merged', async () => {
-    const { deps } = mergeDeps([tokenizeResult('A', 2)], () => Promise.resolve({ report: report(), reportPath: 'p', repaired: [], alreadyMerged: true }));
+    const { deps } = mergeDeps([tokenizeResult('A', 2)], () =>
+      Promise.resolve({ report: report(), reportPath: 'p', repaired: [], alreadyMerged: true }),
+    );
     expect((await processMerge(mergePayload, deps)).status).toBe('already-merged');
   });
 
   it('fails without completing the round when the merge is refused; other errors name the round', async () => {
-    const refused = mergeDeps([tokenizeResult('A', 2)], () => Promise.reject(new DatasetMergeError('merge refused, the target is unchanged: x')));
+    const refused = mergeDeps([tokenizeResult('A', 2)], () =>
+      Promise.reject(new DatasetMergeError('merge refused, the target is unchanged: x')),
+    );
     await expect(processMerge(mergePayload, refused.deps)).rejects.toThrow(/merge refused/);
     expect(refused.rec.completed).toEqual([]);
     expect(refused.rec.phases).not.toContain('merge:completed');
@@ -223,9 +260,18 @@ describe('post-process round flow', () => {
     const flow = buildRoundFlow(plan, flowId, 'r-pp-4/00ff');
     expect(flow.queueName).toBe(MERGE_QUEUE);
     expect(flow.opts?.jobId).toBe('r-pp-4');
-    expect(MergePayloadSchema.parse(flow.data)).toEqual({ flowId, target: plan.target, runDir: plan.runDir, shardSizeMiB: 500, mergeKey: 'r-pp-4/00ff' });
+    expect(MergePayloadSchema.parse(flow.data)).toEqual({
+      flowId,
+      target: plan.target,
+      runDir: plan.runDir,
+      shardSizeMiB: 500,
+      mergeKey: 'r-pp-4/00ff',
+    });
     const children = flow.children ?? [];
-    expect(children.map((c) => c.opts?.jobId)).toEqual([tokenizeJobId(flowId, 'B1_glaive'), tokenizeJobId(flowId, 'A1')]);
+    expect(children.map((c) => c.opts?.jobId)).toEqual([
+      tokenizeJobId(flowId, 'B1_glaive'),
+      tokenizeJobId(flowId, 'A1'),
+    ]);
     expect(children.map((c) => c.opts?.jobId)).toEqual(['r-pp-4-B1_glaive', 'r-pp-4-A1']);
     for (const c of children) {
       expect(c.queueName).toBe(TOKENIZE_QUEUE);
@@ -233,7 +279,12 @@ describe('post-process round flow', () => {
       expect(String(c.opts?.jobId)).not.toContain(':');
     }
     const [gen, conv] = children.map((c) => TokenizePayloadSchema.parse(c.data));
-    expect(gen).toMatchObject({ kind: 'generations', source: plan.datasets[0]?.source, stagedDir: stagedDirOf('/out/r', flowId, 'B1_glaive'), maxInvalidFraction: 0.05 });
+    expect(gen).toMatchObject({
+      kind: 'generations',
+      source: plan.datasets[0]?.source,
+      stagedDir: stagedDirOf('/out/r', flowId, 'B1_glaive'),
+      maxInvalidFraction: 0.05,
+    });
     expect(gen?.stagedDir).toBe('/out/r/postprocess/r-pp-4/B1_glaive');
     expect(conv).toMatchObject({ kind: 'conversations', maxInvalidFraction: 0.05, target: plan.target });
     // The same plan and round give the same flow.

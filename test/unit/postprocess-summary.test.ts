@@ -35,9 +35,13 @@ function nothingNew(...datasets: TokenizeResult[]): MergeJobResult {
 
 describe('post-process summary of dropped records', () => {
   it('every record truncated: "nothing merged", the count, the reason and what to do — not "already holds every row"', () => {
-    const text = formatPostprocessResult(nothingNew(result('B1', { lines: 200_000, droppedTruncated: 200_000 })), { maxNewTokens: () => 10240 });
+    const text = formatPostprocessResult(nothingNew(result('B1', { lines: 200_000, droppedTruncated: 200_000 })), {
+      maxNewTokens: () => 10240,
+    });
     expect(text).not.toContain('already holds every row');
-    expect(text).toContain('post-processing r-pp-2: nothing merged: 200,000 of 200,000 records were dropped (200,000 finish_reason length (cut at maxNewTokens))');
+    expect(text).toContain(
+      'post-processing r-pp-2: nothing merged: 200,000 of 200,000 records were dropped (200,000 finish_reason length (cut at maxNewTokens))',
+    );
     expect(text).toContain(
       '  B1: 200,000 of 200,000 records (100.0%) — 200,000 dropped: finish_reason length (cut at maxNewTokens) — raise maxNewTokens of dataset B1 (now 10240) or set postprocess.keepTruncated: true',
     );
@@ -52,10 +56,21 @@ describe('post-process summary of dropped records', () => {
   });
 
   it('already merged and dropped: both counted; no records at all: says so', () => {
-    const text = formatPostprocessResult(nothingNew(result('A', { lines: 10, alreadyMerged: 7, droppedAborted: 3 }), result('B', { lines: 5, alreadyMerged: 5 })));
-    expect(text).toContain('nothing new: 12 rows are already in the training dataset and 3 records were dropped (3 finish_reason abort');
-    expect(text).toContain("  A: 3 of 10 records (30.0%) — 3 dropped: finish_reason abort (partial outputs: stopped at the budget by budget: strict, or aborted by the server) — set postprocess.keepTruncated: true to keep them like truncated ones; for aborts by the server, see its log");
-    expect(formatPostprocessResult(nothingNew(result('A', {})))).toContain('nothing to merge: no dataset has records on disk yet');
+    const text = formatPostprocessResult(
+      nothingNew(
+        result('A', { lines: 10, alreadyMerged: 7, droppedAborted: 3 }),
+        result('B', { lines: 5, alreadyMerged: 5 }),
+      ),
+    );
+    expect(text).toContain(
+      'nothing new: 12 rows are already in the training dataset and 3 records were dropped (3 finish_reason abort',
+    );
+    expect(text).toContain(
+      '  A: 3 of 10 records (30.0%) — 3 dropped: finish_reason abort (partial outputs: stopped at the budget by budget: strict, or aborted by the server) — set postprocess.keepTruncated: true to keep them like truncated ones; for aborts by the server, see its log',
+    );
+    expect(formatPostprocessResult(nothingNew(result('A', {})))).toContain(
+      'nothing to merge: no dataset has records on disk yet',
+    );
   });
 
   it('warns above the threshold only, naming each reason, largest first', () => {

@@ -12,17 +12,34 @@ const a = (content: string): SourceMessage => ({ role: 'assistant', content });
 
 describe('shapePrompt', () => {
   it('drops the turns after the last user turn and keeps system and earlier turns', () => {
-    const shaped = shapePrompt([{ role: 'system', content: 'be brief' }, u('q1'), a('a1'), u('q2'), a('a2'), { role: 'tool', content: 'r' }]);
+    const shaped = shapePrompt([
+      { role: 'system', content: 'be brief' },
+      u('q1'),
+      a('a1'),
+      u('q2'),
+      a('a2'),
+      { role: 'tool', content: 'r' },
+    ]);
     expect(shaped).toEqual({
       kind: 'prompt',
       droppedTrailing: 2,
-      messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'q1' }, { role: 'assistant', content: 'a1' }, { role: 'user', content: 'q2' }],
+      messages: [
+        { role: 'system', content: 'be brief' },
+        { role: 'user', content: 'q1' },
+        { role: 'assistant', content: 'a1' },
+        { role: 'user', content: 'q2' },
+      ],
     });
   });
 
   it('keeps tool calls of earlier turns as the prompt file reader reads them', () => {
     const call = [{ type: 'function', function: { name: 'f', arguments: '{}' } }];
-    const shaped = shapePrompt([u('q'), { role: 'assistant', content: '', tool_calls: call }, { role: 'tool', content: '1', tool_call_id: 'c1' }, u('and?')]);
+    const shaped = shapePrompt([
+      u('q'),
+      { role: 'assistant', content: '', tool_calls: call },
+      { role: 'tool', content: '1', tool_call_id: 'c1' },
+      u('and?'),
+    ]);
     expect(shaped.kind).toBe('prompt');
     if (shaped.kind !== 'prompt') return;
     expect(shaped.messages[1]).toEqual({ role: 'assistant', content: '', tool_calls: call });
@@ -35,7 +52,10 @@ describe('shapePrompt', () => {
   it('a row without a user turn, or with a blank last one, is empty', () => {
     expect(shapePrompt([a('only')])).toEqual({ kind: 'empty', reason: 'no user turn' });
     expect(shapePrompt([])).toEqual({ kind: 'empty', reason: 'no turns' });
-    expect(shapePrompt([u('q'), a('x'), u('  \n')])).toEqual({ kind: 'empty', reason: 'the user turn to answer is empty' });
+    expect(shapePrompt([u('q'), a('x'), u('  \n')])).toEqual({
+      kind: 'empty',
+      reason: 'the user turn to answer is empty',
+    });
   });
 
   it('a turn the prompt file could not hold is malformed', () => {
@@ -100,7 +120,18 @@ describe('hashes', () => {
 
 describe('formatPrepareCounts', () => {
   it('names every count status shows', () => {
-    const c = { ...emptyCounts(), rowsRead: 1200, kept: 1000, duplicates: 100, duplicatesAcross: 50, tooLong: 20, empty: 10, malformed: 20 };
-    expect(formatPrepareCounts(c)).toBe('1,200 rows read, 1,000 kept, 150 duplicates, 20 too long, 10 empty, 20 malformed');
+    const c = {
+      ...emptyCounts(),
+      rowsRead: 1200,
+      kept: 1000,
+      duplicates: 100,
+      duplicatesAcross: 50,
+      tooLong: 20,
+      empty: 10,
+      malformed: 20,
+    };
+    expect(formatPrepareCounts(c)).toBe(
+      '1,200 rows read, 1,000 kept, 150 duplicates, 20 too long, 10 empty, 20 malformed',
+    );
   });
 });

@@ -4,8 +4,10 @@ import type { PromptSource } from '../../src/shared/config/source.js';
 import { resolveLayout, type ResolvedLayout, type SampleRow } from '../../src/producers/prepare/source-detect.js';
 
 const src = (extra: Partial<PromptSource> = {}): PromptSource => ({ path: 'x', format: 'auto', ...extra });
-const samples = (...rows: Record<string, unknown>[]): SampleRow[] => rows.map((value, row) => ({ value, where: { file: 'd.jsonl', row, line: row + 1 } }));
-const detect = (rows: SampleRow[], extra: Partial<PromptSource> = {}): ResolvedLayout => resolveLayout(src(extra), rows, 'source d.jsonl');
+const samples = (...rows: Record<string, unknown>[]): SampleRow[] =>
+  rows.map((value, row) => ({ value, where: { file: 'd.jsonl', row, line: row + 1 } }));
+const detect = (rows: SampleRow[], extra: Partial<PromptSource> = {}): ResolvedLayout =>
+  resolveLayout(src(extra), rows, 'source d.jsonl');
 const formatOf = (rows: SampleRow[], extra: Partial<PromptSource> = {}): [string, string | undefined] => {
   const r = detect(rows, extra);
   return [r.layout.format, r.detectedFrom];
@@ -28,25 +30,42 @@ describe('format detection', () => {
   });
 
   it('looks past rows whose list of turns is empty', () => {
-    expect(formatOf(samples({ messages: [] }, { messages: [{ role: 'user', content: 'x' }] }))).toEqual(['openai', 'column messages[].role/content in line 2 of d.jsonl']);
+    expect(formatOf(samples({ messages: [] }, { messages: [{ role: 'user', content: 'x' }] }))).toEqual([
+      'openai',
+      'column messages[].role/content in line 2 of d.jsonl',
+    ]);
   });
 
   it('uses fields to find turns of another shape', () => {
-    const r = detect(samples({ trajectory: [{ role: 'user', text: 'x' }] }), { fields: { messages: 'trajectory', content: 'text' } });
+    const r = detect(samples({ trajectory: [{ role: 'user', text: 'x' }] }), {
+      fields: { messages: 'trajectory', content: 'text' },
+    });
     expect(r.layout).toMatchObject({ format: 'openai', messages: 'trajectory', role: 'role', content: 'text' });
     expect(r.detectedFrom).toBe('column trajectory[].role/text in the first row');
   });
 
   it('alpaca from an instruction column, before any prompt-like column', () => {
-    expect(formatOf(samples({ instruction: 'i', input: '', output: 'o', text: 't' }))).toEqual(['alpaca', 'column instruction with input/output in the first row']);
-    expect(formatOf(samples({ instruction: 'i', response: 'r' }))).toEqual(['alpaca', 'column instruction with response in the first row']);
+    expect(formatOf(samples({ instruction: 'i', input: '', output: 'o', text: 't' }))).toEqual([
+      'alpaca',
+      'column instruction with input/output in the first row',
+    ]);
+    expect(formatOf(samples({ instruction: 'i', response: 'r' }))).toEqual([
+      'alpaca',
+      'column instruction with response in the first row',
+    ]);
   });
 
   it('prompt from one well-known text column, or from field / fields.prompt', () => {
-    expect(formatOf(samples({ problem: 'p', generated_solution: 's', expected_answer: '1' }))).toEqual(['prompt', 'text column problem in the first row']);
+    expect(formatOf(samples({ problem: 'p', generated_solution: 's', expected_answer: '1' }))).toEqual([
+      'prompt',
+      'text column problem in the first row',
+    ]);
     expect(detect(samples({ question: 'q', answer: 'a' })).layout.prompt).toBe('question');
     expect(formatOf(samples({ prompt: 'p', story: 's' }))).toEqual(['prompt', 'text column prompt in the first row']);
-    expect(formatOf(samples({ question: null, n: 1 }, { question: 'q', n: 2 }))).toEqual(['prompt', 'text column question in line 2 of d.jsonl']);
+    expect(formatOf(samples({ question: null, n: 1 }, { question: 'q', n: 2 }))).toEqual([
+      'prompt',
+      'text column question in line 2 of d.jsonl',
+    ]);
     expect(formatOf(samples({ body: 'b' }), { field: 'body' })).toEqual(['prompt', 'field is set']);
     expect(detect(samples({ body: 'b' }), { fields: { prompt: 'body' } }).layout.prompt).toBe('body');
   });
@@ -67,7 +86,9 @@ describe('format detection', () => {
     expect(() => detect(samples({ messages: [{ speaker: 'user', text: 'x' }] }))).toThrow(
       'source d.jsonl: cannot detect the format: the turns of column messages in line 1 of d.jsonl have keys speaker, text, neither role/content (openai) nor from/value (sharegpt); set fields.role and fields.content to the keys of the role and the text',
     );
-    expect(() => detect(samples({ messages: [] }, { messages: [] }))).toThrow(/column messages holds no turn objects in the first 2 rows/);
+    expect(() => detect(samples({ messages: [] }, { messages: [] }))).toThrow(
+      /column messages holds no turn objects in the first 2 rows/,
+    );
   });
 
   it('refuses fields.messages naming a column that is not a list', () => {
@@ -85,9 +106,19 @@ describe('explicit formats', () => {
   it('take their defaults; openai takes conversations when the rows have no messages, sharegpt messages when they have no conversations', () => {
     expect(detect(samples({ conversations: [] }), { format: 'openai' }).layout.messages).toBe('conversations');
     expect(detect(samples({ x: 1 }), { format: 'openai' }).layout.messages).toBe('messages');
-    expect(detect([], { format: 'sharegpt' }).layout).toMatchObject({ messages: 'conversations', role: 'from', content: 'value' });
-    expect(detect(samples({ messages: [{ from: 'human', value: 'x' }] }), { format: 'sharegpt' }).layout.messages).toBe('messages');
-    expect(detect([], { format: 'sharegpt', fields: { messages: 'c', role: 'r' } }).layout).toMatchObject({ messages: 'c', role: 'r', content: 'value' });
+    expect(detect([], { format: 'sharegpt' }).layout).toMatchObject({
+      messages: 'conversations',
+      role: 'from',
+      content: 'value',
+    });
+    expect(detect(samples({ messages: [{ from: 'human', value: 'x' }] }), { format: 'sharegpt' }).layout.messages).toBe(
+      'messages',
+    );
+    expect(detect([], { format: 'sharegpt', fields: { messages: 'c', role: 'r' } }).layout).toMatchObject({
+      messages: 'c',
+      role: 'r',
+      content: 'value',
+    });
     expect(detect([], { format: 'prompt', field: 'q' }).detectedFrom).toBeUndefined();
   });
 });

@@ -37,7 +37,26 @@ function rng(seed: number): () => number {
   };
 }
 
-const PIECES = ['"', '\\', '[', ']', '{', '}', ',', ':', '\n', '\t', 'é', '数', '🤖', '\u2028', '\\"', 'abc ', '\u0000', '}]'];
+const PIECES = [
+  '"',
+  '\\',
+  '[',
+  ']',
+  '{',
+  '}',
+  ',',
+  ':',
+  '\n',
+  '\t',
+  'é',
+  '数',
+  '🤖',
+  '\u2028',
+  '\\"',
+  'abc ',
+  '\u0000',
+  '}]',
+];
 
 function trickyText(r: () => number, len: number): string {
   let s = '';
@@ -61,7 +80,10 @@ describe('JSONL rows', () => {
   });
 
   it('a line that is not UTF-8 is a malformed row naming the byte', async () => {
-    const file = write(Buffer.concat([Buffer.from('{"a":"ok"}\n{"a":"'), Buffer.from([0xc3, 0x28]), Buffer.from('"}\n')]), '.jsonl');
+    const file = write(
+      Buffer.concat([Buffer.from('{"a":"ok"}\n{"a":"'), Buffer.from([0xc3, 0x28]), Buffer.from('"}\n')]),
+      '.jsonl',
+    );
     const rs = await rows(readJsonlRows, file);
     expect(rs[1]).toMatchObject({ ok: false, reason: 'not valid UTF-8 (byte 0xc3 at column 7)', where: { line: 2 } });
   });
@@ -77,7 +99,9 @@ describe('JSON rows', () => {
   });
 
   it('reads the one list of a top-level object, whatever else it holds', async () => {
-    const file = write(`\uFEFF{"version": "1.0", "meta": {"rows": [1, 2]}, "note": "a [list] in a \\"string\\"", "data": [{"q": "a"}, {"q": "b"}], "n": 2}`);
+    const file = write(
+      `\uFEFF{"version": "1.0", "meta": {"rows": [1, 2]}, "note": "a [list] in a \\"string\\"", "data": [{"q": "a"}, {"q": "b"}], "n": 2}`,
+    );
     expect(values(await rows(readJsonRows, file))).toEqual([{ q: 'a' }, { q: 'b' }]);
     expect(values(await rows(readJsonRows, write('{"da\\"ta": [1]}')))).toEqual([1]);
     expect(values(await rows(readJsonRows, write('[]')))).toEqual([]);
@@ -92,22 +116,40 @@ describe('JSON rows', () => {
 
   it('refuses a file that holds no list, several, a scalar or nothing, naming it', async () => {
     const none = write('{"a": 1, "b": {"c": []}}');
-    await expect(rows(readJsonRows, none)).rejects.toThrow(`${none} holds an object with no list (its keys: a, b): expected a list of rows, or an object holding one list of rows`);
+    await expect(rows(readJsonRows, none)).rejects.toThrow(
+      `${none} holds an object with no list (its keys: a, b): expected a list of rows, or an object holding one list of rows`,
+    );
     const two = write('{"train": [1], "test": [2]}');
-    await expect(rows(readJsonRows, two)).rejects.toThrow(`${two} holds an object with several lists (train, test): keep the one of the rows, or save the rows as JSONL`);
-    await expect(rows(readJsonRows, write('"text"'))).rejects.toThrow(/does not start with a list or an object \(it starts with "\\""\)/);
+    await expect(rows(readJsonRows, two)).rejects.toThrow(
+      `${two} holds an object with several lists (train, test): keep the one of the rows, or save the rows as JSONL`,
+    );
+    await expect(rows(readJsonRows, write('"text"'))).rejects.toThrow(
+      /does not start with a list or an object \(it starts with "\\""\)/,
+    );
     await expect(rows(readJsonRows, write('  \n'))).rejects.toThrow(/is empty: expected a list of rows/);
   });
 
   it('gives a bad element, a cut-off file and bytes that are not UTF-8 as malformed rows', async () => {
     const bad = write('[{"a": 1}, {"a": tru}, {"a": 3}]');
-    expect(values(await rows(readJsonRows, bad))).toEqual([{ a: 1 }, { bad: expect.stringMatching(/^not valid JSON/) as unknown }, { a: 3 }]);
+    expect(values(await rows(readJsonRows, bad))).toEqual([
+      { a: 1 },
+      { bad: expect.stringMatching(/^not valid JSON/) as unknown },
+      { a: 3 },
+    ]);
     const cut = write('[{"a": 1},\n {"a": "cut sho');
     const rs = await rows(readJsonRows, cut);
     expect(rs).toHaveLength(2);
-    expect(rs[1]).toMatchObject({ ok: false, reason: 'the file ends inside this row (is it cut short?)', where: { row: 1, line: 2 }, excerpt: '{"a": "cut sho' });
+    expect(rs[1]).toMatchObject({
+      ok: false,
+      reason: 'the file ends inside this row (is it cut short?)',
+      where: { row: 1, line: 2 },
+      excerpt: '{"a": "cut sho',
+    });
     const unclosed = write('[{"a": 1},\n');
-    expect(values(await rows(readJsonRows, unclosed))).toEqual([{ a: 1 }, { bad: 'the file ends before its list of rows closes (is it cut short?)' }]);
+    expect(values(await rows(readJsonRows, unclosed))).toEqual([
+      { a: 1 },
+      { bad: 'the file ends before its list of rows closes (is it cut short?)' },
+    ]);
     const latin1 = write(Buffer.concat([Buffer.from('[{"a": "'), Buffer.from([0xe9]), Buffer.from('"}]')]));
     expect(values(await rows(readJsonRows, latin1))).toEqual([{ bad: 'not valid UTF-8 (byte 0xe9 at column 8)' }]);
   });
@@ -116,7 +158,8 @@ describe('JSON rows', () => {
     const r = rng(42);
     for (const pad of [0, 1, 2, 3]) {
       const data: unknown[] = [];
-      for (let i = 0; i < 24; i++) data.push({ id: i, text: trickyText(r, 1000 + Math.floor(r() * 60_000)), nested: [{ k: trickyText(r, 20) }] });
+      for (let i = 0; i < 24; i++)
+        data.push({ id: i, text: trickyText(r, 1000 + Math.floor(r() * 60_000)), nested: [{ k: trickyText(r, 20) }] });
       // Long runs of escapes land on every alignment with the 1 MiB read size across the pads.
       data.push({ id: 'run', text: '\\"'.repeat(300_000) });
       const file = write(`${' '.repeat(pad)}{"meta": "x", "rows": ${JSON.stringify(data)}}`);

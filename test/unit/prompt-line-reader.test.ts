@@ -2,7 +2,13 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { PromptFileIndex, readPromptFile, readRawLines, scanPromptFile, type RawPromptLine } from '../../src/shared/index.js';
+import {
+  PromptFileIndex,
+  readPromptFile,
+  readRawLines,
+  scanPromptFile,
+  type RawPromptLine,
+} from '../../src/shared/index.js';
 import { firstInvalidUtf8 } from '../../src/shared/prompts/line-reader.js';
 
 async function withBytes<T>(bytes: Buffer, fn: (file: string) => Promise<T>): Promise<T> {
@@ -57,13 +63,21 @@ describe('readRawLines', () => {
 
   it('says when the file looks like UTF-16', async () => {
     const lines = await rawLines(Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from('{"id":"a"}\n', 'utf16le')]));
-    expect(lines[0]).toEqual({ line: 1, unreadable: 'not valid UTF-8 (byte 0xff at column 1; the file looks like UTF-16: save it as UTF-8)' });
+    expect(lines[0]).toEqual({
+      line: 1,
+      unreadable: 'not valid UTF-8 (byte 0xff at column 1; the file looks like UTF-16: save it as UTF-8)',
+    });
   });
 
   it('keeps line numbers and characters across 1 MiB read chunks: a long line, a character split between chunks, a bad byte past the first chunk', async () => {
     const long = `{"id":"long","prompt":"${'é'.repeat(700_000)}"}`; // 1.4 MB: spans two chunks
     const filler = Array.from({ length: 40_000 }, (_, i) => `{"id":"f${i}","prompt":"日本語"}`);
-    const parts = [utf8(`${long}\n`), utf8(`${filler.join('\n')}\n`), Buffer.from([0x7b, 0x80, 0x7d, 0x0a]), utf8('{"id":"last"}')];
+    const parts = [
+      utf8(`${long}\n`),
+      utf8(`${filler.join('\n')}\n`),
+      Buffer.from([0x7b, 0x80, 0x7d, 0x0a]),
+      utf8('{"id":"last"}'),
+    ];
     const lines = await rawLines(Buffer.concat(parts));
     expect(lines).toHaveLength(1 + filler.length + 2);
     expect(lines[0]).toEqual({ line: 1, text: long });
@@ -103,10 +117,18 @@ describe('the prompt readers on a BOM and bytes that are not UTF-8', () => {
       expect(index.lines).toBe(3);
       const scanned: string[] = [];
       for await (const chunk of scanPromptFile(f, index)) {
-        for (const s of chunk) scanned.push(s.kind === 'unique' ? `unique:${s.id}@${s.line}` : s.kind === 'parsed' ? `parsed:${s.record.id}` : `rejected@${s.reject.line}:${s.reject.reason}`);
+        for (const s of chunk)
+          scanned.push(
+            s.kind === 'unique'
+              ? `unique:${s.id}@${s.line}`
+              : s.kind === 'parsed'
+                ? `parsed:${s.record.id}`
+                : `rejected@${s.reject.line}:${s.reject.reason}`,
+          );
       }
       const read: string[] = [];
-      for await (const l of readPromptFile(f)) read.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `rejected@${l.reject.line}:${l.reject.reason}`);
+      for await (const l of readPromptFile(f))
+        read.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `rejected@${l.reject.line}:${l.reject.reason}`);
       const reason = 'not valid UTF-8 (byte 0xe9 at column 24)';
       expect(scanned).toEqual(['unique:first@1', `rejected@2:${reason}`, 'unique:last@3']);
       expect(read).toEqual(['ok:first@1', `rejected@2:${reason}`, 'ok:last@3']);

@@ -38,7 +38,10 @@ describe('fastPromptId', () => {
     ['no id', '{"prompt":"q"}'],
     ['id not first', '{"prompt":"q","id":"a"}'],
     ['a second id key (the last one wins in JSON.parse)', '{"id":"a","prompt":"q","id":"b"}'],
-    ['an id nested further on', '{"id":"a","messages":[{"role":"assistant","content":"","tool_calls":[{"id":"c1"}]},{"role":"user","content":"q"}]}'],
+    [
+      'an id nested further on',
+      '{"id":"a","messages":[{"role":"assistant","content":"","tool_calls":[{"id":"c1"}]},{"role":"user","content":"q"}]}',
+    ],
     ['an empty id', '{"id":"  ","prompt":"q"}'],
     ['a null id', '{"id":null,"prompt":"q"}'],
     ['a raw control character in the id', '{"id":"a\tb","prompt":"q"}'],
@@ -80,7 +83,8 @@ describe('repeated ids without remembering every id', () => {
     ];
     await withFile(lines, async (file) => {
       const out: string[] = [];
-      for await (const l of readPromptFile(file)) out.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}:${l.reject.reason}`);
+      for await (const l of readPromptFile(file))
+        out.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}:${l.reject.reason}`);
       expect(out).toEqual([
         'ok:a@1',
         expect.stringMatching(/^ok:h:[0-9a-f]{16}@2$/),
@@ -112,7 +116,13 @@ describe('repeated ids without remembering every id', () => {
   });
 
   it('a scan leaves lines with a unique leading id unparsed until asked, and parses the rest', async () => {
-    const lines = ['{"id":"u1","prompt":"q1"}', '{"prompt":"no id"}', '{"id":"u2","prompt":"q2"}', '{"id":"u2","prompt":"q3"}', '{"id":"u3","prompt":""}'];
+    const lines = [
+      '{"id":"u1","prompt":"q1"}',
+      '{"prompt":"no id"}',
+      '{"id":"u2","prompt":"q2"}',
+      '{"id":"u2","prompt":"q3"}',
+      '{"id":"u3","prompt":""}',
+    ];
     await withFile(lines, async (file) => {
       const index = await PromptFileIndex.build(file);
       const scanned: ScannedLine[] = [];
@@ -120,9 +130,15 @@ describe('repeated ids without remembering every id', () => {
       expect(scanned.map((s) => s.kind)).toEqual(['unique', 'parsed', 'parsed', 'rejected', 'unique']);
       const last = scanned[4];
       // Valid or not is decided when the caller needs the record (u3 has an empty prompt).
-      expect(last !== undefined && parseScannedLine(file, last)).toMatchObject({ ok: false, reject: { line: 5, reason: 'the user turn to answer is empty' } });
+      expect(last !== undefined && parseScannedLine(file, last)).toMatchObject({
+        ok: false,
+        reject: { line: 5, reason: 'the user turn to answer is empty' },
+      });
       const first = scanned[0];
-      expect(first !== undefined && parseScannedLine(file, first)).toMatchObject({ ok: true, record: { id: 'u1', line: 1 } });
+      expect(first !== undefined && parseScannedLine(file, first)).toMatchObject({
+        ok: true,
+        record: { id: 'u1', line: 1 },
+      });
     });
   });
 
@@ -132,7 +148,8 @@ describe('repeated ids without remembering every id', () => {
       const file = path.join(dir, 'crlf.jsonl');
       writeFileSync(file, '{"id":"a","prompt":"1"}\r\n\r\n{"id":"b","prompt":"2"}\r\n{"id":"a","prompt":"3"}');
       const out: string[] = [];
-      for await (const l of readPromptFile(file)) out.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`);
+      for await (const l of readPromptFile(file))
+        out.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`);
       expect(out).toEqual(['ok:a@1', 'ok:b@3', 'bad@4']);
     } finally {
       rmSync(dir, { recursive: true, force: true });

@@ -6,13 +6,35 @@ import { contentSampleId, parsePromptLine, readPromptFile, type PromptLine } fro
 
 describe('prompt records', () => {
   it('reads the three shapes into messages ending with the user turn to answer', () => {
-    const m = parsePromptLine('{"id":"a","messages":[{"role":"system","content":"S"},{"role":"user","content":"Q"}]}', 'f', 1);
-    expect(m).toEqual({ ok: true, record: { id: 'a', line: 1, messages: [{ role: 'system', content: 'S' }, { role: 'user', content: 'Q' }] } });
+    const m = parsePromptLine(
+      '{"id":"a","messages":[{"role":"system","content":"S"},{"role":"user","content":"Q"}]}',
+      'f',
+      1,
+    );
+    expect(m).toEqual({
+      ok: true,
+      record: {
+        id: 'a',
+        line: 1,
+        messages: [
+          { role: 'system', content: 'S' },
+          { role: 'user', content: 'Q' },
+        ],
+      },
+    });
     const p = parsePromptLine('{"id":7,"prompt":"hello"}', 'f', 2);
     expect(p).toEqual({ ok: true, record: { id: '7', line: 2, messages: [{ role: 'user', content: 'hello' }] } });
     // SpecForge / ShareGPT: the conversation up to its last user turn; the answer after it is dropped.
     const c = parsePromptLine(
-      JSON.stringify({ id: 'c', conversations: [{ from: 'human', value: 'one' }, { from: 'gpt', value: 'two' }, { role: 'user', content: 'three' }, { role: 'assistant', content: 'old answer' }] }),
+      JSON.stringify({
+        id: 'c',
+        conversations: [
+          { from: 'human', value: 'one' },
+          { from: 'gpt', value: 'two' },
+          { role: 'user', content: 'three' },
+          { role: 'assistant', content: 'old answer' },
+        ],
+      }),
       'f',
       3,
     );
@@ -41,7 +63,10 @@ describe('prompt records', () => {
     ['[1,2]', /expected a JSON object/],
     ['{"id":"x"}', /expected one of "messages", "conversations" or "prompt"/],
     ['{"id":"x","prompt":"   "}', /empty/],
-    ['{"id":"x","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}', /last message must be a user turn/],
+    [
+      '{"id":"x","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}',
+      /last message must be a user turn/,
+    ],
     ['{"id":"x","messages":[{"role":"robot","content":"q"}]}', /messages\[0\]\.role/],
     ['{"id":"","prompt":"q"}', /"id" must be a non-empty string/],
     ['{"id":"x","conversations":[{"role":"assistant","content":"a"}]}', /no user turn/],
@@ -59,10 +84,18 @@ describe('prompt records', () => {
     const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-ps-'));
     try {
       const file = path.join(dir, 'p.jsonl');
-      writeFileSync(file, ['{"id":"a","prompt":"1"}', '', '{"id":"b","prompt":"2"}', 'oops', '{"id":"a","prompt":"3"}'].join('\n'));
+      writeFileSync(
+        file,
+        ['{"id":"a","prompt":"1"}', '', '{"id":"b","prompt":"2"}', 'oops', '{"id":"a","prompt":"3"}'].join('\n'),
+      );
       const out: PromptLine[] = [];
       for await (const l of readPromptFile(file)) out.push(l);
-      expect(out.map((l) => (l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`))).toEqual(['ok:a@1', 'ok:b@3', 'bad@4', 'bad@5']);
+      expect(out.map((l) => (l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`))).toEqual([
+        'ok:a@1',
+        'ok:b@3',
+        'bad@4',
+        'bad@5',
+      ]);
       const dup = out[3];
       expect(dup !== undefined && !dup.ok && dup.reject.reason).toBe('duplicate id "a" (first on line 1)');
     } finally {

@@ -92,8 +92,27 @@ describe('plainGenerateResponse (the hand check before zod)', () => {
       { id: undefined },
       { weight_version: { any: 'thing' } },
     ];
-    const idLists: unknown[] = [[1, 2, 3], [], [1, -2, 3], [1, 2.5, 3], [1, '2', 3], [1, null], 'x', undefined, [0, 2 ** 53]];
-    const bodies: unknown[] = [null, [], 'x', 3, {}, { ...body05(), text: 5 }, { ...body05(), text: undefined }, { ...body05(), meta_info: [] }];
+    const idLists: unknown[] = [
+      [1, 2, 3],
+      [],
+      [1, -2, 3],
+      [1, 2.5, 3],
+      [1, '2', 3],
+      [1, null],
+      'x',
+      undefined,
+      [0, 2 ** 53],
+    ];
+    const bodies: unknown[] = [
+      null,
+      [],
+      'x',
+      3,
+      {},
+      { ...body05(), text: 5 },
+      { ...body05(), text: undefined },
+      { ...body05(), meta_info: [] },
+    ];
     for (const meta of metas) for (const ids of idLists) bodies.push(body05({ output_ids: ids, meta }));
     let taken = 0;
     for (const body of bodies) {
@@ -240,7 +259,13 @@ describe('parseChatResponse', () => {
         ...choice,
       },
     ],
-    usage: usage ?? { prompt_tokens: 20, completion_tokens: 7, total_tokens: 27, prompt_tokens_details: null, reasoning_tokens: 3 },
+    usage: usage ?? {
+      prompt_tokens: 20,
+      completion_tokens: 7,
+      total_tokens: 27,
+      prompt_tokens_details: null,
+      reasoning_tokens: 3,
+    },
     metadata: { weight_version: 'default' },
   });
 
@@ -315,11 +340,17 @@ describe('info endpoints', () => {
   it('normalizes the three load shapes to one entry per rank', () => {
     const list = parseLoad([{ dp_rank: 0, num_reqs: 5, num_waiting_reqs: 1, num_tokens: 900 }]);
     expect(list.ok && list.value).toEqual([{ dp_rank: 0, num_reqs: 5, num_waiting_reqs: 1, num_tokens: 900 }]);
-    const loads = parseLoad({ timestamp: 1, dp_rank_count: 2, loads: [{ dp_rank: 0 }, { dp_rank: 1, num_running_reqs: 4 }] });
+    const loads = parseLoad({
+      timestamp: 1,
+      dp_rank_count: 2,
+      loads: [{ dp_rank: 0 }, { dp_rank: 1, num_running_reqs: 4 }],
+    });
     expect(loads.ok && loads.value).toHaveLength(2);
     const single = parseLoad({ num_reqs: 2 });
     expect(single.ok && single.value).toEqual([{ num_reqs: 2 }]);
-    expect(problemOf(parseLoad({ loads: [{ dp_rank: 'zero' }] }))).toBe('loads[0].dp_rank: expected number, got string "zero"');
+    expect(problemOf(parseLoad({ loads: [{ dp_rank: 'zero' }] }))).toBe(
+      'loads[0].dp_rank: expected number, got string "zero"',
+    );
   });
 });
 
@@ -344,7 +375,9 @@ describe('sglangErrorMessage', () => {
       'top_p must be in (0, 1], got 1.5.',
     );
     expect(
-      sglangErrorMessage('{"object":"error","message":"The request queue is full.","type":"503","param":null,"code":503}'),
+      sglangErrorMessage(
+        '{"object":"error","message":"The request queue is full.","type":"503","param":null,"code":503}',
+      ),
     ).toBe('The request queue is full.');
     expect(sglangErrorMessage('{"detail":"Internal server error: CUDA out of memory"}')).toBe(
       'Internal server error: CUDA out of memory',
@@ -365,7 +398,7 @@ describe('classifyResponse', () => {
     expect(classifyResponse(204, '', ctx)).toBeNull();
   });
 
-  it('turns a context-length 400 into a non-retryable SglangBadRequestError with SGLang\'s message', () => {
+  it("turns a context-length 400 into a non-retryable SglangBadRequestError with SGLang's message", () => {
     const msg = "The input (40000 tokens) is longer than the model's context length (32768 tokens).";
     const e = classifyResponse(400, JSON.stringify({ error: { message: msg } }), ctx);
     expect(e).toBeInstanceOf(SglangBadRequestError);
@@ -380,14 +413,23 @@ describe('classifyResponse', () => {
 
     const total = classifyResponse(
       400,
-      JSON.stringify({ error: { message: "Requested token count exceeds the model's maximum context length of 32768 tokens. You requested a total of 33000 tokens." } }),
+      JSON.stringify({
+        error: {
+          message:
+            "Requested token count exceeds the model's maximum context length of 32768 tokens. You requested a total of 33000 tokens.",
+        },
+      }),
       ctx,
     ) as SglangBadRequestError;
     expect(total.contextLengthExceeded).toBe(true);
   });
 
   it('turns a bad-parameter 400 (native and OpenAI shapes) into a non-retryable error', () => {
-    const e = classifyResponse(400, '{"error":{"message":"top_p must be in (0, 1], got 1.5."}}', ctx) as SglangBadRequestError;
+    const e = classifyResponse(
+      400,
+      '{"error":{"message":"top_p must be in (0, 1], got 1.5."}}',
+      ctx,
+    ) as SglangBadRequestError;
     expect(e).toBeInstanceOf(SglangBadRequestError);
     expect(e.retryable).toBe(false);
     expect(e.contextLengthExceeded).toBe(false);
@@ -401,7 +443,13 @@ describe('classifyResponse', () => {
   });
 
   it('makes 401/403/404/405/422 an endpoint-level EndpointMisconfiguredError (the prompt keeps its attempts)', () => {
-    const hints: Record<number, string> = { 401: 'check sglang.apiKey', 403: 'check sglang.apiKey', 404: "check the endpoint's base path", 405: "check the endpoint's base path", 422: 'check sglang.endpoints' };
+    const hints: Record<number, string> = {
+      401: 'check sglang.apiKey',
+      403: 'check sglang.apiKey',
+      404: "check the endpoint's base path",
+      405: "check the endpoint's base path",
+      422: 'check sglang.endpoints',
+    };
     for (const status of [401, 403, 404, 405, 422]) {
       const e = classifyResponse(status, '{"detail":"Not Found"}', ctx);
       expect(e, String(status)).toBeInstanceOf(EndpointMisconfiguredError);
@@ -435,7 +483,11 @@ describe('classifyResponse', () => {
   });
 
   it('makes 5xx retryable with its status and message', () => {
-    const e = classifyResponse(503, '{"object":"error","message":"The request queue is full.","type":"503","code":503}', ctx);
+    const e = classifyResponse(
+      503,
+      '{"object":"error","message":"The request queue is full.","type":"503","code":503}',
+      ctx,
+    );
     expect(e).toBeInstanceOf(UpstreamHttpError);
     expect(e?.retryable).toBe(true);
     expect((e as UpstreamHttpError).status).toBe(503);
@@ -489,9 +541,17 @@ describe('classifyTransportError', () => {
 
 describe('SglangClient options', () => {
   it('rejects a bad endpoint, concurrency or timeout with a ConfigError', () => {
-    expect(() => new SglangClient({ endpoint: 'not a url', concurrency: 1, requestTimeoutMs: 1000 })).toThrow(ConfigError);
-    expect(() => new SglangClient({ endpoint: 'ftp://h:1', concurrency: 1, requestTimeoutMs: 1000 })).toThrow(/http\(s\)/);
-    expect(() => new SglangClient({ endpoint: 'http://h:1', concurrency: 0, requestTimeoutMs: 1000 })).toThrow(/concurrency/);
-    expect(() => new SglangClient({ endpoint: 'http://h:1', concurrency: 2, requestTimeoutMs: 0 })).toThrow(/requestTimeoutMs/);
+    expect(() => new SglangClient({ endpoint: 'not a url', concurrency: 1, requestTimeoutMs: 1000 })).toThrow(
+      ConfigError,
+    );
+    expect(() => new SglangClient({ endpoint: 'ftp://h:1', concurrency: 1, requestTimeoutMs: 1000 })).toThrow(
+      /http\(s\)/,
+    );
+    expect(() => new SglangClient({ endpoint: 'http://h:1', concurrency: 0, requestTimeoutMs: 1000 })).toThrow(
+      /concurrency/,
+    );
+    expect(() => new SglangClient({ endpoint: 'http://h:1', concurrency: 2, requestTimeoutMs: 0 })).toThrow(
+      /requestTimeoutMs/,
+    );
   });
 });

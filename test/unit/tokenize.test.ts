@@ -56,7 +56,10 @@ afterAll(async () => {
 });
 
 /** Each token as [its text, its mask bit], for readable expectations. */
-function pairs(tok: ChatTokenizer, row: { input_ids: readonly number[]; loss_mask: readonly number[] }): [string, number][] {
+function pairs(
+  tok: ChatTokenizer,
+  row: { input_ids: readonly number[]; loss_mask: readonly number[] },
+): [string, number][] {
   return row.input_ids.map((id, i) => [tok.decode([id]), row.loss_mask[i] ?? -1]);
 }
 
@@ -79,7 +82,12 @@ describe('assistant turn format, derived from the template', () => {
 
   it("DeepSeek-V3's turn ends with its EOS and nothing after it", () => {
     expect(assistantTurnSuffix(deepseek)).toEqual([]);
-    expect(dctx.format).toMatchObject({ header: '<｜Assistant｜>', turnEnd: '<｜end▁of▁sentence｜>', endOfTurnTokenId: 1, ignorablePrefixes: [] });
+    expect(dctx.format).toMatchObject({
+      header: '<｜Assistant｜>',
+      turnEnd: '<｜end▁of▁sentence｜>',
+      endOfTurnTokenId: 1,
+      ignorablePrefixes: [],
+    });
   });
 
   it("finds Qwen3's header, turn end and empty think block", () => {
@@ -134,8 +142,14 @@ describe('recordToRow', () => {
   });
 
   it('keeps a stop on a string or on another stop token exactly as generated, with no suffix', () => {
-    const onString = recordToRow(record({ output_ids: [9707, 0], finish_reason: { type: 'stop', matched: 'Observation:' } }), qctx);
-    const onEndOfText = recordToRow(record({ output_ids: [9707, ENDOFTEXT], finish_reason: { type: 'stop', matched: ENDOFTEXT } }), qctx);
+    const onString = recordToRow(
+      record({ output_ids: [9707, 0], finish_reason: { type: 'stop', matched: 'Observation:' } }),
+      qctx,
+    );
+    const onEndOfText = recordToRow(
+      record({ output_ids: [9707, ENDOFTEXT], finish_reason: { type: 'stop', matched: ENDOFTEXT } }),
+      qctx,
+    );
     for (const [out, last] of [
       [onString, 0],
       [onEndOfText, ENDOFTEXT],
@@ -186,7 +200,10 @@ describe('rowsFromGenerations', () => {
     const dir = path.join(tmp, name, 'generations');
     await mkdir(dir, { recursive: true });
     for (const [file, lines] of Object.entries(parts)) {
-      await writeFile(path.join(dir, file), lines.map((l) => (typeof l === 'string' ? l : JSON.stringify(l))).join('\n') + '\n');
+      await writeFile(
+        path.join(dir, file),
+        lines.map((l) => (typeof l === 'string' ? l : JSON.stringify(l))).join('\n') + '\n',
+      );
     }
     return dir;
   }
@@ -257,12 +274,29 @@ describe('conversation masks', () => {
   it('masks a tiny Qwen3 conversation by hand: only the answer, <|im_end|> and the newline', () => {
     const row = conversationToRow({ id: 'c', messages: tiny }, qctx, 'A1');
     expect(pairs(qwen, row)).toEqual([
-      ['<|im_start|>', 0], ['system', 0], ['\n', 0], ['S', 0], ['<|im_end|>', 0], ['\n', 0],
-      ['<|im_start|>', 0], ['user', 0], ['\n', 0], ['Hi', 0], ['<|im_end|>', 0], ['\n', 0],
-      ['<|im_start|>', 0], ['assistant', 0], ['\n', 0],
+      ['<|im_start|>', 0],
+      ['system', 0],
+      ['\n', 0],
+      ['S', 0],
+      ['<|im_end|>', 0],
+      ['\n', 0],
+      ['<|im_start|>', 0],
+      ['user', 0],
+      ['\n', 0],
+      ['Hi', 0],
+      ['<|im_end|>', 0],
+      ['\n', 0],
+      ['<|im_start|>', 0],
+      ['assistant', 0],
+      ['\n', 0],
       // The empty think block the template inserts into the last turn is not the model's output.
-      ['<think>', 0], ['\n\n', 0], ['</think>', 0], ['\n\n', 0],
-      ['Hello', 1], ['<|im_end|>', 1], ['\n', 1],
+      ['<think>', 0],
+      ['\n\n', 0],
+      ['</think>', 0],
+      ['\n\n', 0],
+      ['Hello', 1],
+      ['<|im_end|>', 1],
+      ['\n', 1],
     ]);
     expect(row).toMatchObject({ id: 'c', dataset: 'A1', finish_reason: CONVERSATION_FINISH_REASON, num_tokens: 22 });
   });
@@ -275,7 +309,12 @@ describe('conversation masks', () => {
           { role: 'user', content: 'Hi' },
           { role: 'assistant', content: 'Yo' },
           { role: 'user', content: 'Weather?' },
-          { role: 'assistant', content: '', reasoning_content: 'Call it.', tool_calls: [{ type: 'function', function: { name: 'w', arguments: { c: 1 } } }] },
+          {
+            role: 'assistant',
+            content: '',
+            reasoning_content: 'Call it.',
+            tool_calls: [{ type: 'function', function: { name: 'w', arguments: { c: 1 } } }],
+          },
           { role: 'tool', content: 'sunny' },
           { role: 'assistant', content: 'Sunny.' },
         ],
@@ -296,7 +335,13 @@ describe('conversation masks', () => {
   it('masks a tiny DeepSeek-V3 conversation: answer and EOS, never the BOS or the role markers', () => {
     const row = conversationToRow({ id: 'c', messages: tiny }, dctx, 'A1');
     expect(pairs(deepseek, row)).toEqual([
-      ['<｜begin▁of▁sentence｜>', 0], ['S', 0], ['<｜User｜>', 0], ['Hi', 0], ['<｜Assistant｜>', 0], ['Hello', 1], ['<｜end▁of▁sentence｜>', 1],
+      ['<｜begin▁of▁sentence｜>', 0],
+      ['S', 0],
+      ['<｜User｜>', 0],
+      ['Hi', 0],
+      ['<｜Assistant｜>', 0],
+      ['Hello', 1],
+      ['<｜end▁of▁sentence｜>', 1],
     ]);
   });
 
@@ -304,7 +349,14 @@ describe('conversation masks', () => {
     // An earlier turn is rendered as header + content; "\n" + "\n\nX" pre-tokenizes to one "\n\n\n" token.
     // SpecForge's mask starts at len(encode(text up to the content)), which ends with the header's "\n": after that token.
     const t = tokenizeConversation(
-      { id: 'c', messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: '\n\nX' }, { role: 'user', content: 'b' }] },
+      {
+        id: 'c',
+        messages: [
+          { role: 'user', content: 'a' },
+          { role: 'assistant', content: '\n\nX' },
+          { role: 'user', content: 'b' },
+        ],
+      },
       qctx,
     );
     const i = t.input_ids.indexOf(qwen.encode('\n\n\n')[0] ?? -1);
@@ -315,7 +367,16 @@ describe('conversation masks', () => {
   });
 
   it('aligns tokens with text that NFC normalization changes', () => {
-    const t = tokenizeConversation({ id: 'c', messages: [{ role: 'user', content: 'A\u030A?' }, { role: 'assistant', content: 'e\u0301 \u212B' }] }, qctx);
+    const t = tokenizeConversation(
+      {
+        id: 'c',
+        messages: [
+          { role: 'user', content: 'A\u030A?' },
+          { role: 'assistant', content: 'e\u0301 \u212B' },
+        ],
+      },
+      qctx,
+    );
     expect(t.text.normalize('NFC')).not.toBe(t.text);
     expect(qwen.decode(t.input_ids.filter((_, i) => t.loss_mask[i] === 1))).toBe('é Å<|im_end|>\n');
   });
@@ -334,7 +395,10 @@ describe('conversation masks', () => {
   it('gives every corpus conversation a 0/1 mask as long as its ids, for both tokenizers', () => {
     for (const ctx of [qctx, dctx]) {
       for (const c of conversationCorpus(60, 99)) {
-        const t = tokenizeConversation(parseConversationRecord(c.record), createTokenizeContext(ctx.tokenizer, { templateKwargs: c.templateKwargs }));
+        const t = tokenizeConversation(
+          parseConversationRecord(c.record),
+          createTokenizeContext(ctx.tokenizer, { templateKwargs: c.templateKwargs }),
+        );
         expect(t.loss_mask).toHaveLength(t.input_ids.length);
         expect(t.loss_mask.every((m) => m === 0 || m === 1)).toBe(true);
         expect(t.loss_mask[0]).toBe(0);
@@ -347,7 +411,11 @@ describe('conversation masks', () => {
     const messages: ChatMessage[] = [{ role: 'system', content: 'You are a software engineering agent.' }];
     for (let i = 0; messages.length < 84; i++) {
       messages.push({ role: 'user', content: longText(250, i + 1) });
-      messages.push({ role: 'assistant', content: longText(300, i + 1000), reasoning_content: i % 2 === 0 ? longText(40, i) : undefined });
+      messages.push({
+        role: 'assistant',
+        content: longText(300, i + 1000),
+        reasoning_content: i % 2 === 0 ? longText(40, i) : undefined,
+      });
     }
     const started = performance.now();
     const row = conversationToRow({ id: 'long', messages }, qctx, 'A1');
@@ -367,7 +435,12 @@ describe('parseConversationRecord', () => {
         id: 'x',
         conversations: [
           { role: 'user', content: 'q' },
-          { role: 'assistant', content: null, tool_calls: '[{"type":"function","function":{"name":"f","arguments":"{}"}}]', extra: 1 },
+          {
+            role: 'assistant',
+            content: null,
+            tool_calls: '[{"type":"function","function":{"name":"f","arguments":"{}"}}]',
+            extra: 1,
+          },
         ],
         tools: [{ type: 'function' }],
       }),
@@ -375,12 +448,24 @@ describe('parseConversationRecord', () => {
       id: 'x',
       messages: [
         { role: 'user', content: 'q' },
-        { role: 'assistant', content: '', tool_calls: [{ type: 'function', function: { name: 'f', arguments: '{}' } }] },
+        {
+          role: 'assistant',
+          content: '',
+          tool_calls: [{ type: 'function', function: { name: 'f', arguments: '{}' } }],
+        },
       ],
       tools: [{ type: 'function' }],
     });
-    const share = parseConversationRecord({ conversations: [{ from: 'human', value: 'q' }, { from: 'gpt', value: 'a' }] });
-    expect(share.messages).toEqual([{ role: 'user', content: 'q' }, { role: 'assistant', content: 'a' }]);
+    const share = parseConversationRecord({
+      conversations: [
+        { from: 'human', value: 'q' },
+        { from: 'gpt', value: 'a' },
+      ],
+    });
+    expect(share.messages).toEqual([
+      { role: 'user', content: 'q' },
+      { role: 'assistant', content: 'a' },
+    ]);
     expect(share.id).toMatch(/^h:[0-9a-f]{16}$/);
     expect(parseConversationRecord({ id: 7, messages: [{ role: 'user', content: 'q' }] }).id).toBe('7');
   });
@@ -399,10 +484,22 @@ describe('rowsFromConversations', () => {
   it('dedupes, drops conversations with nothing to learn, and counts bad lines', async () => {
     const file = path.join(tmp, 'A1.jsonl');
     const conv = (id: string, answer: string): string =>
-      JSON.stringify({ id, conversations: [{ role: 'user', content: 'q' }, { role: 'assistant', content: answer }] });
+      JSON.stringify({
+        id,
+        conversations: [
+          { role: 'user', content: 'q' },
+          { role: 'assistant', content: answer },
+        ],
+      });
     await writeFile(
       file,
-      [conv('a', 'one'), conv('a', 'two'), JSON.stringify({ id: 'u', conversations: [{ role: 'user', content: 'only a question' }] }), 'nope', conv('b', 'three')].join('\n'),
+      [
+        conv('a', 'one'),
+        conv('a', 'two'),
+        JSON.stringify({ id: 'u', conversations: [{ role: 'user', content: 'only a question' }] }),
+        'nope',
+        conv('b', 'three'),
+      ].join('\n'),
     );
     const rows: TokenizedRow[] = [];
     const gen = rowsFromConversations(file, { ctx: qctx, dataset: 'A1', logger: silent });
@@ -415,6 +512,13 @@ describe('rowsFromConversations', () => {
       ['a', 'one<|im_end|>\n'],
       ['b', 'three<|im_end|>\n'],
     ]);
-    expect(next.value).toMatchObject({ lines: 5, kept: 2, duplicates: 1, droppedUnsupervised: 1, invalid: 1, spanCountMismatch: 0 });
+    expect(next.value).toMatchObject({
+      lines: 5,
+      kept: 2,
+      duplicates: 1,
+      droppedUnsupervised: 1,
+      invalid: 1,
+      spanCountMismatch: 0,
+    });
   });
 });

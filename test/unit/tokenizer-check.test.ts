@@ -29,17 +29,26 @@ describe('servesBundledModel', () => {
 
 describe('checkTokenizerAgainst', () => {
   it('refuses the bundled tokenizer for another model, saying what to set', () => {
-    const check = (): void => checkTokenizerAgainst(qwen, true, { endpoint: ENDPOINT, modelPath: 'moonshotai/Kimi-K2.5', probeIds: undefined });
+    const check = (): void =>
+      checkTokenizerAgainst(qwen, true, { endpoint: ENDPOINT, modelPath: 'moonshotai/Kimi-K2.5', probeIds: undefined });
     expect(check).toThrow(EnvironmentError);
-    expect(check).toThrow(/http:\/\/gpu-1:30000 serves the model "moonshotai\/Kimi-K2.5", but no tokenizer.path is set/);
+    expect(check).toThrow(
+      /http:\/\/gpu-1:30000 serves the model "moonshotai\/Kimi-K2.5", but no tokenizer.path is set/,
+    );
     expect(check).toThrow(/Set tokenizer: \{ path: <folder of moonshotai\/Kimi-K2.5/);
   });
 
   it('lets a configured tokenizer serve any model name, and the bundled one its own model', () => {
     const ids = qwen.encode(TOKENIZE_PROBE_TEXT);
-    expect(() => checkTokenizerAgainst(qwen, false, { endpoint: ENDPOINT, modelPath: 'moonshotai/Kimi-K2.5', probeIds: ids })).not.toThrow();
-    expect(() => checkTokenizerAgainst(qwen, true, { endpoint: ENDPOINT, modelPath: 'Qwen/Qwen3-8B', probeIds: ids })).not.toThrow();
-    expect(() => checkTokenizerAgainst(qwen, true, { endpoint: ENDPOINT, modelPath: undefined, probeIds: undefined })).not.toThrow();
+    expect(() =>
+      checkTokenizerAgainst(qwen, false, { endpoint: ENDPOINT, modelPath: 'moonshotai/Kimi-K2.5', probeIds: ids }),
+    ).not.toThrow();
+    expect(() =>
+      checkTokenizerAgainst(qwen, true, { endpoint: ENDPOINT, modelPath: 'Qwen/Qwen3-8B', probeIds: ids }),
+    ).not.toThrow();
+    expect(() =>
+      checkTokenizerAgainst(qwen, true, { endpoint: ENDPOINT, modelPath: undefined, probeIds: undefined }),
+    ).not.toThrow();
   });
 
   it('refuses ids that differ from the server, naming the first difference', () => {
@@ -48,6 +57,8 @@ describe('checkTokenizerAgainst', () => {
     expect(() => checkTokenizerAgainst(qwen, false, { endpoint: ENDPOINT, modelPath: 'm', probeIds: server })).toThrow(
       new RegExp(`from token 3 on \\(here ${ids[3]}, server 7\\)`),
     );
-    expect(() => checkTokenizerAgainst(qwen, false, { endpoint: ENDPOINT, modelPath: 'm', probeIds: ids.slice(0, -1) })).toThrow(/server end/);
+    expect(() =>
+      checkTokenizerAgainst(qwen, false, { endpoint: ENDPOINT, modelPath: 'm', probeIds: ids.slice(0, -1) }),
+    ).toThrow(/server end/);
   });
 });

@@ -27,8 +27,17 @@ function texts(): string[] {
   for (const c of conversationCorpus(60, 5)) {
     const raw = JSON.stringify(c.record);
     out.push(raw);
-    const messages = (c.record.conversations ?? c.record.messages) as { role?: string; from?: string; content?: unknown; value?: unknown }[];
-    out.push(messages.map((m) => `<|im_start|>${m.role ?? m.from ?? ''}\n${String(m.content ?? m.value ?? '')}<|im_end|>\n`).join(''));
+    const messages = (c.record.conversations ?? c.record.messages) as {
+      role?: string;
+      from?: string;
+      content?: unknown;
+      value?: unknown;
+    }[];
+    out.push(
+      messages
+        .map((m) => `<|im_start|>${m.role ?? m.from ?? ''}\n${String(m.content ?? m.value ?? '')}<|im_end|>\n`)
+        .join(''),
+    );
   }
   out.push(' \n\n  \t\r\n', '1234567890 12 345', 'Ǆǅǆ ﬃ ẞ ΐ', `${'long'.repeat(200)} ${'x'.repeat(600)}`);
   return out;

@@ -56,7 +56,9 @@ describe('Kimi-like tokenizer folder', () => {
   it('renders and encodes a prompt with the generation prompt, special tokens as single ids', () => {
     const ids = kimi.encodePrompt([{ role: 'user', content: '你好, Kimi!' }]);
     const text = kimi.applyChatTemplate([{ role: 'user', content: '你好, Kimi!' }], { addGenerationPrompt: true });
-    expect(text.endsWith('<|im_user|>user<|im_middle|>你好, Kimi!<|im_end|><|im_assistant|>assistant<|im_middle|>')).toBe(true);
+    expect(
+      text.endsWith('<|im_user|>user<|im_middle|>你好, Kimi!<|im_end|><|im_assistant|>assistant<|im_middle|>'),
+    ).toBe(true);
     expect(kimi.decode(ids)).toBe(text);
     expect(ids.slice(-3)).toEqual([O200K_RANK_COUNT + 4, kimi.encode('assistant')[0], O200K_RANK_COUNT + 17]);
     expect(ids.filter((id) => id === IM_END)).toHaveLength(2);
@@ -80,7 +82,11 @@ describe('Kimi-like tokenizer folder', () => {
   it('turns a generation record into a row: prompt unsupervised, the answer and <|im_end|> supervised', () => {
     const prompt = kimi.encodePrompt([{ role: 'user', content: 'Say hi.' }]);
     const output = [...kimi.encode('Hi! 👋'), IM_END];
-    const outcome = recordToRow({ id: 'r1', prompt_ids: prompt, output_ids: output, finish_reason: { type: 'stop', matched: IM_END } }, ctx, 'B1');
+    const outcome = recordToRow(
+      { id: 'r1', prompt_ids: prompt, output_ids: output, finish_reason: { type: 'stop', matched: IM_END } },
+      ctx,
+      'B1',
+    );
     expect(outcome.status).toBe('kept');
     if (outcome.status !== 'kept') return;
     expect(outcome.closedTurn).toBe(true);
@@ -100,12 +106,31 @@ describe('Kimi-like tokenizer folder', () => {
     const text = kimi.applyChatTemplate(messages, { addGenerationPrompt: false });
     expect(row.input_ids).toEqual(kimi.encode(text));
     expect(pairs(row.input_ids, row.loss_mask)).toEqual([
-      ['<|im_system|>', 0], ['system', 0], ['<|im_middle|>', 0], ['S', 0], ['<|im_end|>', 0],
-      ['<|im_user|>', 0], ['user', 0], ['<|im_middle|>', 0], ['Hi', 0], ['<|im_end|>', 0],
-      ['<|im_assistant|>', 0], ['assistant', 0], ['<|im_middle|>', 0], ['Hello', 1], ['<|im_end|>', 1],
-      ['<|im_user|>', 0], ['user', 0], ['<|im_middle|>', 0], ...kimi.encode('日本語?').map((id): [string, number] => [kimi.decode([id]), 0]), ['<|im_end|>', 0],
-      ['<|im_assistant|>', 0], ['assistant', 0], ['<|im_middle|>', 0],
-      ...kimi.encode('はい、日本語です。').map((id): [string, number] => [kimi.decode([id]), 1]), ['<|im_end|>', 1],
+      ['<|im_system|>', 0],
+      ['system', 0],
+      ['<|im_middle|>', 0],
+      ['S', 0],
+      ['<|im_end|>', 0],
+      ['<|im_user|>', 0],
+      ['user', 0],
+      ['<|im_middle|>', 0],
+      ['Hi', 0],
+      ['<|im_end|>', 0],
+      ['<|im_assistant|>', 0],
+      ['assistant', 0],
+      ['<|im_middle|>', 0],
+      ['Hello', 1],
+      ['<|im_end|>', 1],
+      ['<|im_user|>', 0],
+      ['user', 0],
+      ['<|im_middle|>', 0],
+      ...kimi.encode('日本語?').map((id): [string, number] => [kimi.decode([id]), 0]),
+      ['<|im_end|>', 0],
+      ['<|im_assistant|>', 0],
+      ['assistant', 0],
+      ['<|im_middle|>', 0],
+      ...kimi.encode('はい、日本語です。').map((id): [string, number] => [kimi.decode([id]), 1]),
+      ['<|im_end|>', 1],
     ]);
   });
 

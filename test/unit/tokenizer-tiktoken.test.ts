@@ -10,7 +10,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EnvironmentError } from '../../src/shared/errors.js';
 import { BytePairEncoder, parseRankFile } from '../../src/shared/tokenizer/bpe.js';
 import { loadTokenizer } from '../../src/shared/tokenizer/load.js';
-import { KIMI_K2_PATTERN, O200K_PATTERN, compileSplitPattern, convertSplitPattern } from '../../src/shared/tokenizer/pattern.js';
+import {
+  KIMI_K2_PATTERN,
+  O200K_PATTERN,
+  compileSplitPattern,
+  convertSplitPattern,
+} from '../../src/shared/tokenizer/pattern.js';
 import { TiktokenEncoder, chunkText } from '../../src/shared/tokenizer/tiktoken.js';
 
 const b64 = (s: string): string => Buffer.from(s, 'latin1').toString('base64');
@@ -26,7 +31,8 @@ function tinyRanks(merges: readonly string[]): string {
   return rankText([...bytes, ...merges]);
 }
 
-const pieces = (pattern: string, text: string): string[] => [...text.matchAll(compileSplitPattern(pattern, 'test'))].map((m) => m[0]);
+const pieces = (pattern: string, text: string): string[] =>
+  [...text.matchAll(compileSplitPattern(pattern, 'test'))].map((m) => m[0]);
 
 let tmp: string;
 beforeAll(async () => {
@@ -45,9 +51,13 @@ describe('rank file', () => {
   });
 
   it('names the file and line of a malformed entry or a repeated rank', () => {
-    expect(() => parseRankFile(`${b64('a')} 0\nnot-base64! 1\n`, 'x.tiktoken')).toThrow(/x\.tiktoken:2: expected "<base64 token> <rank>"/);
+    expect(() => parseRankFile(`${b64('a')} 0\nnot-base64! 1\n`, 'x.tiktoken')).toThrow(
+      /x\.tiktoken:2: expected "<base64 token> <rank>"/,
+    );
     expect(() => parseRankFile(`${b64('a')} zero\n`, 'x.tiktoken')).toThrow(/x\.tiktoken:1:/);
-    expect(() => parseRankFile(`${b64('a')} 0\n${b64('b')} 0\n`, 'x.tiktoken')).toThrow(/x\.tiktoken:2: rank 0 appears twice/);
+    expect(() => parseRankFile(`${b64('a')} 0\n${b64('b')} 0\n`, 'x.tiktoken')).toThrow(
+      /x\.tiktoken:2: rank 0 appears twice/,
+    );
     expect(() => parseRankFile('\n', 'x.tiktoken')).toThrow(EnvironmentError);
   });
 });
@@ -118,7 +128,9 @@ describe('split pattern conversion', () => {
   });
 
   it('refuses what has no exact equivalent, naming the construct and its offset', () => {
-    expect(() => convertSplitPattern('\\bx', 'tokenizer.pattern')).toThrow(/tokenizer\.pattern: the split pattern uses the escape "\\b" at offset 0/);
+    expect(() => convertSplitPattern('\\bx', 'tokenizer.pattern')).toThrow(
+      /tokenizer\.pattern: the split pattern uses the escape "\\b" at offset 0/,
+    );
     expect(() => convertSplitPattern('+a', 'p')).toThrow(/nothing to repeat/);
     expect(() => convertSplitPattern('(?x)a', 'p')).toThrow(/"\(\?x\)"/);
     expect(() => convertSplitPattern('\\p{NoSuchProperty}', 'p')).toThrow(/NoSuchProperty/);
@@ -131,7 +143,10 @@ describe("Kimi's long-text cutting", () => {
   it('cuts runs of whitespace or non-whitespace longer than the limit, and fixed-size chunks', () => {
     // As tokenization_kimi.py: a cut only when a run grows past the limit; the rest stays whole.
     expect([...chunkText('aaaaa  bb', { maxChunkChars: 100, maxRunChars: 2 })]).toEqual(['aa', 'aa', 'a  bb']);
-    expect([...chunkText('a\u3000\u3000\u3000b', { maxChunkChars: 100, maxRunChars: 2 })]).toEqual(['a\u3000\u3000', '\u3000b']);
+    expect([...chunkText('a\u3000\u3000\u3000b', { maxChunkChars: 100, maxRunChars: 2 })]).toEqual([
+      'a\u3000\u3000',
+      '\u3000b',
+    ]);
     expect([...chunkText('abcdef', { maxChunkChars: 4, maxRunChars: 100 })]).toEqual(['abcd', 'ef']);
     expect([...chunkText('', { maxChunkChars: 4, maxRunChars: 2 })]).toEqual(['']);
   });
@@ -175,7 +190,11 @@ describe('loading a tiktoken folder', () => {
     return dir;
   }
   const config = (extra: Record<string, unknown> = {}): string =>
-    JSON.stringify({ eos_token: '[EOS]', added_tokens_decoder: { '258': { content: '[EOS]', special: true } }, ...extra });
+    JSON.stringify({
+      eos_token: '[EOS]',
+      added_tokens_decoder: { '258': { content: '[EOS]', special: true } },
+      ...extra,
+    });
 
   it("lays out Kimi's special tokens: the config's names, reserved names for the rest, 256 in all", async () => {
     const dir = await folder('kimi', {
@@ -196,8 +215,14 @@ describe('loading a tiktoken folder', () => {
     await expect(loadTokenizer(noPattern, { pattern: '\\bx' })).rejects.toThrow(/tokenizer\.pattern: .*"\\b"/);
     const withPattern = await loadTokenizer(noPattern, { pattern: '\\p{L}+|\\s+|\\p{N}+|[^\\s\\p{L}\\p{N}]+' });
     expect(withPattern.encode('[EOS]a')).toEqual([258, 97]);
-    const two = await folder('two', { 'a.tiktoken': tinyRanks([]), 'b.tiktoken': tinyRanks([]), 'tokenizer_config.json': config() });
-    await expect(loadTokenizer(two, { kind: 'tiktoken' })).rejects.toThrow(/several tiktoken rank files \(a\.tiktoken, b\.tiktoken\)/);
+    const two = await folder('two', {
+      'a.tiktoken': tinyRanks([]),
+      'b.tiktoken': tinyRanks([]),
+      'tokenizer_config.json': config(),
+    });
+    await expect(loadTokenizer(two, { kind: 'tiktoken' })).rejects.toThrow(
+      /several tiktoken rank files \(a\.tiktoken, b\.tiktoken\)/,
+    );
     const none = await folder('none', { 'tokenizer_config.json': config() });
     await expect(loadTokenizer(none, { kind: 'tiktoken' })).rejects.toThrow(/has no tiktoken rank file/);
     await expect(loadTokenizer(none)).rejects.toThrow(/tokenizer\.json is missing.*tokenizer\.kind: server/);

@@ -38,7 +38,11 @@ afterAll(async () => {
 });
 
 /** A tokenizer folder sharing Qwen3's tokenizer.json, with its own config and files. */
-async function qwenVariant(name: string, config: Record<string, unknown>, files: Record<string, string> = {}): Promise<string> {
+async function qwenVariant(
+  name: string,
+  config: Record<string, unknown>,
+  files: Record<string, string> = {},
+): Promise<string> {
   const dir = path.join(tmp, name);
   await mkdir(dir, { recursive: true });
   await symlink(path.join(QWEN3_DIR, 'tokenizer.json'), path.join(dir, 'tokenizer.json'));
@@ -170,12 +174,17 @@ describe('chat template', () => {
       ],
       { addGenerationPrompt: false },
     );
-    expect(text).toBe('<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nbecause\n</think>\n\na<|im_end|>\n');
+    expect(text).toBe(
+      '<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nbecause\n</think>\n\na<|im_end|>\n',
+    );
   });
 
   it('rejects an empty conversation and template errors as payload errors', async () => {
     expect(() => qwen.applyChatTemplate([], { addGenerationPrompt: true })).toThrow(PayloadError);
-    const dir = await qwenVariant('raises', { ...(await qwenConfig()), chat_template: "{{ raise_exception('roles must alternate') }}" });
+    const dir = await qwenVariant('raises', {
+      ...(await qwenConfig()),
+      chat_template: "{{ raise_exception('roles must alternate') }}",
+    });
     const t = await loadTokenizer(dir);
     expect(() => t.encodePrompt(CONVERSATION)).toThrow(/roles must alternate/);
     expect(() => t.encodePrompt(CONVERSATION)).toThrow(PayloadError);
@@ -190,7 +199,9 @@ describe('chat template', () => {
       ],
     });
     const t = await loadTokenizer(dir);
-    expect(t.applyChatTemplate([{ role: 'user', content: 'x' }], { addGenerationPrompt: true })).toBe('DEFAULT x<|im_end|>');
+    expect(t.applyChatTemplate([{ role: 'user', content: 'x' }], { addGenerationPrompt: true })).toBe(
+      'DEFAULT x<|im_end|>',
+    );
     expect(t.applyChatTemplate([{ role: 'user', content: 'x' }], { addGenerationPrompt: true, tools: [{}, {}] })).toBe(
       'TOOLS 2 x',
     );
@@ -215,7 +226,9 @@ describe('chat template', () => {
     const t = await loadTokenizer(dir);
     expect(t.bosTokenId).toBe(151643);
     expect(t.eosTokenId).toBe(151645);
-    expect(t.applyChatTemplate(CONVERSATION, { addGenerationPrompt: true })).toBe('<|endoftext|>|<|im_end|>|<|endoftext|>||true');
+    expect(t.applyChatTemplate(CONVERSATION, { addGenerationPrompt: true })).toBe(
+      '<|endoftext|>|<|im_end|>|<|endoftext|>||true',
+    );
   });
 
   it('fails clearly when there is no chat template', async () => {

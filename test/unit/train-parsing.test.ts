@@ -20,7 +20,9 @@ describe('nvidia-smi and preflight', () => {
       { index: 0, name: 'NVIDIA H200', totalMiB: 143_771, freeMiB: 140_000, driver: '570.86.15' },
       { index: 1, name: 'NVIDIA H200', totalMiB: 143_771, freeMiB: 14_200, driver: '570.86.15' },
     ]);
-    expect(parseNvidiaSmi('3, Tesla T4, 15360, 15000, 535.1\n')).toEqual([{ index: 3, name: 'Tesla T4', totalMiB: 15_360, freeMiB: 15_000, driver: '535.1' }]);
+    expect(parseNvidiaSmi('3, Tesla T4, 15360, 15000, 535.1\n')).toEqual([
+      { index: 3, name: 'Tesla T4', totalMiB: 15_360, freeMiB: 15_000, driver: '535.1' },
+    ]);
     expect(() => parseNvidiaSmi('0, X, lots, 1 MiB, 1')).toThrow(/line 1: expected a size in MiB, got "lots"/);
     expect(parseGpuList('0, 2,2')).toEqual([0, 2]);
     expect(parseGpuList('all')).toBeUndefined();
@@ -30,18 +32,32 @@ describe('nvidia-smi and preflight', () => {
   it('assigns GPUs with enough free memory, else says which lack it and by how much', () => {
     const gpus: GpuInfo[] = parseNvidiaSmi(SMI);
     const probe = { gpus, problem: null };
-    expect(preflight({ gpus: 1, minFreeGpuMemMiB: 20_000 }, probe)).toMatchObject({ ok: true, assigned: [{ index: 0 }] });
+    expect(preflight({ gpus: 1, minFreeGpuMemMiB: 20_000 }, probe)).toMatchObject({
+      ok: true,
+      assigned: [{ index: 0 }],
+    });
     const two = preflight({ gpus: 2, minFreeGpuMemMiB: 20_000 }, probe);
     expect(two).toMatchObject({ ok: false });
     expect(two.ok ? '' : two.reason).toContain('GPU 1: 14,200 MiB free, 20,000 needed');
     const restricted = preflight({ gpus: 1, minFreeGpuMemMiB: 20_000 }, probe, [1]);
     expect(restricted.ok ? '' : restricted.reason).toContain('GPU 1: 14,200 MiB free, 20,000 needed');
-    expect(preflight({ gpus: 3, minFreeGpuMemMiB: 1 }, probe)).toMatchObject({ ok: false, reason: '3 GPU(s) needed; this worker has 2 GPU(s)' });
-    expect(preflight({ gpus: 1, minFreeGpuMemMiB: 1 }, { gpus: [], problem: 'no GPU on this worker (nvidia-smi not found on the PATH)' })).toMatchObject({
+    expect(preflight({ gpus: 3, minFreeGpuMemMiB: 1 }, probe)).toMatchObject({
+      ok: false,
+      reason: '3 GPU(s) needed; this worker has 2 GPU(s)',
+    });
+    expect(
+      preflight(
+        { gpus: 1, minFreeGpuMemMiB: 1 },
+        { gpus: [], problem: 'no GPU on this worker (nvidia-smi not found on the PATH)' },
+      ),
+    ).toMatchObject({
       ok: false,
       reason: '1 GPU(s) needed; no GPU on this worker (nvidia-smi not found on the PATH)',
     });
-    expect(preflight({ gpus: 0, minFreeGpuMemMiB: 20_000 }, { gpus: [], problem: 'none' })).toMatchObject({ ok: true, assigned: [] });
+    expect(preflight({ gpus: 0, minFreeGpuMemMiB: 20_000 }, { gpus: [], problem: 'none' })).toMatchObject({
+      ok: true,
+      assigned: [],
+    });
   });
 });
 
@@ -90,16 +106,19 @@ describe('fingerprint and command', () => {
 
   it('lists what changed, package by package', () => {
     expect(fingerprintChanges(fp({}), fp({ pythonPath: '/other/python' }))).toEqual([]);
-    expect(fingerprintChanges(fp({}), fp({ cuda: '12.6', packages: { torch: '2.5.1', transformers: '4.45.0', 'flash-attn': '2.6.3' } }))).toEqual([
-      'CUDA: 12.4 → 12.6',
-      'flash-attn: (none) → 2.6.3',
-      'torch: 2.4.0 → 2.5.1',
-    ]);
+    expect(
+      fingerprintChanges(
+        fp({}),
+        fp({ cuda: '12.6', packages: { torch: '2.5.1', transformers: '4.45.0', 'flash-attn': '2.6.3' } }),
+      ),
+    ).toEqual(['CUDA: 12.4 → 12.6', 'flash-attn: (none) → 2.6.3', 'torch: 2.4.0 → 2.5.1']);
     expect(fingerprintChanges(fp({}), fp({ gpus: ['NVIDIA H100 80GB HBM3', 'NVIDIA H100 80GB HBM3'] }))).toEqual([]);
-    expect(fingerprintChanges(fp({}), fp({ gpus: ['NVIDIA H200'] }))).toEqual(['GPUs: NVIDIA H100 80GB HBM3 → NVIDIA H200']);
+    expect(fingerprintChanges(fp({}), fp({ gpus: ['NVIDIA H200'] }))).toEqual([
+      'GPUs: NVIDIA H100 80GB HBM3 → NVIDIA H200',
+    ]);
   });
 
-  it('fingerprints the command\'s own Python, else python3', () => {
+  it("fingerprints the command's own Python, else python3", () => {
     expect(pythonOf(['/venv/bin/python3.11', 'train.py'])).toBe('/venv/bin/python3.11');
     expect(pythonOf(['torchrun', '--nproc_per_node', '8'])).toBe('python3');
     expect(pythonOf(['torchrun'], '/venv/bin/python')).toBe('/venv/bin/python');
@@ -107,9 +126,21 @@ describe('fingerprint and command', () => {
 
   it('fills the placeholders, and refuses a resume the command could not see', () => {
     const values = { dataset: '/d', output: '/o', checkpoint: null, gpus: [2, 3] };
-    expect(buildArgv(['t', '--data={dataset}', '{output}', '--n', '{gpus}', '{checkpoint}'], ['--resume', '{checkpoint}'], values)).toEqual(['t', '--data=/d', '/o', '--n', '2', '']);
-    expect(buildArgv(['t'], ['--resume', '{checkpoint}'], { ...values, checkpoint: '/c/step-5' })).toEqual(['t', '--resume', '/c/step-5']);
-    expect(() => buildArgv(['t'], [], { ...values, checkpoint: '/c' })).toThrow(/neither train\.command nor train\.resumeArgs has "\{checkpoint\}"/);
+    expect(
+      buildArgv(
+        ['t', '--data={dataset}', '{output}', '--n', '{gpus}', '{checkpoint}'],
+        ['--resume', '{checkpoint}'],
+        values,
+      ),
+    ).toEqual(['t', '--data=/d', '/o', '--n', '2', '']);
+    expect(buildArgv(['t'], ['--resume', '{checkpoint}'], { ...values, checkpoint: '/c/step-5' })).toEqual([
+      't',
+      '--resume',
+      '/c/step-5',
+    ]);
+    expect(() => buildArgv(['t'], [], { ...values, checkpoint: '/c' })).toThrow(
+      /neither train\.command nor train\.resumeArgs has "\{checkpoint\}"/,
+    );
   });
 });
 
@@ -117,6 +148,11 @@ describe('Bull Board', () => {
   it('shows the train queue when train is configured', () => {
     const datasets = [{ name: 'a', prompts: '/a.jsonl' }] as Parameters<typeof dashboardQueueNames>[0]['datasets'];
     expect(dashboardQueueNames({ datasets })).toEqual(['generate-a', 'tokenize', 'merge']);
-    expect(dashboardQueueNames({ datasets, train: { command: ['t'] } })).toEqual(['generate-a', 'tokenize', 'merge', 'train']);
+    expect(dashboardQueueNames({ datasets, train: { command: ['t'] } })).toEqual([
+      'generate-a',
+      'tokenize',
+      'merge',
+      'train',
+    ]);
   });
 });

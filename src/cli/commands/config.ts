@@ -12,7 +12,8 @@ export function printableConfig(config: Config): Config {
   if (config.dashboard.token !== undefined) config = { ...config, dashboard: { ...config.dashboard, token: '***' } };
   if (config.sglang.apiKey !== undefined) config = { ...config, sglang: { ...config.sglang, apiKey: '***' } };
   if (config.redis.password !== undefined) config = { ...config, redis: { ...config.redis, password: '***' } };
-  if (config.redis.sentinelPassword !== undefined) config = { ...config, redis: { ...config.redis, sentinelPassword: '***' } };
+  if (config.redis.sentinelPassword !== undefined)
+    config = { ...config, redis: { ...config.redis, sentinelPassword: '***' } };
   const url = config.redis.url;
   if (url === undefined) return config;
   let masked = url;
@@ -32,7 +33,9 @@ export function printableConfig(config: Config): Config {
 export function registerConfigCommand(program: Command): void {
   program
     .command('config')
-    .description('validate a config file and print it resolved (defaults applied, absolute paths), or print its JSON Schema')
+    .description(
+      'validate a config file and print it resolved (defaults applied, absolute paths), or print its JSON Schema',
+    )
     .option('-c, --config <file>', 'config file (YAML) to validate')
     .option('--schema', 'print the JSON Schema of the config file')
     .option('--reference', 'print the reference of every config key as a Markdown table')

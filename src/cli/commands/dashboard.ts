@@ -11,7 +11,8 @@ interface DashboardCommandOptions {
 
 function parsePort(text: string): number {
   const port = Number(text);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new AppError(`--port: expected a TCP port (0-65535), got "${text}"`);
+  if (!Number.isInteger(port) || port < 0 || port > 65535)
+    throw new AppError(`--port: expected a TCP port (0-65535), got "${text}"`);
   return port;
 }
 
@@ -22,7 +23,9 @@ function parsePort(text: string): number {
 export function registerDashboardCommand(program: Command): void {
   program
     .command('dashboard')
-    .description('serve the run\'s pipeline page (live progress, endpoints, workers, pause / resume / retry per dataset), Bull Board over its queues at /queues, its status as JSON and Prometheus metrics at /metrics, behind a token')
+    .description(
+      "serve the run's pipeline page (live progress, endpoints, workers, pause / resume / retry per dataset), Bull Board over its queues at /queues, its status as JSON and Prometheus metrics at /metrics, behind a token",
+    )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--host <host>', 'address to listen on (default: dashboard.host of the config, 127.0.0.1)')
     .option('--port <port>', 'TCP port (default: dashboard.port of the config, 3000)')
@@ -31,7 +34,8 @@ export function registerDashboardCommand(program: Command): void {
       const ctx = await openRunContext(opts.config);
       try {
         const envToken = process.env['DASHBOARD_TOKEN'];
-        const configured = ctx.config.dashboard.token ?? (envToken === undefined || envToken === '' ? undefined : envToken);
+        const configured =
+          ctx.config.dashboard.token ?? (envToken === undefined || envToken === '' ? undefined : envToken);
         const dashboard = await startDashboard({
           redis: ctx.redis,
           keys: ctx.keys,
@@ -45,7 +49,9 @@ export function registerDashboardCommand(program: Command): void {
             `tokenmill dashboard: ${dashboard.url} (user "${DASHBOARD_USER}", generated token: ${dashboard.token}; set dashboard.token or DASHBOARD_TOKEN to keep one)\n`,
           );
         } else {
-          process.stderr.write(`tokenmill dashboard: ${dashboard.url} (user "${DASHBOARD_USER}", password: the configured token)\n`);
+          process.stderr.write(
+            `tokenmill dashboard: ${dashboard.url} (user "${DASHBOARD_USER}", password: the configured token)\n`,
+          );
         }
         const signal = await onceSignalled();
         process.stderr.write(`tokenmill dashboard: ${signal}, stopping\n`);

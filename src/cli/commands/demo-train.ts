@@ -17,7 +17,11 @@ export function demoTrainerPython(root: string): string | null {
   const python = path.join(root, '.venv', 'bin', 'python');
   if (!existsSync(python) || !existsSync(path.join(root, 'trainers', 'tiny_drafter.py'))) return null;
   // find_spec does not import: this stays fast even where importing torch takes seconds.
-  const probe = spawnSync(python, ['-c', 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("torch") and u.find_spec("datasets") else 1)'], { timeout: 30_000, stdio: 'ignore' });
+  const probe = spawnSync(
+    python,
+    ['-c', 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("torch") and u.find_spec("datasets") else 1)'],
+    { timeout: 30_000, stdio: 'ignore' },
+  );
   return probe.status === 0 ? python : null;
 }
 
@@ -27,7 +31,24 @@ export function withDemoTraining(config: ConfigInput, python: string | null): Co
   return {
     ...config,
     train: {
-      command: [python, 'trainers/tiny_drafter.py', '--data', '{dataset}', '--output', '{output}', '--steps', '60', '--batch-size', '8', '--seq-len', '64', '--save-every', '20', '--log-every', '5'],
+      command: [
+        python,
+        'trainers/tiny_drafter.py',
+        '--data',
+        '{dataset}',
+        '--output',
+        '{output}',
+        '--steps',
+        '60',
+        '--batch-size',
+        '8',
+        '--seq-len',
+        '64',
+        '--save-every',
+        '20',
+        '--log-every',
+        '5',
+      ],
       gpus: 0,
       minFreeGpuMemMiB: 0,
       mode: 'from-scratch',
@@ -41,12 +62,18 @@ export function withDemoTraining(config: ConfigInput, python: string | null): Co
  * After the demo's merge: runs the round's train job in this process and prints its result and
  * the phases, or one line saying how to enable training. Returns false when training failed.
  */
-export async function finishDemoTraining(ctx: RunContext, python: string | null, options: { json?: boolean }): Promise<boolean> {
+export async function finishDemoTraining(
+  ctx: RunContext,
+  python: string | null,
+  options: { json?: boolean },
+): Promise<boolean> {
   const say = (line: string): void => {
     (options.json === true ? process.stderr : process.stdout).write(`${line}\n`);
   };
   if (python === null) {
-    say('\ntrain: not run — `npm run setup:trainer` installs PyTorch into .venv, then the demo ends with a short CPU training of trainers/tiny_drafter.py');
+    say(
+      '\ntrain: not run — `npm run setup:trainer` installs PyTorch into .venv, then the demo ends with a short CPU training of trainers/tiny_drafter.py',
+    );
     return true;
   }
   const flowId = await ctx.redis.hget(ctx.keys.postprocess(), 'flowId');
@@ -60,7 +87,9 @@ export async function finishDemoTraining(ctx: RunContext, python: string | null,
   }
   say(`\n${formatTrainResult(outcome.result)}`);
   const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
-  const phases = formatRunStatus(status).split('\n').find((l) => l.startsWith('phases:'));
+  const phases = formatRunStatus(status)
+    .split('\n')
+    .find((l) => l.startsWith('phases:'));
   if (phases !== undefined) say(phases);
   if (status.train !== undefined && status.train !== null) say(trainStatusLine(status.train));
   return true;

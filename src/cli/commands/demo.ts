@@ -53,7 +53,9 @@ export function demoConfig(endpoint: string, outDir: string): ConfigInput {
     sglang: { endpoints: [endpoint], concurrency: 64, requestTimeoutMs: 120_000 },
     datasets: DEMO_DATASETS.map((d) => ({
       name: d.name,
-      ...(DEMO_SOURCES[d.name] === undefined ? { prompts: `data/demo/${d.name}.jsonl` } : { source: DEMO_SOURCES[d.name] }),
+      ...(DEMO_SOURCES[d.name] === undefined
+        ? { prompts: `data/demo/${d.name}.jsonl` }
+        : { source: DEMO_SOURCES[d.name] }),
       tokenBudget: d.tokenBudget,
       budget: d.budget,
       maxNewTokens: 8192,
@@ -75,7 +77,10 @@ export function registerDemoCommand(program: Command): void {
     .option('--fresh', 'delete the previous demo run first (otherwise the demo resumes it)')
     .option('--time-scale <n>', 'how much faster than real time the simulated GPU runs', '25')
     .option('--json', 'print the final status as JSON')
-    .option('--dashboard', 'serve the dashboard (pipeline page, Bull Board, metrics) on 127.0.0.1 during the demo and keep it open at the end until Ctrl-C')
+    .option(
+      '--dashboard',
+      'serve the dashboard (pipeline page, Bull Board, metrics) on 127.0.0.1 during the demo and keep it open at the end until Ctrl-C',
+    )
     .option('--dashboard-port <port>', 'port of --dashboard (0: any free port)', '3000')
     .action(async (opts: DemoOptions) => {
       const outDir = resolve(opts.out);
@@ -83,7 +88,10 @@ export function registerDemoCommand(program: Command): void {
       try {
         // With the trainer environment (`npm run setup:trainer`), the demo ends with a short CPU training.
         const trainPython = demoTrainerPython(packageRoot);
-        const config = loadConfig({ object: withDemoTraining(demoConfig(sim.url, outDir), trainPython), baseDir: packageRoot });
+        const config = loadConfig({
+          object: withDemoTraining(demoConfig(sim.url, outDir), trainPython),
+          baseDir: packageRoot,
+        });
         if (opts.fresh === true) await rm(runDir(config), { recursive: true, force: true });
         process.stderr.write(`tokenmill demo: simulator at ${sim.url}, output in ${runDir(config)}\n`);
         const ctx = await openRunContextFor(config);
@@ -91,12 +99,20 @@ export function registerDemoCommand(program: Command): void {
         try {
           if (opts.dashboard === true) dashboard = await demoDashboard(ctx, opts.dashboardPort);
           // Generate, then tokenize and merge; prints the status table and the validation report.
-          const pipeline = await runPipeline(ctx, { progressMs: 3_000, ...(opts.json === undefined ? {} : { json: opts.json }) });
+          const pipeline = await runPipeline(ctx, {
+            progressMs: 3_000,
+            ...(opts.json === undefined ? {} : { json: opts.json }),
+          });
           // Stopped before the end (exit code 130 / 143 already set): no training on unfinished data.
           if (pipeline === 'signalled') return;
-          if (!(await finishDemoTraining(ctx, trainPython, { ...(opts.json === undefined ? {} : { json: opts.json }) }))) process.exitCode = 1;
+          if (
+            !(await finishDemoTraining(ctx, trainPython, { ...(opts.json === undefined ? {} : { json: opts.json }) }))
+          )
+            process.exitCode = 1;
           if (dashboard !== undefined) {
-            process.stderr.write(`tokenmill demo: finished; the dashboard stays open at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token}); Ctrl-C to stop\n`);
+            process.stderr.write(
+              `tokenmill demo: finished; the dashboard stays open at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token}); Ctrl-C to stop\n`,
+            );
             await onceSignalled();
           }
         } finally {
@@ -116,7 +132,8 @@ export function registerDemoCommand(program: Command): void {
  */
 async function demoDashboard(ctx: RunContext, portText: string): Promise<Dashboard> {
   const port = Number(portText);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new AppError(`--dashboard-port: expected a TCP port (0-65535), got "${portText}"`);
+  if (!Number.isInteger(port) || port < 0 || port > 65535)
+    throw new AppError(`--dashboard-port: expected a TCP port (0-65535), got "${portText}"`);
   const options = { redis: ctx.redis, keys: ctx.keys, config: ctx.config, host: '127.0.0.1' };
   let dashboard: Dashboard;
   try {
@@ -125,6 +142,8 @@ async function demoDashboard(ctx: RunContext, portText: string): Promise<Dashboa
     if ((e as { code?: unknown }).code !== 'EADDRINUSE') throw e;
     dashboard = await startDashboard({ ...options, port: 0 });
   }
-  process.stderr.write(`tokenmill demo: dashboard at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token})\n`);
+  process.stderr.write(
+    `tokenmill demo: dashboard at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token})\n`,
+  );
   return dashboard;
 }

@@ -29,7 +29,13 @@ interface ExportOptions {
 
 /** What `export` did, as `--json` prints it. */
 export type ExportResult =
-  | { format: 'specforge'; out: string; exported: number; datasets: SpecForgeExportStats[]; skipped: { dataset: string; reason: string }[] }
+  | {
+      format: 'specforge';
+      out: string;
+      exported: number;
+      datasets: SpecForgeExportStats[];
+      skipped: { dataset: string; reason: string }[];
+    }
   | ({ format: 'jsonl'; out: string; target: string } & RowsExportStats);
 
 /** Checks `--format`; throws a PayloadError naming the accepted ones. */
@@ -54,14 +60,19 @@ export function chooseDatasets(config: Config, names: readonly string[] | undefi
 async function exportSpecForge(config: Config, chosen: Config['datasets'], out: string): Promise<ExportResult> {
   const tokenizer = await loadConfiguredTokenizer(config);
   // With server-side tokenization, the few ids the template's format needs are fetched here, once.
-  const ctx = await tokenizer.withServerTokens(() => createTokenizeContext(tokenizer, { keepTruncated: config.postprocess.keepTruncated }));
+  const ctx = await tokenizer.withServerTokens(() =>
+    createTokenizeContext(tokenizer, { keepTruncated: config.postprocess.keepTruncated }),
+  );
   const skipped: { dataset: string; reason: string }[] = [];
   const datasets: SpecForgeExportStats[] = [];
   const writer = await AtomicJsonlWriter.open(out);
   try {
     for (const d of chosen) {
       if (d.prompts === undefined) {
-        skipped.push({ dataset: d.name, reason: `a conversation dataset: ${d.conversations ?? ''} is already conversations` });
+        skipped.push({
+          dataset: d.name,
+          reason: `a conversation dataset: ${d.conversations ?? ''} is already conversations`,
+        });
         continue;
       }
       const generationsDir = path.join(runDir(config), d.name, 'generations');
@@ -71,9 +82,13 @@ async function exportSpecForge(config: Config, chosen: Config['datasets'], out: 
       }
       if (!(await exists(d.prompts))) {
         const i = config.datasets.indexOf(d);
-        throw new EnvironmentError(`datasets[${i}].prompts: ${d.prompts} does not exist; export needs it to find the prompts of ${d.name}'s generations`);
+        throw new EnvironmentError(
+          `datasets[${i}].prompts: ${d.prompts} does not exist; export needs it to find the prompts of ${d.name}'s generations`,
+        );
       }
-      datasets.push(await exportSpecForgeDataset({ dataset: d.name, promptsFile: d.prompts, generationsDir, ctx, writer }));
+      datasets.push(
+        await exportSpecForgeDataset({ dataset: d.name, promptsFile: d.prompts, generationsDir, ctx, writer }),
+      );
     }
     await writer.commit();
   } catch (e: unknown) {
@@ -83,7 +98,12 @@ async function exportSpecForge(config: Config, chosen: Config['datasets'], out: 
   return { format: 'specforge', out, exported: writer.lines, datasets, skipped };
 }
 
-async function exportJsonl(config: Config, chosen: Config['datasets'], names: readonly string[] | undefined, out: string): Promise<ExportResult> {
+async function exportJsonl(
+  config: Config,
+  chosen: Config['datasets'],
+  names: readonly string[] | undefined,
+  out: string,
+): Promise<ExportResult> {
   const target = config.postprocess.target;
   if (!(await exists(path.join(target, 'state.json')))) {
     throw new EnvironmentError(
@@ -93,7 +113,11 @@ async function exportJsonl(config: Config, chosen: Config['datasets'], names: re
   const writer = await AtomicJsonlWriter.open(out);
   let stats: RowsExportStats;
   try {
-    stats = await exportRows(target, writer, names === undefined || names.length === 0 ? undefined : chosen.map((d) => d.name));
+    stats = await exportRows(
+      target,
+      writer,
+      names === undefined || names.length === 0 ? undefined : chosen.map((d) => d.name),
+    );
     await writer.commit();
   } catch (e: unknown) {
     await writer.abort();
@@ -119,7 +143,8 @@ export function formatExportResult(r: ExportResult): string {
     const dropped = d.droppedTruncated + d.droppedAborted + d.droppedEmpty;
     const parts = [`${formatInt(d.lines)} generations`, `${formatInt(d.exported)} exported`];
     if (d.keptTruncated > 0) parts.push(`${formatInt(d.keptTruncated)} of them truncated (postprocess.keepTruncated)`);
-    if (d.stopWithoutEndOfTurn > 0) parts.push(`${formatInt(d.stopWithoutEndOfTurn)} of them stopped without the end-of-turn token`);
+    if (d.stopWithoutEndOfTurn > 0)
+      parts.push(`${formatInt(d.stopWithoutEndOfTurn)} of them stopped without the end-of-turn token`);
     if (dropped > 0) {
       parts.push(
         `${formatInt(dropped)} left out as tokenize leaves them out (${formatInt(d.droppedTruncated)} truncated, ${formatInt(d.droppedAborted)} aborted, ${formatInt(d.droppedEmpty)} empty)`,
@@ -141,7 +166,7 @@ export function registerExportCommand(program: Command): void {
   program
     .command('export')
     .description(
-      'write the generations as SpecForge conversation JSONL (--format specforge), or the training dataset\'s token rows as JSONL (--format jsonl)',
+      "write the generations as SpecForge conversation JSONL (--format specforge), or the training dataset's token rows as JSONL (--format jsonl)",
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .requiredOption('--format <format>', `what to write: ${EXPORT_FORMATS.join(' | ')}`)
@@ -152,8 +177,13 @@ export function registerExportCommand(program: Command): void {
       const format = parseExportFormat(opts.format);
       const config = loadConfig({ path: opts.config });
       const chosen = chooseDatasets(config, opts.dataset);
-      const out = path.resolve(opts.out ?? path.join(runDir(config), 'export', format === 'specforge' ? 'specforge.jsonl' : 'rows.jsonl'));
-      const result = format === 'specforge' ? await exportSpecForge(config, chosen, out) : await exportJsonl(config, chosen, opts.dataset, out);
+      const out = path.resolve(
+        opts.out ?? path.join(runDir(config), 'export', format === 'specforge' ? 'specforge.jsonl' : 'rows.jsonl'),
+      );
+      const result =
+        format === 'specforge'
+          ? await exportSpecForge(config, chosen, out)
+          : await exportJsonl(config, chosen, opts.dataset, out);
       process.stdout.write(opts.json === true ? `${JSON.stringify(result)}\n` : `${formatExportResult(result)}\n`);
     });
 }

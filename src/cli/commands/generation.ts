@@ -1,5 +1,14 @@
 import type { Command } from 'commander';
-import { AppError, autoConcurrencyOf, formatRunStatus, logger, readRunStatus, redactRedisUrl, StallWatchdog, WorkerHeartbeat } from '../../shared/index.js';
+import {
+  AppError,
+  autoConcurrencyOf,
+  formatRunStatus,
+  logger,
+  readRunStatus,
+  redactRedisUrl,
+  StallWatchdog,
+  WorkerHeartbeat,
+} from '../../shared/index.js';
 import { tokenizerLoadOptions } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/index.js';
 import { PostprocessWorker } from '../../workers/index.js';
@@ -29,7 +38,11 @@ export async function runGeneration(
   options: GenerationOptions & { json?: boolean; quiet?: boolean; progressMs?: number },
 ): Promise<'finished' | 'signalled'> {
   const handle = await startGeneration(ctx, options);
-  void smallMaxmemoryWarning(ctx.redis, ctx.keys, ctx.config.datasets.map((d) => d.name)).then((w) => {
+  void smallMaxmemoryWarning(
+    ctx.redis,
+    ctx.keys,
+    ctx.config.datasets.map((d) => d.name),
+  ).then((w) => {
     if (w !== undefined) process.stderr.write(`tokenmill: warning: ${w}\n`);
   });
   const signal = onceSignalled();
@@ -49,7 +62,10 @@ export async function runGeneration(
   let outcome: 'finished' | 'signalled';
   const graceMs = ctx.config.workers.shutdownGraceMs;
   try {
-    outcome = await Promise.race([handle.finished.then(() => 'finished' as const), signal.then(() => 'signalled' as const)]);
+    outcome = await Promise.race([
+      handle.finished.then(() => 'finished' as const),
+      signal.then(() => 'signalled' as const),
+    ]);
     if (outcome === 'signalled') {
       // Unfinished: a non-zero exit (143 / 130), and a bound on the whole stop even when Redis is gone.
       // A worker alone (`worker --role inference`) has nothing to finish: SIGTERM is how it ends, exit 0.
@@ -83,7 +99,9 @@ async function printFinalStatus(ctx: RunContext, json: boolean): Promise<void> {
   try {
     const status = await Promise.race([readRunStatus(ctx.redis, ctx.keys, ctx.config), late]);
     if (status === 'late') {
-      process.stderr.write(`tokenmill: no final status: Redis at ${redactRedisUrl(ctx.redisUrl)} did not answer within ${FINAL_STATUS_TIMEOUT_MS / 1000} s\n`);
+      process.stderr.write(
+        `tokenmill: no final status: Redis at ${redactRedisUrl(ctx.redisUrl)} did not answer within ${FINAL_STATUS_TIMEOUT_MS / 1000} s\n`,
+      );
       return;
     }
     process.stdout.write(json ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);
@@ -124,7 +142,8 @@ function stallWatchdog(ctx: RunContext): StallWatchdog {
     datasets: config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name),
     endpoints: config.sglang.endpoints,
     // With "auto", the least it can be: a dataset is never called stuck for slots that may not exist.
-    concurrencyPerEndpoint: config.sglang.concurrency === 'auto' ? autoConcurrencyOf(config.sglang).min : config.sglang.concurrency,
+    concurrencyPerEndpoint:
+      config.sglang.concurrency === 'auto' ? autoConcurrencyOf(config.sglang).min : config.sglang.concurrency,
     stallAfterMs: config.workers.stallAfterMs,
   });
 }
@@ -143,16 +162,23 @@ export function registerGenerationCommands(program: Command): void {
   program
     .command('run')
     .description(
-      'run the whole pipeline in this process (the datasets\' sources prepared into prompt files, producer, inference worker, results sinks) until every dataset is completed, then tokenize and merge into the training dataset',
+      "run the whole pipeline in this process (the datasets' sources prepared into prompt files, producer, inference worker, results sinks) until every dataset is completed, then tokenize and merge into the training dataset",
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print the final status as JSON')
-    .option('--fresh', 'start the run over: delete its Redis state and the files in <output.dir>/<run> (generations included) first')
+    .option(
+      '--fresh',
+      'start the run over: delete its Redis state and the files in <output.dir>/<run> (generations included) first',
+    )
     .addOption(hiddenCrashOption(program))
     .action(async (opts: RunOptions & { fresh?: boolean }) => {
       await withRun(opts.config, async (ctx) => {
         if (opts.fresh === true) await startFresh(ctx);
-        await runPipeline(ctx, { progressMs: 10_000, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) });
+        await runPipeline(ctx, {
+          progressMs: 10_000,
+          ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }),
+          ...(opts.json === undefined ? {} : { json: opts.json }),
+        });
       });
     });
 
@@ -166,12 +192,19 @@ export function registerGenerationCommands(program: Command): void {
     .addOption(hiddenCrashOption(program))
     .action(async (opts: RunOptions) => {
       await withRun(opts.config, async (ctx) => {
-        const outcome = await runGeneration(ctx, { produce: true, infer: false, ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }), ...(opts.json === undefined ? {} : { json: opts.json }) });
+        const outcome = await runGeneration(ctx, {
+          produce: true,
+          infer: false,
+          ...(opts.crashAt === undefined ? {} : { crashAt: opts.crashAt }),
+          ...(opts.json === undefined ? {} : { json: opts.json }),
+        });
         if (outcome !== 'finished') return;
         // Generation is complete: queue the post-process round for the post-processing workers.
         const pp = await startPostprocess(ctx, { worker: false, wait: false });
         await pp.stop();
-        process.stderr.write(`tokenmill: post-processing ${pp.round.flowId} queued for \`worker --role postprocess\`\n`);
+        process.stderr.write(
+          `tokenmill: post-processing ${pp.round.flowId} queued for \`worker --role postprocess\`\n`,
+        );
       });
     });
 
@@ -182,7 +215,10 @@ export function registerGenerationCommands(program: Command): void {
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--role <role>', 'inference | postprocess | train', 'inference')
-    .option('--gpus <list>', 'train role: GPU indices this worker may use, e.g. 0,1 (default: all that nvidia-smi lists)')
+    .option(
+      '--gpus <list>',
+      'train role: GPU indices this worker may use, e.g. 0,1 (default: all that nvidia-smi lists)',
+    )
     .action(async (opts: { config: string; role: string; gpus?: string }) => {
       if (opts.role === 'train') {
         await withRun(opts.config, (ctx) => runTrainWorker(ctx, opts.gpus));
@@ -192,7 +228,8 @@ export function registerGenerationCommands(program: Command): void {
         await withRun(opts.config, runPostprocessWorker);
         return;
       }
-      if (opts.role !== 'inference') throw new AppError(`worker --role ${opts.role}: expected inference, postprocess or train`);
+      if (opts.role !== 'inference')
+        throw new AppError(`worker --role ${opts.role}: expected inference, postprocess or train`);
       await withRun(opts.config, (ctx) => runGeneration(ctx, { produce: false, infer: true, quiet: true }));
     });
 }
@@ -225,16 +262,26 @@ async function runPostprocessWorker(ctx: RunContext): Promise<void> {
  * Prints the run's status (table, or one JSON object with the post-process result under
  * `postprocess`), then the post-process round's report. Exported for `demo`.
  */
-export async function printRunSummary(ctx: RunContext, options: { json?: boolean; postprocess?: RoundOutcome | 'signalled' }): Promise<void> {
+export async function printRunSummary(
+  ctx: RunContext,
+  options: { json?: boolean; postprocess?: RoundOutcome | 'signalled' },
+): Promise<void> {
   const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
   const pp = options.postprocess === 'signalled' ? undefined : options.postprocess;
   if (options.json === true) {
-    const postprocess = pp === undefined ? {} : { postprocess: pp.status === 'completed' ? pp.result : { status: 'failed', flowId: pp.flowId, reason: pp.reason } };
+    const postprocess =
+      pp === undefined
+        ? {}
+        : {
+            postprocess:
+              pp.status === 'completed' ? pp.result : { status: 'failed', flowId: pp.flowId, reason: pp.reason },
+          };
     process.stdout.write(`${JSON.stringify({ ...status, ...postprocess })}\n`);
     return;
   }
   process.stdout.write(`${formatRunStatus(status)}\n`);
-  if (pp?.status === 'completed') process.stdout.write(`\n${formatPostprocessResult(pp.result, dropContextOf(ctx.config))}\n`);
+  if (pp?.status === 'completed')
+    process.stdout.write(`\n${formatPostprocessResult(pp.result, dropContextOf(ctx.config))}\n`);
 }
 
 /**
@@ -242,7 +289,10 @@ export async function printRunSummary(ctx: RunContext, options: { json?: boolean
  * merge) served in this process; prints the status and the validation report. A failed round
  * fails the command with its reason. Exported for `demo`.
  */
-export async function runPipeline(ctx: RunContext, options: { json?: boolean; crashAt?: SinkCrashPoint; progressMs?: number }): Promise<'completed' | 'signalled'> {
+export async function runPipeline(
+  ctx: RunContext,
+  options: { json?: boolean; crashAt?: SinkCrashPoint; progressMs?: number },
+): Promise<'completed' | 'signalled'> {
   const generation = await runGeneration(ctx, {
     produce: true,
     infer: true,
@@ -255,13 +305,21 @@ export async function runPipeline(ctx: RunContext, options: { json?: boolean; cr
     // Stopped mid-round: unfinished, so a non-zero exit; the round stays queued for the next `run`.
     exitInterrupted();
     armStopDeadline(ctx.config.workers.shutdownGraceMs + STOP_MARGIN_MS);
-    process.stderr.write('tokenmill: interrupted during post-processing; the round stays queued and the next `run` or `postprocess` joins it\n');
+    process.stderr.write(
+      'tokenmill: interrupted during post-processing; the round stays queued and the next `run` or `postprocess` joins it\n',
+    );
   }
-  await printRunSummary(ctx, { ...(options.json === undefined ? {} : { json: options.json }), ...(postprocess === undefined ? {} : { postprocess }) });
+  await printRunSummary(ctx, {
+    ...(options.json === undefined ? {} : { json: options.json }),
+    ...(postprocess === undefined ? {} : { postprocess }),
+  });
   if (postprocess !== undefined) throwIfFailed(postprocess);
   return generation === 'finished' && postprocess !== 'signalled' ? 'completed' : 'signalled';
 }
 
 function hiddenCrashOption(program: Command) {
-  return program.createOption('--crash-at <point>', 'test hook: kill this process at a sink step').choices(['after-write', 'after-checkpoint']).hideHelp();
+  return program
+    .createOption('--crash-at <point>', 'test hook: kill this process at a sink step')
+    .choices(['after-write', 'after-checkpoint'])
+    .hideHelp();
 }

@@ -9,7 +9,14 @@ import {
   type RollbackResult,
   type TokenizeResult,
 } from '../../shared/index.js';
-import { datasetDrops, dropContextOf, dropsSentence, LARGE_DROP_FRACTION, nothingNewHeadline, type DropContext } from '../drop-summary.js';
+import {
+  datasetDrops,
+  dropContextOf,
+  dropsSentence,
+  LARGE_DROP_FRACTION,
+  nothingNewHeadline,
+  type DropContext,
+} from '../drop-summary.js';
 import { PostprocessFailedError, type RoundOutcome } from '../../workers/index.js';
 import { startPostprocess } from '../pipeline.js';
 import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
@@ -20,7 +27,11 @@ function fmtPct(x: number): string {
 
 function table(header: string[], rows: string[][]): string[] {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const fmt = (r: string[]): string => r.map((c, i) => (i < 2 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ').trimEnd();
+  const fmt = (r: string[]): string =>
+    r
+      .map((c, i) => (i < 2 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0)))
+      .join('  ')
+      .trimEnd();
   return [fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt)];
 }
 
@@ -48,7 +59,9 @@ export function formatDrops(result: MergeJobResult, ctx: DropContext = {}): stri
   const lines: string[] = [];
   for (const d of result.datasets.map((t) => datasetDrops(t, ctx))) {
     if (d.total === 0) continue;
-    lines.push(`  ${d.dataset}: ${formatInt(d.total)} of ${formatInt(d.lines)} records (${fmtPct(d.fraction)}) — ${dropsSentence(d, formatInt)}`);
+    lines.push(
+      `  ${d.dataset}: ${formatInt(d.total)} of ${formatInt(d.lines)} records (${fmtPct(d.fraction)}) — ${dropsSentence(d, formatInt)}`,
+    );
   }
   return lines;
 }
@@ -81,7 +94,18 @@ export function formatPostprocessResult(result: MergeJobResult, ctx: DropContext
   if (result.datasets.length > 0) {
     lines.push(
       ...table(
-        ['dataset', 'source', 'lines', 'new rows', 'tokens', 'supervised', 'already merged', 'dropped', 'duplicates', 'invalid'],
+        [
+          'dataset',
+          'source',
+          'lines',
+          'new rows',
+          'tokens',
+          'supervised',
+          'already merged',
+          'dropped',
+          'duplicates',
+          'invalid',
+        ],
         result.datasets.map(datasetRow),
       ),
       '',
@@ -141,7 +165,8 @@ export async function runPostprocess(ctx: RunContext): Promise<RoundOutcome | 's
 
 /** Throws a failed round as an error whose message is its reason. */
 export function throwIfFailed(outcome: RoundOutcome | 'signalled'): void {
-  if (outcome !== 'signalled' && outcome.status === 'failed') throw new PostprocessFailedError(outcome.flowId, outcome.reason);
+  if (outcome !== 'signalled' && outcome.status === 'failed')
+    throw new PostprocessFailedError(outcome.flowId, outcome.reason);
 }
 
 /** `postprocess` (tokenize + merge now) and `rollback` (restore the dataset before the last merge). */

@@ -9,7 +9,9 @@ import { openRunContext, type RunContext } from '../run-context.js';
  */
 export async function startFresh(ctx: RunContext): Promise<void> {
   const { keys } = await startRunOver(ctx.redis, ctx.keys, ctx.runDir);
-  process.stderr.write(`tokenmill: --fresh: run "${ctx.config.run}" starts over (${keys} Redis keys and the files in ${shown(ctx.runDir)} deleted)\n`);
+  process.stderr.write(
+    `tokenmill: --fresh: run "${ctx.config.run}" starts over (${keys} Redis keys and the files in ${shown(ctx.runDir)} deleted)\n`,
+  );
 }
 
 /** `prepare`: from the datasets' `source` files to their prompt files. */
@@ -17,7 +19,7 @@ export function registerPrepareCommand(program: Command): void {
   program
     .command('prepare')
     .description(
-      'turn each dataset\'s source (JSONL, JSON or parquet files as downloaded) into its prompt file: prompts end with a user turn, duplicates, empty and malformed rows and prompts over maxPromptTokens dropped, limit/shuffle applied; a prepare-report.json per dataset',
+      "turn each dataset's source (JSONL, JSON or parquet files as downloaded) into its prompt file: prompts end with a user turn, duplicates, empty and malformed rows and prompts over maxPromptTokens dropped, limit/shuffle applied; a prepare-report.json per dataset",
     )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print one JSON object per dataset')

@@ -99,11 +99,22 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
 export function registerSimCommand(program: Command): void {
   program
     .command('sim')
-    .description('run an SGLang simulator: the same HTTP API, a continuous-batching load model, injectable faults (admin API under /_sim/)')
+    .description(
+      'run an SGLang simulator: the same HTTP API, a continuous-batching load model, injectable faults (admin API under /_sim/)',
+    )
     .option('--port <n>', 'port to listen on (0 = a free port)', numberArg('nonneg-int'), 30000)
     .option('--host <host>', 'address to listen on', '127.0.0.1')
-    .option('--max-running <n>', 'requests decoding together (--max-running-requests); more wait in the queue', numberArg('positive-int'), 64)
-    .option('--max-queued <n>', 'answer 503 "The request queue is full." beyond this many waiting requests', numberArg('positive-int'))
+    .option(
+      '--max-running <n>',
+      'requests decoding together (--max-running-requests); more wait in the queue',
+      numberArg('positive-int'),
+      64,
+    )
+    .option(
+      '--max-queued <n>',
+      'answer 503 "The request queue is full." beyond this many waiting requests',
+      numberArg('positive-int'),
+    )
     .option('--time-scale <x>', 'simulated seconds per wall second (100 = 100x faster)', numberArg('positive'), 1)
     .option('--seed <n>', 'seed of the generated outputs and the faults', numberArg('int'), 0)
     .option('--context-length <n>', "the model's context length in tokens", numberArg('positive-int'), 32768)
@@ -119,17 +130,37 @@ export function registerSimCommand(program: Command): void {
     .option('--output-sigma <x>', 'lognormal sigma (default 0.8)', numberArg('positive'))
     .option('--min-output-tokens <n>', 'shortest completion', numberArg('positive-int'))
     .option('--max-output-tokens <n>', 'longest completion (before max_new_tokens)', numberArg('positive-int'))
-    .option('--tokenizer <dir>', 'tokenizer folder (tokenizer.json + tokenizer_config.json); default the bundled Qwen3 tokenizer')
+    .option(
+      '--tokenizer <dir>',
+      'tokenizer folder (tokenizer.json + tokenizer_config.json); default the bundled Qwen3 tokenizer',
+    )
     .option('--model-path <name>', 'model name reported as model_path and model id', 'Qwen/Qwen3-8B')
-    .addOption(new Option('--version <v>', 'SGLang version whose response shapes to reproduce').choices([...SIM_VERSIONS]).default('0.5.4'))
+    .addOption(
+      new Option('--version <v>', 'SGLang version whose response shapes to reproduce')
+        .choices([...SIM_VERSIONS])
+        .default('0.5.4'),
+    )
     .option('--error-rate <x>', 'fraction of generation requests answered 500', numberArg('rate'), 0)
     .option('--burst-503 <n>', 'answer the next N generation requests 503', numberArg('nonneg-int'), 0)
     .option('--hang-rate <x>', 'fraction of generation requests never answered', numberArg('rate'), 0)
     .option('--drop-rate <x>', 'fraction of generation requests whose connection is reset', numberArg('rate'), 0)
-    .option('--malformed-rate <x>', 'fraction of generation requests answered with truncated JSON', numberArg('rate'), 0)
+    .option(
+      '--malformed-rate <x>',
+      'fraction of generation requests answered with truncated JSON',
+      numberArg('rate'),
+      0,
+    )
     .option('--unhealthy', '/health and /health_generate answer 503', false)
-    .option('--first-try-503-rate <x>', 'fraction of sample ids whose first request is answered 503 "The request queue is full."', numberArg('rate'), 0)
-    .option('--api-key <key>', "require `Authorization: Bearer <key>` as SGLang's --api-key does (health and metrics stay open)")
+    .option(
+      '--first-try-503-rate <x>',
+      'fraction of sample ids whose first request is answered 503 "The request queue is full."',
+      numberArg('rate'),
+      0,
+    )
+    .option(
+      '--api-key <key>',
+      "require `Authorization: Bearer <key>` as SGLang's --api-key does (health and metrics stay open)",
+    )
     .action(async (opts: SimCommandOptions, cmd: Command) => {
       let sim: Awaited<ReturnType<typeof startSimulator>>;
       try {

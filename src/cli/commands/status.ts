@@ -1,11 +1,23 @@
 import { Queue } from 'bullmq';
 import type { Command } from 'commander';
-import { AppError, errorMessage, formatRunStatus, generateQueueName, pauseDataset, readRunStatus, resumeDataset, retryFailedPrompts, type RunKeys, type RunStatus } from '../../shared/index.js';
+import {
+  AppError,
+  errorMessage,
+  formatRunStatus,
+  generateQueueName,
+  pauseDataset,
+  readRunStatus,
+  resumeDataset,
+  retryFailedPrompts,
+  type RunKeys,
+  type RunStatus,
+} from '../../shared/index.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { Redis } from 'ioredis';
 
 async function datasetQueue(redis: Redis, keys: RunKeys, names: readonly string[], dataset: string): Promise<Queue> {
-  if (!names.includes(dataset)) throw new AppError(`no dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
+  if (!names.includes(dataset))
+    throw new AppError(`no dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
   return new Queue(generateQueueName(dataset), { connection: redis, prefix: keys.bullPrefix });
 }
 
@@ -51,10 +63,15 @@ async function watchStatus(ctx: RunContext, json: boolean): Promise<void> {
       failingSinceMs === undefined
         ? undefined
         : `! Redis unreachable for ${Math.round((Date.now() - failingSinceMs) / 1000)}s (${failure}); retrying${last === undefined ? '' : ' — the figures below are from the last read'}`;
-    if (json) process.stdout.write(`${JSON.stringify(note === undefined ? last : { error: note, last: last ?? null })}\n`);
-    else process.stdout.write(`\x1b[2J\x1b[H${note === undefined ? '' : `${note}\n\n`}${last === undefined ? '' : formatRunStatus(last)}\n`);
+    if (json)
+      process.stdout.write(`${JSON.stringify(note === undefined ? last : { error: note, last: last ?? null })}\n`);
+    else
+      process.stdout.write(
+        `\x1b[2J\x1b[H${note === undefined ? '' : `${note}\n\n`}${last === undefined ? '' : formatRunStatus(last)}\n`,
+      );
     // A failed read returns at once: wait before the next one; a slow one is simply waited on.
-    if (failingSinceMs === undefined || 'error' in outcome) await Promise.race([stop, new Promise((r) => setTimeout(r, WATCH_INTERVAL_MS))]);
+    if (failingSinceMs === undefined || 'error' in outcome)
+      await Promise.race([stop, new Promise((r) => setTimeout(r, WATCH_INTERVAL_MS))]);
   }
 }
 
@@ -62,7 +79,9 @@ async function watchStatus(ctx: RunContext, json: boolean): Promise<void> {
 export function registerStatusCommands(program: Command): void {
   program
     .command('status')
-    .description('show per-dataset progress: records, tokens / budget, in flight, failed, skipped, tok/s, ETA, and the phases')
+    .description(
+      'show per-dataset progress: records, tokens / budget, in flight, failed, skipped, tok/s, ETA, and the phases',
+    )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--json', 'print one JSON object')
     .option('--watch', 'refresh every 2 seconds until interrupted')
@@ -81,8 +100,11 @@ export function registerStatusCommands(program: Command): void {
     });
 
   for (const [verb, what] of [
-    ['pause', 'stop sending the dataset\'s prompts on every worker within a second (requests in flight finish); the same as Bull Board\'s pause of its queue'],
-    ['resume', 'go on sending the dataset\'s prompts where they stopped'],
+    [
+      'pause',
+      "stop sending the dataset's prompts on every worker within a second (requests in flight finish); the same as Bull Board's pause of its queue",
+    ],
+    ['resume', "go on sending the dataset's prompts where they stopped"],
   ] as const) {
     program
       .command(verb)
@@ -92,7 +114,12 @@ export function registerStatusCommands(program: Command): void {
       .action(async (dataset: string, opts: { config: string }) => {
         const ctx = await openRunContext(opts.config);
         try {
-          const queue = await datasetQueue(ctx.redis, ctx.keys, ctx.config.datasets.map((d) => d.name), dataset);
+          const queue = await datasetQueue(
+            ctx.redis,
+            ctx.keys,
+            ctx.config.datasets.map((d) => d.name),
+            dataset,
+          );
           await queue.close();
           if (verb === 'pause') await pauseDataset(ctx.redis, ctx.keys, dataset);
           else await resumeDataset(ctx.redis, ctx.keys, dataset);
@@ -105,18 +132,23 @@ export function registerStatusCommands(program: Command): void {
 
   program
     .command('retry-failed')
-    .description('send failed prompts again with fresh attempts: retries the failed jobs of each dataset queue (as Bull Board\'s Retry does) and gives failures without a failed job back to the producer')
+    .description(
+      "send failed prompts again with fresh attempts: retries the failed jobs of each dataset queue (as Bull Board's Retry does) and gives failures without a failed job back to the producer",
+    )
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .argument('[dataset]', 'only this dataset (default: all)')
     .action(async (dataset: string | undefined, opts: { config: string }) => {
       const ctx = await openRunContext(opts.config);
       try {
         const names = ctx.config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name);
-        if (dataset !== undefined && !names.includes(dataset)) throw new AppError(`no generation dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
+        if (dataset !== undefined && !names.includes(dataset))
+          throw new AppError(`no generation dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
         for (const name of dataset === undefined ? names : [dataset]) {
           // The same as Bull Board's "retry all failed", plus failures no failed job carries (src/shared/queues/failed-prompts.ts).
           const r = await retryFailedPrompts(ctx.redis, ctx.keys, name);
-          process.stdout.write(`${name}: ${r.prompts} failed prompt(s) will be sent again (${r.jobs} failed job(s) retried)\n`);
+          process.stdout.write(
+            `${name}: ${r.prompts} failed prompt(s) will be sent again (${r.jobs} failed job(s) retried)\n`,
+          );
         }
       } finally {
         await ctx.close();

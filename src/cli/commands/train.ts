@@ -1,7 +1,13 @@
 import type { Command } from 'commander';
 import { AppError, formatTrainProgress, type TrainResult, type TrainStatus } from '../../shared/index.js';
 import { parseGpuList } from '../../workers/index.js';
-import { cancelTrainJobs, queueTrainJob, trainPayloadOf, waitForTrainJob, type TrainOutcomeSeen } from '../../workers/index.js';
+import {
+  cancelTrainJobs,
+  queueTrainJob,
+  trainPayloadOf,
+  waitForTrainJob,
+  type TrainOutcomeSeen,
+} from '../../workers/index.js';
 import { TrainWorker } from '../../workers/index.js';
 import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 
@@ -46,7 +52,11 @@ export function formatTrainResult(r: TrainResult): string {
  * train queue in this process meanwhile (it takes the job only if this machine can). Returns
  * the outcome, or 'signalled'. Exported for `demo`.
  */
-export async function runTrainJob(ctx: RunContext, jobId: string, options: { worker: boolean; gpus?: readonly number[]; quiet?: boolean }): Promise<TrainOutcomeSeen | 'signalled'> {
+export async function runTrainJob(
+  ctx: RunContext,
+  jobId: string,
+  options: { worker: boolean; gpus?: readonly number[]; quiet?: boolean },
+): Promise<TrainOutcomeSeen | 'signalled'> {
   let worker: TrainWorker | undefined;
   if (options.worker) {
     worker = new TrainWorker({
@@ -90,10 +100,13 @@ export function registerTrainCommand(program: Command): void {
     .requiredOption('-c, --config <file>', 'config file (YAML)')
     .option('--from-scratch', 'start a new training run')
     .option('--resume [checkpoint]', 'continue from this checkpoint, or from the newest one of the latest attempt')
-    .option('--allow-env-change', 'start even if the environment differs from the last successful run\'s')
-    .option('--cancel', 'cancel the run\'s unfinished train jobs (SIGTERM to the command\'s process group, SIGKILL after train.cancelGraceMs)')
+    .option('--allow-env-change', "start even if the environment differs from the last successful run's")
+    .option(
+      '--cancel',
+      "cancel the run's unfinished train jobs (SIGTERM to the command's process group, SIGKILL after train.cancelGraceMs)",
+    )
     .option('--no-worker', 'only queue the job and wait: train workers elsewhere run it')
-    .option('--gpus <list>', 'GPU indices this process\'s worker may use, e.g. 0,1, or all (default: all)')
+    .option('--gpus <list>', "GPU indices this process's worker may use, e.g. 0,1, or all (default: all)")
     .option('--json', 'print the result as JSON')
     .action(async (opts: TrainOptions) => {
       const ctx = await openRunContext(opts.config);
@@ -101,10 +114,14 @@ export function registerTrainCommand(program: Command): void {
         if (opts.cancel === true) {
           const done = await cancelTrainJobs(ctx.redis, ctx.keys);
           if (done.length === 0) process.stdout.write('no unfinished train job\n');
-          for (const j of done) process.stdout.write(`${j.jobId} (${j.state}): ${j.action === 'removed' ? 'removed from the queue' : 'cancel sent to its worker'}\n`);
+          for (const j of done)
+            process.stdout.write(
+              `${j.jobId} (${j.state}): ${j.action === 'removed' ? 'removed from the queue' : 'cancel sent to its worker'}\n`,
+            );
           return;
         }
-        if (opts.fromScratch === true && opts.resume !== undefined) throw new AppError('train: choose one of --from-scratch or --resume, not both');
+        if (opts.fromScratch === true && opts.resume !== undefined)
+          throw new AppError('train: choose one of --from-scratch or --resume, not both');
         // The flag chooses; without one, train.mode does (required in the config: never a guess).
         const mode = opts.fromScratch === true ? 'from-scratch' : opts.resume !== undefined ? 'resume' : undefined;
         const payload = trainPayloadOf(ctx.config, ctx.runDir, {
@@ -115,16 +132,25 @@ export function registerTrainCommand(program: Command): void {
         });
         const jobId = await queueTrainJob(ctx.redis, ctx.keys, payload);
         const chosenBy = mode === undefined ? 'train.mode' : opts.fromScratch === true ? '--from-scratch' : '--resume';
-        process.stderr.write(`tokenmill: train job ${jobId} queued: ${payload.mode} (${chosenBy})${payload.checkpoint === undefined ? '' : ` from ${payload.checkpoint}`}\n`);
+        process.stderr.write(
+          `tokenmill: train job ${jobId} queued: ${payload.mode} (${chosenBy})${payload.checkpoint === undefined ? '' : ` from ${payload.checkpoint}`}\n`,
+        );
         const gpus = opts.gpus === undefined ? undefined : parseGpuList(opts.gpus);
-        const outcome = await runTrainJob(ctx, jobId, { worker: opts.worker !== false, ...(gpus === undefined ? {} : { gpus }) });
+        const outcome = await runTrainJob(ctx, jobId, {
+          worker: opts.worker !== false,
+          ...(gpus === undefined ? {} : { gpus }),
+        });
         if (outcome === 'signalled') {
-          process.stderr.write(`tokenmill: stopped waiting; train job ${jobId} stays queued for train workers (cancel it with \`tokenmill train --cancel\`)\n`);
+          process.stderr.write(
+            `tokenmill: stopped waiting; train job ${jobId} stays queued for train workers (cancel it with \`tokenmill train --cancel\`)\n`,
+          );
           exitInterrupted();
           return;
         }
         if (outcome.status === 'failed') throw new AppError(`train job ${jobId} failed: ${outcome.reason}`);
-        process.stdout.write(opts.json === true ? `${JSON.stringify(outcome.result)}\n` : `${formatTrainResult(outcome.result)}\n`);
+        process.stdout.write(
+          opts.json === true ? `${JSON.stringify(outcome.result)}\n` : `${formatTrainResult(outcome.result)}\n`,
+        );
       } finally {
         await ctx.close();
       }
@@ -143,7 +169,9 @@ export async function runTrainWorker(ctx: RunContext, gpus?: string): Promise<vo
   });
   const signal = onceSignalled();
   await worker.start();
-  process.stderr.write(`tokenmill: train worker ready (queue train, GPUs ${allowed === undefined ? 'all' : allowed.join(',')}); stop it with SIGTERM\n`);
+  process.stderr.write(
+    `tokenmill: train worker ready (queue train, GPUs ${allowed === undefined ? 'all' : allowed.join(',')}); stop it with SIGTERM\n`,
+  );
   try {
     await signal;
   } finally {

@@ -49,7 +49,8 @@ export class AtomicJsonlWriter {
 
   /** Appends one value as a JSON line; waits when the stream's buffer is full. */
   async write(value: unknown): Promise<void> {
-    if (this.#failed !== undefined) throw new EnvironmentError(`cannot write ${this.tmp}: ${this.#failed.message}`, { cause: this.#failed });
+    if (this.#failed !== undefined)
+      throw new EnvironmentError(`cannot write ${this.tmp}: ${this.#failed.message}`, { cause: this.#failed });
     const text = `${JSON.stringify(value)}\n`;
     this.lines += 1;
     this.bytes += Buffer.byteLength(text);
@@ -61,7 +62,8 @@ export class AtomicJsonlWriter {
   /** Flushes, fsyncs and renames the temporary file to {@link file}. */
   async commit(): Promise<void> {
     await this.#end();
-    if (this.#failed !== undefined) throw new EnvironmentError(`cannot write ${this.tmp}: ${this.#failed.message}`, { cause: this.#failed });
+    if (this.#failed !== undefined)
+      throw new EnvironmentError(`cannot write ${this.tmp}: ${this.#failed.message}`, { cause: this.#failed });
     const fh = await open(this.tmp, 'r');
     try {
       await fh.sync();

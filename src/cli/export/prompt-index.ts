@@ -8,7 +8,13 @@
 import { createReadStream } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 
-import { EnvironmentError, errorMessage, fastPromptId, parsePromptLine, type PromptRecord } from '../../shared/index.js';
+import {
+  EnvironmentError,
+  errorMessage,
+  fastPromptId,
+  parsePromptLine,
+  type PromptRecord,
+} from '../../shared/index.js';
 
 /** Most prompt lines indexed at once (~80 bytes each in memory). */
 export const PARTITION_MAX_LINES = 1_000_000;

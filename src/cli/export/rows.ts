@@ -23,12 +23,18 @@ export interface RowsExportStats {
  * Writes the rows of the dataset folder `target` to `writer`; with `datasets`, only the rows
  * whose `dataset` column is one of them (a target without that column is then refused).
  */
-export async function exportRows(target: string, writer: AtomicJsonlWriter, datasets?: readonly string[]): Promise<RowsExportStats> {
+export async function exportRows(
+  target: string,
+  writer: AtomicJsonlWriter,
+  datasets?: readonly string[],
+): Promise<RowsExportStats> {
   const ds = await readHfDataset(target);
   const columns = ds.columns.map((c) => c.name);
   const wanted = datasets === undefined || datasets.length === 0 ? undefined : new Set(datasets);
   if (wanted !== undefined && !columns.includes('dataset')) {
-    throw new PayloadError(`${target} has no "dataset" column (columns: ${columns.join(', ')}): --dataset cannot choose rows of it`);
+    throw new PayloadError(
+      `${target} has no "dataset" column (columns: ${columns.join(', ')}): --dataset cannot choose rows of it`,
+    );
   }
   const stats: RowsExportStats = { rows: 0, exported: 0, byDataset: {}, tokens: 0, columns };
   for await (const row of ds.rows()) {

@@ -110,7 +110,11 @@ function sameIds(a: readonly number[], b: readonly number[]): boolean {
  * generated from: the decoded `prompt_ids` equal the rendered text (cheap), or else encoding the
  * rendered text gives the same ids (for tokenizers whose decoding is not the exact inverse).
  */
-export function promptMatches(ctx: TokenizeContext, messages: readonly ChatMessage[], promptIds: readonly number[]): boolean {
+export function promptMatches(
+  ctx: TokenizeContext,
+  messages: readonly ChatMessage[],
+  promptIds: readonly number[],
+): boolean {
   const text = ctx.tokenizer.applyChatTemplate(messages, { addGenerationPrompt: true });
   if (ctx.tokenizer.decode(promptIds) === text) return true;
   return sameIds(ctx.tokenizer.encode(text), promptIds);
@@ -129,7 +133,8 @@ export function answerText(ctx: TokenizeContext, record: GenerationRecord): stri
   const stoppedOn =
     finish.type === 'stop' &&
     last !== undefined &&
-    (ctx.tokenizer.endOfTurnTokenIds.includes(last) || (finish.matched === last && ctx.tokenizer.isSpecialTokenId(last)));
+    (ctx.tokenizer.endOfTurnTokenIds.includes(last) ||
+      (finish.matched === last && ctx.tokenizer.isSpecialTokenId(last)));
   return ctx.tokenizer.decode(stoppedOn ? out.slice(0, -1) : out);
 }
 
@@ -237,7 +242,11 @@ async function exportRecord(
   }
   if (!matches) {
     stats.promptChanged += 1;
-    note(file, line, `sample ${record.id}: its prompt line in ${index.file} does not render to the record's prompt_ids (the file changed since generation?)`);
+    note(
+      file,
+      line,
+      `sample ${record.id}: its prompt line in ${index.file} does not render to the record's prompt_ids (the file changed since generation?)`,
+    );
     return;
   }
   const out: SpecForgeLine = {

@@ -47,9 +47,16 @@ function setConnection(state, text) {
 function renderPhases(phases) {
   $('#phases').replaceChildren(
     ...phases.map((p) =>
-      el('li', { 'data-phase': p.name, 'data-status': p.status, 'data-configured': String(p.configured) },
+      el(
+        'li',
+        { 'data-phase': p.name, 'data-status': p.status, 'data-configured': String(p.configured) },
         el('b', {}, p.name),
-        el('small', {}, p.configured ? `${p.status.replace('_', ' ')}${p.detail ? ` · ${p.detail}` : ''}` : 'not configured')),
+        el(
+          'small',
+          {},
+          p.configured ? `${p.status.replace('_', ' ')}${p.detail ? ` · ${p.detail}` : ''}` : 'not configured',
+        ),
+      ),
     ),
   );
 }
@@ -57,7 +64,12 @@ function renderPhases(phases) {
 function bar(d) {
   if (d.tokenBudget === null) return el('span', {}, fmt(d.outputTokens));
   const pct = d.tokenBudget === 0 ? 100 : Math.min(100, (100 * d.outputTokens) / d.tokenBudget);
-  const b = el('div', { class: 'bar', title: `${pct.toFixed(1)}%` }, el('i', {}), el('span', {}, `${fmt(d.outputTokens)} / ${fmt(d.tokenBudget)}`));
+  const b = el(
+    'div',
+    { class: 'bar', title: `${pct.toFixed(1)}%` },
+    el('i', {}),
+    el('span', {}, `${fmt(d.outputTokens)} / ${fmt(d.tokenBudget)}`),
+  );
   b.firstChild.style.width = `${pct}%`;
   return b;
 }
@@ -73,7 +85,11 @@ function renderDatasets(datasets) {
     const generation = d.tokenBudget !== null || Object.keys(d.jobs || {}).length > 0;
     const cells = [
       el('td', { 'data-field': 'name' }, d.name),
-      el('td', { class: `text status-${d.status}`, 'data-field': 'status' }, d.status.replace('_', ' ') + (d.stalled ? ' (STALLED)' : '')),
+      el(
+        'td',
+        { class: `text status-${d.status}`, 'data-field': 'status' },
+        d.status.replace('_', ' ') + (d.stalled ? ' (STALLED)' : ''),
+      ),
       el('td', { 'data-field': 'tokens' }, bar(d)),
       el('td', { 'data-field': 'records' }, fmt(d.records)),
       el('td', { 'data-field': 'tokensPerSec' }, fmt(d.tokensPerSec)),
@@ -82,13 +98,20 @@ function renderDatasets(datasets) {
       el('td', { 'data-field': 'failed' }, fmt(d.failed)),
       el('td', { 'data-field': 'skipped' }, fmt(d.skipped)),
       el('td', { 'data-field': 'paused' }, d.paused ? 'yes' : 'no'),
-      el('td', { 'data-field': 'actions' },
+      el(
+        'td',
+        { 'data-field': 'actions' },
         ...(generation
           ? [
-              ...(d.paused ? [actionButton(d.name, 'resume', 'Resume')] : d.status === 'completed' ? [] : [actionButton(d.name, 'pause', 'Pause')]),
+              ...(d.paused
+                ? [actionButton(d.name, 'resume', 'Resume')]
+                : d.status === 'completed'
+                  ? []
+                  : [actionButton(d.name, 'pause', 'Pause')]),
               ...(d.failed > 0 ? [actionButton(d.name, 'retry-failed', `Retry ${fmt(d.failed)} failed`)] : []),
             ]
-          : [])),
+          : []),
+      ),
     ];
     return el('tr', { 'data-dataset': d.name, 'data-status': d.status }, ...cells);
   });
@@ -104,23 +127,36 @@ function renderEndpoints(status) {
     ...h.endpoints.map((e) => {
       const r = requests.get(e.url) || { inFlight: 0, errors: {}, recentLatencyMs: null };
       const health = e.up === null ? 'unknown' : e.up ? 'healthy' : `down: ${e.reason || '?'}`;
-      const errors = Object.entries(r.errors).map(([k, v]) => `${k}×${v}`).join(' ') || '0';
+      const errors =
+        Object.entries(r.errors)
+          .map(([k, v]) => `${k}×${v}`)
+          .join(' ') || '0';
       const latency = r.recentLatencyMs ? `${ms(r.recentLatencyMs.p50)} / ${ms(r.recentLatencyMs.p95)}` : '-';
-      return el('tr', { 'data-endpoint': e.url },
+      return el(
+        'tr',
+        { 'data-endpoint': e.url },
         el('td', {}, e.url),
         el('td', { class: `text ${e.up === true ? 'up' : e.up === false ? 'down' : ''}` }, health),
         el('td', {}, fmt(r.inFlight)),
         el('td', {}, latency),
-        el('td', {}, errors));
+        el('td', {}, errors),
+      );
     }),
   );
 }
 
 function renderWorkers(workers, nowMs) {
   const rows = workers.map((w) =>
-    el('tr', { 'data-role': w.role },
-      el('td', {}, w.role), el('td', { class: 'text' }, w.host), el('td', {}, w.pid),
-      el('td', {}, duration((nowMs - w.startedMs) / 1000)), el('td', {}, w.role === 'inference' ? fmt(w.inFlight) : '-')));
+    el(
+      'tr',
+      { 'data-role': w.role },
+      el('td', {}, w.role),
+      el('td', { class: 'text' }, w.host),
+      el('td', {}, w.pid),
+      el('td', {}, duration((nowMs - w.startedMs) / 1000)),
+      el('td', {}, w.role === 'inference' ? fmt(w.inFlight) : '-'),
+    ),
+  );
   if (rows.length === 0) rows.push(el('tr', {}, el('td', { colSpan: 5 }, 'no live worker')));
   $('#workers tbody').replaceChildren(...rows);
 }
@@ -149,9 +185,13 @@ function renderChart() {
   const shown = points.filter((p) => p[0] >= start);
   const max = Math.max(1, ...shown.map((p) => p[1]));
   const line = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
-  line.setAttribute('points', shown.map(([t, v]) => `${((t - start) / span) * 800},${160 - (v / max) * 150}`).join(' '));
+  line.setAttribute(
+    'points',
+    shown.map(([t, v]) => `${((t - start) / span) * 800},${160 - (v / max) * 150}`).join(' '),
+  );
   svg.replaceChildren(line);
-  $('#chart-legend').textContent = `committed output tokens/s over the last ${duration(span / 1000)}: now ${fmt(shown[shown.length - 1][1])} · peak ${fmt(max)} · 0 at the bottom`;
+  $('#chart-legend').textContent =
+    `committed output tokens/s over the last ${duration(span / 1000)}: now ${fmt(shown[shown.length - 1][1])} · peak ${fmt(max)} · 0 at the bottom`;
 }
 
 function render(update) {
@@ -211,11 +251,17 @@ function connect() {
     // A server-sent "error" event carries data: the dashboard cannot read Redis.
     if (e.data) {
       const u = JSON.parse(e.data);
-      setConnection('error', `${u.message} (since ${new Date(u.sinceMs).toLocaleTimeString()}; showing the last status)`);
+      setConnection(
+        'error',
+        `${u.message} (since ${new Date(u.sinceMs).toLocaleTimeString()}; showing the last status)`,
+      );
       return;
     }
     // The stream itself broke: EventSource reconnects on its own; say so meanwhile.
-    setConnection('lost', `connection to the dashboard lost; reconnecting…${lastStatus ? ' (showing the last status)' : ''}`);
+    setConnection(
+      'lost',
+      `connection to the dashboard lost; reconnecting…${lastStatus ? ' (showing the last status)' : ''}`,
+    );
   });
 }
 

@@ -82,19 +82,28 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
   const ids = new UniqueIds();
   const { limit, maxPromptTokens } = input;
   const writer = await AtomicLineWriter.open(input.promptsFile);
-  const subset = limit !== undefined && input.shuffleSeed !== undefined ? await ShuffledSubset.open(limit, input.shuffleSeed, input.promptsFile) : undefined;
+  const subset =
+    limit !== undefined && input.shuffleSeed !== undefined
+      ? await ShuffledSubset.open(limit, input.shuffleSeed, input.promptsFile)
+      : undefined;
   let tokenizer: ChatTokenizer | undefined;
   let pending: Candidate[] = [];
   let full = false;
 
-  const example = (kind: Parameters<ExampleLog['add']>[0], where: SourceRowWhere, reason: string, extra: Partial<PrepareExample> = {}): void =>
-    log.add(kind, { ...where, ...extra, reason });
+  const example = (
+    kind: Parameters<ExampleLog['add']>[0],
+    where: SourceRowWhere,
+    reason: string,
+    extra: Partial<PrepareExample> = {},
+  ): void => log.add(kind, { ...where, ...extra, reason });
 
   const keep = async (c: Candidate): Promise<void> => {
     const unique = ids.assign(c.id);
     if (unique.renamed) {
       counts.idsRenamed += 1;
-      example('idsRenamed', c.where, `id "${c.id}" already used by another prompt; written as "${unique.id}"`, { id: unique.id });
+      example('idsRenamed', c.where, `id "${c.id}" already used by another prompt; written as "${unique.id}"`, {
+        id: unique.id,
+      });
     }
     if (c.droppedTrailing > 0) counts.trailingTurnsDropped += 1;
     const line = promptLine(unique.id, c.messages);
@@ -129,7 +138,10 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
       }
       if (encoded !== undefined && maxPromptTokens !== undefined && encoded.length > maxPromptTokens) {
         counts.tooLong += 1;
-        example('tooLong', c.where, `${encoded.length} prompt tokens > maxPromptTokens ${maxPromptTokens}`, { id: c.id, excerpt: excerptOf(c.messages) });
+        example('tooLong', c.where, `${encoded.length} prompt tokens > maxPromptTokens ${maxPromptTokens}`, {
+          id: c.id,
+          excerpt: excerptOf(c.messages),
+        });
         continue;
       }
       await keep(c);
@@ -140,7 +152,10 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
   let nextProgressMs = Date.now() + progressEveryMs;
   try {
     for await (const row of input.rows) {
-      if (input.signal?.aborted === true) throw new CancelledError(`prepare of dataset "${input.dataset}" stopped after ${counts.rowsRead} rows (${String(input.signal.reason)}); its prompt file was left as it was`);
+      if (input.signal?.aborted === true)
+        throw new CancelledError(
+          `prepare of dataset "${input.dataset}" stopped after ${counts.rowsRead} rows (${String(input.signal.reason)}); its prompt file was left as it was`,
+        );
       counts.rowsRead += 1;
       if (input.onProgress !== undefined && (counts.rowsRead & 1023) === 0 && Date.now() >= nextProgressMs) {
         nextProgressMs = Date.now() + progressEveryMs;
@@ -200,7 +215,10 @@ export async function keptHashesOf(promptsFile: string): Promise<Hash64Set> {
       const rec = JSON.parse(text ?? '') as { messages: ChatMessage[] };
       hashes.add(messagesHash(rec.messages));
     } catch (e: unknown) {
-      throw new Error(`${promptsFile}:${line}: not a line prepare wrote (${errorMessage(e)}); delete the file and prepare again`, { cause: e });
+      throw new Error(
+        `${promptsFile}:${line}: not a line prepare wrote (${errorMessage(e)}); delete the file and prepare again`,
+        { cause: e },
+      );
     }
   }
   return hashes;

@@ -72,7 +72,13 @@ export async function fingerprintInputs(params: {
       const st = await stat(join(t.path, name)).catch(() => undefined);
       if (st?.isFile() === true) entries.push({ name, size: st.size, mtimeMs: st.mtimeMs });
     }
-    tokenizer = { path: t.path, kind: t.kind, ...(t.pattern === undefined ? {} : { pattern: t.pattern }), ...(t.preset === undefined ? {} : { preset: t.preset }), files: entries };
+    tokenizer = {
+      path: t.path,
+      kind: t.kind,
+      ...(t.pattern === undefined ? {} : { pattern: t.pattern }),
+      ...(t.preset === undefined ? {} : { preset: t.preset }),
+      files: entries,
+    };
   }
   return {
     version: PREPARE_FORMAT_VERSION,
@@ -94,7 +100,9 @@ export function fingerprintOf(inputs: FingerprintInputs): string {
 function stableJson(value: unknown): string {
   if (Array.isArray(value)) return `[${value.map(stableJson).join(',')}]`;
   if (typeof value === 'object' && value !== null) {
-    const entries = Object.entries(value as Record<string, unknown>).filter(([, v]) => v !== undefined).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
     return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${stableJson(v)}`).join(',')}}`;
   }
   return JSON.stringify(value);
@@ -121,7 +129,10 @@ export async function promptFileMatches(promptsFile: string, stored: StoredFinge
 }
 
 /** Writes the fingerprint file of a prompt file just committed. */
-export async function writeStoredFingerprint(written: WrittenFile, stored: Omit<StoredFingerprint, 'prompts'>): Promise<void> {
+export async function writeStoredFingerprint(
+  written: WrittenFile,
+  stored: Omit<StoredFingerprint, 'prompts'>,
+): Promise<void> {
   const { file, ...prompts } = written;
   await writeFileAtomic(fingerprintFileOf(file), `${JSON.stringify({ ...stored, prompts }, null, 2)}\n`);
 }

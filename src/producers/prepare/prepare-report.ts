@@ -65,7 +65,18 @@ export interface PrepareReport {
 
 /** Counts at zero. */
 export function emptyCounts(): PrepareCounts {
-  return { rowsRead: 0, kept: 0, duplicates: 0, duplicatesAcross: 0, tooLong: 0, empty: 0, malformed: 0, overLimit: 0, idsRenamed: 0, trailingTurnsDropped: 0 };
+  return {
+    rowsRead: 0,
+    kept: 0,
+    duplicates: 0,
+    duplicatesAcross: 0,
+    tooLong: 0,
+    empty: 0,
+    malformed: 0,
+    overLimit: 0,
+    idsRenamed: 0,
+    trailingTurnsDropped: 0,
+  };
 }
 
 /** Collects the first {@link EXAMPLES_PER_KIND} examples of each kind. */
@@ -80,7 +91,11 @@ export class ExampleLog {
 
 /** One line of numbers: "1,000 rows read, 950 kept, 30 duplicates, 5 too long, 10 empty, 5 malformed". */
 export function formatPrepareCounts(c: PrepareCounts): string {
-  const parts = [`${formatInt(c.rowsRead)} rows read`, `${formatInt(c.kept)} kept`, `${formatInt(c.duplicates + c.duplicatesAcross)} duplicates`];
+  const parts = [
+    `${formatInt(c.rowsRead)} rows read`,
+    `${formatInt(c.kept)} kept`,
+    `${formatInt(c.duplicates + c.duplicatesAcross)} duplicates`,
+  ];
   parts.push(`${formatInt(c.tooLong)} too long`, `${formatInt(c.empty)} empty`, `${formatInt(c.malformed)} malformed`);
   if (c.overLimit > 0) parts.push(`${formatInt(c.overLimit)} over the limit`);
   if (c.idsRenamed > 0) parts.push(`${formatInt(c.idsRenamed)} ids made unique`);

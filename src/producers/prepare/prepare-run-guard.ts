@@ -43,7 +43,13 @@ export async function checkRunPrompts(
 }
 
 /** Records a dataset's prepared prompts (their SHA-256) and its numbers for `status`. */
-export async function recordPrepared(redis: Redis, keys: RunKeys, dataset: string, sha256: string, c: PrepareCounts): Promise<void> {
+export async function recordPrepared(
+  redis: Redis,
+  keys: RunKeys,
+  dataset: string,
+  sha256: string,
+  c: PrepareCounts,
+): Promise<void> {
   const f = PREPARE_STATS_FIELDS;
   await redis.hset(keys.stats(dataset), {
     [f.promptsSha256]: sha256,
@@ -64,7 +70,9 @@ export async function recordPrepared(redis: Redis, keys: RunKeys, dataset: strin
 export async function startRunOver(redis: Redis, keys: RunKeys, runDirectory: string): Promise<{ keys: number }> {
   const holder = await redis.get(keys.producerLock());
   if (holder !== null) {
-    throw new AppError(`--fresh: a producer of run "${keys.base}" is running (lock ${keys.producerLock()} held by ${holder}); stop it first`);
+    throw new AppError(
+      `--fresh: a producer of run "${keys.base}" is running (lock ${keys.producerLock()} held by ${holder}); stop it first`,
+    );
   }
   let deleted = 0;
   let cursor = '0';

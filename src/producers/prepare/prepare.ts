@@ -96,7 +96,8 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
   if (datasets.length === 0) return [];
   const open = options.open ?? openSource;
   const dedupeAcross = config.prepare.dedupeAcross;
-  let tokenizer: Promise<ChatTokenizer> | undefined = options.tokenizer === undefined ? undefined : Promise.resolve(options.tokenizer);
+  let tokenizer: Promise<ChatTokenizer> | undefined =
+    options.tokenizer === undefined ? undefined : Promise.resolve(options.tokenizer);
   const loadTokenizer = (): Promise<ChatTokenizer> => (tokenizer ??= loadConfiguredTokenizer(config));
   if (run !== undefined) await run.redis.hset(run.keys.phases(), 'prepare', 'in_progress');
   try {
@@ -124,9 +125,17 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
     const outcomes: DatasetPrepareOutcome[] = [];
     for (const [i, p] of planned.entries()) {
       const needKept = dedupeAcross && i < lastToPrepare;
-      const outcome = p.unchanged && p.stored !== undefined
-        ? await keepUnchanged(p, p.stored, config, run)
-        : await prepareOne(p, config, { run, keptBefore, recordKept: needKept, loadTokenizer, onProgress: options.onProgress, signal: options.signal });
+      const outcome =
+        p.unchanged && p.stored !== undefined
+          ? await keepUnchanged(p, p.stored, config, run)
+          : await prepareOne(p, config, {
+              run,
+              keptBefore,
+              recordKept: needKept,
+              loadTokenizer,
+              onProgress: options.onProgress,
+              signal: options.signal,
+            });
       if (needKept) keptBefore.push({ dataset: p.ds.name, hashes: outcome.kept ?? (await keptHashesOf(p.ds.prompts)) });
       const result: DatasetPrepareOutcome = { ...outcome };
       delete (result as OutcomeWithKept).kept;
@@ -143,7 +152,11 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
 }
 
 /** Opens a dataset's source; what goes wrong names the dataset and its config path, and a source that is its own prompt file is refused. */
-async function openNamed(open: (source: PromptSource) => Promise<OpenedSource>, ds: SourcedDataset, index: number): Promise<OpenedSource> {
+async function openNamed(
+  open: (source: PromptSource) => Promise<OpenedSource>,
+  ds: SourcedDataset,
+  index: number,
+): Promise<OpenedSource> {
   const where = `dataset "${ds.name}" (datasets[${index}].source)`;
   let opened: OpenedSource;
   try {
@@ -153,7 +166,9 @@ async function openNamed(open: (source: PromptSource) => Promise<OpenedSource>, 
     throw e;
   }
   if (opened.files.some((f) => resolve(f) === resolve(ds.prompts))) {
-    throw new AppError(`${where}: the source ${ds.prompts} is also the dataset's prompt file (datasets[${index}].prompts); prepare would overwrite it — set prompts to another file, or drop it to use <output.dir>/<run>/${ds.name}/prompts.jsonl`);
+    throw new AppError(
+      `${where}: the source ${ds.prompts} is also the dataset's prompt file (datasets[${index}].prompts); prepare would overwrite it — set prompts to another file, or drop it to use <output.dir>/<run>/${ds.name}/prompts.jsonl`,
+    );
   }
   return opened;
 }
@@ -168,7 +183,12 @@ function describeOpened(opened: OpenedSource): Pick<DatasetPrepareOutcome, 'form
   };
 }
 
-async function keepUnchanged(p: Planned, stored: StoredFingerprint, config: Config, run: PrepareSourcesOptions['run']): Promise<OutcomeWithKept> {
+async function keepUnchanged(
+  p: Planned,
+  stored: StoredFingerprint,
+  config: Config,
+  run: PrepareSourcesOptions['run'],
+): Promise<OutcomeWithKept> {
   if (run !== undefined) {
     await checkRunPrompts({ ...run, config }, p.ds.name, p.ds.prompts, stored.prompts.sha256);
     await recordPrepared(run.redis, run.keys, p.ds.name, stored.prompts.sha256, stored.counts);
@@ -211,17 +231,28 @@ async function prepareOne(
     shuffleSeed: ds.source.shuffle?.seed,
     keptBefore: ctx.keptBefore,
     recordKept: ctx.recordKept,
-    beforeCommit: run === undefined ? undefined : (sha) => checkRunPrompts({ ...run, config }, ds.name, ds.prompts, sha),
+    beforeCommit:
+      run === undefined ? undefined : (sha) => checkRunPrompts({ ...run, config }, ds.name, ds.prompts, sha),
     onProgress: ctx.onProgress === undefined ? undefined : (c) => ctx.onProgress?.(ds.name, c),
     signal: ctx.signal,
   });
   const ms = Date.now() - started;
-  await writeStoredFingerprint(result.written, { fingerprint: p.fingerprint, counts: result.counts, ms, inputs: p.inputs });
+  await writeStoredFingerprint(result.written, {
+    fingerprint: p.fingerprint,
+    counts: result.counts,
+    ms,
+    inputs: p.inputs,
+  });
   const reportFile = prepareReportPath(config, ds.name);
   const report: PrepareReport = {
     dataset: ds.name,
     outcome: 'prepared',
-    source: { path: ds.source.path, format: opened.format, ...(opened.detectedFrom === undefined ? {} : { detectedFrom: opened.detectedFrom }), files: opened.files },
+    source: {
+      path: ds.source.path,
+      format: opened.format,
+      ...(opened.detectedFrom === undefined ? {} : { detectedFrom: opened.detectedFrom }),
+      files: opened.files,
+    },
     prompts: ds.prompts,
     promptsSha256: result.written.sha256,
     fingerprint: p.fingerprint,

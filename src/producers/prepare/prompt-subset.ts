@@ -50,7 +50,8 @@ export class ShuffledSubset {
     const buf = Buffer.from(line, 'utf8');
     const entry: Entry = { rank, offset: this.spillBytes, length: buf.length, hash };
     let off = 0;
-    while (off < buf.length) off += (await this.fh.write(buf, off, buf.length - off, this.spillBytes + off)).bytesWritten;
+    while (off < buf.length)
+      off += (await this.fh.write(buf, off, buf.length - off, this.spillBytes + off)).bytesWritten;
     this.spillBytes += buf.length;
     if (full) {
       this.heap[0] = entry;

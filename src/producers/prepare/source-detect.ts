@@ -33,7 +33,12 @@ export interface ResolvedLayout {
  */
 export function resolveLayout(source: PromptSource, samples: readonly SampleRow[], describe: string): ResolvedLayout {
   if (source.format !== 'auto') {
-    const candidates = source.format === 'openai' ? ['messages', 'conversations'] : source.format === 'sharegpt' ? ['conversations', 'messages'] : [];
+    const candidates =
+      source.format === 'openai'
+        ? ['messages', 'conversations']
+        : source.format === 'sharegpt'
+          ? ['conversations', 'messages']
+          : [];
     const turnsColumn = source.fields?.messages === undefined ? findTurnColumn(samples, candidates) : undefined;
     return { layout: layoutOf(source.format, source, { turnsColumn }) };
   }
@@ -41,10 +46,13 @@ export function resolveLayout(source: PromptSource, samples: readonly SampleRow[
     const key = source.field !== undefined ? 'field' : 'fields.prompt';
     return { layout: layoutOf('prompt', source), detectedFrom: `${key} is set` };
   }
-  if (source.fields?.instruction !== undefined) return { layout: layoutOf('alpaca', source), detectedFrom: 'fields.instruction is set' };
+  if (source.fields?.instruction !== undefined)
+    return { layout: layoutOf('alpaca', source), detectedFrom: 'fields.instruction is set' };
   const first = samples[0];
   if (first === undefined) {
-    throw new SourceError(`${describe}: cannot detect the format: no readable row in the first ${SAMPLE_ROWS}; set format (openai, sharegpt, alpaca or prompt)`);
+    throw new SourceError(
+      `${describe}: cannot detect the format: no readable row in the first ${SAMPLE_ROWS}; set format (openai, sharegpt, alpaca or prompt)`,
+    );
   }
   const turns = detectTurns(source, samples, describe);
   if (turns !== undefined) return turns;
@@ -61,11 +69,16 @@ export function resolveLayout(source: PromptSource, samples: readonly SampleRow[
   const texts = textsOf(withText);
   if (texts.length === 1) {
     const prompt = texts[0] as string;
-    return { layout: layoutOf('prompt', source, { prompt }), detectedFrom: `text column ${prompt} in ${rowName(withText, samples)}` };
+    return {
+      layout: layoutOf('prompt', source, { prompt }),
+      detectedFrom: `text column ${prompt} in ${rowName(withText, samples)}`,
+    };
   }
   const seen = `columns seen in ${describeWhere(withText.where)}: ${columnsWithTypes(withText.value)}`;
   if (texts.length > 1) {
-    throw new SourceError(`${describe}: cannot detect the format: several text columns could be the prompt (${texts.join(', ')}); set field to the one to use (${seen})`);
+    throw new SourceError(
+      `${describe}: cannot detect the format: several text columns could be the prompt (${texts.join(', ')}); set field to the one to use (${seen})`,
+    );
   }
   throw new SourceError(
     `${describe}: cannot detect the format (${seen}); set format: prompt with field: <text column>, or format: openai|sharegpt with fields.messages/role/content, or format: alpaca with fields.instruction`,
@@ -79,7 +92,11 @@ function findTurnColumn(samples: readonly SampleRow[], candidates: readonly stri
 }
 
 /** `openai` or `sharegpt` when a row has a list of turns whose keys say which; undefined when no row has a list of turns. */
-function detectTurns(source: PromptSource, samples: readonly SampleRow[], describe: string): ResolvedLayout | undefined {
+function detectTurns(
+  source: PromptSource,
+  samples: readonly SampleRow[],
+  describe: string,
+): ResolvedLayout | undefined {
   const f = source.fields ?? {};
   const candidates = f.messages !== undefined ? [f.messages] : TURN_COLUMNS;
   let listSeen: { column: string; keys: string[]; sample: SampleRow } | undefined;
@@ -103,7 +120,10 @@ function detectTurns(source: PromptSource, samples: readonly SampleRow[], descri
       }
       if (has(f.role ?? 'from') && has(f.content ?? 'value')) {
         const layout = layoutOf('sharegpt', source);
-        return { layout: { ...layout, messages: column }, detectedFrom: `column ${column}[].${layout.role}/${layout.content} in ${where}` };
+        return {
+          layout: { ...layout, messages: column },
+          detectedFrom: `column ${column}[].${layout.role}/${layout.content} in ${where}`,
+        };
       }
       listSeen = { column, keys, sample };
       break;
@@ -120,7 +140,9 @@ function detectTurns(source: PromptSource, samples: readonly SampleRow[], descri
     return undefined;
   }
   if (listSeen.keys.length === 0) {
-    throw new SourceError(`${describe}: cannot detect the format: column ${listSeen.column} holds no turn objects in the first ${samples.length} rows; set format (openai or sharegpt)`);
+    throw new SourceError(
+      `${describe}: cannot detect the format: column ${listSeen.column} holds no turn objects in the first ${samples.length} rows; set format (openai or sharegpt)`,
+    );
   }
   throw new SourceError(
     `${describe}: cannot detect the format: the turns of column ${listSeen.column} in ${describeWhere(listSeen.sample.where)} have keys ${listSeen.keys.join(', ')}, ` +

@@ -22,7 +22,12 @@ export interface SourceFiles {
   notes: string[];
 }
 
-const KINDS: Readonly<Record<string, SourceFileKind>> = { '.jsonl': 'jsonl', '.json': 'json', '.parquet': 'parquet', '.arrow': 'arrow' };
+const KINDS: Readonly<Record<string, SourceFileKind>> = {
+  '.jsonl': 'jsonl',
+  '.json': 'json',
+  '.parquet': 'parquet',
+  '.arrow': 'arrow',
+};
 
 const SUPPORTED = '.jsonl, .json, .parquet or .arrow';
 
@@ -70,7 +75,9 @@ export async function listSourceFiles(sourcePath: string): Promise<SourceFiles> 
   } catch (e: unknown) {
     if (isErrno(e, 'ENOENT') || isErrno(e, 'ENOTDIR')) {
       if (/[*?]/.test(path.basename(sourcePath))) return filesOfPattern(sourcePath);
-      throw new SourceError(`source path ${sourcePath} does not exist: download the dataset there (huggingface-cli download <repo> --repo-type dataset --local-dir <dir>) or fix source.path`);
+      throw new SourceError(
+        `source path ${sourcePath} does not exist: download the dataset there (huggingface-cli download <repo> --repo-type dataset --local-dir <dir>) or fix source.path`,
+      );
     }
     throw new SourceError(`cannot read source path ${sourcePath}: ${errorMessage(e)}`, { cause: e });
   }
@@ -83,14 +90,21 @@ export async function listSourceFiles(sourcePath: string): Promise<SourceFiles> 
 function unknownExtension(file: string): SourceError {
   const ext = path.extname(file) || '(none)';
   const hint = /\.(gz|zst|bz2|xz|zip)$/i.test(file) ? '; decompress it first' : '';
-  return new SourceError(`${file}: unknown extension ${ext}: a source is a ${SUPPORTED} file, a folder of them, or a datasets save_to_disk folder${hint}`);
+  return new SourceError(
+    `${file}: unknown extension ${ext}: a source is a ${SUPPORTED} file, a folder of them, or a datasets save_to_disk folder${hint}`,
+  );
 }
 
 /** Files of the folder whose names match the `*`/`?` pattern of the path's last part. */
 async function filesOfPattern(pattern: string): Promise<SourceFiles> {
   const dir = path.dirname(pattern);
   const base = path.basename(pattern);
-  const re = new RegExp(`^${base.replace(/[.+^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*').replace(/\?/g, '.')}$`);
+  const re = new RegExp(
+    `^${base
+      .replace(/[.+^${}()|[\]\\]/g, '\\$&')
+      .replace(/\*/g, '.*')
+      .replace(/\?/g, '.')}$`,
+  );
   let names: string[];
   try {
     names = await readdir(dir);
@@ -98,7 +112,10 @@ async function filesOfPattern(pattern: string): Promise<SourceFiles> {
     if (isErrno(e, 'ENOENT')) throw new SourceError(`source path ${pattern}: the folder ${dir} does not exist`);
     throw new SourceError(`cannot read the folder ${dir}: ${errorMessage(e)}`, { cause: e });
   }
-  const files = names.filter((n) => re.test(n)).sort(naturalCompare).map((n) => path.join(dir, n));
+  const files = names
+    .filter((n) => re.test(n))
+    .sort(naturalCompare)
+    .map((n) => path.join(dir, n));
   if (files.length === 0) throw new SourceError(`source path ${pattern}: no file in ${dir} matches ${base}`);
   return oneKind(files, pattern, []);
 }
@@ -112,7 +129,10 @@ async function filesOfFolder(dir: string): Promise<SourceFiles> {
   const other: string[] = [];
   await walk(dir, dir, found, other, new Set());
   if (found.length === 0) {
-    const seen = other.length === 0 ? 'it is empty' : `it has: ${other.slice(0, 8).join(', ')}${other.length > 8 ? `, … (${other.length})` : ''}`;
+    const seen =
+      other.length === 0
+        ? 'it is empty'
+        : `it has: ${other.slice(0, 8).join(', ')}${other.length > 8 ? `, … (${other.length})` : ''}`;
     throw new SourceError(`source folder ${dir} holds no ${SUPPORTED} file (${seen})`);
   }
   found.sort((a, b) => naturalCompare(path.relative(dir, a), path.relative(dir, b)));
@@ -128,7 +148,12 @@ async function walk(root: string, dir: string, found: string[], other: string[],
     if (e.name.startsWith('.')) continue;
     const full = path.join(dir, e.name);
     // Older hub downloads link big files into the cache: follow links.
-    const isDir = e.isSymbolicLink() ? await stat(full).then((s) => s.isDirectory(), () => false) : e.isDirectory();
+    const isDir = e.isSymbolicLink()
+      ? await stat(full).then(
+          (s) => s.isDirectory(),
+          () => false,
+        )
+      : e.isDirectory();
     if (isDir) await walk(root, full, found, other, seen);
     else if (kindOf(e.name) !== undefined && !METADATA_FILES.has(e.name)) found.push(full);
     else if (!/^readme/i.test(e.name) && !METADATA_FILES.has(e.name)) other.push(path.relative(root, full));
@@ -144,8 +169,12 @@ function oneKind(files: string[], where: string, notes: string[]): SourceFiles {
     byKind.set(k, [...(byKind.get(k) ?? []), f]);
   }
   if (byKind.size > 1) {
-    const list = [...byKind].map(([k, fs]) => `${fs.length} .${k} (${path.relative(where, fs[0] as string) || (fs[0] as string)}…)`).join(', ');
-    throw new SourceError(`source ${where} mixes file kinds: ${list}; point source.path at the files of one kind (a folder, one file or a pattern such as data/*.parquet)`);
+    const list = [...byKind]
+      .map(([k, fs]) => `${fs.length} .${k} (${path.relative(where, fs[0] as string) || (fs[0] as string)}…)`)
+      .join(', ');
+    throw new SourceError(
+      `source ${where} mixes file kinds: ${list}; point source.path at the files of one kind (a folder, one file or a pattern such as data/*.parquet)`,
+    );
   }
   const [kind] = byKind.keys();
   return { kind: kind as SourceFileKind, files, notes };
@@ -208,7 +237,9 @@ async function filesOfDatasetDict(dir: string, dict: unknown, dictPath: string):
   }
   const split = splits.includes('train') ? 'train' : splits.length === 1 ? (splits[0] as string) : undefined;
   if (split === undefined) {
-    throw new SourceError(`${dir} is a DatasetDict with the splits ${splits.join(', ')} and no train: set source.path to one of them, e.g. ${path.join(dir, splits[0] as string)}`);
+    throw new SourceError(
+      `${dir} is a DatasetDict with the splits ${splits.join(', ')} and no train: set source.path to one of them, e.g. ${path.join(dir, splits[0] as string)}`,
+    );
   }
   const note =
     splits.length === 1

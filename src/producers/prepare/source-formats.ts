@@ -73,7 +73,11 @@ export const ALPACA_OUTPUT_COLUMNS = ['output', 'response'] as const;
  * The layout of a format given the config's `field`, `fields` and `roles`. Without
  * `fields.messages`, `turnsColumn` (the list column found in the first rows) is used.
  */
-export function layoutOf(format: SourceFormat, source: PromptSource, found: { turnsColumn?: string; prompt?: string } = {}): SourceLayout {
+export function layoutOf(
+  format: SourceFormat,
+  source: PromptSource,
+  found: { turnsColumn?: string; prompt?: string } = {},
+): SourceLayout {
   const f = source.fields ?? {};
   const keys = format === 'sharegpt' ? TURN_KEYS.sharegpt : TURN_KEYS.openai;
   return {
@@ -120,7 +124,8 @@ export function wantedColumns(layout: SourceLayout): WantedColumns {
 }
 
 /** A row converted: its id (when it has one) and turns, or why it cannot be. */
-export type ConvertedRow = { ok: true; id?: string; messages: SourceMessage[] } | { ok: false; reason: string; excerpt?: string };
+export type ConvertedRow =
+  { ok: true; id?: string; messages: SourceMessage[] } | { ok: false; reason: string; excerpt?: string };
 
 /** Thrown inside the conversion of one row; caught by {@link convertRow} and turned into a malformed row. */
 class RowProblem extends Error {}
@@ -142,12 +147,20 @@ function columnList(row: Record<string, unknown>): string {
 
 /** Turns one row into chat turns following `layout`; a row that does not fit comes back malformed, with why. */
 export function convertRow(value: unknown, layout: SourceLayout): ConvertedRow {
-  if (!isRecord(value)) return { ok: false, reason: `the row is ${typeName(value)}, not an object of columns`, excerpt: excerptOfValue(value) };
+  if (!isRecord(value))
+    return {
+      ok: false,
+      reason: `the row is ${typeName(value)}, not an object of columns`,
+      excerpt: excerptOfValue(value),
+    };
   try {
     const id = rowId(value, layout);
     const turns = rowTurns(value, layout);
     const messages = withSystem(value, layout, turns);
-    if (messages.length === 0) throw new RowProblem(`${layout.format === 'openai' || layout.format === 'sharegpt' ? `"${layout.messages}"` : 'the row'} has no turns`);
+    if (messages.length === 0)
+      throw new RowProblem(
+        `${layout.format === 'openai' || layout.format === 'sharegpt' ? `"${layout.messages}"` : 'the row'} has no turns`,
+      );
     return id === undefined ? { ok: true, messages } : { ok: true, id, messages };
   } catch (e: unknown) {
     if (e instanceof RowProblem) return { ok: false, reason: e.message, excerpt: excerptOfValue(value) };
@@ -162,7 +175,9 @@ function rowId(row: Record<string, unknown>, layout: SourceLayout): string | und
   if ((typeof v === 'number' && Number.isFinite(v)) || typeof v === 'bigint') return String(v);
   if (!explicit) return undefined;
   if (!(column in row)) throw new RowProblem(`no id column "${column}" (fields.id); the row has: ${columnList(row)}`);
-  throw new RowProblem(`id column "${column}" is ${v === '' ? 'an empty string' : typeName(v)}: expected a string or a number`);
+  throw new RowProblem(
+    `id column "${column}" is ${v === '' ? 'an empty string' : typeName(v)}: expected a string or a number`,
+  );
 }
 
 function rowTurns(row: Record<string, unknown>, layout: SourceLayout): SourceMessage[] {
@@ -212,7 +227,10 @@ function listTurns(row: Record<string, unknown>, layout: SourceLayout): SourceMe
 }
 
 function convertTurn(turn: unknown, at: string, layout: SourceLayout): SourceMessage {
-  if (!isRecord(turn)) throw new RowProblem(`${at} is ${typeName(turn)}: expected an object with "${layout.role}" and "${layout.content}"`);
+  if (!isRecord(turn))
+    throw new RowProblem(
+      `${at} is ${typeName(turn)}: expected an object with "${layout.role}" and "${layout.content}"`,
+    );
   const roleRaw = turn[layout.role];
   if (typeof roleRaw !== 'string') {
     const keys = Object.keys(turn).join(', ');
@@ -224,12 +242,15 @@ function convertTurn(turn: unknown, at: string, layout: SourceLayout): SourceMes
   }
   const role = roleOf(roleRaw, layout.roles);
   if (role === undefined) {
-    throw new RowProblem(`${at}.${layout.role} is ${jsonText(roleRaw)}: not a known role; map it with roles: {${roleRaw}: user|assistant|system|tool}`);
+    throw new RowProblem(
+      `${at}.${layout.role} is ${jsonText(roleRaw)}: not a known role; map it with roles: {${roleRaw}: user|assistant|system|tool}`,
+    );
   }
   const content = turnContent(turn, at, layout);
   const message: SourceMessage = { role, content };
   for (const [k, v] of Object.entries(turn)) {
-    if (k === layout.role || k === layout.content || k === 'role' || k === 'content' || v === null || v === undefined) continue;
+    if (k === layout.role || k === layout.content || k === 'role' || k === 'content' || v === null || v === undefined)
+      continue;
     message[k] = v;
   }
   return message;
@@ -250,7 +271,9 @@ function turnContent(turn: Record<string, unknown>, at: string, layout: SourceLa
   if (v === undefined) {
     // An assistant turn that only calls tools has no content.
     if (Array.isArray(turn.tool_calls) || typeof turn.tool_calls === 'string') return '';
-    throw new RowProblem(`${at} has no "${key}" (its keys: ${Object.keys(turn).join(', ')}); set fields.content to the key of the text`);
+    throw new RowProblem(
+      `${at} has no "${key}" (its keys: ${Object.keys(turn).join(', ')}); set fields.content to the key of the text`,
+    );
   }
   if (Array.isArray(v)) return joinTextParts(v, `${at}.${key}`);
   throw new RowProblem(`${at}.${key} is ${typeName(v)}: expected a string or a list of text parts`);
@@ -261,7 +284,8 @@ function joinTextParts(parts: readonly unknown[], at: string): string {
   const texts: string[] = [];
   for (const [i, part] of parts.entries()) {
     if (typeof part === 'string') texts.push(part);
-    else if (isRecord(part) && (part.type === 'text' || part.type === undefined) && typeof part.text === 'string') texts.push(part.text);
+    else if (isRecord(part) && (part.type === 'text' || part.type === undefined) && typeof part.text === 'string')
+      texts.push(part.text);
     else {
       const kind = isRecord(part) && typeof part.type === 'string' ? `a "${part.type}" part` : typeName(part);
       throw new RowProblem(`${at}[${i}] is ${kind}: only text parts can be a prompt`);
@@ -275,7 +299,8 @@ function withSystem(row: Record<string, unknown>, layout: SourceLayout, turns: S
   const { column, explicit } = layout.system;
   const v = row[column];
   if (v === undefined || v === null) {
-    if (explicit && !(column in row)) throw new RowProblem(`no system column "${column}" (fields.system); the row has: ${columnList(row)}`);
+    if (explicit && !(column in row))
+      throw new RowProblem(`no system column "${column}" (fields.system); the row has: ${columnList(row)}`);
     return turns;
   }
   if (typeof v !== 'string') {
@@ -284,7 +309,8 @@ function withSystem(row: Record<string, unknown>, layout: SourceLayout, turns: S
   }
   if (v.trim() === '') return turns;
   if (turns[0]?.role === 'system') {
-    if (explicit) throw new RowProblem(`the row has both a system column "${column}" (fields.system) and a system turn`);
+    if (explicit)
+      throw new RowProblem(`the row has both a system column "${column}" (fields.system) and a system turn`);
     return turns;
   }
   return [{ role: 'system', content: v }, ...turns];

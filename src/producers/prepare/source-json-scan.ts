@@ -25,7 +25,11 @@ function isSpace(b: number): boolean {
 /** What a file's top level is: a list, an object (with its keys and whether each holds a list), or something else. */
 export type JsonTop =
   | { kind: 'array' }
-  | { kind: 'object'; keys: { key: string; list: boolean }[]; /** Another value follows the object: JSON Lines. */ more: boolean }
+  | {
+      kind: 'object';
+      keys: { key: string; list: boolean }[];
+      /** Another value follows the object: JSON Lines. */ more: boolean;
+    }
   | { kind: 'other'; first: string }
   | { kind: 'empty' };
 
@@ -109,7 +113,8 @@ class Scanner {
           if (this.depth === 0) this.topClosed = true;
           break;
         case COMMA:
-          if (this.listDepth > 0 && this.depth === this.listDepth && this.collectFrom >= 0) onElement?.(this.endCollect(chunk, i, false));
+          if (this.listDepth > 0 && this.depth === this.listDepth && this.collectFrom >= 0)
+            onElement?.(this.endCollect(chunk, i, false));
           break;
         default:
           if (this.depth === 0) this.topClosed = true;
@@ -135,7 +140,8 @@ class Scanner {
         break;
       case 'value':
         this.keys.push({ key: this.currentKey, list: b === OPEN_ARRAY });
-        if (b === OPEN_ARRAY && listKey !== undefined && this.currentKey === listKey && !this.listClosed) this.listDepth = 2;
+        if (b === OPEN_ARRAY && listKey !== undefined && this.currentKey === listKey && !this.listClosed)
+          this.listDepth = 2;
         this.objState = 'comma';
         break;
       case 'comma':
@@ -215,7 +221,8 @@ export async function describeJsonTop(file: string): Promise<JsonTop> {
   const s = new Scanner();
   for await (const chunk of chunksOf(file)) {
     s.scan(chunk, '\u0000no list', undefined);
-    if (s.top !== undefined && s.top !== OPEN_OBJECT && s.top !== OPEN_ARRAY) return { kind: 'other', first: String.fromCharCode(s.top) };
+    if (s.top !== undefined && s.top !== OPEN_OBJECT && s.top !== OPEN_ARRAY)
+      return { kind: 'other', first: String.fromCharCode(s.top) };
     if (s.top === OPEN_ARRAY) return { kind: 'array' };
     if (s.after) break;
   }
@@ -228,7 +235,11 @@ export async function describeJsonTop(file: string): Promise<JsonTop> {
  * `listKey` in its top-level object, as they end; a file that ends inside an element gives it
  * last, `truncated`. `unclosed` is set when the file ends before the list closes.
  */
-export async function* scanJsonList(file: string, listKey: string | undefined, state: { unclosed: boolean } = { unclosed: false }): AsyncGenerator<JsonElement> {
+export async function* scanJsonList(
+  file: string,
+  listKey: string | undefined,
+  state: { unclosed: boolean } = { unclosed: false },
+): AsyncGenerator<JsonElement> {
   const s = new Scanner();
   for await (const chunk of chunksOf(file)) {
     const out: JsonElement[] = [];

@@ -32,7 +32,12 @@ export async function* readJsonRows(file: string): AsyncGenerator<RawRow> {
     const text = e.bytes.toString('utf8');
     if (e.truncated) {
       truncated = true;
-      yield { ok: false, reason: 'the file ends inside this row (is it cut short?)', where, excerpt: excerptOf(text.slice(0, 400)) };
+      yield {
+        ok: false,
+        reason: 'the file ends inside this row (is it cut short?)',
+        where,
+        excerpt: excerptOf(text.slice(0, 400)),
+      };
       continue;
     }
     if (text.includes('\uFFFD') && !isUtf8(e.bytes)) {
@@ -43,12 +48,22 @@ export async function* readJsonRows(file: string): AsyncGenerator<RawRow> {
     try {
       value = JSON.parse(text) as unknown;
     } catch (err: unknown) {
-      yield { ok: false, reason: `not valid JSON: ${errorMessage(err)}`, where, excerpt: excerptOf(text.slice(0, 400)) };
+      yield {
+        ok: false,
+        reason: `not valid JSON: ${errorMessage(err)}`,
+        where,
+        excerpt: excerptOf(text.slice(0, 400)),
+      };
       continue;
     }
     yield { ok: true, value, where };
   }
-  if (state.unclosed && !truncated) yield { ok: false, reason: 'the file ends before its list of rows closes (is it cut short?)', where: { file, row } };
+  if (state.unclosed && !truncated)
+    yield {
+      ok: false,
+      reason: 'the file ends before its list of rows closes (is it cut short?)',
+      where: { file, row },
+    };
 }
 
 /** The key of the list of rows in the file's top-level object (undefined for a top-level list), or that the file is JSON Lines. */
@@ -60,14 +75,19 @@ async function listKeyOf(file: string): Promise<{ key?: string; jsonl?: true }> 
     case 'empty':
       throw new SourceError(`${file} is empty: ${EXPECTED}`);
     case 'other':
-      throw new SourceError(`${file} does not start with a list or an object (it starts with ${JSON.stringify(top.first)}): ${EXPECTED}`);
+      throw new SourceError(
+        `${file} does not start with a list or an object (it starts with ${JSON.stringify(top.first)}): ${EXPECTED}`,
+      );
     case 'object': {
       if (top.more) return { jsonl: true };
       const lists = top.keys.filter((k) => k.list).map((k) => k.key);
       if (lists.length === 1) return { key: lists[0] as string };
       const keys = top.keys.map((k) => k.key).join(', ') || 'none';
-      if (lists.length === 0) throw new SourceError(`${file} holds an object with no list (its keys: ${keys}): ${EXPECTED}`);
-      throw new SourceError(`${file} holds an object with several lists (${lists.join(', ')}): keep the one of the rows, or save the rows as JSONL`);
+      if (lists.length === 0)
+        throw new SourceError(`${file} holds an object with no list (its keys: ${keys}): ${EXPECTED}`);
+      throw new SourceError(
+        `${file} holds an object with several lists (${lists.join(', ')}): keep the one of the rows, or save the rows as JSONL`,
+      );
     }
   }
 }

@@ -1,6 +1,12 @@
 /** Rows of a parquet source file, read a row group at a time through a file handle. */
 import { open, type FileHandle } from 'node:fs/promises';
-import { parquetMetadataAsync, parquetReadObjects, parquetSchema, type AsyncBuffer, type FileMetaData } from 'hyparquet';
+import {
+  parquetMetadataAsync,
+  parquetReadObjects,
+  parquetSchema,
+  type AsyncBuffer,
+  type FileMetaData,
+} from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
 import { errorMessage } from '../../shared/index.js';
 import { SourceError, type RawReadOptions, type RawRow } from './source-raw.js';
@@ -55,9 +61,19 @@ export async function* readParquetRows(file: string, options: RawReadOptions = {
       const rows = Math.min(Number(group.num_rows), maxRows - row);
       let objects: Record<string, unknown>[];
       try {
-        objects = await parquetReadObjects({ file: buffer, metadata, rowStart: row, rowEnd: row + rows, compressors, ...(columns === undefined ? {} : { columns }) });
+        objects = await parquetReadObjects({
+          file: buffer,
+          metadata,
+          rowStart: row,
+          rowEnd: row + rows,
+          compressors,
+          ...(columns === undefined ? {} : { columns }),
+        });
       } catch (e: unknown) {
-        throw new SourceError(`cannot read row group ${g} (rows ${row}..${row + rows - 1}) of ${file}: ${errorMessage(e)}`, { cause: e });
+        throw new SourceError(
+          `cannot read row group ${g} (rows ${row}..${row + rows - 1}) of ${file}: ${errorMessage(e)}`,
+          { cause: e },
+        );
       }
       for (const value of objects) {
         yield { ok: true, value, where: { file, row } };
@@ -88,7 +104,10 @@ export const LARGE_ROW_GROUP_BYTES = 64 * 2 ** 20;
  * A note for each parquet file whose largest row group is above {@link LARGE_ROW_GROUP_BYTES}
  * (from the footers only): the memory a read of it takes, and how to write smaller ones.
  */
-export async function largeRowGroupNotes(files: readonly string[], thresholdBytes = LARGE_ROW_GROUP_BYTES): Promise<string[]> {
+export async function largeRowGroupNotes(
+  files: readonly string[],
+  thresholdBytes = LARGE_ROW_GROUP_BYTES,
+): Promise<string[]> {
   const notes: string[] = [];
   for (const file of files) {
     const fh = await open(file, 'r');

@@ -7,7 +7,9 @@ import { AppError } from '../../shared/index.js';
 import type { SourceRowWhere } from './source-types.js';
 
 /** One row of a source file, before conversion. */
-export type RawRow = { ok: true; value: unknown; where: SourceRowWhere } | { ok: false; reason: string; where: SourceRowWhere; excerpt?: string };
+export type RawRow =
+  | { ok: true; value: unknown; where: SourceRowWhere }
+  | { ok: false; reason: string; where: SourceRowWhere; excerpt?: string };
 
 /** How a file is to be read: all of it or its first rows, all columns or some. */
 export interface RawReadOptions {

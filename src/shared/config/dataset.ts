@@ -32,11 +32,13 @@ export const SamplingParamsSchema = z
       .min(0, { error: 'expected a number in [0, 1]' })
       .max(1, { error: 'expected a number in [0, 1]' })
       .optional()
-      .describe('Drop tokens whose probability is below min_p times that of the most likely token. Omitted = SGLang default.'),
+      .describe(
+        'Drop tokens whose probability is below min_p times that of the most likely token. Omitted = SGLang default.',
+      ),
     stop_token_ids: z
       .array(nonNegativeInt('a token id (an integer >= 0)'), { error: 'expected a list of token ids' })
       .optional()
-      .describe('Extra token ids that end a generation, besides the model\'s end-of-sequence token.'),
+      .describe("Extra token ids that end a generation, besides the model's end-of-sequence token."),
   })
   .catchall(z.unknown());
 
@@ -57,12 +59,14 @@ export const DatasetConfigSchema = z
     conversations: filePath('a path to a JSONL file of conversations')
       .optional()
       .describe(
-        'JSONL file of conversations already in the target model\'s distribution: tokenized only, never sent to SGLang. Relative to the config file. Exactly one of `prompts` / `conversations`.',
+        "JSONL file of conversations already in the target model's distribution: tokenized only, never sent to SGLang. Relative to the config file. Exactly one of `prompts` / `conversations`.",
       ),
     source: PromptSourceSchema.optional(),
     tokenBudget: positiveInt('a positive integer (output tokens)')
       .optional()
-      .describe('Output tokens to generate for this dataset; generation stops once it is reached. Required with `prompts` or `source`.'),
+      .describe(
+        'Output tokens to generate for this dataset; generation stops once it is reached. Required with `prompts` or `source`.',
+      ),
     budget: z
       .enum(['reserve', 'strict'], { error: 'expected one of: reserve, strict' })
       .default('reserve')
@@ -74,11 +78,9 @@ export const DatasetConfigSchema = z
       .min(0, { error: 'expected a number >= 0' })
       .default(DEFAULT_BUDGET_MARGIN_SD)
       .describe(
-        'A request starts only while the tokens committed plus those expected of the requests in flight plus this many standard deviations of the latter stay below `tokenBudget`. Near the end of the dataset the last requests then start only while the budget is likely to hold them, and later ones, when less is uncertain, top it up: the total lands closer to the budget, at the cost of a few slots idle at the dataset\'s tail (other datasets fill them). With `budget: strict` too: fewer requests are in flight when the budget is met, so fewer partial outputs are aborted. 0: start while the expected total is below the budget. With nothing in flight and the budget not met, one request always starts.',
+        "A request starts only while the tokens committed plus those expected of the requests in flight plus this many standard deviations of the latter stay below `tokenBudget`. Near the end of the dataset the last requests then start only while the budget is likely to hold them, and later ones, when less is uncertain, top it up: the total lands closer to the budget, at the cost of a few slots idle at the dataset's tail (other datasets fill them). With `budget: strict` too: fewer requests are in flight when the budget is met, so fewer partial outputs are aborted. 0: start while the expected total is below the budget. With nothing in flight and the budget not met, one request always starts.",
       ),
-    maxNewTokens: positiveInt()
-      .default(10240)
-      .describe('Most output tokens per request (SGLang `max_new_tokens`).'),
+    maxNewTokens: positiveInt().default(10240).describe('Most output tokens per request (SGLang `max_new_tokens`).'),
     sampling: SamplingParamsSchema.prefault({}).describe(
       'SGLang sampling parameters for this dataset. Keys not listed here are passed through to SGLang as they are.',
     ),
@@ -95,11 +97,18 @@ export const DatasetConfigSchema = z
       const hasPrompts = has(d.prompts) || hasSource;
       const hasConversations = has(d.conversations);
       if (hasConversations && hasSource) {
-        ctx.addIssue({ code: 'custom', message: 'expected "source" or "conversations", got both (a source is prepared into prompts to generate from)' });
+        ctx.addIssue({
+          code: 'custom',
+          message:
+            'expected "source" or "conversations", got both (a source is prepared into prompts to generate from)',
+        });
       } else if (hasPrompts && hasConversations) {
         ctx.addIssue({ code: 'custom', message: 'expected exactly one of "prompts" or "conversations", got both' });
       } else if (!hasPrompts && !hasConversations) {
-        ctx.addIssue({ code: 'custom', message: 'expected exactly one of "prompts", "source" or "conversations", got none' });
+        ctx.addIssue({
+          code: 'custom',
+          message: 'expected exactly one of "prompts", "source" or "conversations", got none',
+        });
       }
       if (hasPrompts && !hasConversations && d.tokenBudget === undefined) {
         ctx.addIssue({

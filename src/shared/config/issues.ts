@@ -80,7 +80,8 @@ function expectation(issue: z.core.$ZodIssue): string {
       return `expected ${TYPE_NAMES[issue.expected] ?? issue.expected}`;
     case 'too_small': {
       const min = String(issue.minimum);
-      if (issue.origin === 'array' || issue.origin === 'set') return `expected at least ${min} item${min === '1' ? '' : 's'}`;
+      if (issue.origin === 'array' || issue.origin === 'set')
+        return `expected at least ${min} item${min === '1' ? '' : 's'}`;
       if (issue.origin === 'string') return `expected at least ${min} character${min === '1' ? '' : 's'}`;
       return `expected a number ${issue.inclusive === false ? '>' : '>='} ${min}`;
     }
@@ -113,7 +114,9 @@ function toConfigIssues(
   const segs = issue.path.filter((s): s is PathSegment => typeof s !== 'symbol');
   const withLine = (path: readonly PathSegment[], message: string): ConfigIssue => {
     const line = lineOf?.(path);
-    return line === undefined ? { path: formatConfigPath(path), message } : { path: formatConfigPath(path), message, line };
+    return line === undefined
+      ? { path: formatConfigPath(path), message }
+      : { path: formatConfigPath(path), message, line };
   };
 
   if (issue.code === 'unrecognized_keys') {
@@ -121,7 +124,11 @@ function toConfigIssues(
     return issue.keys.map((key) => {
       const near = allowed.length > 0 ? closest(key, allowed) : undefined;
       const hint =
-        near !== undefined ? `did you mean "${near}"?` : allowed.length > 0 ? `allowed keys: ${allowed.join(', ')}` : undefined;
+        near !== undefined
+          ? `did you mean "${near}"?`
+          : allowed.length > 0
+            ? `allowed keys: ${allowed.join(', ')}`
+            : undefined;
       return withLine([...segs, key], `unknown key${hint === undefined ? '' : ` (${hint})`}`);
     });
   }

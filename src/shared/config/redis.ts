@@ -43,10 +43,14 @@ export const RedisConfigSchema = z
       .describe('With `redis.sentinels`: the master name the Sentinels monitor (`sentinel monitor <name> …`).'),
     password: secret('a Redis password')
       .optional()
-      .describe('With `redis.sentinels`: the password of the Redis primary and replicas (`requirepass`); never printed.'),
+      .describe(
+        'With `redis.sentinels`: the password of the Redis primary and replicas (`requirepass`); never printed.',
+      ),
     sentinelPassword: secret('a Sentinel password')
       .optional()
-      .describe('With `redis.sentinels`: the password of the Sentinels themselves (`requirepass` in sentinel.conf); never printed.'),
+      .describe(
+        'With `redis.sentinels`: the password of the Sentinels themselves (`requirepass` in sentinel.conf); never printed.',
+      ),
     tls: z
       .boolean({ error: 'expected true or false' })
       .optional()
@@ -56,24 +60,37 @@ export const RedisConfigSchema = z
       .describe('With `redis.sentinels`: the database number (as `/N` in a URL). Omitted = 0.'),
     prefix: z
       .string({ error: 'expected a key prefix' })
-      .regex(/^[A-Za-z0-9_.:{}-]+$/, { error: 'expected a key prefix of letters, digits, "_", ".", ":", "{", "}" or "-"' })
+      .regex(/^[A-Za-z0-9_.:{}-]+$/, {
+        error: 'expected a key prefix of letters, digits, "_", ".", ":", "{", "}" or "-"',
+      })
       .default('tm')
       .describe('Prefix of every Redis key tokenmill writes (BullMQ queues included).'),
   })
   .superRefine((r, ctx) => {
     if (r.url !== undefined && r.sentinels !== undefined) {
-      ctx.addIssue({ code: 'custom', path: ['sentinels'], message: 'expected either redis.url or redis.sentinels, not both' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['sentinels'],
+        message: 'expected either redis.url or redis.sentinels, not both',
+      });
       return;
     }
     if (r.sentinels !== undefined) {
       if (r.name === undefined) {
-        ctx.addIssue({ code: 'custom', path: ['name'], message: 'expected the master name the Sentinels monitor (redis.name) with redis.sentinels' });
+        ctx.addIssue({
+          code: 'custom',
+          path: ['name'],
+          message: 'expected the master name the Sentinels monitor (redis.name) with redis.sentinels',
+        });
       }
       return;
     }
     for (const key of SENTINEL_ONLY_KEYS) {
       if (r[key] !== undefined) {
-        const hint = key === 'password' && r.url !== undefined ? ' (with redis.url, put the password in the URL: redis://:<password>@host:6379/0)' : '';
+        const hint =
+          key === 'password' && r.url !== undefined
+            ? ' (with redis.url, put the password in the URL: redis://:<password>@host:6379/0)'
+            : '';
         ctx.addIssue({ code: 'custom', path: [key], message: `only used with redis.sentinels${hint}` });
       }
     }

@@ -78,7 +78,8 @@ function describeType(node: JsonSchemaNode): string {
   if (Array.isArray(node.anyOf)) return (node.anyOf as JsonSchemaNode[]).map(describeType).join(' \\| ');
   const type = Array.isArray(node.type) ? node.type.join(' \\| ') : (node.type ?? 'any');
   if (type === 'array') {
-    const item = node.items === undefined ? 'any' : node.items.properties !== undefined ? 'object' : describeType(node.items);
+    const item =
+      node.items === undefined ? 'any' : node.items.properties !== undefined ? 'object' : describeType(node.items);
     const min = node.minItems !== undefined && node.minItems > 0 ? `, at least ${node.minItems}` : '';
     return `list of ${item}${min}`;
   }

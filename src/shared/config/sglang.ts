@@ -9,17 +9,29 @@ export const AutoConcurrencySchema = z
     max: positiveInt().default(1024).describe('Highest requests in flight per endpoint that `"auto"` goes up to.'),
     start: positiveInt()
       .default(32)
-      .describe('Requests in flight per endpoint that `"auto"` starts from on an endpoint it has not measured yet (later runs start from the last value chosen).'),
+      .describe(
+        'Requests in flight per endpoint that `"auto"` starts from on an endpoint it has not measured yet (later runs start from the last value chosen).',
+      ),
     intervalMs: positiveInt()
       .default(10_000)
-      .describe('How long `"auto"` measures the server (running and queued requests, output tokens/s from `/metrics`) before each step (ms).'),
+      .describe(
+        'How long `"auto"` measures the server (running and queued requests, output tokens/s from `/metrics`) before each step (ms).',
+      ),
     maxQueued: positiveInt()
       .default(8)
-      .describe('Requests waiting in the server\'s own queue (`sglang:num_queue_reqs`) above which `"auto"` steps back (at least 10% of the running requests are allowed).'),
+      .describe(
+        'Requests waiting in the server\'s own queue (`sglang:num_queue_reqs`) above which `"auto"` steps back (at least 10% of the running requests are allowed).',
+      ),
   })
   .superRefine((a, ctx) => {
-    if (a.min > a.max) ctx.addIssue({ code: 'custom', path: ['min'], message: `expected min <= max (${a.max}), got ${a.min}` });
-    else if (a.start < a.min || a.start > a.max) ctx.addIssue({ code: 'custom', path: ['start'], message: `expected start within [min, max] = [${a.min}, ${a.max}], got ${a.start}` });
+    if (a.min > a.max)
+      ctx.addIssue({ code: 'custom', path: ['min'], message: `expected min <= max (${a.max}), got ${a.min}` });
+    else if (a.start < a.min || a.start > a.max)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['start'],
+        message: `expected start within [min, max] = [${a.min}, ${a.max}], got ${a.start}`,
+      });
   })
   .describe('Bounds and pace of `sglang.concurrency: "auto"`; ignored for a fixed concurrency.');
 
@@ -34,7 +46,10 @@ export type ConcurrencySetting = number | 'auto';
  * `autoConcurrency.max` for `"auto"` (what client connection pools and the producer's window
  * are sized for).
  */
-export function concurrencyCeiling(sglang: { concurrency: ConcurrencySetting; autoConcurrency?: AutoConcurrency | undefined }): number {
+export function concurrencyCeiling(sglang: {
+  concurrency: ConcurrencySetting;
+  autoConcurrency?: AutoConcurrency | undefined;
+}): number {
   return sglang.concurrency === 'auto' ? autoConcurrencyOf(sglang).max : sglang.concurrency;
 }
 
@@ -67,7 +82,7 @@ export const SglangConfigSchema = z
     requestTimeoutMs: positiveInt().default(900_000).describe('Deadline of one SGLang request (ms).'),
     healthCheckIntervalMs: positiveInt()
       .default(2000)
-      .describe('How often each endpoint\'s health is checked (ms); requests wait while it is unhealthy.'),
+      .describe("How often each endpoint's health is checked (ms); requests wait while it is unhealthy."),
     maxAttempts: positiveInt()
       .default(3)
       .describe('Attempts per prompt against a healthy server before it is marked failed; outages do not count.'),

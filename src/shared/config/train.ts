@@ -18,104 +18,134 @@ const progressRegex = () =>
         return;
       }
       const groups = ['step', 'total', 'loss'].filter((g) => re.source.includes(`(?<${g}>`));
-      if (groups.length === 0) ctx.addIssue({ code: 'custom', message: 'expected named groups: at least one of (?<step>…), (?<total>…), (?<loss>…)' });
+      if (groups.length === 0)
+        ctx.addIssue({
+          code: 'custom',
+          message: 'expected named groups: at least one of (?<step>…), (?<total>…), (?<loss>…)',
+        });
     });
 
 const trainCommand = () =>
   z
-    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (a command and its arguments)' })
+    .array(z.string({ error: 'expected a string' }), {
+      error: 'expected a list of strings (a command and its arguments)',
+    })
     .min(1, { error: 'expected a command and its arguments' });
 
 /** One step of a chain of GPU steps (`train.steps`). */
 export const TrainStepSchema = z.strictObject({
   name: name().describe('Step name, unique in the chain: names its folder `<attempt>/<name>/` and its job.'),
   command: trainCommand().describe(
-    'The step\'s command and its arguments (placeholders as in `train.command`, `{output}` being the step\'s `output/` folder, plus `{output:<step>}`: the output folder of an earlier step of the same chain).',
+    "The step's command and its arguments (placeholders as in `train.command`, `{output}` being the step's `output/` folder, plus `{output:<step>}`: the output folder of an earlier step of the same chain).",
   ),
   gpus: nonNegativeInt().optional().describe('GPUs the step needs. Omitted = `train.gpus`.'),
-  minFreeGpuMemMiB: nonNegativeInt().optional().describe('Free memory each of its GPUs needs (MiB). Omitted = `train.minFreeGpuMemMiB`.'),
+  minFreeGpuMemMiB: nonNegativeInt()
+    .optional()
+    .describe('Free memory each of its GPUs needs (MiB). Omitted = `train.minFreeGpuMemMiB`.'),
   minFreeDiskGiB: z
     .number({ error: 'expected a number >= 0 (GiB)' })
     .min(0, { error: 'expected a number >= 0 (GiB)' })
     .default(0)
-    .describe('Free disk space (GiB) the run folder\'s file system needs before the step starts (hidden states can take terabytes); until then it waits.'),
+    .describe(
+      "Free disk space (GiB) the run folder's file system needs before the step starts (hidden states can take terabytes); until then it waits.",
+    ),
 });
 
 /** A step of `train.steps`. */
 export type TrainStep = z.infer<typeof TrainStepSchema>;
 
 /** Settings of the train stage. */
-export const TrainConfigSchema = z.strictObject({
-  command: trainCommand()
-    .optional()
-    .describe(
-      'Training command and its arguments, run without a shell, in its own process group, from the config file\'s folder. Placeholders in an argument: `{dataset}` (the training dataset folder), `{output}` (the attempt\'s `checkpoints/` folder), `{checkpoint}` (the checkpoint resumed from; empty when starting from scratch), `{gpus}` (the number of GPUs assigned; `CUDA_VISIBLE_DEVICES` names them). Exactly one of `command` / `steps`.',
-    ),
-  steps: z
-    .array(TrainStepSchema, { error: 'expected a list of steps' })
-    .min(1, { error: 'expected at least one step' })
-    .optional()
-    .describe(
-      'A chain of GPU steps instead of one command (e.g. hidden-state extraction, then training): each step is its own train job with its own preflight, fingerprint and log, in `<output.dir>/<run>/train/<attempt>/<step>/`; a failed step stops the chain, and `--resume` reruns the chain from that step without redoing finished ones. Exactly one of `command` / `steps`.',
-    ),
-  gpus: nonNegativeInt().default(1).describe('GPUs the training command needs; 0 runs it on CPU.'),
-  minFreeGpuMemMiB: nonNegativeInt()
-    .default(20000)
-    .describe('Training starts only when each of those GPUs has at least this much free memory (MiB); until then the job waits, and `status` says why.'),
-  mode: z
-    .enum(['from-scratch', 'resume'])
-    .describe(
-      '`from-scratch` starts a new training run; `resume` continues from the newest checkpoint of the latest attempt. No default: the choice is explicit (`tokenmill train --from-scratch|--resume` overrides it). Either way each attempt gets its own folder `<output.dir>/<run>/train/<attempt>/`; no checkpoint is ever deleted.',
-    ),
-  resumeArgs: z
-    .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (arguments)' })
-    .default(['--resume', '{checkpoint}'])
-    .describe('Arguments appended to `command` when resuming (placeholders as in `command`). Resuming is refused unless `{checkpoint}` appears in `command` or here.'),
-  python: z
-    .string({ error: 'expected a path to a Python interpreter' })
-    .min(1, { error: 'expected a path to a Python interpreter' })
-    .optional()
-    .describe(
-      'Python interpreter whose environment is fingerprinted (Python, torch, CUDA, package versions): a path (relative to the config file) or a name on the PATH. Omitted = the command\'s first word when it is a Python interpreter, else `python3` on the PATH.',
-    ),
-  allowEnvChange: z
-    .boolean({ error: 'expected true or false' })
-    .default(false)
-    .describe('Start even when the environment fingerprint differs from the last successful train run\'s (the difference is still shown and logged). `--allow-env-change` does the same for one run.'),
-  autoResume: z
-    .boolean({ error: 'expected true or false' })
-    .default(false)
-    .describe('When a train worker dies, resume its job from the newest checkpoint on another worker; otherwise the job fails, saying so.'),
-  progressRegex: progressRegex()
-    .optional()
-    .describe(
-      'Regular expression (JavaScript syntax) with named groups `step`, `total` and/or `loss`, matched against each output line. Omitted = `step N/M` and `loss X` anywhere in a line.',
-    ),
-  cancelGraceMs: positiveInt()
-    .default(30_000)
-    .describe('`tokenmill train --cancel` sends SIGTERM to the command\'s process group, then SIGKILL after this long (ms).'),
-  preflightPollMs: positiveInt()
-    .default(30_000)
-    .describe('How often a job waiting for GPU memory checks again (ms).'),
-}).superRefine(
-  (t, ctx) => {
-    if (typeof t !== 'object' || t === null || Array.isArray(t)) return;
-    const has = (v: unknown): boolean => v !== undefined && v !== null;
-    if (has(t.command) === has(t.steps)) {
-      ctx.addIssue({ code: 'custom', message: `expected exactly one of "command" or "steps", got ${has(t.command) ? 'both' : 'neither'}` });
-    }
-    if (Array.isArray(t.steps)) {
-      const seen = new Set<string>();
-      t.steps.forEach((step: unknown, i: number) => {
-        const n = typeof step === 'object' && step !== null ? (step as { name?: unknown }).name : undefined;
-        if (typeof n !== 'string') return;
-        if (seen.has(n)) ctx.addIssue({ code: 'custom', path: ['steps', i, 'name'], message: `expected a unique step name, got "${n}" again` });
-        seen.add(n);
-      });
-    }
-  },
-  { when: () => true },
-);
+export const TrainConfigSchema = z
+  .strictObject({
+    command: trainCommand()
+      .optional()
+      .describe(
+        "Training command and its arguments, run without a shell, in its own process group, from the config file's folder. Placeholders in an argument: `{dataset}` (the training dataset folder), `{output}` (the attempt's `checkpoints/` folder), `{checkpoint}` (the checkpoint resumed from; empty when starting from scratch), `{gpus}` (the number of GPUs assigned; `CUDA_VISIBLE_DEVICES` names them). Exactly one of `command` / `steps`.",
+      ),
+    steps: z
+      .array(TrainStepSchema, { error: 'expected a list of steps' })
+      .min(1, { error: 'expected at least one step' })
+      .optional()
+      .describe(
+        'A chain of GPU steps instead of one command (e.g. hidden-state extraction, then training): each step is its own train job with its own preflight, fingerprint and log, in `<output.dir>/<run>/train/<attempt>/<step>/`; a failed step stops the chain, and `--resume` reruns the chain from that step without redoing finished ones. Exactly one of `command` / `steps`.',
+      ),
+    gpus: nonNegativeInt().default(1).describe('GPUs the training command needs; 0 runs it on CPU.'),
+    minFreeGpuMemMiB: nonNegativeInt()
+      .default(20000)
+      .describe(
+        'Training starts only when each of those GPUs has at least this much free memory (MiB); until then the job waits, and `status` says why.',
+      ),
+    mode: z
+      .enum(['from-scratch', 'resume'])
+      .describe(
+        '`from-scratch` starts a new training run; `resume` continues from the newest checkpoint of the latest attempt. No default: the choice is explicit (`tokenmill train --from-scratch|--resume` overrides it). Either way each attempt gets its own folder `<output.dir>/<run>/train/<attempt>/`; no checkpoint is ever deleted.',
+      ),
+    resumeArgs: z
+      .array(z.string({ error: 'expected a string' }), { error: 'expected a list of strings (arguments)' })
+      .default(['--resume', '{checkpoint}'])
+      .describe(
+        'Arguments appended to `command` when resuming (placeholders as in `command`). Resuming is refused unless `{checkpoint}` appears in `command` or here.',
+      ),
+    python: z
+      .string({ error: 'expected a path to a Python interpreter' })
+      .min(1, { error: 'expected a path to a Python interpreter' })
+      .optional()
+      .describe(
+        "Python interpreter whose environment is fingerprinted (Python, torch, CUDA, package versions): a path (relative to the config file) or a name on the PATH. Omitted = the command's first word when it is a Python interpreter, else `python3` on the PATH.",
+      ),
+    allowEnvChange: z
+      .boolean({ error: 'expected true or false' })
+      .default(false)
+      .describe(
+        "Start even when the environment fingerprint differs from the last successful train run's (the difference is still shown and logged). `--allow-env-change` does the same for one run.",
+      ),
+    autoResume: z
+      .boolean({ error: 'expected true or false' })
+      .default(false)
+      .describe(
+        'When a train worker dies, resume its job from the newest checkpoint on another worker; otherwise the job fails, saying so.',
+      ),
+    progressRegex: progressRegex()
+      .optional()
+      .describe(
+        'Regular expression (JavaScript syntax) with named groups `step`, `total` and/or `loss`, matched against each output line. Omitted = `step N/M` and `loss X` anywhere in a line.',
+      ),
+    cancelGraceMs: positiveInt()
+      .default(30_000)
+      .describe(
+        "`tokenmill train --cancel` sends SIGTERM to the command's process group, then SIGKILL after this long (ms).",
+      ),
+    preflightPollMs: positiveInt()
+      .default(30_000)
+      .describe('How often a job waiting for GPU memory checks again (ms).'),
+  })
+  .superRefine(
+    (t, ctx) => {
+      if (typeof t !== 'object' || t === null || Array.isArray(t)) return;
+      const has = (v: unknown): boolean => v !== undefined && v !== null;
+      if (has(t.command) === has(t.steps)) {
+        ctx.addIssue({
+          code: 'custom',
+          message: `expected exactly one of "command" or "steps", got ${has(t.command) ? 'both' : 'neither'}`,
+        });
+      }
+      if (Array.isArray(t.steps)) {
+        const seen = new Set<string>();
+        t.steps.forEach((step: unknown, i: number) => {
+          const n = typeof step === 'object' && step !== null ? (step as { name?: unknown }).name : undefined;
+          if (typeof n !== 'string') return;
+          if (seen.has(n))
+            ctx.addIssue({
+              code: 'custom',
+              path: ['steps', i, 'name'],
+              message: `expected a unique step name, got "${n}" again`,
+            });
+          seen.add(n);
+        });
+      }
+    },
+    { when: () => true },
+  );
 
 /** The train section of the config. */
 export type TrainConfig = z.infer<typeof TrainConfigSchema>;

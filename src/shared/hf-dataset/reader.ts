@@ -95,12 +95,18 @@ async function checkStreamFormat(file: string): Promise<void> {
   }
 }
 
-type AsyncStreamReader = AsyncIterable<RecordBatch> & { schema: Schema; open(): Promise<unknown>; cancel(): Promise<void> | void };
+type AsyncStreamReader = AsyncIterable<RecordBatch> & {
+  schema: Schema;
+  open(): Promise<unknown>;
+  cancel(): Promise<void> | void;
+};
 
 async function openShard(file: string): Promise<AsyncStreamReader> {
   await checkStreamFormat(file);
   try {
-    const reader = (await RecordBatchReader.from(createReadStream(file, { highWaterMark: 4 * 1024 * 1024 }))) as unknown as AsyncStreamReader;
+    const reader = (await RecordBatchReader.from(
+      createReadStream(file, { highWaterMark: 4 * 1024 * 1024 }),
+    )) as unknown as AsyncStreamReader;
     await reader.open();
     return reader;
   } catch (e: unknown) {
@@ -122,7 +128,9 @@ export async function* readShardBatches(file: string): AsyncGenerator<RecordBatc
 }
 
 /** A shard opened for reading: its schema (known even when it holds no batch) and its batches. */
-export async function openShardBatches(file: string): Promise<{ schema: Schema; batches: AsyncGenerator<RecordBatch> }> {
+export async function openShardBatches(
+  file: string,
+): Promise<{ schema: Schema; batches: AsyncGenerator<RecordBatch> }> {
   const reader = await openShard(file);
   return { schema: reader.schema, batches: batchesOf(file, reader) };
 }
@@ -141,7 +149,8 @@ async function* batchesOf(file: string, reader: AsyncStreamReader): AsyncGenerat
 // ---------------------------------------------------------------------------------------------
 // Column access on record batches
 
-type IntArray = Int8Array | Int16Array | Int32Array | Uint8Array | Uint16Array | Uint32Array | BigInt64Array | BigUint64Array;
+type IntArray =
+  Int8Array | Int16Array | Int32Array | Uint8Array | Uint16Array | Uint32Array | BigInt64Array | BigUint64Array;
 
 function offsetsOf(d: Data): { at: (i: number) => number } {
   const offs = d.valueOffsets as unknown as Int32Array | BigInt64Array;
@@ -194,7 +203,8 @@ function columnReader(col: ColumnSpec, d: Data, batch: RecordBatch, index: numbe
 /** An Arrow value as plain JS, however deep: lists (Vectors) as arrays, structs and maps as objects. */
 function plainValue(v: unknown): unknown {
   // A struct row is a Proxy whose `in` sees only its fields: look the method up instead.
-  const toJSON = typeof v === 'object' && v !== null && !(v instanceof Date) ? (v as { toJSON?: unknown }).toJSON : undefined;
+  const toJSON =
+    typeof v === 'object' && v !== null && !(v instanceof Date) ? (v as { toJSON?: unknown }).toJSON : undefined;
   if (typeof toJSON !== 'function') return v;
   const json: unknown = toJSON.call(v);
   if (Array.isArray(json)) return json.map(plainValue);
@@ -209,7 +219,8 @@ export function batchRowReader(batch: RecordBatch, columns: readonly ColumnSpec[
   const readers = columns.map((c, i) => columnReader(c, batch.data.children[i] as Data, batch, i));
   return (r) => {
     const row: Record<string, unknown> = {};
-    for (let c = 0; c < columns.length; c++) row[(columns[c] as ColumnSpec).name] = (readers[c] as (i: number) => unknown)(r);
+    for (let c = 0; c < columns.length; c++)
+      row[(columns[c] as ColumnSpec).name] = (readers[c] as (i: number) => unknown)(r);
     return row;
   };
 }
@@ -269,7 +280,9 @@ export async function readHfDataset(dir: string): Promise<HfDataset> {
         for await (const b of readShardBatches(file)) {
           cols ??= columnsOfSchema(b.schema);
           if (!sameColumns(cols, columns)) {
-            throw new DatasetFormatError(`${file} has columns (${columnsString(cols)}) but ${first ?? ''} has (${columnsString(columns)})`);
+            throw new DatasetFormatError(
+              `${file} has columns (${columnsString(cols)}) but ${first ?? ''} has (${columnsString(columns)})`,
+            );
           }
           yield* batchRows(b, cols);
         }
@@ -294,7 +307,10 @@ export interface ShardScan {
  * every row's loss_mask has its input_ids' length; num_tokens (when present) equals it; no
  * nulls in either list. Counts rows, tokens (input_ids values) and supervised tokens (mask sum).
  */
-export async function scanShard(file: string, onRows?: (batch: RecordBatch, columns: ColumnSpec[], firstRow: number) => void): Promise<ShardScan> {
+export async function scanShard(
+  file: string,
+  onRows?: (batch: RecordBatch, columns: ColumnSpec[], firstRow: number) => void,
+): Promise<ShardScan> {
   const scan: ShardScan = { file, columns: [], rows: 0, tokens: 0, supervisedTokens: 0, batches: 0, problems: [] };
   const problem = (p: string): void => {
     if (scan.problems.length < 20) scan.problems.push(`${path.basename(file)}: ${p}`);
@@ -318,7 +334,9 @@ export async function scanShard(file: string, onRows?: (batch: RecordBatch, colu
         const base = (batch.data.children[countIdx] as Data).offset;
         for (let i = 0; i < n; i++) {
           if (intAt(counts, base + i) !== o.at(i + 1) - o.at(i)) {
-            problem(`row ${scan.rows + i}: num_tokens ${intAt(counts, base + i)} but input_ids has ${o.at(i + 1) - o.at(i)}`);
+            problem(
+              `row ${scan.rows + i}: num_tokens ${intAt(counts, base + i)} but input_ids has ${o.at(i + 1) - o.at(i)}`,
+            );
             break;
           }
         }
@@ -335,7 +353,8 @@ export async function scanShard(file: string, onRows?: (batch: RecordBatch, colu
         const child = mask.children[0] as Data;
         const r = sumMask(child.values as IntArray, child.offset + m.at(0), child.offset + m.at(n));
         scan.supervisedTokens += r.ones;
-        if (r.bad > 0) problem(`loss_mask has ${r.bad} values other than 0 and 1 (rows ${scan.rows}..${scan.rows + n - 1})`);
+        if (r.bad > 0)
+          problem(`loss_mask has ${r.bad} values other than 0 and 1 (rows ${scan.rows}..${scan.rows + n - 1})`);
       }
     }
     onRows?.(batch, scan.columns, scan.rows);
@@ -393,7 +412,9 @@ export async function describeHfDataset(dir: string): Promise<HfDatasetSummary> 
   for (const s of ds.meta.shards) {
     const scan = await scanShard(path.join(dir, s));
     if (!sameColumns(scan.columns, ds.columns)) {
-      problems.push(`${s}: schema (${columnsString(scan.columns)}) differs from the first shard's (${columnsString(ds.columns)})`);
+      problems.push(
+        `${s}: schema (${columnsString(scan.columns)}) differs from the first shard's (${columnsString(ds.columns)})`,
+      );
     }
     problems.push(...scan.problems);
     perShard.push(scan);

@@ -83,7 +83,9 @@ export function isSigned(t: IntType): boolean {
 export function intRange(t: IntType): { min: number; max: number } {
   const bits = INT_BITS[t];
   if (bits === 64) {
-    return isSigned(t) ? { min: Number.MIN_SAFE_INTEGER, max: Number.MAX_SAFE_INTEGER } : { min: 0, max: Number.MAX_SAFE_INTEGER };
+    return isSigned(t)
+      ? { min: Number.MIN_SAFE_INTEGER, max: Number.MAX_SAFE_INTEGER }
+      : { min: 0, max: Number.MAX_SAFE_INTEGER };
   }
   return isSigned(t) ? { min: -(2 ** (bits - 1)), max: 2 ** (bits - 1) - 1 } : { min: 0, max: 2 ** bits - 1 };
 }
@@ -172,7 +174,10 @@ export function columnTypeOf(dt: DataType): ColumnType {
     const item = child === undefined ? undefined : intTypeOf(child.type);
     const large = DataType.isLargeList(dt);
     if (item !== undefined) return { kind: 'list', large, item };
-    return { kind: 'other', name: `${large ? 'large_list' : 'list'}<${child === undefined ? '?' : otherName(child.type)}>` };
+    return {
+      kind: 'other',
+      name: `${large ? 'large_list' : 'list'}<${child === undefined ? '?' : otherName(child.type)}>`,
+    };
   }
   return { kind: 'other', name: otherName(dt) };
 }

@@ -6,14 +6,7 @@ import { mkdir, open, readdir, rename, rm, rmdir, type FileHandle } from 'node:f
 import path from 'node:path';
 
 import type { Data, DataType } from 'apache-arrow';
-import {
-  AsyncByteQueue,
-  RecordBatch,
-  RecordBatchStreamWriter,
-  Struct,
-  makeData,
-  type Schema,
-} from 'apache-arrow';
+import { AsyncByteQueue, RecordBatch, RecordBatchStreamWriter, Struct, makeData, type Schema } from 'apache-arrow';
 
 import { PayloadError } from '../errors.js';
 import { fsyncDir, jsonText, writeFileAtomic } from '../util/index.js';
@@ -291,7 +284,8 @@ function withRow(e: unknown, row: RowRecord, index: number): unknown {
 
 function copyRow(row: RowRecord): RowRecord {
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(row)) out[k] = Array.isArray(v) ? v.slice() : ArrayBuffer.isView(v) ? Array.from(v as unknown as ArrayLike<number>) : v;
+  for (const [k, v] of Object.entries(row))
+    out[k] = Array.isArray(v) ? v.slice() : ArrayBuffer.isView(v) ? Array.from(v as unknown as ArrayLike<number>) : v;
   return out;
 }
 
@@ -409,7 +403,8 @@ class RowChecker {
   check(row: RowRecord, index: number): RowStats {
     const ids = row['input_ids'] as ArrayLike<number> | undefined;
     const mask = row['loss_mask'] as ArrayLike<number> | undefined;
-    const where = (): string => `row ${index}${typeof row['id'] === 'string' ? ` (id ${JSON.stringify(row['id'])})` : ''}`;
+    const where = (): string =>
+      `row ${index}${typeof row['id'] === 'string' ? ` (id ${JSON.stringify(row['id'])})` : ''}`;
     let tokens = 0;
     let supervised = 0;
     if (this.hasIds && ids !== undefined && ids !== null && typeof ids.length === 'number') tokens = ids.length;
@@ -424,7 +419,9 @@ class RowChecker {
       }
     }
     if (this.hasCount && this.hasIds && ids !== undefined && ids !== null && row['num_tokens'] !== ids.length) {
-      throw new PayloadError(`${where()}: num_tokens is ${String(row['num_tokens'])} but input_ids has ${ids.length} tokens`);
+      throw new PayloadError(
+        `${where()}: num_tokens is ${String(row['num_tokens'])} but input_ids has ${ids.length} tokens`,
+      );
     }
     return { tokens, supervised };
   }
@@ -566,7 +563,12 @@ class IntBuilder implements ColumnBuilder {
   }
 
   finish(): Data {
-    return makeData({ type: this.type as never, length: this.values.length, nullCount: 0, data: this.values.toTypedArray() as never });
+    return makeData({
+      type: this.type as never,
+      length: this.values.length,
+      nullCount: 0,
+      data: this.values.toTypedArray() as never,
+    });
   }
 
   reset(): void {
@@ -624,7 +626,8 @@ class IntListBuilder implements ColumnBuilder {
   }
 
   sizeOf(value: unknown): number {
-    if (!isArrayLike(value)) throw new PayloadError(`column ${this.name}: expected a list of integers, got ${describe(value)}`);
+    if (!isArrayLike(value))
+      throw new PayloadError(`column ${this.name}: expected a list of integers, got ${describe(value)}`);
     return value.length * this.items.itemBytes() + this.offsetBytes;
   }
 
@@ -634,7 +637,12 @@ class IntListBuilder implements ColumnBuilder {
   }
 
   finish(): Data {
-    const child = makeData({ type: this.itemType as never, length: this.items.length, nullCount: 0, data: this.items.toTypedArray() as never });
+    const child = makeData({
+      type: this.itemType as never,
+      length: this.items.length,
+      nullCount: 0,
+      data: this.items.toTypedArray() as never,
+    });
     return makeData({
       type: this.type as never,
       length: this.offsets.count,
@@ -670,7 +678,8 @@ class StringBuilder implements ColumnBuilder {
   }
 
   sizeOf(value: unknown): number {
-    if (typeof value !== 'string') throw new PayloadError(`column ${this.name}: expected a string, got ${describe(value)}`);
+    if (typeof value !== 'string')
+      throw new PayloadError(`column ${this.name}: expected a string, got ${describe(value)}`);
     this.pending = encoder.encode(value);
     return this.pending.byteLength + this.offsetBytes;
   }

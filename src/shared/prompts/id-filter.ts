@@ -105,7 +105,9 @@ function hash2(key: string): [number, number] {
 // JSON forbids raw control characters in strings; such a token goes through JSON.parse.
 const NEEDS_JSON_PARSE = /[\\\u0000-\u001f]/;
 const WS = '[ \\t\\r\\n]*';
-const LEADING_ID = new RegExp(`^${WS}\\{${WS}"id"${WS}:${WS}("(?:[^"\\\\]|\\\\.)*"|-?(?:0|[1-9]\\d*)(?:\\.\\d+)?(?:[eE][+-]?\\d+)?)${WS}[,}]`);
+const LEADING_ID = new RegExp(
+  `^${WS}\\{${WS}"id"${WS}:${WS}("(?:[^"\\\\]|\\\\.)*"|-?(?:0|[1-9]\\d*)(?:\\.\\d+)?(?:[eE][+-]?\\d+)?)${WS}[,}]`,
+);
 
 /**
  * The sample id of a JSONL line whose first key is `"id"`, read without parsing the rest of

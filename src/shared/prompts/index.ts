@@ -1,4 +1,18 @@
 // Prompts: the prompt file format, its line reader and the id filter that skips what is done.
 export { BloomFilter, fastPromptId } from './id-filter.js';
 export { notUtf8Reason, type RawPromptLine, readRawLineChunks, readRawLines } from './line-reader.js';
-export { contentSampleId, duplicateReject, DuplicateTracker, parseChatMessage, parsePromptLine, parseScannedLine, PromptFileIndex, type PromptLine, type PromptRecord, readPromptFile, type RejectedLine, type ScannedLine, scanPromptFile } from './source.js';
+export {
+  contentSampleId,
+  duplicateReject,
+  DuplicateTracker,
+  parseChatMessage,
+  parsePromptLine,
+  parseScannedLine,
+  PromptFileIndex,
+  type PromptLine,
+  type PromptRecord,
+  readPromptFile,
+  type RejectedLine,
+  type ScannedLine,
+  scanPromptFile,
+} from './source.js';

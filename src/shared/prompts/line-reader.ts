@@ -6,7 +6,8 @@ import { createReadStream } from 'node:fs';
  * bytes are not UTF-8, why it cannot be read (`unreadable`) — such a line is a reject, never
  * a prompt decoded with replacement characters.
  */
-export type RawPromptLine = { line: number; text: string; unreadable?: undefined } | { line: number; text?: undefined; unreadable: string };
+export type RawPromptLine =
+  { line: number; text: string; unreadable?: undefined } | { line: number; text?: undefined; unreadable: string };
 
 const NL = 0x0a;
 const CR = 0x0d;
@@ -100,7 +101,8 @@ function splitLossyLines(whole: Buffer, data: string, line: number, out: RawProm
     const byteNl = whole.indexOf(NL, byteStart);
     const lineBytes = whole.subarray(byteStart, byteNl);
     byteStart = byteNl + 1;
-    if (text.includes(REPLACEMENT) && !isUtf8(lineBytes)) out.push({ line, unreadable: notUtf8Reason(lineBytes, line) });
+    if (text.includes(REPLACEMENT) && !isUtf8(lineBytes))
+      out.push({ line, unreadable: notUtf8Reason(lineBytes, line) });
     else if (text.trim() !== '') out.push({ line, text });
   }
   return line;

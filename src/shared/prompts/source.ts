@@ -6,7 +6,6 @@ import { readRawLineChunks, readRawLines } from './line-reader.js';
 import type { ChatMessage } from '../tokenizer/index.js';
 import { isRecord } from '../util/index.js';
 
-
 /**
  * Reads a prompt dataset (JSONL) line by line, in one of three shapes:
  *
@@ -65,7 +64,9 @@ export function parseChatMessage(raw: unknown, where: string): ChatMessage {
   const roleRaw = raw.role ?? raw.from;
   const role = typeof roleRaw === 'string' ? ROLE_ALIASES[roleRaw] : undefined;
   if (role === undefined) {
-    throw new PayloadError(`${where}.role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool (or ShareGPT's human, gpt)`);
+    throw new PayloadError(
+      `${where}.role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool (or ShareGPT's human, gpt)`,
+    );
   }
   const contentRaw = raw.content !== undefined ? raw.content : raw.value;
   if (contentRaw !== undefined && contentRaw !== null && typeof contentRaw !== 'string') {
@@ -74,7 +75,8 @@ export function parseChatMessage(raw: unknown, where: string): ChatMessage {
   const message: ChatMessage = { role, content: contentRaw ?? '' };
   const reasoning = raw.reasoning_content;
   if (typeof reasoning === 'string') message.reasoning_content = reasoning;
-  else if (reasoning !== undefined && reasoning !== null) throw new PayloadError(`${where}.reasoning_content must be a string`);
+  else if (reasoning !== undefined && reasoning !== null)
+    throw new PayloadError(`${where}.reasoning_content must be a string`);
   let toolCalls = raw.tool_calls;
   if (typeof toolCalls === 'string') {
     try {
@@ -124,7 +126,8 @@ export function parsePromptLine(text: string, file: string, line: number): Promp
   let id: string | undefined;
   if (typeof rec.id === 'string' && rec.id.trim() !== '') id = rec.id;
   else if (typeof rec.id === 'number' && Number.isFinite(rec.id)) id = String(rec.id);
-  else if (rec.id !== undefined && rec.id !== null) return reject(`"id" must be a non-empty string or a number, got ${JSON.stringify(rec.id)}`);
+  else if (rec.id !== undefined && rec.id !== null)
+    return reject(`"id" must be a non-empty string or a number, got ${JSON.stringify(rec.id)}`);
 
   let messages: ChatMessage[];
   if (rec.messages !== undefined) {
@@ -216,7 +219,11 @@ export class PromptFileIndex {
   async isCurrent(): Promise<boolean> {
     try {
       const now = await fingerprintOf(this.file);
-      return now.size === this.fingerprint.size && now.mtimeMs === this.fingerprint.mtimeMs && now.ino === this.fingerprint.ino;
+      return (
+        now.size === this.fingerprint.size &&
+        now.mtimeMs === this.fingerprint.mtimeMs &&
+        now.ino === this.fingerprint.ino
+      );
     } catch {
       return false;
     }
@@ -293,7 +300,11 @@ export async function* scanPromptFile(file: string, index: PromptFileIndex): Asy
         continue;
       }
       const first = tracker.firstLineOf(parsed.record.id, line);
-      out.push(first === undefined ? { kind: 'parsed', record: parsed.record } : { kind: 'rejected', reject: duplicateReject(file, line, parsed.record.id, first) });
+      out.push(
+        first === undefined
+          ? { kind: 'parsed', record: parsed.record }
+          : { kind: 'rejected', reject: duplicateReject(file, line, parsed.record.id, first) },
+      );
     }
     yield out;
   }

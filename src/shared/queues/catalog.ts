@@ -67,11 +67,21 @@ export const GenerateBatchPayloadSchema = z
   })
   .superRefine((p, ctx) => {
     if (p.prompts !== undefined) {
-      if (p.prompts.length !== p.samples.length) ctx.addIssue({ code: 'custom', path: ['prompts'], message: `expected ${p.samples.length} prompts (one per sample), got ${p.prompts.length}` });
+      if (p.prompts.length !== p.samples.length)
+        ctx.addIssue({
+          code: 'custom',
+          path: ['prompts'],
+          message: `expected ${p.samples.length} prompts (one per sample), got ${p.prompts.length}`,
+        });
       return;
     }
     const i = p.samples.findIndex((s) => s.promptIds === undefined);
-    if (i >= 0) ctx.addIssue({ code: 'custom', path: ['samples', i, 'promptIds'], message: 'no prompt token ids (neither `prompts` nor the sample\'s `promptIds`)' });
+    if (i >= 0)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['samples', i, 'promptIds'],
+        message: "no prompt token ids (neither `prompts` nor the sample's `promptIds`)",
+      });
   });
 export type GenerateBatchPayload = z.infer<typeof GenerateBatchPayloadSchema>;
 
@@ -85,7 +95,8 @@ export function encodePromptIds(ids: readonly number[]): string {
 /** The inverse of {@link encodePromptIds}; a length that is not a whole number of ids is a `PayloadError`. */
 export function decodePromptIds(encoded: string): number[] {
   const buf = Buffer.from(encoded, 'base64');
-  if (buf.length % 4 !== 0) throw new PayloadError(`prompt token ids: ${buf.length} bytes is not a whole number of uint32 ids`);
+  if (buf.length % 4 !== 0)
+    throw new PayloadError(`prompt token ids: ${buf.length} bytes is not a whole number of uint32 ids`);
   const ids = new Array<number>(buf.length / 4);
   for (let i = 0; i < ids.length; i += 1) ids[i] = buf.readUInt32LE(i * 4);
   return ids;
@@ -105,7 +116,10 @@ export function batchJobName(dataset: string, samples: readonly { line: number }
 }
 
 /** What a batch job carries besides its samples. */
-export type BatchSettings = Pick<GenerateBatchPayload, 'dataset' | 'batchId' | 'sampling' | 'maxAttempts' | 'priorExpectedTokens'> & {
+export type BatchSettings = Pick<
+  GenerateBatchPayload,
+  'dataset' | 'batchId' | 'sampling' | 'maxAttempts' | 'priorExpectedTokens'
+> & {
   retryOfFailed?: boolean;
   vocabSize?: number | undefined;
 };
@@ -180,7 +194,9 @@ export function parsePayload<T>(schema: z.ZodType<T>, data: unknown, what: strin
   if (!r.success) {
     const first = r.error.issues[0];
     const path = first === undefined ? '' : first.path.join('.');
-    throw new PayloadError(`${what}: invalid payload at ${path === '' ? '(root)' : path}: ${first?.message ?? 'unknown'}`);
+    throw new PayloadError(
+      `${what}: invalid payload at ${path === '' ? '(root)' : path}: ${first?.message ?? 'unknown'}`,
+    );
   }
   return r.data;
 }

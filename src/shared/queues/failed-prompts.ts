@@ -31,13 +31,21 @@ const PAGE = 100;
  */
 export async function retryFailedPrompts(redis: Redis, keys: RunKeys, dataset: string): Promise<RetryFailedOutcome> {
   const r = withScripts(redis);
-  const givenBack = await r.retryFailed(keys.failed(dataset), keys.attempts(dataset), keys.stats(dataset), keys.producer(dataset), keys.queuePrefix(dataset));
+  const givenBack = await r.retryFailed(
+    keys.failed(dataset),
+    keys.attempts(dataset),
+    keys.stats(dataset),
+    keys.producer(dataset),
+    keys.queuePrefix(dataset),
+  );
   const queue = new Queue(generateQueueName(dataset), { connection: redis, prefix: keys.bullPrefix });
   const outcome: RetryFailedOutcome = { prompts: givenBack, jobs: 0, givenBackToProducer: givenBack };
   try {
     const seen = new Set<string>();
     for (;;) {
-      const page = (await queue.getJobs(['failed'], 0, PAGE - 1)).filter((j: Job | undefined): j is Job => j !== undefined && !seen.has(String(j.id)));
+      const page = (await queue.getJobs(['failed'], 0, PAGE - 1)).filter(
+        (j: Job | undefined): j is Job => j !== undefined && !seen.has(String(j.id)),
+      );
       if (page.length === 0) break;
       for (const job of page) {
         seen.add(String(job.id));

@@ -125,7 +125,9 @@ export const MIN_REDIS_VERSION = '6.2.0';
  * from the connection's host, port and db.
  */
 export async function checkRedisServer(conn: Redis, url?: string): Promise<RedisServerCheck> {
-  const where = redactRedisUrl(url ?? `redis://${conn.options.host ?? '127.0.0.1'}:${conn.options.port ?? 6379}/${conn.options.db ?? 0}`);
+  const where = redactRedisUrl(
+    url ?? `redis://${conn.options.host ?? '127.0.0.1'}:${conn.options.port ?? 6379}/${conn.options.db ?? 0}`,
+  );
   const warnings: string[] = [];
 
   const info = await conn.info('server');
@@ -147,7 +149,9 @@ export async function checkRedisServer(conn: Redis, url?: string): Promise<Redis
     );
   }
   if (maxmemoryPolicy !== 'unknown' && maxmemoryPolicy !== 'noeviction') {
-    warnings.push(`maxmemory-policy is ${maxmemoryPolicy}: Redis may evict queued jobs and counters; set it to noeviction`);
+    warnings.push(
+      `maxmemory-policy is ${maxmemoryPolicy}: Redis may evict queued jobs and counters; set it to noeviction`,
+    );
   }
   return { version: version ?? 'unknown', maxmemoryPolicy, warnings };
 }
@@ -223,7 +227,13 @@ export async function openRedis(options: OpenRedisOptions): Promise<OpenedRedis>
 }
 
 async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck> {
-  const conn = createRedisConnection(url, { role: 'client', name: 'tokenmill:check', logger: log, quiet: true, readyCheck: false });
+  const conn = createRedisConnection(url, {
+    role: 'client',
+    name: 'tokenmill:check',
+    logger: log,
+    quiet: true,
+    readyCheck: false,
+  });
   // The command's own error only says that retries ran out; the connection error says why.
   let connectionError: unknown;
   conn.on('error', (e: unknown) => {
@@ -234,7 +244,14 @@ async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck
     try {
       // A bounded first answer: a port that accepts TCP but never answers fails here, naming the URL.
       await awaitFirstAnswer(conn, url, log);
-      server = await withDeadline(checkRedisServer(conn, url), FIRST_ANSWER_TIMEOUT_MS, () => new UnavailableError(`Redis at ${redactRedisUrl(url)} answered PING but not INFO within ${FIRST_ANSWER_TIMEOUT_MS / 1000} s: check that it is not frozen or overloaded`));
+      server = await withDeadline(
+        checkRedisServer(conn, url),
+        FIRST_ANSWER_TIMEOUT_MS,
+        () =>
+          new UnavailableError(
+            `Redis at ${redactRedisUrl(url)} answered PING but not INFO within ${FIRST_ANSWER_TIMEOUT_MS / 1000} s: check that it is not frozen or overloaded`,
+          ),
+      );
     } catch (e: unknown) {
       if (e instanceof AppError) throw e;
       const reason = errorMessage(connectionError ?? e);

@@ -60,7 +60,10 @@ export async function readLogTail(file: string, fromOffset: number, maxLines = 2
     try {
       const buffer = Buffer.alloc(size - start);
       await handle.read(buffer, 0, buffer.length, start);
-      const lines = buffer.toString('utf8').split('\n').filter((l) => l.trim() !== '');
+      const lines = buffer
+        .toString('utf8')
+        .split('\n')
+        .filter((l) => l.trim() !== '');
       return lines.length === 0 ? '(empty log)' : lines.slice(-maxLines).join('\n');
     } finally {
       await handle.close();

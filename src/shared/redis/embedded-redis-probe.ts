@@ -85,7 +85,9 @@ export function countOtherClients(port: number): Promise<number> {
 }
 
 /** `INFO server` of the server on `port`: its pid and config file. Undefined if it cannot be read. */
-export function readServerInfo(port: number): Promise<{ processId: number | undefined; configFile: string | undefined } | undefined> {
+export function readServerInfo(
+  port: number,
+): Promise<{ processId: number | undefined; configFile: string | undefined } | undefined> {
   return askServer(port, undefined, async (conn) => {
     const info = await conn.info('server');
     const processId = /^process_id:(\d+)\s*$/m.exec(info)?.[1];

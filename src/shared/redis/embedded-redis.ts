@@ -25,7 +25,16 @@ import { AppError, EnvironmentError, TimeoutError, errorMessage } from '../error
 import { logger as componentLogger, type Logger } from '../logger.js';
 import { isProcessAlive } from '../util/index.js';
 import { fileSize, indent, mtimeMs, readIntFile, readLogTail, renderConfig } from './embedded-redis-files.js';
-import { countOtherClients, delay, findFreePort, HOST, looksLikeRedisServer, pingOnce, readServerInfo, withTimeout } from './embedded-redis-probe.js';
+import {
+  countOtherClients,
+  delay,
+  findFreePort,
+  HOST,
+  looksLikeRedisServer,
+  pingOnce,
+  readServerInfo,
+  withTimeout,
+} from './embedded-redis-probe.js';
 
 export { findFreePort } from './embedded-redis-probe.js';
 
@@ -78,7 +87,6 @@ const UNREADABLE_LOCK_STALE_MS = 10_000;
 const MAX_RESTARTS_IN_WINDOW = 5;
 const RESTART_WINDOW_MS = 60_000;
 let userFileSeq = 0;
-
 
 /**
  * A `redis-server` private to one run folder, bound to 127.0.0.1, with AOF on
@@ -185,7 +193,8 @@ export class EmbeddedRedis {
       // Attached to a server whose owner has gone: the last process to leave stops it.
       if (this.keepWhileInUse && port !== undefined && pid !== undefined) {
         await this.underStartLock(async () => {
-          if ((await this.liveUsers()) === 0 && (await countOtherClients(port)) === 0) await this.shutdownAttached(port, pid);
+          if ((await this.liveUsers()) === 0 && (await countOtherClients(port)) === 0)
+            await this.shutdownAttached(port, pid);
         });
       }
       return;
@@ -222,7 +231,10 @@ export class EmbeddedRedis {
     if (child.exitCode === null && child.signalCode === null) {
       child.kill('SIGTERM');
       if ((await withTimeout(exited, this.stopTimeoutMs)) === 'timeout') {
-        this.log.warn({ pid: child.pid, stopTimeoutMs: this.stopTimeoutMs }, 'redis-server did not exit after SIGTERM; killing it');
+        this.log.warn(
+          { pid: child.pid, stopTimeoutMs: this.stopTimeoutMs },
+          'redis-server did not exit after SIGTERM; killing it',
+        );
         child.kill('SIGKILL');
         await exited;
       }
@@ -434,11 +446,17 @@ export class EmbeddedRedis {
     const now = Date.now();
     this.restartTimes = this.restartTimes.filter((t) => now - t < RESTART_WINDOW_MS);
     if (this.restartTimes.length >= MAX_RESTARTS_IN_WINDOW) {
-      this.log.error({ pid: child.pid, port, log: this.file('redis.log') }, `embedded redis-server exited (${how}) ${MAX_RESTARTS_IN_WINDOW} times within ${RESTART_WINDOW_MS / 1000} s; not restarting it (see its log)`);
+      this.log.error(
+        { pid: child.pid, port, log: this.file('redis.log') },
+        `embedded redis-server exited (${how}) ${MAX_RESTARTS_IN_WINDOW} times within ${RESTART_WINDOW_MS / 1000} s; not restarting it (see its log)`,
+      );
       return;
     }
     this.restartTimes.push(now);
-    this.log.warn({ pid: child.pid, port, dataDir: this.dataDir }, `embedded redis-server exited unexpectedly (${how}); restarting it on port ${port} with its AOF`);
+    this.log.warn(
+      { pid: child.pid, port, dataDir: this.dataDir },
+      `embedded redis-server exited unexpectedly (${how}); restarting it on port ${port} with its AOF`,
+    );
     for (let attempt = 1; !this.stopping; attempt++) {
       try {
         await this.underStartLock(async () => {
@@ -447,14 +465,22 @@ export class EmbeddedRedis {
         return;
       } catch (e: unknown) {
         if (attempt === 1 || attempt % 30 === 0) {
-          this.log.error({ err: errorMessage(e), port, attempt }, 'embedded redis-server could not be restarted; retrying every second');
+          this.log.error(
+            { err: errorMessage(e), port, attempt },
+            'embedded redis-server could not be restarted; retrying every second',
+          );
         }
         await delay(1_000);
       }
     }
   }
 
-  private async waitUntilReady(child: ChildProcess, port: number, logPath: string, logStartOffset: number): Promise<void> {
+  private async waitUntilReady(
+    child: ChildProcess,
+    port: number,
+    logPath: string,
+    logStartOffset: number,
+  ): Promise<void> {
     const deadline = Date.now() + this.readyTimeoutMs;
     for (;;) {
       if (child.exitCode !== null || child.signalCode !== null) {
@@ -482,7 +508,9 @@ export class EmbeddedRedis {
 
   private notFoundMessage(): string {
     const bareName = !this.redisServerPath.includes('/') && !this.redisServerPath.includes('\\');
-    const what = bareName ? `${this.redisServerPath} not found on PATH` : `redis-server not found at ${this.redisServerPath}`;
+    const what = bareName
+      ? `${this.redisServerPath} not found on PATH`
+      : `redis-server not found at ${this.redisServerPath}`;
     return REDIS_SERVER_NOT_FOUND_MESSAGE.replace('redis-server not found on PATH', what);
   }
 
@@ -524,14 +552,18 @@ export class EmbeddedRedis {
       }
       const owner = await readIntFile(lockPath);
       const stale =
-        owner === undefined ? Date.now() - (await mtimeMs(lockPath)) > UNREADABLE_LOCK_STALE_MS : !isProcessAlive(owner);
+        owner === undefined
+          ? Date.now() - (await mtimeMs(lockPath)) > UNREADABLE_LOCK_STALE_MS
+          : !isProcessAlive(owner);
       if (stale) {
         this.log.debug({ lockPath, owner }, 'removing abandoned redis start lock');
         await fs.rm(lockPath, { force: true });
         continue;
       }
       if (Date.now() >= deadline) {
-        throw new TimeoutError(`another process (pid ${owner}) is starting redis-server in ${this.dataDir}; gave up waiting`);
+        throw new TimeoutError(
+          `another process (pid ${owner}) is starting redis-server in ${this.dataDir}; gave up waiting`,
+        );
       }
       await delay(POLL_INTERVAL_MS);
     }

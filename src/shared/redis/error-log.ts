@@ -7,7 +7,12 @@
 import type { Logger } from '../logger.js';
 
 /** A handler for `error` events that logs `msg` at warn at most once per `intervalMs`, otherwise at debug. */
-export function throttledErrorLog(log: Logger, msg: string, fields: Record<string, unknown> = {}, intervalMs = 10_000): (err: unknown) => void {
+export function throttledErrorLog(
+  log: Logger,
+  msg: string,
+  fields: Record<string, unknown> = {},
+  intervalMs = 10_000,
+): (err: unknown) => void {
   let lastAt = 0;
   let skipped = 0;
   return (err: unknown) => {

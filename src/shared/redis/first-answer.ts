@@ -34,7 +34,12 @@ function protocolError(e: unknown): string | undefined {
  * line every 30 s. Throws {@link UnavailableError} naming the URL (password masked) when the
  * server cannot be reached, stays silent, or is not Redis.
  */
-export async function awaitFirstAnswer(conn: Redis, url: string, log: Logger, timeoutMs = FIRST_ANSWER_TIMEOUT_MS): Promise<void> {
+export async function awaitFirstAnswer(
+  conn: Redis,
+  url: string,
+  log: Logger,
+  timeoutMs = FIRST_ANSWER_TIMEOUT_MS,
+): Promise<void> {
   const where = redactRedisUrl(url);
   let connected = false;
   let protocol: string | undefined;
@@ -74,23 +79,35 @@ export async function awaitFirstAnswer(conn: Redis, url: string, log: Logger, ti
       }
       protocol ??= protocolError(reply);
       if (protocol !== undefined) {
-        throw new UnavailableError(`cannot use Redis at ${where}: ${protocol}: is ${where} a Redis server? (something else answers on that port)`, { cause: reply });
+        throw new UnavailableError(
+          `cannot use Redis at ${where}: ${protocol}: is ${where} a Redis server? (something else answers on that port)`,
+          { cause: reply },
+        );
       }
       const message = errorMessage(reply);
       if (reply instanceof Error && reply.name === 'ReplyError') {
         const reason = message.replace(/\.$/, '');
         if (message.startsWith('NOAUTH')) {
-          throw new UnavailableError(`Redis at ${where} needs a password (${reason}): put it in redis.url (redis://:<password>@host:6379/0), or in redis.password with redis.sentinels`, { cause: reply });
+          throw new UnavailableError(
+            `Redis at ${where} needs a password (${reason}): put it in redis.url (redis://:<password>@host:6379/0), or in redis.password with redis.sentinels`,
+            { cause: reply },
+          );
         }
         if (message.startsWith('WRONGPASS')) {
-          throw new UnavailableError(`Redis at ${where} refused the password (${reason}): check the password in the config's redis section`, { cause: reply });
+          throw new UnavailableError(
+            `Redis at ${where} refused the password (${reason}): check the password in the config's redis section`,
+            { cause: reply },
+          );
         }
         if (message.startsWith('LOADING')) {
           const now = Date.now();
           loadingSince ??= now;
           if (now - loadingReportedAt >= LOADING_REPORT_INTERVAL_MS) {
             loadingReportedAt = now;
-            log.warn({ redis: where, waitingMs: now - loadingSince }, `Redis at ${where} is loading its data set into memory; waiting for it`);
+            log.warn(
+              { redis: where, waitingMs: now - loadingSince },
+              `Redis at ${where} is loading its data set into memory; waiting for it`,
+            );
           }
           await new Promise((r) => setTimeout(r, 500));
           continue;

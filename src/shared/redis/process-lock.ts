@@ -158,7 +158,8 @@ export class ProcessLock {
    */
   async confirm(): Promise<void> {
     const token = this.current;
-    if (token === undefined || this.lostFlag) throw new LockLostError(this.key, await this.holder().catch(() => undefined));
+    if (token === undefined || this.lostFlag)
+      throw new LockLostError(this.key, await this.holder().catch(() => undefined));
     if ((await this.redis.lockRenew(this.key, token, this.ttlMs)) !== 1) throw await this.markLost();
   }
 
@@ -178,7 +179,10 @@ export class ProcessLock {
     try {
       if ((await this.redis.lockRenew(this.key, token, this.ttlMs)) !== 1) await this.markLost();
     } catch (e: unknown) {
-      this.log.warn({ err: e, lock: this.key }, 'lock renewal failed; the lock lapses if Redis stays unreachable longer than its TTL');
+      this.log.warn(
+        { err: e, lock: this.key },
+        'lock renewal failed; the lock lapses if Redis stays unreachable longer than its TTL',
+      );
     } finally {
       this.renewing = false;
     }

@@ -65,7 +65,10 @@ const loaded = new WeakSet<Redis>();
 export function withScripts(redis: Redis): ScriptedRedis {
   if (!loaded.has(redis)) {
     for (const s of readSources()) {
-      redis.defineCommand(s.name, s.numberOfKeys === undefined ? { lua: s.lua } : { lua: s.lua, numberOfKeys: s.numberOfKeys });
+      redis.defineCommand(
+        s.name,
+        s.numberOfKeys === undefined ? { lua: s.lua } : { lua: s.lua, numberOfKeys: s.numberOfKeys },
+      );
     }
     loaded.add(redis);
   }

@@ -124,7 +124,9 @@ export function sentinelRedisOptions(t: RedisSentinelTarget): RedisOptions {
 
 /** A plain ioredis connection to `url`, a server's URL or a `redis-sentinel://` string, with `options`. */
 export function newIoredis(url: string, options: RedisOptions): Redis {
-  return isSentinelUrl(url) ? new Redis({ ...sentinelRedisOptions(parseSentinelUrl(url)), ...options }) : new Redis(url, options);
+  return isSentinelUrl(url)
+    ? new Redis({ ...sentinelRedisOptions(parseSentinelUrl(url)), ...options })
+    : new Redis(url, options);
 }
 
 /**

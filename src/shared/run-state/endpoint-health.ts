@@ -85,14 +85,20 @@ export function parseEndpointConcurrency(h: Record<string, string>): EndpointCon
 }
 
 /** Each endpoint's chosen concurrency (undefined where `"auto"` has not written one), in one round trip. */
-export async function readEndpointConcurrency(redis: Redis, keys: RunKeys, endpoints: readonly string[]): Promise<(EndpointConcurrency | undefined)[]> {
+export async function readEndpointConcurrency(
+  redis: Redis,
+  keys: RunKeys,
+  endpoints: readonly string[],
+): Promise<(EndpointConcurrency | undefined)[]> {
   if (endpoints.length === 0) return [];
   const m = redis.multi();
   for (const url of endpoints) m.hgetall(endpointConcurrencyKey(keys, url));
   const replies = (await m.exec()) ?? [];
   return endpoints.map((_, i) => {
     const [err, value] = replies[i] ?? [null, null];
-    return err === null && value !== null && typeof value === 'object' ? parseEndpointConcurrency(value as Record<string, string>) : undefined;
+    return err === null && value !== null && typeof value === 'object'
+      ? parseEndpointConcurrency(value as Record<string, string>)
+      : undefined;
   });
 }
 
@@ -113,7 +119,11 @@ function field(worker: string, url: string): string {
 }
 
 /** Publishes one worker's reports (HSET, one round trip). */
-export async function writeEndpointHealth(redis: Redis, keys: RunKeys, reports: readonly EndpointHealthReport[]): Promise<void> {
+export async function writeEndpointHealth(
+  redis: Redis,
+  keys: RunKeys,
+  reports: readonly EndpointHealthReport[],
+): Promise<void> {
   if (reports.length === 0) return;
   const args: string[] = [];
   for (const r of reports) args.push(field(r.worker, r.url), JSON.stringify(r));
@@ -121,7 +131,12 @@ export async function writeEndpointHealth(redis: Redis, keys: RunKeys, reports: 
 }
 
 /** Withdraws one worker's reports, e.g. when it stops cleanly. */
-export async function removeEndpointHealth(redis: Redis, keys: RunKeys, worker: string, urls: readonly string[]): Promise<void> {
+export async function removeEndpointHealth(
+  redis: Redis,
+  keys: RunKeys,
+  worker: string,
+  urls: readonly string[],
+): Promise<void> {
   if (urls.length === 0) return;
   await redis.hdel(keys.endpointHealth(), ...urls.map((u) => field(worker, u)));
 }
@@ -129,8 +144,22 @@ export async function removeEndpointHealth(redis: Redis, keys: RunKeys, worker: 
 function parseReport(raw: string): EndpointHealthReport | undefined {
   try {
     const v = JSON.parse(raw) as Partial<EndpointHealthReport>;
-    if (typeof v.url !== 'string' || typeof v.up !== 'boolean' || typeof v.expiresMs !== 'number' || typeof v.sinceMs !== 'number') return undefined;
-    return { url: v.url, up: v.up, reason: typeof v.reason === 'string' ? v.reason : null, sinceMs: v.sinceMs, worker: String(v.worker ?? '?'), updatedMs: Number(v.updatedMs ?? 0), expiresMs: v.expiresMs };
+    if (
+      typeof v.url !== 'string' ||
+      typeof v.up !== 'boolean' ||
+      typeof v.expiresMs !== 'number' ||
+      typeof v.sinceMs !== 'number'
+    )
+      return undefined;
+    return {
+      url: v.url,
+      up: v.up,
+      reason: typeof v.reason === 'string' ? v.reason : null,
+      sinceMs: v.sinceMs,
+      worker: String(v.worker ?? '?'),
+      updatedMs: Number(v.updatedMs ?? 0),
+      expiresMs: v.expiresMs,
+    };
   } catch {
     return undefined;
   }
@@ -144,8 +173,16 @@ const PRUNE_AFTER_EXPIRY_MS = 10 * 60_000;
  * healthy when at least one live worker has it in rotation. Long-expired reports (of workers
  * that died without withdrawing them) are deleted on the way.
  */
-export async function readEndpointHealth(redis: Redis, keys: RunKeys, endpoints: readonly string[], nowMs = Date.now()): Promise<EndpointHealthSummary> {
-  const [all, caps] = await Promise.all([redis.hgetall(keys.endpointHealth()), readEndpointConcurrency(redis, keys, endpoints)]);
+export async function readEndpointHealth(
+  redis: Redis,
+  keys: RunKeys,
+  endpoints: readonly string[],
+  nowMs = Date.now(),
+): Promise<EndpointHealthSummary> {
+  const [all, caps] = await Promise.all([
+    redis.hgetall(keys.endpointHealth()),
+    readEndpointConcurrency(redis, keys, endpoints),
+  ]);
   const live = new Map<string, EndpointHealthReport[]>();
   const dead: string[] = [];
   for (const [f, raw] of Object.entries(all)) {
@@ -172,9 +209,16 @@ export async function readEndpointHealth(redis: Redis, keys: RunKeys, endpoints:
 function healthView(url: string, reports: readonly EndpointHealthReport[]): EndpointHealthView {
   if (reports.length === 0) return { url, up: null, reason: null, sinceMs: null, workers: 0 };
   const up = reports.filter((r) => r.up);
-  if (up.length > 0) return { url, up: true, reason: null, sinceMs: Math.min(...up.map((r) => r.sinceMs)), workers: reports.length };
+  if (up.length > 0)
+    return { url, up: true, reason: null, sinceMs: Math.min(...up.map((r) => r.sinceMs)), workers: reports.length };
   const latest = reports.reduce((a, b) => (b.updatedMs > a.updatedMs ? b : a));
-  return { url, up: false, reason: latest.reason, sinceMs: Math.min(...reports.map((r) => r.sinceMs)), workers: reports.length };
+  return {
+    url,
+    up: false,
+    reason: latest.reason,
+    sinceMs: Math.min(...reports.map((r) => r.sinceMs)),
+    workers: reports.length,
+  };
 }
 
 function normalizeUrl(url: string): string {

@@ -39,7 +39,12 @@ export interface RateEta {
  * in that bucket (at `firstCommitMs` when it lies there): the middle is taken, and the half
  * bucket of doubt widens the range, as does a small number of commits (±1/√n).
  */
-export function estimateRateAndEta(rate: Readonly<Record<string, string>>, nowMs: number, remaining: number | null, o: RateEtaOptions): RateEta {
+export function estimateRateAndEta(
+  rate: Readonly<Record<string, string>>,
+  nowMs: number,
+  remaining: number | null,
+  o: RateEtaOptions,
+): RateEta {
   const current = Math.floor(nowMs / o.bucketMs);
   const tokensOf = (b: number): number => Number(rate[String(b)] ?? 0);
   const windowStart = current - o.windowBuckets;
@@ -50,14 +55,23 @@ export function estimateRateAndEta(rate: Readonly<Record<string, string>>, nowMs
     if (t > 0 && first === undefined) first = b;
     if (first !== undefined) tokens += t;
   }
-  if (remaining === 0) return { tokensPerSec: first === undefined ? 0 : tokens / Math.max(1, (nowMs - first * o.bucketMs) / 1000), eta: { low: 0, high: 0 } };
+  if (remaining === 0)
+    return {
+      tokensPerSec: first === undefined ? 0 : tokens / Math.max(1, (nowMs - first * o.bucketMs) / 1000),
+      eta: { low: 0, high: 0 },
+    };
   const unknown = { low: null, high: null };
   if (first === undefined) return { tokensPerSec: 0, eta: unknown };
 
   let startMin = first * o.bucketMs;
   let startMax = Math.min(nowMs, (first + 1) * o.bucketMs);
   if (first === windowStart && tokensOf(first - 1) > 0) startMax = startMin;
-  else if (o.firstCommitMs !== null && o.firstCommitMs !== undefined && o.firstCommitMs >= startMin && o.firstCommitMs <= startMax) {
+  else if (
+    o.firstCommitMs !== null &&
+    o.firstCommitMs !== undefined &&
+    o.firstCommitMs >= startMin &&
+    o.firstCommitMs <= startMax
+  ) {
     startMin = o.firstCommitMs;
     startMax = o.firstCommitMs;
   }
@@ -65,10 +79,18 @@ export function estimateRateAndEta(rate: Readonly<Record<string, string>>, nowMs
   const doubtSec = (startMax - startMin) / 2000;
   if (elapsedSec <= 0) return { tokensPerSec: 0, eta: unknown };
   const tokensPerSec = tokens / elapsedSec;
-  const commits = o.meanTokens !== null && o.meanTokens !== undefined && o.meanTokens > 0 ? tokens / o.meanTokens : Infinity;
-  if (remaining === null || elapsedSec < ETA_MIN_MEASURED_SEC || commits < ETA_MIN_COMMITS || tokensPerSec <= 0) return { tokensPerSec, eta: unknown };
+  const commits =
+    o.meanTokens !== null && o.meanTokens !== undefined && o.meanTokens > 0 ? tokens / o.meanTokens : Infinity;
+  if (remaining === null || elapsedSec < ETA_MIN_MEASURED_SEC || commits < ETA_MIN_COMMITS || tokensPerSec <= 0)
+    return { tokensPerSec, eta: unknown };
 
-  const spread = Math.min(MAX_SPREAD, Math.max(MIN_SPREAD, Math.sqrt((Number.isFinite(commits) ? 1 / commits : 0) + (doubtSec / elapsedSec) ** 2)));
+  const spread = Math.min(
+    MAX_SPREAD,
+    Math.max(MIN_SPREAD, Math.sqrt((Number.isFinite(commits) ? 1 / commits : 0) + (doubtSec / elapsedSec) ** 2)),
+  );
   const middle = remaining / tokensPerSec;
-  return { tokensPerSec, eta: { low: Math.round(middle / (1 + spread)), high: Math.max(1, Math.round(middle / (1 - spread))) } };
+  return {
+    tokensPerSec,
+    eta: { low: Math.round(middle / (1 + spread)), high: Math.max(1, Math.round(middle / (1 - spread))) },
+  };
 }

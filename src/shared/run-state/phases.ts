@@ -50,7 +50,14 @@ export function preparedCounts(stats: Record<string, string>): PreparedCounts | 
   const f = PREPARE_STATS_FIELDS;
   if (stats[f.rows] === undefined) return null;
   const num = (k: string): number => Number(stats[k] ?? 0);
-  return { rows: num(f.rows), kept: num(f.kept), duplicates: num(f.duplicates), tooLong: num(f.tooLong), empty: num(f.empty), malformed: num(f.malformed) };
+  return {
+    rows: num(f.rows),
+    kept: num(f.kept),
+    duplicates: num(f.duplicates),
+    tooLong: num(f.tooLong),
+    empty: num(f.empty),
+    malformed: num(f.malformed),
+  };
 }
 
 /** One line of numbers per phase; '' where there is nothing yet. */
@@ -82,7 +89,9 @@ export async function readPhaseDetails(
 
   const records = generation.reduce((a, d) => a + d.records, 0);
   const tokens = generation.reduce((a, d) => a + d.outputTokens, 0);
-  const budget = generation.every((d) => d.tokenBudget !== null) ? generation.reduce((a, d) => a + (d.tokenBudget ?? 0), 0) : null;
+  const budget = generation.every((d) => d.tokenBudget !== null)
+    ? generation.reduce((a, d) => a + (d.tokenBudget ?? 0), 0)
+    : null;
   const failed = generation.reduce((a, d) => a + d.failed, 0);
   const skipped = generation.reduce((a, d) => a + d.skipped, 0);
   const generate =
@@ -102,7 +111,10 @@ export async function readPhaseDetails(
     } else {
       const rows = result.datasets.reduce((a, d) => a + d.rows, 0);
       const tok = result.datasets.reduce((a, d) => a + d.tokens, 0);
-      const dropped = result.datasets.reduce((a, d) => a + d.droppedTruncated + d.droppedAborted + d.droppedEmpty + d.droppedUnsupervised + d.invalid, 0);
+      const dropped = result.datasets.reduce(
+        (a, d) => a + d.droppedTruncated + d.droppedAborted + d.droppedEmpty + d.droppedUnsupervised + d.invalid,
+        0,
+      );
       tokenize = `${label}: ${formatInt(rows)} rows, ${formatInt(tok)} tokens from ${result.datasets.length} datasets, ${formatInt(dropped)} dropped`;
       merge =
         result.report === null
@@ -119,7 +131,15 @@ async function preparedSources(redis: Redis, keys: RunKeys, config: Pick<Config,
   const sums = [0, 0, 0, 0, 0, 0];
   let sources = 0;
   for (const ds of config.datasets.filter((d) => d.source !== undefined)) {
-    const values = await redis.hmget(keys.stats(ds.name), f.rows, f.kept, f.duplicates, f.tooLong, f.empty, f.malformed);
+    const values = await redis.hmget(
+      keys.stats(ds.name),
+      f.rows,
+      f.kept,
+      f.duplicates,
+      f.tooLong,
+      f.empty,
+      f.malformed,
+    );
     if (values[0] === null) continue;
     sources += 1;
     values.forEach((v, i) => (sums[i] = (sums[i] ?? 0) + Number(v ?? 0)));

@@ -122,7 +122,8 @@ export class StallWatchdog {
     clearInterval(this.timer);
     await this.checking;
     try {
-      if (this.options.datasets.length > 0) await this.options.redis.hdel(this.options.keys.stalls(), ...this.options.datasets);
+      if (this.options.datasets.length > 0)
+        await this.options.redis.hdel(this.options.keys.stalls(), ...this.options.datasets);
     } catch (e: unknown) {
       this.log.warn({ err: e }, 'could not withdraw stall records');
     }
@@ -150,7 +151,8 @@ export class StallWatchdog {
       const prev = this.tracks.get(dataset);
       const progressed = prev !== undefined && prev.records !== stats.records;
       let condition: StallCondition;
-      if (stats.status === 'completed' || paused || waiting + active === 0 || inFlight > 0 || progressed) condition = 'ok';
+      if (stats.status === 'completed' || paused || waiting + active === 0 || inFlight > 0 || progressed)
+        condition = 'ok';
       else if (health.healthy === 0) condition = 'waiting';
       else if (freeSlots === 0) condition = 'busy';
       else condition = 'stuck';
@@ -160,9 +162,22 @@ export class StallWatchdog {
           : { condition, sinceMs: nowMs, records: stats.records, loggedMs: undefined };
       this.tracks.set(dataset, track);
       if (prev?.condition === 'stuck' && prev.loggedMs !== undefined && condition !== 'stuck') {
-        this.log.warn({ dataset, condition, stalledForMs: nowMs - prev.sinceMs }, `dataset ${dataset} is no longer stalled`);
+        this.log.warn(
+          { dataset, condition, stalledForMs: nowMs - prev.sinceMs },
+          `dataset ${dataset} is no longer stalled`,
+        );
       }
-      const watch: DatasetWatch = { dataset, condition, sinceMs: track.sinceMs, waiting, active, delayed, inFlight, health, stalled: null };
+      const watch: DatasetWatch = {
+        dataset,
+        condition,
+        sinceMs: track.sinceMs,
+        waiting,
+        active,
+        delayed,
+        inFlight,
+        health,
+        stalled: null,
+      };
       const lasted = nowMs - track.sinceMs >= this.stallAfterMs;
       if (condition === 'stuck' && lasted) watch.stalled = this.stallRecord(watch, nowMs);
       await this.report(watch, track, lasted, nowMs);
@@ -188,7 +203,10 @@ export class StallWatchdog {
       await redis.hset(keys.stalls(), watch.dataset, JSON.stringify(watch.stalled));
       if (due) {
         track.loggedMs = nowMs;
-        this.log.error({ ...fields, stalledForMs: nowMs - watch.sinceMs }, `dataset ${watch.dataset} stalled for ${Math.round((nowMs - watch.sinceMs) / 1000)}s: ${watch.stalled.reason}`);
+        this.log.error(
+          { ...fields, stalledForMs: nowMs - watch.sinceMs },
+          `dataset ${watch.dataset} stalled for ${Math.round((nowMs - watch.sinceMs) / 1000)}s: ${watch.stalled.reason}`,
+        );
       }
       return;
     }
@@ -237,7 +255,10 @@ export class StallWatchdog {
   private queue(dataset: string): Queue {
     let q = this.queues.get(dataset);
     if (q === undefined) {
-      q = new Queue(generateQueueName(dataset), { connection: this.options.redis, prefix: this.options.keys.bullPrefix });
+      q = new Queue(generateQueueName(dataset), {
+        connection: this.options.redis,
+        prefix: this.options.keys.bullPrefix,
+      });
       this.queues.set(dataset, q);
     }
     return q;

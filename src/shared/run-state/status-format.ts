@@ -11,10 +11,13 @@ export function runStatusWarnings(status: RunStatus, nowMs = Date.now()): string
   const lines: string[] = [];
   for (const d of status.datasets) {
     if (d.stalled === null) continue;
-    lines.push(`! ${d.name} stalled for ${formatDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`);
+    lines.push(
+      `! ${d.name} stalled for ${formatDuration((nowMs - d.stalled.sinceMs) / 1000)}: ${d.stalled.reason} — a bug; see the producer's log`,
+    );
   }
   const generating = status.datasets.some((d) => d.status === 'in_progress' || d.status === 'pending');
-  if (generating && status.endpoints.total > 0 && status.endpoints.healthy === 0) lines.push(`waiting: ${describeEndpointHealth(status.endpoints)}`);
+  if (generating && status.endpoints.total > 0 && status.endpoints.healthy === 0)
+    lines.push(`waiting: ${describeEndpointHealth(status.endpoints)}`);
   return lines;
 }
 
@@ -24,18 +27,33 @@ function fmtMs(ms: number): string {
 
 /** The status as a readable table, with the phases as a checklist. */
 export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
-  const mark: Record<ProgressStatus, string> = { completed: '[x]', in_progress: '[~]', pending: '[ ]', failed: '[!]', paused: '[=]' };
-  const lines = [`run ${status.run}`, `phases: ${status.phases.map((p) => `${p.configured ? mark[p.status] : '[-]'} ${p.name}`).join('  ')}`];
+  const mark: Record<ProgressStatus, string> = {
+    completed: '[x]',
+    in_progress: '[~]',
+    pending: '[ ]',
+    failed: '[!]',
+    paused: '[=]',
+  };
+  const lines = [
+    `run ${status.run}`,
+    `phases: ${status.phases.map((p) => `${p.configured ? mark[p.status] : '[-]'} ${p.name}`).join('  ')}`,
+  ];
   for (const p of status.phases) if (p.detail !== '' && p.configured) lines.push(`  ${p.name}: ${p.detail}`);
   if (status.endpoints.reported > 0) lines.push(`endpoints: ${describeEndpointHealth(status.endpoints)}`);
   for (const e of status.endpointRequests) {
     if (e.requests === 0 && e.inFlight === 0) continue;
-    const errors = Object.entries(e.errors).map(([k, v]) => `${k}×${v}`).join(' ');
-    const latency = e.recentLatencyMs === null ? '' : `, latency p50 ${fmtMs(e.recentLatencyMs.p50)} p95 ${fmtMs(e.recentLatencyMs.p95)}`;
+    const errors = Object.entries(e.errors)
+      .map(([k, v]) => `${k}×${v}`)
+      .join(' ');
+    const latency =
+      e.recentLatencyMs === null
+        ? ''
+        : `, latency p50 ${fmtMs(e.recentLatencyMs.p50)} p95 ${fmtMs(e.recentLatencyMs.p95)}`;
     lines.push(`  ${e.url}: ${formatInt(e.inFlight)} in flight${latency}${errors === '' ? '' : `, errors ${errors}`}`);
   }
   for (const e of status.endpoints.endpoints) {
-    if (e.concurrency !== undefined) lines.push(`  ${e.url}: concurrency auto ${formatInt(e.concurrency.cap)} (${e.concurrency.reason})`);
+    if (e.concurrency !== undefined)
+      lines.push(`  ${e.url}: concurrency auto ${formatInt(e.concurrency.cap)} (${e.concurrency.reason})`);
   }
   const workers = status.workers;
   if (workers.length > 0) {
@@ -43,16 +61,32 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     for (const w of workers) roles.set(w.role, (roles.get(w.role) ?? 0) + 1);
     lines.push(`workers: ${[...roles].map(([r, c]) => `${c} ${r}`).join(', ')}`);
     for (const w of workers) {
-      lines.push(`  ${w.role.padEnd(11)} ${w.host}:${w.pid}  up ${formatDuration((nowMs - w.startedMs) / 1000)}${w.role === 'inference' ? `, ${formatInt(w.inFlight)} in flight` : ''}`);
+      lines.push(
+        `  ${w.role.padEnd(11)} ${w.host}:${w.pid}  up ${formatDuration((nowMs - w.startedMs) / 1000)}${w.role === 'inference' ? `, ${formatInt(w.inFlight)} in flight` : ''}`,
+      );
     }
   }
   lines.push('');
-  const header = ['dataset', 'status', 'tokens / budget', '%', 'records', 'in flight', 'failed', 'skipped', 'rejected', 'tok/s', 'ETA'];
+  const header = [
+    'dataset',
+    'status',
+    'tokens / budget',
+    '%',
+    'records',
+    'in flight',
+    'failed',
+    'skipped',
+    'rejected',
+    'tok/s',
+    'ETA',
+  ];
   const rows = status.datasets.map((d) => [
     d.name,
     d.status,
     d.tokenBudget === null ? formatInt(d.outputTokens) : `${formatInt(d.outputTokens)} / ${formatInt(d.tokenBudget)}`,
-    d.tokenBudget === null || d.tokenBudget === 0 ? '' : `${Math.min(999, Math.floor((100 * d.outputTokens) / d.tokenBudget))}%`,
+    d.tokenBudget === null || d.tokenBudget === 0
+      ? ''
+      : `${Math.min(999, Math.floor((100 * d.outputTokens) / d.tokenBudget))}%`,
     formatInt(d.records),
     formatInt(d.inFlight),
     formatInt(d.failed),
@@ -62,7 +96,8 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     d.status === 'completed' ? '-' : d.status === 'paused' ? 'paused' : formatEta(d.etaSeconds),
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const fmt = (r: string[]): string => r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
+  const fmt = (r: string[]): string =>
+    r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
   lines.push(fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt));
   const warnings = runStatusWarnings(status, nowMs);
   if (warnings.length > 0) lines.push('', ...warnings);

@@ -11,12 +11,19 @@ import { readStalls } from './stall-watchdog.js';
 import { readTrainStatus, trainPhaseDetail, type TrainStatus } from './train-status.js';
 import { readWorkers, sumEndpointRequests, type WorkerInfo } from './worker-registry.js';
 
-
 /** Status of a dataset or a phase, as `status --json` prints it. */
 export type ProgressStatus = 'pending' | 'in_progress' | 'completed' | 'failed' | 'paused';
 
 /** BullMQ job states counted per dataset queue. */
-export const JOB_STATES = ['waiting', 'active', 'delayed', 'prioritized', 'waiting-children', 'failed', 'completed'] as const;
+export const JOB_STATES = [
+  'waiting',
+  'active',
+  'delayed',
+  'prioritized',
+  'waiting-children',
+  'failed',
+  'completed',
+] as const;
 export type JobState = (typeof JOB_STATES)[number];
 
 export interface DatasetStatus {
@@ -90,7 +97,12 @@ type StatusConfig = Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['s
  * skipped, tok/s, an ETA range and its queue's jobs by state; the pipeline's phases as a
  * checklist with their numbers; the endpoints' health and requests; the live workers.
  */
-export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusConfig, nowMs = Date.now()): Promise<RunStatus> {
+export async function readRunStatus(
+  redis: Redis,
+  keys: RunKeys,
+  config: StatusConfig,
+  nowMs = Date.now(),
+): Promise<RunStatus> {
   const datasets: DatasetStatus[] = [];
   const [endpoints, stalls, workers] = await Promise.all([
     readEndpointHealth(redis, keys, config.sglang?.endpoints ?? [], nowMs),
@@ -110,13 +122,20 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusC
     const records = Number(stats.records ?? 0);
     const outputTokens = Number(stats.outputTokens ?? 0);
     const tokenBudget = ds.tokenBudget ?? null;
-    const completed = stats.status === 'completed' && (tokenBudget === null || stats.completedReason !== 'budget' || outputTokens >= tokenBudget);
-    const { tokensPerSec, eta } = estimateRateAndEta(rate, nowMs, remainingTokens(ds, stats, records, outputTokens, failed, skipped), {
-      bucketMs: RATE_BUCKET_MS,
-      windowBuckets: RATE_WINDOW_BUCKETS,
-      firstCommitMs: stats.firstCommitMs === undefined ? null : Number(stats.firstCommitMs),
-      meanTokens: records > 0 ? outputTokens / records : null,
-    });
+    const completed =
+      stats.status === 'completed' &&
+      (tokenBudget === null || stats.completedReason !== 'budget' || outputTokens >= tokenBudget);
+    const { tokensPerSec, eta } = estimateRateAndEta(
+      rate,
+      nowMs,
+      remainingTokens(ds, stats, records, outputTokens, failed, skipped),
+      {
+        bucketMs: RATE_BUCKET_MS,
+        windowBuckets: RATE_WINDOW_BUCKETS,
+        firstCommitMs: stats.firstCommitMs === undefined ? null : Number(stats.firstCommitMs),
+        meanTokens: records > 0 ? outputTokens / records : null,
+      },
+    );
     let status: ProgressStatus;
     if (ds.prompts === undefined) status = 'completed';
     else if (paused && !completed) status = 'paused';
@@ -152,7 +171,8 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusC
         : gen.some((d) => d.status === 'paused')
           ? 'paused'
           : 'pending';
-  const stateOf = (name: PhaseStatus['name'], fallback: ProgressStatus): ProgressStatus => (phaseState[name] as ProgressStatus | undefined) ?? fallback;
+  const stateOf = (name: PhaseStatus['name'], fallback: ProgressStatus): ProgressStatus =>
+    (phaseState[name] as ProgressStatus | undefined) ?? fallback;
   const prepared = Object.keys(await redis.hgetall(keys.stats(config.datasets[0]?.name ?? ''))).length > 0;
   const details = await readPhaseDetails(redis, keys, config, gen);
   const requests = sumEndpointRequests(workers);
@@ -160,32 +180,60 @@ export async function readRunStatus(redis: Redis, keys: RunKeys, config: StatusC
   return {
     run: config.run,
     phases: [
-      { name: 'prepare', status: stateOf('prepare', prepared ? 'completed' : 'pending'), configured: true, detail: details.prepare },
+      {
+        name: 'prepare',
+        status: stateOf('prepare', prepared ? 'completed' : 'pending'),
+        configured: true,
+        detail: details.prepare,
+      },
       { name: 'generate', status: generate, configured: gen.length > 0, detail: details.generate },
       { name: 'tokenize', status: stateOf('tokenize', 'pending'), configured: true, detail: details.tokenize },
       { name: 'merge', status: stateOf('merge', 'pending'), configured: true, detail: details.merge },
-      { name: 'train', status: stateOf('train', 'pending'), configured: train !== null, detail: train === null ? 'not configured' : trainPhaseDetail(train) },
+      {
+        name: 'train',
+        status: stateOf('train', 'pending'),
+        configured: train !== null,
+        detail: train === null ? 'not configured' : trainPhaseDetail(train),
+      },
     ],
     datasets,
     endpoints,
-    endpointRequests: (config.sglang?.endpoints ?? []).map((url) => requests.get(url.replace(/\/+$/, '')) ?? emptyRequests(url)),
+    endpointRequests: (config.sglang?.endpoints ?? []).map(
+      (url) => requests.get(url.replace(/\/+$/, '')) ?? emptyRequests(url),
+    ),
     workers,
     train,
   };
 }
 
 function emptyRequests(url: string): EndpointRequests {
-  return { url, inFlight: 0, requests: 0, latencyBuckets: [], latencySumSeconds: 0, latencyCount: 0, errors: {}, recentLatencyMs: null };
+  return {
+    url,
+    inFlight: 0,
+    requests: 0,
+    latencyBuckets: [],
+    latencySumSeconds: 0,
+    latencyCount: 0,
+    errors: {},
+    recentLatencyMs: null,
+  };
 }
 
 /** A live stall record counts only while the dataset is still being generated. */
-function stallOf(record: { sinceMs: number; reason: string } | undefined, status: ProgressStatus): DatasetStatus['stalled'] {
+function stallOf(
+  record: { sinceMs: number; reason: string } | undefined,
+  status: ProgressStatus,
+): DatasetStatus['stalled'] {
   if (record === undefined || status === 'completed' || status === 'paused') return null;
   return { sinceMs: record.sinceMs, reason: record.reason };
 }
 
 /** Whether a dataset's queue is paused, and its jobs by state. */
-async function queueState(redis: Redis, keys: RunKeys, dataset: string): Promise<{ paused: boolean; jobs: DatasetStatus['jobs'] }> {
+async function queueState(
+  redis: Redis,
+  keys: RunKeys,
+  dataset: string,
+): Promise<{ paused: boolean; jobs: DatasetStatus['jobs'] }> {
   const queue = new Queue(generateQueueName(dataset), { connection: redis, prefix: keys.bullPrefix });
   try {
     const [paused, jobs] = await Promise.all([queue.isPaused(), queue.getJobCounts(...JOB_STATES)]);
@@ -207,7 +255,9 @@ function remainingTokens(
   const byBudget = ds.tokenBudget === undefined ? Infinity : Math.max(0, ds.tokenBudget - outputTokens);
   const prompts = stats.prompts === undefined ? undefined : Number(stats.prompts);
   const byPrompts =
-    prompts === undefined || records === 0 ? Infinity : Math.max(0, prompts - records - failed - skipped) * (outputTokens / records);
+    prompts === undefined || records === 0
+      ? Infinity
+      : Math.max(0, prompts - records - failed - skipped) * (outputTokens / records);
   const r = Math.min(byBudget, byPrompts);
   return Number.isFinite(r) ? r : null;
 }

@@ -85,7 +85,10 @@ export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<Trai
     waiting: str(h.waiting),
     reason: str(h.reason),
     worker: str(h.worker),
-    gpus: (h.gpus ?? '').split(',').filter((s) => s !== '').map(Number),
+    gpus: (h.gpus ?? '')
+      .split(',')
+      .filter((s) => s !== '')
+      .map(Number),
     preflight: json<GpuMemorySeen[]>(h.preflight, []),
     fingerprint: json<Record<string, unknown> | null>(h.fingerprint, null),
     envChanges: json<string[]>(h.envChanges, []),
@@ -94,7 +97,9 @@ export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<Trai
 }
 
 /** One line of progress: `step 40/100  loss 2.3100  3.20 steps/s  ETA 19s`. */
-export function formatTrainProgress(t: Pick<TrainStatus, 'step' | 'total' | 'loss' | 'stepsPerSec' | 'etaSeconds'>): string {
+export function formatTrainProgress(
+  t: Pick<TrainStatus, 'step' | 'total' | 'loss' | 'stepsPerSec' | 'etaSeconds'>,
+): string {
   const parts: string[] = [];
   if (t.step !== null) parts.push(`step ${t.step}${t.total === null ? '' : `/${t.total}`}`);
   if (t.loss !== null) parts.push(`loss ${t.loss.toPrecision(5)}`);
@@ -115,7 +120,8 @@ export function formatTrainStatus(t: TrainStatus | null): string[] {
   const progress = formatTrainProgress(t);
   if (progress !== '') lines.push(`  ${progress}`);
   if (t.state === 'waiting' && t.waiting !== null) lines.push(`  waiting: ${t.waiting}`);
-  if (t.reason !== null && (t.state === 'failed' || t.state === 'cancelled' || t.state === 'skipped')) lines.push(`  ${t.state === 'skipped' ? 'skipped' : 'reason'}: ${t.reason}`);
+  if (t.reason !== null && (t.state === 'failed' || t.state === 'cancelled' || t.state === 'skipped'))
+    lines.push(`  ${t.state === 'skipped' ? 'skipped' : 'reason'}: ${t.reason}`);
   if (t.envChanges.length > 0) lines.push(`  environment changed: ${t.envChanges.join('; ')}`);
   return lines;
 }
@@ -130,6 +136,7 @@ export function trainPhaseDetail(t: TrainStatus | null): string {
   if (t.state === 'waiting') return `waiting — ${t.waiting ?? ''}`;
   const progress = formatTrainProgress(t);
   if (t.state === 'running') return `${at}${progress === '' ? 'running' : progress}`;
-  if (t.state === 'completed') return `${at}completed${progress === '' ? '' : `, ${progress.replace(/\s+ETA .*$/, '')}`}`;
+  if (t.state === 'completed')
+    return `${at}completed${progress === '' ? '' : `, ${progress.replace(/\s+ETA .*$/, '')}`}`;
   return `${at}${t.state}${t.reason === null ? '' : ` — ${t.reason}`}`;
 }

@@ -153,7 +153,9 @@ export async function readWorkers(redis: Redis, keys: RunKeys, nowMs = Date.now(
   }
   if (dead.length > 0) await redis.hdel(workersKey(keys), ...dead);
   const order: Record<string, number> = { producer: 0, inference: 1, postprocess: 2 };
-  return live.sort((a, b) => (order[a.role] ?? 9) - (order[b.role] ?? 9) || a.host.localeCompare(b.host) || a.pid - b.pid);
+  return live.sort(
+    (a, b) => (order[a.role] ?? 9) - (order[b.role] ?? 9) || a.host.localeCompare(b.host) || a.pid - b.pid,
+  );
 }
 
 /**
@@ -180,8 +182,14 @@ export function sumEndpointRequests(workers: readonly WorkerInfo[]): Map<string,
       acc.latencySumSeconds += e.latencySumSeconds;
       acc.latencyCount += e.latencyCount;
       for (const [k, n] of Object.entries(e.errors)) acc.errors[k] = (acc.errors[k] ?? 0) + n;
-      if (e.recentLatencyMs !== null && (acc.recentLatencyMs === null || e.recentLatencyMs.p95 > acc.recentLatencyMs.p95)) {
-        acc.recentLatencyMs = { ...e.recentLatencyMs, count: e.recentLatencyMs.count + (acc.recentLatencyMs?.count ?? 0) };
+      if (
+        e.recentLatencyMs !== null &&
+        (acc.recentLatencyMs === null || e.recentLatencyMs.p95 > acc.recentLatencyMs.p95)
+      ) {
+        acc.recentLatencyMs = {
+          ...e.recentLatencyMs,
+          count: e.recentLatencyMs.count + (acc.recentLatencyMs?.count ?? 0),
+        };
       } else if (e.recentLatencyMs !== null && acc.recentLatencyMs !== null) {
         acc.recentLatencyMs = { ...acc.recentLatencyMs, count: acc.recentLatencyMs.count + e.recentLatencyMs.count };
       }

@@ -14,13 +14,7 @@
 import { EventEmitter } from 'node:events';
 import { Pool } from 'undici';
 
-import {
-  type AppError,
-  CancelledError,
-  ConfigError,
-  TimeoutError,
-  errorMessage,
-} from '../errors.js';
+import { type AppError, CancelledError, ConfigError, TimeoutError, errorMessage } from '../errors.js';
 import { type Logger, logger as componentLogger } from '../logger.js';
 import { recordGenerationRequest, recordRequestStarted } from './request-stats.js';
 import {
@@ -184,10 +178,14 @@ export class SglangClient {
   constructor(options: SglangClientOptions) {
     const url = parseEndpoint(options.endpoint);
     if (!Number.isInteger(options.concurrency) || options.concurrency < 1) {
-      throw new ConfigError([{ path: 'concurrency', message: `expected a positive integer, got ${options.concurrency}` }]);
+      throw new ConfigError([
+        { path: 'concurrency', message: `expected a positive integer, got ${options.concurrency}` },
+      ]);
     }
     if (!(options.requestTimeoutMs > 0)) {
-      throw new ConfigError([{ path: 'requestTimeoutMs', message: `expected a positive number, got ${options.requestTimeoutMs}` }]);
+      throw new ConfigError([
+        { path: 'requestTimeoutMs', message: `expected a positive number, got ${options.requestTimeoutMs}` },
+      ]);
     }
     this.basePath = url.pathname.replace(/\/+$/, '');
     this.endpoint = `${url.origin}${this.basePath}`;
@@ -232,7 +230,12 @@ export class SglangClient {
     const onProgress = req.onProgress;
     const res = await this.sendGeneration({
       path: '/generate',
-      body: { input_ids: req.inputIds, sampling_params: { ...req.samplingParams, max_new_tokens: req.maxNewTokens }, rid: req.rid, stream: onProgress !== undefined },
+      body: {
+        input_ids: req.inputIds,
+        sampling_params: { ...req.samplingParams, max_new_tokens: req.maxNewTokens },
+        rid: req.rid,
+        stream: onProgress !== undefined,
+      },
       signal: req.signal,
       rid: req.rid,
       ...(onProgress === undefined ? {} : { onEvent: (data: string) => reportCompletionTokens(data, onProgress) }),
@@ -313,9 +316,19 @@ export class SglangClient {
    */
   async checkAccess(): Promise<HealthResult> {
     try {
-      let res = await this.send({ pool: this.controlPool, method: 'GET', path: '/model_info', timeoutMs: this.controlTimeoutMs });
+      let res = await this.send({
+        pool: this.controlPool,
+        method: 'GET',
+        path: '/model_info',
+        timeoutMs: this.controlTimeoutMs,
+      });
       if (res.status === 404) {
-        res = await this.send({ pool: this.controlPool, method: 'GET', path: '/get_model_info', timeoutMs: this.controlTimeoutMs });
+        res = await this.send({
+          pool: this.controlPool,
+          method: 'GET',
+          path: '/get_model_info',
+          timeoutMs: this.controlTimeoutMs,
+        });
       }
       if (isEndpointLevelStatus(res.status)) {
         this.accessCheckNeeded = true;
@@ -404,7 +417,8 @@ export class SglangClient {
       return res;
     } catch (e: unknown) {
       if (res === undefined) {
-        const failure = e instanceof CancelledError ? 'cancelled' : e instanceof TimeoutError ? 'timeout' : 'connection';
+        const failure =
+          e instanceof CancelledError ? 'cancelled' : e instanceof TimeoutError ? 'timeout' : 'connection';
         recordGenerationRequest(this.endpoint, { failure }, Date.now() - startedMs);
       }
       throw e;
@@ -446,7 +460,10 @@ export class SglangClient {
         body: options.body === undefined ? null : JSON.stringify(options.body),
         signal: controller,
       });
-      const text = options.onEvent !== undefined && res.statusCode === 200 ? await readEvents(res.body, options.onEvent) : await res.body.text();
+      const text =
+        options.onEvent !== undefined && res.statusCode === 200
+          ? await readEvents(res.body, options.onEvent)
+          : await res.body.text();
       return { status: res.statusCode, text, context };
     } catch (e: unknown) {
       throw this.failure(e, outcome, options, context);
@@ -520,10 +537,14 @@ export class SglangClient {
       body = JSON.parse(res.text);
     } catch (e: unknown) {
       const head = res.text.length > 80 ? `${res.text.slice(0, 80)}…` : res.text;
-      throw new SglangResponseFormatError(`body is not JSON (${errorMessage(e)}): ${JSON.stringify(head)}`, {
-        ...res.context,
-        status: res.status,
-      }, { cause: e });
+      throw new SglangResponseFormatError(
+        `body is not JSON (${errorMessage(e)}): ${JSON.stringify(head)}`,
+        {
+          ...res.context,
+          status: res.status,
+        },
+        { cause: e },
+      );
     }
     const parsed = parse(body);
     if (!parsed.ok) {
@@ -555,7 +576,12 @@ export class SglangClient {
   /** GETs the first path that exists (404 moves on to the next), parsed. */
   private async getInfo<T>(paths: readonly string[], parse: (body: unknown) => ParseOutcome<T>): Promise<T> {
     const [first = '/', ...fallbacks] = paths;
-    let last = await this.send({ pool: this.controlPool, method: 'GET', path: first, timeoutMs: this.controlTimeoutMs });
+    let last = await this.send({
+      pool: this.controlPool,
+      method: 'GET',
+      path: first,
+      timeoutMs: this.controlTimeoutMs,
+    });
     for (const path of fallbacks) {
       if (last.status !== 404) break;
       last = await this.send({ pool: this.controlPool, method: 'GET', path, timeoutMs: this.controlTimeoutMs });
@@ -571,7 +597,10 @@ export class SglangClient {
  * returns the last one. Holds one event at a time: SGLang repeats the cumulative output in
  * every event, so keeping the whole stream would grow with the square of the length.
  */
-async function readEvents(body: AsyncIterable<Buffer | string> & { setEncoding(e: BufferEncoding): unknown }, onEvent: (data: string) => void): Promise<string> {
+async function readEvents(
+  body: AsyncIterable<Buffer | string> & { setEncoding(e: BufferEncoding): unknown },
+  onEvent: (data: string) => void,
+): Promise<string> {
   body.setEncoding('utf8');
   let pending = '';
   let last = '';
@@ -631,13 +660,17 @@ function parseEndpoint(endpoint: string): URL {
   try {
     url = new URL(endpoint);
   } catch (e: unknown) {
-    throw new ConfigError([{ path: 'endpoint', message: `not a URL: ${JSON.stringify(endpoint)} (${errorMessage(e)})` }]);
+    throw new ConfigError([
+      { path: 'endpoint', message: `not a URL: ${JSON.stringify(endpoint)} (${errorMessage(e)})` },
+    ]);
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw new ConfigError([{ path: 'endpoint', message: `expected an http(s) URL, got ${JSON.stringify(endpoint)}` }]);
   }
   if (url.search !== '' || url.hash !== '') {
-    throw new ConfigError([{ path: 'endpoint', message: `expected no query or fragment, got ${JSON.stringify(endpoint)}` }]);
+    throw new ConfigError([
+      { path: 'endpoint', message: `expected no query or fragment, got ${JSON.stringify(endpoint)}` },
+    ]);
   }
   return url;
 }

@@ -4,13 +4,7 @@
  */
 import { STATUS_CODES } from 'node:http';
 
-import {
-  type AppError,
-  CancelledError,
-  TimeoutError,
-  UnavailableError,
-  UpstreamHttpError,
-} from '../errors.js';
+import { type AppError, CancelledError, TimeoutError, UnavailableError, UpstreamHttpError } from '../errors.js';
 import { isRecord } from '../util/index.js';
 
 /** Where a request went, for error messages. */
@@ -148,7 +142,11 @@ function misconfiguredHint(status: number): string {
   }
 }
 
-function misconfiguredMessage(status: number, context: SglangRequestContext, serverMessage: string | undefined): string {
+function misconfiguredMessage(
+  status: number,
+  context: SglangRequestContext,
+  serverMessage: string | undefined,
+): string {
   const reason = STATUS_CODES[status];
   const said = serverMessage === undefined ? '' : ` (${serverMessage})`;
   return `SGLang endpoint ${context.endpoint} answered ${status}${reason === undefined ? '' : ` ${reason}`} to ${context.route}${said}: ${misconfiguredHint(status)}`;

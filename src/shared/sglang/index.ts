@@ -1,5 +1,51 @@
 // SGLang HTTP client: one SglangClient per endpoint, typed errors, zod-parsed responses, request stats.
-export { type HealthResult, type SglangChatRequest, SglangClient, type SglangClientOptions, type SglangGenerateRequest } from './client.js';
-export { classifyResponse, classifyTransportError, EndpointMisconfiguredError, errorCode, isEndpointLevelStatus, SglangBadRequestError, sglangErrorMessage, type SglangRequestContext, SglangResponseFormatError } from './errors.js';
-export { type EndpointRequestStats, recordGenerationRequest, recordRequestStarted, REQUEST_LATENCY_BUCKETS_S, type RequestOutcome, requestStatsSnapshot } from './request-stats.js';
-export { type ChatCompletionResponse, ChatCompletionResponseSchema, type ChatFinishReason, type ChatMessageInput, type ChatResult, type FinishReason, FinishReasonSchema, GenerateMetaInfoSchema, type GenerateResponse, GenerateResponseSchema, type GenerateResult, type LoadInfo, LoadInfoSchema, type ModelInfo, ModelInfoSchema, parseChatResponse, parseGenerateResponse, type ServerInfo, ServerInfoSchema, type SglangSamplingOptions, type SglangSamplingParams, SglangSamplingParamsSchema } from './schemas.js';
+export {
+  type HealthResult,
+  type SglangChatRequest,
+  SglangClient,
+  type SglangClientOptions,
+  type SglangGenerateRequest,
+} from './client.js';
+export {
+  classifyResponse,
+  classifyTransportError,
+  EndpointMisconfiguredError,
+  errorCode,
+  isEndpointLevelStatus,
+  SglangBadRequestError,
+  sglangErrorMessage,
+  type SglangRequestContext,
+  SglangResponseFormatError,
+} from './errors.js';
+export {
+  type EndpointRequestStats,
+  recordGenerationRequest,
+  recordRequestStarted,
+  REQUEST_LATENCY_BUCKETS_S,
+  type RequestOutcome,
+  requestStatsSnapshot,
+} from './request-stats.js';
+export {
+  type ChatCompletionResponse,
+  ChatCompletionResponseSchema,
+  type ChatFinishReason,
+  type ChatMessageInput,
+  type ChatResult,
+  type FinishReason,
+  FinishReasonSchema,
+  GenerateMetaInfoSchema,
+  type GenerateResponse,
+  GenerateResponseSchema,
+  type GenerateResult,
+  type LoadInfo,
+  LoadInfoSchema,
+  type ModelInfo,
+  ModelInfoSchema,
+  parseChatResponse,
+  parseGenerateResponse,
+  type ServerInfo,
+  ServerInfoSchema,
+  type SglangSamplingOptions,
+  type SglangSamplingParams,
+  SglangSamplingParamsSchema,
+} from './schemas.js';

@@ -53,7 +53,15 @@ function recordOf(endpoint: string): EndpointRecord {
   const url = endpoint.replace(/\/+$/, '');
   let r = records.get(url);
   if (r === undefined) {
-    r = { inFlight: 0, requests: 0, buckets: new Array<number>(REQUEST_LATENCY_BUCKETS_S.length + 1).fill(0), sum: 0, count: 0, errors: new Map(), recent: [] };
+    r = {
+      inFlight: 0,
+      requests: 0,
+      buckets: new Array<number>(REQUEST_LATENCY_BUCKETS_S.length + 1).fill(0),
+      sum: 0,
+      count: 0,
+      errors: new Map(),
+      recent: [],
+    };
     records.set(url, r);
   }
   return r;
@@ -65,7 +73,12 @@ export function recordRequestStarted(endpoint: string): void {
 }
 
 /** Records how a generation request to `endpoint`, started `latencyMs` ago, ended. */
-export function recordGenerationRequest(endpoint: string, outcome: RequestOutcome, latencyMs: number, nowMs = Date.now()): void {
+export function recordGenerationRequest(
+  endpoint: string,
+  outcome: RequestOutcome,
+  latencyMs: number,
+  nowMs = Date.now(),
+): void {
   const r = recordOf(endpoint);
   r.inFlight = Math.max(0, r.inFlight - 1);
   if ('failure' in outcome) {
@@ -98,7 +111,10 @@ function percentile(sorted: readonly number[], p: number): number {
 /** This process's request stats per endpoint it has sent to. */
 export function requestStatsSnapshot(nowMs = Date.now()): EndpointRequestStats[] {
   return [...records.entries()].map(([url, r]) => {
-    const recent = r.recent.filter(([at]) => at >= nowMs - RECENT_WINDOW_MS).map(([, ms]) => ms).sort((a, b) => a - b);
+    const recent = r.recent
+      .filter(([at]) => at >= nowMs - RECENT_WINDOW_MS)
+      .map(([, ms]) => ms)
+      .sort((a, b) => a - b);
     return {
       url,
       inFlight: r.inFlight,
@@ -107,7 +123,14 @@ export function requestStatsSnapshot(nowMs = Date.now()): EndpointRequestStats[]
       latencySumSeconds: r.sum,
       latencyCount: r.count,
       errors: Object.fromEntries(r.errors),
-      recentLatencyMs: recent.length === 0 ? null : { p50: Math.round(percentile(recent, 0.5)), p95: Math.round(percentile(recent, 0.95)), count: recent.length },
+      recentLatencyMs:
+        recent.length === 0
+          ? null
+          : {
+              p50: Math.round(percentile(recent, 0.5)),
+              p95: Math.round(percentile(recent, 0.95)),
+              count: recent.length,
+            },
     };
   });
 }

@@ -317,7 +317,12 @@ function isFinishReason(v: unknown): v is FinishReason {
   if (v.type === 'length') return isCount(v.length);
   if (v.type === 'stop') {
     const m = v.matched;
-    return m === null || typeof m === 'string' || Number.isSafeInteger(m) || (Array.isArray(m) && m.every((x) => Number.isSafeInteger(x)));
+    return (
+      m === null ||
+      typeof m === 'string' ||
+      Number.isSafeInteger(m) ||
+      (Array.isArray(m) && m.every((x) => Number.isSafeInteger(x)))
+    );
   }
   return v.type === 'abort';
 }
@@ -332,12 +337,15 @@ export function plainGenerateResponse(body: unknown): GenerateResponse | undefin
   if (!isRecord(body)) return undefined;
   const ids = body.output_ids;
   const meta = body.meta_info;
-  if (!Array.isArray(ids) || !isRecord(meta) || (body.text !== undefined && typeof body.text !== 'string')) return undefined;
+  if (!Array.isArray(ids) || !isRecord(meta) || (body.text !== undefined && typeof body.text !== 'string'))
+    return undefined;
   for (let i = 0; i < ids.length; i += 1) if (!isCount(ids[i])) return undefined;
-  if (!isCount(meta.prompt_tokens) || !isCount(meta.completion_tokens) || !isFinishReason(meta.finish_reason)) return undefined;
+  if (!isCount(meta.prompt_tokens) || !isCount(meta.completion_tokens) || !isFinishReason(meta.finish_reason))
+    return undefined;
   if (meta.id !== undefined && typeof meta.id !== 'string') return undefined;
   if (meta.cached_tokens !== undefined && !isCount(meta.cached_tokens)) return undefined;
-  if (meta.e2e_latency !== undefined && !(Number.isFinite(meta.e2e_latency) && (meta.e2e_latency as number) >= 0)) return undefined;
+  if (meta.e2e_latency !== undefined && !(Number.isFinite(meta.e2e_latency) && (meta.e2e_latency as number) >= 0))
+    return undefined;
   return body as GenerateResponse;
 }
 

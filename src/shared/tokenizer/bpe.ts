@@ -51,7 +51,8 @@ export function parseRankFile(text: string, file: string): RankTable {
         `tiktoken rank file ${file}:${lineNo}: expected "<base64 token> <rank>", got ${JSON.stringify(text.slice(lineStart, Math.min(end, lineStart + 80)))}`,
       );
     }
-    if (bytesByRank[rank] !== undefined) throw new EnvironmentError(`tiktoken rank file ${file}:${lineNo}: rank ${rank} appears twice`);
+    if (bytesByRank[rank] !== undefined)
+      throw new EnvironmentError(`tiktoken rank file ${file}:${lineNo}: rank ${rank} appears twice`);
     ranks.set(key, rank);
     bytesByRank[rank] = key;
   }
@@ -148,7 +149,9 @@ export class BytePairEncoder {
     for (let i = 0; i < len - 1; i++) {
       const id = this.#ranks.get(bytes.slice(starts[i] ?? 0, starts[i + 1] ?? 0));
       if (id === undefined) {
-        throw new EnvironmentError('tiktoken ranks lack a single byte that the text needs: the rank file is incomplete');
+        throw new EnvironmentError(
+          'tiktoken ranks lack a single byte that the text needs: the rank file is incomplete',
+        );
       }
       ids.push(id);
     }

@@ -2,7 +2,6 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
-
 /**
  * The model whose tokenizer is bundled, and which the simulator reports serving by default. A
  * server that names another model needs `tokenizer.path` (src/cli/tokenizer-check.ts).

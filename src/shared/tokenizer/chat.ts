@@ -22,7 +22,13 @@ import { installPythonStrip } from './jinja-python-strip.js';
 import { END_OF_TURN_PROBE_ANSWER, deriveEndOfTurnTokenIds } from './end-of-turn.js';
 import { AppError, EnvironmentError, PayloadError, errorMessage } from '../errors.js';
 import { templatesFromConfig, tokenContent, type TokenizerConfigJson } from './config-json.js';
-import { deepSortKeys, normalizeMessage, type ApplyChatTemplateOptions, type ChatMessage, type EncodePromptOptions } from './messages.js';
+import {
+  deepSortKeys,
+  normalizeMessage,
+  type ApplyChatTemplateOptions,
+  type ChatMessage,
+  type EncodePromptOptions,
+} from './messages.js';
 import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './encoder.js';
 import { ServerEncoder } from './server.js';
 import type { ServerTokenizeClient } from './server-client.js';
@@ -267,7 +273,8 @@ export class ChatTokenizer {
       try {
         return fn();
       } catch (e: unknown) {
-        if (!(e instanceof ServerTokensNeeded) || !(encoder instanceof ServerEncoder) || round >= SERVER_TOKEN_ROUNDS) throw e;
+        if (!(e instanceof ServerTokensNeeded) || !(encoder instanceof ServerEncoder) || round >= SERVER_TOKEN_ROUNDS)
+          throw e;
         await encoder.fetchMissing(e);
       }
     }
@@ -367,7 +374,10 @@ export class ChatTokenizer {
    * prompts are tokenized by the server in batches (server.ts); a server failure that
    * retries do not cure rejects the whole call.
    */
-  async encodePrompts(conversations: readonly (readonly ChatMessage[])[], opts: EncodePromptOptions = {}): Promise<(number[] | Error)[]> {
+  async encodePrompts(
+    conversations: readonly (readonly ChatMessage[])[],
+    opts: EncodePromptOptions = {},
+  ): Promise<(number[] | Error)[]> {
     const rendered = conversations.map((messages): string | Error => {
       try {
         return this.applyChatTemplate(messages, { ...opts, addGenerationPrompt: true });
@@ -401,4 +411,3 @@ export class ChatTokenizer {
     return chosen;
   }
 }
-

@@ -44,7 +44,10 @@ export function templatesFromConfig(value: unknown): Map<string, string> {
 }
 
 /** Added tokens from tokenizer.json's `added_tokens` and the config's `added_tokens_decoder`. */
-export function collectAddedTokens(tokenizerJson: Record<string, unknown>, config: TokenizerConfigJson): AddedTokenEntry[] {
+export function collectAddedTokens(
+  tokenizerJson: Record<string, unknown>,
+  config: TokenizerConfigJson,
+): AddedTokenEntry[] {
   const byId = new Map<number, AddedTokenEntry>();
   const list = tokenizerJson.added_tokens;
   if (Array.isArray(list)) {

@@ -66,7 +66,10 @@ export function generationConfigEosIds(config: Record<string, unknown> | undefin
 }
 
 /** The special token that directly follows the assistant content in the rendered probe, if any. */
-export function templateEndOfTurnTokenId(rendered: string | undefined, specialTokens: ReadonlyMap<string, number>): number | undefined {
+export function templateEndOfTurnTokenId(
+  rendered: string | undefined,
+  specialTokens: ReadonlyMap<string, number>,
+): number | undefined {
   if (rendered === undefined) return undefined;
   const at = rendered.lastIndexOf(END_OF_TURN_PROBE_ANSWER);
   if (at < 0) return undefined;

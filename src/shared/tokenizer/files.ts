@@ -60,7 +60,6 @@ export async function readTemplateFiles(dir: string): Promise<Map<string, string
   return out;
 }
 
-
 /**
  * A JSON object file that may be absent (`generation_config.json`): undefined when it is
  * missing, an {@link EnvironmentError} naming it when it is there but unreadable or not an object.

@@ -83,7 +83,7 @@ const CACHE_WORDS = 100_000;
 function probeTexts(lib: LibTokenizer): string[] {
   const added = lib.added_tokens.map((t) => t.content);
   return [
-    'Hello, world! It\'s 2026; they\'re here, we\'ve SEEN 1234567 things.\n\n  indented\tTAB\r\nwindows line\n',
+    "Hello, world! It's 2026; they're here, we've SEEN 1234567 things.\n\n  indented\tTAB\r\nwindows line\n",
     '   leading spaces and trailing   \n\n\n',
     'def f(x):\n    return x ** 2  # square\n\n\nprint(f(12))',
     '中文测试：你好，世界！日本語のテキスト、カタカナ。한국어 텍스트.',
@@ -121,23 +121,27 @@ export function fastByteLevelEncoder(tokenizer: Tokenizer): ((text: string) => n
   const lib = tokenizer as unknown as LibTokenizer;
   const model = lib.model;
   const pre = lib.pre_tokenizer;
-  if (model === null || model.config?.type !== 'BPE' || model.byte_fallback === true || typeof model.bpe !== 'function') return undefined;
+  if (model === null || model.config?.type !== 'BPE' || model.byte_fallback === true || typeof model.bpe !== 'function')
+    return undefined;
   if (pre === null || lib.remove_space === true || lib.do_lowercase_and_remove_accent === true) return undefined;
   if (lib.added_tokens.some((t) => t.lstrip || t.rstrip)) return undefined;
   // ByteLevel alone, or a Sequence of Split pre-tokenizers ending with ByteLevel.
   const chain = Array.isArray(pre.tokenizers) ? pre.tokenizers : [pre];
   const last = chain[chain.length - 1];
-  if (last === null || last === undefined || last.config?.type !== 'ByteLevel' || last.config.add_prefix_space === true) return undefined;
+  if (last === null || last === undefined || last.config?.type !== 'ByteLevel' || last.config.add_prefix_space === true)
+    return undefined;
   const lastRegex = last.config.use_regex === false ? null : (last.pattern ?? null);
   if (last.config.use_regex !== false && lastRegex === null) return undefined;
   const splits: LibPart[] = [];
   for (const part of chain.slice(0, -1)) {
-    if (part === null || part.config?.type !== 'Split' || typeof part.pre_tokenize_text !== 'function') return undefined;
+    if (part === null || part.config?.type !== 'Split' || typeof part.pre_tokenize_text !== 'function')
+      return undefined;
     splits.push(part);
   }
   // Post-processors that leave the tokens alone without special tokens.
   const post = lib.post_processor?.config?.type;
-  if (post !== undefined && post !== 'ByteLevel' && post !== 'TemplateProcessing' && post !== 'Sequence') return undefined;
+  if (post !== undefined && post !== 'ByteLevel' && post !== 'TemplateProcessing' && post !== 'Sequence')
+    return undefined;
 
   const cache = new Map<string, number[]>();
   const encodeWord = (word: string, out: number[]): void => {

@@ -3,8 +3,23 @@ export { parseRankFile, type RankTable, readRankFile } from './bpe.js';
 export { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from './bundled.js';
 export { ChatTokenizer, type TokenIdRange } from './chat.js';
 export { type EncoderKind, ServerTokensNeeded, type TokenEncoder } from './encoder.js';
-export { checkTokenizerKindFits, loadConfiguredTokenizer, loadTokenizer, type TokenizerConfigSource, type TokenizerKind, tokenizerLoadOptions, type TokenizerLoadOptions } from './load.js';
-export { type ApplyChatTemplateOptions, type ChatMessage, ChatMessageSchema, type ChatRole, ChatRoleSchema, type EncodePromptOptions } from './messages.js';
+export {
+  checkTokenizerKindFits,
+  loadConfiguredTokenizer,
+  loadTokenizer,
+  type TokenizerConfigSource,
+  type TokenizerKind,
+  tokenizerLoadOptions,
+  type TokenizerLoadOptions,
+} from './load.js';
+export {
+  type ApplyChatTemplateOptions,
+  type ChatMessage,
+  ChatMessageSchema,
+  type ChatRole,
+  ChatRoleSchema,
+  type EncodePromptOptions,
+} from './messages.js';
 export { convertSplitPattern, KIMI_K2_PATTERN, O200K_PATTERN } from './pattern.js';
 export { ServerTokenizeClient, type ServerTokenizeOptions } from './server-client.js';
 export { ServerEncoder } from './server.js';

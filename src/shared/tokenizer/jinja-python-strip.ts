@@ -10,7 +10,9 @@ const PY_WHITESPACE: ReadonlySet<string> = new Set(
 function pythonStrip(value: string, chars: unknown, left: boolean, right: boolean): string {
   const arg = chars as { type?: string; value?: unknown } | undefined;
   const set =
-    arg === undefined || arg.type === 'NullValue' || arg.type === 'UndefinedValue' ? PY_WHITESPACE : new Set(String(arg.value));
+    arg === undefined || arg.type === 'NullValue' || arg.type === 'UndefinedValue'
+      ? PY_WHITESPACE
+      : new Set(String(arg.value));
   const cps = [...value];
   let a = 0;
   let b = cps.length;
@@ -47,22 +49,37 @@ export function installPythonStrip(): void {
     getter = Object.getOwnPropertyDescriptor(proto, 'builtins')?.get;
     if (getter === undefined) proto = Object.getPrototypeOf(proto) as object | null;
   }
-  if (proto === null || getter === undefined) throw new AppError('@huggingface/jinja changed: string builtins not found; tokenmill cannot give strip() Python semantics');
+  if (proto === null || getter === undefined)
+    throw new AppError(
+      '@huggingface/jinja changed: string builtins not found; tokenmill cannot give strip() Python semantics',
+    );
   const original = getter;
   Object.defineProperty(proto, 'builtins', {
     configurable: true,
     get(this: { value: string }): unknown {
       const map = original.call(this) as Map<string, unknown>;
       const value = this.value;
-      map.set('strip', new FunctionValue((args: unknown[]) => new StringValue(pythonStrip(value, args[0], true, true))));
-      map.set('lstrip', new FunctionValue((args: unknown[]) => new StringValue(pythonStrip(value, args[0], true, false))));
-      map.set('rstrip', new FunctionValue((args: unknown[]) => new StringValue(pythonStrip(value, args[0], false, true))));
+      map.set(
+        'strip',
+        new FunctionValue((args: unknown[]) => new StringValue(pythonStrip(value, args[0], true, true))),
+      );
+      map.set(
+        'lstrip',
+        new FunctionValue((args: unknown[]) => new StringValue(pythonStrip(value, args[0], true, false))),
+      );
+      map.set(
+        'rstrip',
+        new FunctionValue((args: unknown[]) => new StringValue(pythonStrip(value, args[0], false, true))),
+      );
       return map;
     },
   });
   const interpreter = Interpreter.prototype as unknown as FilterApplier;
   const applyFilter = interpreter.applyFilter;
-  if (typeof applyFilter !== 'function') throw new AppError('@huggingface/jinja changed: Interpreter.applyFilter not found; tokenmill cannot give trim Python semantics');
+  if (typeof applyFilter !== 'function')
+    throw new AppError(
+      '@huggingface/jinja changed: Interpreter.applyFilter not found; tokenmill cannot give trim Python semantics',
+    );
   interpreter.applyFilter = function (this: FilterApplier, operand, filterNode, environment): unknown {
     if (filterNode.type === 'Identifier' && filterNode.value === 'trim' && operand instanceof StringValue) {
       return new StringValue(pythonStrip((operand as { value: string }).value, undefined, true, true));

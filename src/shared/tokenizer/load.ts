@@ -20,7 +20,13 @@ import { AppError, ConfigError, EnvironmentError, errorMessage } from '../errors
 import { isRecord } from '../util/index.js';
 import { ChatTokenizer } from './chat.js';
 import { readRankFile } from './bpe.js';
-import { collectAddedTokens, templatesFromConfig, tokenContent, type AddedTokenEntry, type TokenizerConfigJson } from './config-json.js';
+import {
+  collectAddedTokens,
+  templatesFromConfig,
+  tokenContent,
+  type AddedTokenEntry,
+  type TokenizerConfigJson,
+} from './config-json.js';
 import type { TokenEncoder } from './encoder.js';
 import { readJsonFile, readOptionalJsonFile, readTemplateFiles } from './files.js';
 import { HfEncoder } from './hf.js';
@@ -69,7 +75,10 @@ export function tokenizerLoadOptions(config: TokenizerConfigSource): TokenizerLo
   if (t.pattern !== undefined) opts.pattern = t.pattern;
   if (t.preset !== undefined) opts.preset = t.preset;
   if (t.kind === 'server') {
-    opts.server = { endpoints: config.sglang.endpoints, ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }) };
+    opts.server = {
+      endpoints: config.sglang.endpoints,
+      ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
+    };
   }
   return opts;
 }
@@ -109,7 +118,9 @@ function rankFileOf(dir: string, files: readonly string[]): string | undefined {
   if (files.includes('tiktoken.model')) return path.join(dir, 'tiktoken.model');
   const found = files.filter((f) => f.endsWith('.tiktoken'));
   if (found.length > 1) {
-    throw new EnvironmentError(`tokenizer folder ${dir} has several tiktoken rank files (${found.join(', ')}); keep one`);
+    throw new EnvironmentError(
+      `tokenizer folder ${dir} has several tiktoken rank files (${found.join(', ')}); keep one`,
+    );
   }
   return found[0] === undefined ? undefined : path.join(dir, found[0]);
 }
@@ -134,7 +145,12 @@ function kimiSpecialTokens(numBase: number, added: readonly AddedTokenEntry[]): 
   return out;
 }
 
-async function tiktokenEncoder(dir: string, files: readonly string[], config: TokenizerConfigJson, opts: TokenizerLoadOptions): Promise<{ encoder: TokenEncoder; preset: TokenizerPreset | undefined }> {
+async function tiktokenEncoder(
+  dir: string,
+  files: readonly string[],
+  config: TokenizerConfigJson,
+  opts: TokenizerLoadOptions,
+): Promise<{ encoder: TokenEncoder; preset: TokenizerPreset | undefined }> {
   const rankFile = rankFileOf(dir, files);
   if (rankFile === undefined) {
     throw new EnvironmentError(
@@ -153,7 +169,11 @@ async function tiktokenEncoder(dir: string, files: readonly string[], config: To
     );
   }
   const patternSource =
-    opts.pattern !== undefined ? 'tokenizer.pattern' : preset !== undefined ? `the ${preset} preset's pattern` : `pat_str of ${dir}/tokenizer_config.json`;
+    opts.pattern !== undefined
+      ? 'tokenizer.pattern'
+      : preset !== undefined
+        ? `the ${preset} preset's pattern`
+        : `pat_str of ${dir}/tokenizer_config.json`;
   const ranks = await readRankFile(rankFile);
   const added = collectAddedTokens({}, config);
   const specialTokens = preset === 'kimi-k2' ? kimiSpecialTokens(ranks.ranks.size, added) : added;
@@ -176,14 +196,20 @@ function modelVocabSize(modelConfig: Record<string, unknown> | undefined): numbe
   return Number.isInteger(nested) ? (nested as number) : undefined;
 }
 
-async function serverEncoder(dir: string, config: TokenizerConfigJson, opts: TokenizerLoadOptions): Promise<ServerEncoder> {
-  if (opts.server === undefined) throw new EnvironmentError('tokenizer.kind server needs the sglang endpoints to tokenize on');
+async function serverEncoder(
+  dir: string,
+  config: TokenizerConfigJson,
+  opts: TokenizerLoadOptions,
+): Promise<ServerEncoder> {
+  if (opts.server === undefined)
+    throw new EnvironmentError('tokenizer.kind server needs the sglang endpoints to tokenize on');
   const [tokenizerJson, modelConfig] = await Promise.all([
     readOptionalJsonFile(path.join(dir, 'tokenizer.json'), 'tokenizer'),
     readOptionalJsonFile(path.join(dir, 'config.json'), 'tokenizer'),
   ]);
   const added = collectAddedTokens(tokenizerJson ?? {}, config);
-  const size = modelVocabSize(modelConfig) ?? (added.length === 0 ? undefined : Math.max(...added.map((t) => t.id)) + 1);
+  const size =
+    modelVocabSize(modelConfig) ?? (added.length === 0 ? undefined : Math.max(...added.map((t) => t.id)) + 1);
   if (size === undefined) {
     throw new EnvironmentError(
       `tokenizer folder ${dir}: server-side tokenization needs the vocabulary size: a config.json with vocab_size, or added_tokens_decoder in tokenizer_config.json`,
@@ -211,7 +237,8 @@ export async function loadTokenizer(dir: string, opts: TokenizerLoadOptions = {}
   const resolved = path.resolve(dir);
   let files: string[];
   try {
-    if (!(await stat(resolved)).isDirectory()) throw new EnvironmentError(`tokenizer folder ${resolved} is not a folder`);
+    if (!(await stat(resolved)).isDirectory())
+      throw new EnvironmentError(`tokenizer folder ${resolved} is not a folder`);
     files = await readdir(resolved);
   } catch (e: unknown) {
     if (e instanceof AppError) throw e;

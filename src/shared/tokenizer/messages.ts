@@ -69,4 +69,3 @@ export function deepSortKeys(value: unknown): unknown {
   }
   return value;
 }
-

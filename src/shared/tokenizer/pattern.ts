@@ -305,7 +305,8 @@ class PatternConverter {
     }
     const p = negate ? 'P' : 'p';
     const norm = name.replace(/[\s_-]/g, '');
-    const candidates = name.includes('=') || name.includes(':') ? [name.replace(':', '=')] : [name, norm, `sc=${name}`, `sc=${norm}`];
+    const candidates =
+      name.includes('=') || name.includes(':') ? [name.replace(':', '=')] : [name, norm, `sc=${name}`, `sc=${norm}`];
     for (const c of candidates) {
       if (isValidV(`\\${p}{${c}}`)) return `\\${p}{${c}}`;
     }
@@ -435,9 +436,12 @@ export function convertSplitPattern(pattern: string, where: string): string {
   try {
     new RegExp(converted, 'gv');
   } catch (e: unknown) {
-    throw new EnvironmentError(`${where}: the split pattern does not compile as a JavaScript regular expression: ${(e as Error).message}`, {
-      cause: e,
-    });
+    throw new EnvironmentError(
+      `${where}: the split pattern does not compile as a JavaScript regular expression: ${(e as Error).message}`,
+      {
+        cause: e,
+      },
+    );
   }
   return converted;
 }

@@ -50,7 +50,8 @@ export class ServerTokenizeClient {
   #next = 0;
 
   constructor(o: ServerTokenizeOptions) {
-    if (o.endpoints.length === 0) throw new EnvironmentError('server-side tokenization needs at least one sglang endpoint');
+    if (o.endpoints.length === 0)
+      throw new EnvironmentError('server-side tokenization needs at least one sglang endpoint');
     this.#endpoints = o.endpoints;
     this.#apiKey = o.apiKey;
     this.#timeoutMs = o.timeoutMs ?? 30_000;
@@ -67,7 +68,10 @@ export class ServerTokenizeClient {
   async post(endpoint: string, route: string, body: unknown): Promise<unknown> {
     const res = await request(new URL(route, endpoint), {
       method: 'POST',
-      headers: { 'content-type': 'application/json', ...(this.#apiKey === undefined ? {} : { authorization: `Bearer ${this.#apiKey}` }) },
+      headers: {
+        'content-type': 'application/json',
+        ...(this.#apiKey === undefined ? {} : { authorization: `Bearer ${this.#apiKey}` }),
+      },
       body: JSON.stringify(body),
       headersTimeout: this.#timeoutMs,
       bodyTimeout: this.#timeoutMs,
@@ -80,7 +84,8 @@ export class ServerTokenizeClient {
         retryable: true,
       });
     }
-    if (res.statusCode !== 200) throw new Refused(`${endpoint}${route} answered ${res.statusCode}: ${text.slice(0, 300)}`, res.statusCode);
+    if (res.statusCode !== 200)
+      throw new Refused(`${endpoint}${route} answered ${res.statusCode}: ${text.slice(0, 300)}`, res.statusCode);
     try {
       return JSON.parse(text) as unknown;
     } catch {
@@ -97,7 +102,11 @@ export class ServerTokenizeClient {
         return await call(endpoint);
       } catch (e: unknown) {
         if (e instanceof Refused) {
-          throw new UpstreamHttpError(`server-side tokenization: ${e.message}`, { endpoint, status: e.status, retryable: false });
+          throw new UpstreamHttpError(`server-side tokenization: ${e.message}`, {
+            endpoint,
+            status: e.status,
+            retryable: false,
+          });
         }
         last = e;
         if (attempt + 1 < this.#attempts) await sleep(this.#backoffMs * 2 ** attempt);
@@ -112,15 +121,25 @@ export class ServerTokenizeClient {
   /** The ids of each text, without added BOS/EOS, in one request (to `only`, else the next endpoint). */
   async tokenize(texts: readonly string[], only?: string): Promise<number[][]> {
     if (texts.length === 0) return [];
-    return this.#withRetries('/tokenize', async (endpoint) => {
-      const body = await this.post(endpoint, '/tokenize', { prompt: texts.length === 1 ? texts[0] : texts, add_special_tokens: false });
-      const tokens = (body as { tokens?: unknown } | null)?.tokens;
-      const lists = texts.length === 1 && isIds(tokens) ? [tokens] : tokens;
-      if (!Array.isArray(lists) || lists.length !== texts.length || !lists.every(isIds)) {
-        throw new Refused(`${endpoint}/tokenize answered without ${texts.length} id lists: ${JSON.stringify(body).slice(0, 200)}`, 200);
-      }
-      return lists;
-    }, only);
+    return this.#withRetries(
+      '/tokenize',
+      async (endpoint) => {
+        const body = await this.post(endpoint, '/tokenize', {
+          prompt: texts.length === 1 ? texts[0] : texts,
+          add_special_tokens: false,
+        });
+        const tokens = (body as { tokens?: unknown } | null)?.tokens;
+        const lists = texts.length === 1 && isIds(tokens) ? [tokens] : tokens;
+        if (!Array.isArray(lists) || lists.length !== texts.length || !lists.every(isIds)) {
+          throw new Refused(
+            `${endpoint}/tokenize answered without ${texts.length} id lists: ${JSON.stringify(body).slice(0, 200)}`,
+            200,
+          );
+        }
+        return lists;
+      },
+      only,
+    );
   }
 
   /**
@@ -130,7 +149,11 @@ export class ServerTokenizeClient {
    */
   async tokenizeMessages(endpoint: string, messages: readonly unknown[]): Promise<number[] | undefined> {
     try {
-      const body = await this.post(endpoint, '/tokenize', { messages, add_generation_prompt: true, add_special_tokens: false });
+      const body = await this.post(endpoint, '/tokenize', {
+        messages,
+        add_generation_prompt: true,
+        add_special_tokens: false,
+      });
       const tokens = (body as { tokens?: unknown } | null)?.tokens;
       return isIds(tokens) ? tokens : undefined;
     } catch (e: unknown) {
@@ -146,7 +169,11 @@ export class ServerTokenizeClient {
         this.#withRetries('/detokenize', async (endpoint) => {
           const body = await this.post(endpoint, '/detokenize', { tokens: ids });
           const text = (body as { text?: unknown } | null)?.text;
-          if (typeof text !== 'string') throw new Refused(`${endpoint}/detokenize answered without a text: ${JSON.stringify(body).slice(0, 200)}`, 200);
+          if (typeof text !== 'string')
+            throw new Refused(
+              `${endpoint}/detokenize answered without a text: ${JSON.stringify(body).slice(0, 200)}`,
+              200,
+            );
           return text;
         }),
       ),

@@ -65,7 +65,8 @@ export class ServerEncoder implements TokenEncoder {
 
   decode(ids: readonly number[], skipSpecial: boolean): string {
     const kept = skipSpecial ? ids.filter((id) => this.#addedById.get(id)?.special !== true) : ids;
-    if (kept.every((id) => this.#addedById.has(id))) return kept.map((id) => this.#addedById.get(id)?.content ?? '').join('');
+    if (kept.every((id) => this.#addedById.has(id)))
+      return kept.map((id) => this.#addedById.get(id)?.content ?? '').join('');
     const known = this.#decoded.get(kept.join(','));
     if (known !== undefined) return known;
     throw new ServerTokensNeeded([], [kept]);
@@ -102,7 +103,9 @@ export class ServerEncoder implements TokenEncoder {
         ids.forEach((list, i) => (out[from + i] = list));
       }
     };
-    await Promise.all(Array.from({ length: Math.min(REQUESTS_IN_FLIGHT, Math.ceil(texts.length / TEXTS_PER_REQUEST)) }, lane));
+    await Promise.all(
+      Array.from({ length: Math.min(REQUESTS_IN_FLIGHT, Math.ceil(texts.length / TEXTS_PER_REQUEST)) }, lane),
+    );
     return out;
   }
 

@@ -53,7 +53,12 @@ export function runCaptured(
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
-      resolve({ code, signal, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') });
+      resolve({
+        code,
+        signal,
+        stdout: Buffer.concat(out).toString('utf8'),
+        stderr: Buffer.concat(err).toString('utf8'),
+      });
     });
     // A child that exits before reading all of stdin must not fail the caller with EPIPE.
     child.stdin.on('error', () => undefined);

@@ -69,7 +69,9 @@ export class BatchReporter {
 
   private track(p: Promise<unknown>): void {
     const tracked = p
-      .catch((e: unknown) => this.log.debug({ err: e, jobId: this.job.id }, 'could not update a batch job\'s progress or log'))
+      .catch((e: unknown) =>
+        this.log.debug({ err: e, jobId: this.job.id }, "could not update a batch job's progress or log"),
+      )
       .finally(() => {
         this.pending = this.pending.filter((x) => x !== tracked);
       });

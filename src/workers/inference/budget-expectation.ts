@@ -73,7 +73,10 @@ export interface LengthModel {
 }
 
 /** Builds the {@link LengthModel} (the same steps as acquire-request.lua). */
-export function lengthModel(hist: ReadonlyMap<number, LengthBucket>, censoredBuckets: ReadonlyMap<number, number> = new Map()): LengthModel {
+export function lengthModel(
+  hist: ReadonlyMap<number, LengthBucket>,
+  censoredBuckets: ReadonlyMap<number, number> = new Map(),
+): LengthModel {
   let maxB = -1;
   let atRisk = 0;
   for (const [b, e] of hist) {
@@ -98,7 +101,11 @@ export function lengthModel(hist: ReadonlyMap<number, LengthBucket>, censoredBuc
     }
     atRisk -= d + (censoredBuckets.get(b) ?? 0);
   }
-  return { mass, tailMass: lastEvent < 0 ? 0 : Math.max(0, survival), tailFrom: lastEvent < 0 ? 0 : bucketBounds(lastEvent).hi };
+  return {
+    mass,
+    tailMass: lastEvent < 0 ? 0 : Math.max(0, survival),
+    tailFrom: lastEvent < 0 ? 0 : bucketBounds(lastEvent).hi,
+  };
 }
 
 /**
@@ -109,7 +116,11 @@ export function lengthModel(hist: ReadonlyMap<number, LengthBucket>, censoredBuc
  * above x (no lengths yet, or x past every one) it is `min(maxNewTokens, 1.25 (x + 1))`, and
  * `observedAbove` is 0.
  */
-export function conditionalMean(model: LengthModel, x: number, maxNewTokens: number): { expected: number; variance: number; observedAbove: number } {
+export function conditionalMean(
+  model: LengthModel,
+  x: number,
+  maxNewTokens: number,
+): { expected: number; variance: number; observedAbove: number } {
   const bx = lengthBucket(x);
   let mass = 0;
   let tokens = 0;
@@ -136,7 +147,11 @@ export function conditionalMean(model: LengthModel, x: number, maxNewTokens: num
   }
   if (mass <= 1e-12) return { expected: Math.min(maxNewTokens, 1.25 * (x + 1)), variance: 0, observedAbove: 0 };
   const mean = tokens / mass;
-  return { expected: Math.min(maxNewTokens, Math.max(x, mean)), variance: Math.max(0, squares / mass - mean * mean), observedAbove: mass };
+  return {
+    expected: Math.min(maxNewTokens, Math.max(x, mean)),
+    variance: Math.max(0, squares / mass - mean * mean),
+    observedAbove: mass,
+  };
 }
 
 /** What the reservation of one in-flight request is, as acquire-request.lua computes it. */

@@ -118,9 +118,9 @@ export class AutoConcurrencyCaps implements ConcurrencyCaps {
       if (this.refreshFailing) this.o.logger.info('endpoint concurrency readable again');
       this.refreshFailing = false;
     } catch (e: unknown) {
-      if (!this.refreshFailing) this.o.logger.warn({ err: e }, 'cannot read the endpoints\' concurrency; keeping the last values');
+      if (!this.refreshFailing)
+        this.o.logger.warn({ err: e }, "cannot read the endpoints' concurrency; keeping the last values");
       this.refreshFailing = true;
     }
   }
 }
-

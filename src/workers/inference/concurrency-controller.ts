@@ -9,7 +9,13 @@ import {
   type ScriptedRedis,
 } from '../../shared/index.js';
 import type { Redis } from 'ioredis';
-import { decideConcurrency, INITIAL_POLICY_STATE, type ConcurrencyBounds, type PolicyState, type WindowObservation } from './concurrency-policy.js';
+import {
+  decideConcurrency,
+  INITIAL_POLICY_STATE,
+  type ConcurrencyBounds,
+  type PolicyState,
+  type WindowObservation,
+} from './concurrency-policy.js';
 import type { ServerLoadSample } from './concurrency-probe.js';
 
 /** Where the controller reads the server's load; {@link ServerLoadProbe} in production. */
@@ -105,7 +111,10 @@ export class ConcurrencyController {
     try {
       await this.redis.lockRelease(endpointConcurrencyLeaseKey(this.o.keys, this.o.endpoint), this.token);
     } catch (e: unknown) {
-      this.o.logger.warn({ err: e, endpoint: this.o.endpoint }, 'could not hand back the concurrency steering lease; it lapses on its own');
+      this.o.logger.warn(
+        { err: e, endpoint: this.o.endpoint },
+        'could not hand back the concurrency steering lease; it lapses on its own',
+      );
     }
   }
 
@@ -128,7 +137,10 @@ export class ConcurrencyController {
     if (this.holding) {
       if ((await this.redis.lockRenew(leaseKey, this.token, this.leaseTtlMs)) === 1) return true;
       this.holding = false;
-      this.o.logger.info({ endpoint: this.o.endpoint }, 'concurrency steering lease lapsed; another worker steers this endpoint now');
+      this.o.logger.info(
+        { endpoint: this.o.endpoint },
+        'concurrency steering lease lapsed; another worker steers this endpoint now',
+      );
       return false;
     }
     if ((await this.redis.set(leaseKey, this.token, 'PX', this.leaseTtlMs, 'NX')) !== 'OK') return false;
@@ -144,9 +156,17 @@ export class ConcurrencyController {
     this.state = INITIAL_POLICY_STATE;
     this.samples = [];
     this.settleUntilMs = Date.now() + this.settleMs;
-    await this.redis.hset(key, { cap: this.cap, controller: this.o.workerId, updatedMs: Date.now(), reason: Number.isInteger(stored) && stored >= 1 ? 'resumed from the last value chosen' : 'starting value' });
+    await this.redis.hset(key, {
+      cap: this.cap,
+      controller: this.o.workerId,
+      updatedMs: Date.now(),
+      reason: Number.isInteger(stored) && stored >= 1 ? 'resumed from the last value chosen' : 'starting value',
+    });
     this.o.onCap?.(this.cap);
-    this.o.logger.info({ endpoint: this.o.endpoint, cap: this.cap }, 'steering this endpoint\'s requests in flight (sglang.concurrency: auto)');
+    this.o.logger.info(
+      { endpoint: this.o.endpoint, cap: this.cap },
+      "steering this endpoint's requests in flight (sglang.concurrency: auto)",
+    );
     return true;
   }
 
@@ -155,8 +175,18 @@ export class ConcurrencyController {
     try {
       load = await this.o.reader.read();
       if (this.readFailing) {
-        this.o.logger.warn({ endpoint: this.o.endpoint, unreadableForSec: Math.round((Date.now() - (this.readFailingSinceMs ?? Date.now())) / 1000) }, 'server load readable again; steering goes on');
-        await this.redis.hset(endpointConcurrencyKey(this.o.keys, this.o.endpoint), { reason: 'server load readable again; measuring', updatedMs: Date.now(), loadUnreadableSinceMs: '' });
+        this.o.logger.warn(
+          {
+            endpoint: this.o.endpoint,
+            unreadableForSec: Math.round((Date.now() - (this.readFailingSinceMs ?? Date.now())) / 1000),
+          },
+          'server load readable again; steering goes on',
+        );
+        await this.redis.hset(endpointConcurrencyKey(this.o.keys, this.o.endpoint), {
+          reason: 'server load readable again; measuring',
+          updatedMs: Date.now(),
+          loadUnreadableSinceMs: '',
+        });
       }
       this.readFailing = false;
       this.readFailingSinceMs = null;
@@ -167,7 +197,10 @@ export class ConcurrencyController {
       return;
     }
     const key = endpointConcurrencyKey(this.o.keys, this.o.endpoint);
-    const [leases, overloads] = await Promise.all([this.redis.zcard(this.o.keys.endpointLeases(this.o.endpoint)), this.redis.hget(key, 'overloads')]);
+    const [leases, overloads] = await Promise.all([
+      this.redis.zcard(this.o.keys.endpointLeases(this.o.endpoint)),
+      this.redis.hget(key, 'overloads'),
+    ]);
     if (load.atMs < this.settleUntilMs) return;
     this.samples.push({ ...load, inFlight: leases, overloads: Number(overloads ?? 0) });
     const first = this.samples[0];
@@ -192,7 +225,9 @@ export class ConcurrencyController {
     const forSec = Math.round((now - since) / 1000);
     this.o.logger.warn(
       { endpoint: this.o.endpoint, err: error, unreadableForSec: forSec, cap: this.cap },
-      first ? 'cannot read the server\'s load; the requests in flight stay as they are' : `still cannot read the server's load (for ${forSec} s); the requests in flight stay as they are`,
+      first
+        ? "cannot read the server's load; the requests in flight stay as they are"
+        : `still cannot read the server's load (for ${forSec} s); the requests in flight stay as they are`,
     );
     await this.redis.hset(endpointConcurrencyKey(this.o.keys, this.o.endpoint), {
       reason: `cannot read the server's load since ${new Date(since).toISOString()} (${error}); kept at ${this.cap}`,
@@ -204,7 +239,12 @@ export class ConcurrencyController {
   private observe(samples: readonly Sample[], first: Sample, last: Sample): WindowObservation {
     const mean = (f: (s: Sample) => number): number => samples.reduce((a, s) => a + f(s), 0) / samples.length;
     const dt = (last.atMs - first.atMs) / 1000;
-    const tokens = first.generationTokensTotal !== null && last.generationTokensTotal !== null && last.generationTokensTotal >= first.generationTokensTotal ? last.generationTokensTotal - first.generationTokensTotal : null;
+    const tokens =
+      first.generationTokensTotal !== null &&
+      last.generationTokensTotal !== null &&
+      last.generationTokensTotal >= first.generationTokensTotal
+        ? last.generationTokensTotal - first.generationTokensTotal
+        : null;
     return {
       cap: this.cap,
       inFlight: mean((s) => s.inFlight),
@@ -236,7 +276,10 @@ export class ConcurrencyController {
       queued: Math.round(obs.queued * 10) / 10,
     });
     if (changed) {
-      this.o.logger.info({ endpoint: this.o.endpoint, from: this.cap, to: d.cap, reason: d.reason }, 'requests in flight changed (sglang.concurrency: auto)');
+      this.o.logger.info(
+        { endpoint: this.o.endpoint, from: this.cap, to: d.cap, reason: d.reason },
+        'requests in flight changed (sglang.concurrency: auto)',
+      );
       this.cap = d.cap;
       this.o.onCap?.(d.cap);
       this.samples = [];

@@ -78,30 +78,56 @@ export function decideConcurrency(o: WindowObservation, s: PolicyState, b: Concu
   const seen = `${Math.round(o.running)} running, ${o.queued.toFixed(1)} queued, ${rate(o.tokensPerSec)} tok/s`;
   if (o.overloads > 0) {
     const cap = clamp(Math.floor(Math.min(o.cap, Math.max(1, o.inFlight)) * OVERLOAD_FACTOR), b);
-    return { cap, reason: `stepped back: the server answered 503 ${o.overloads} time(s) (${seen})`, state: { ...INITIAL_POLICY_STATE, holdWindows: OVERLOAD_HOLD_WINDOWS } };
+    return {
+      cap,
+      reason: `stepped back: the server answered 503 ${o.overloads} time(s) (${seen})`,
+      state: { ...INITIAL_POLICY_STATE, holdWindows: OVERLOAD_HOLD_WINDOWS },
+    };
   }
   if (o.inFlight > o.cap * DRAINED_SHARE + 1) {
     // Lowered, and long requests still hold the old slots: the window measured the old value.
-    return { cap: o.cap, reason: `held: waiting for the requests in flight to drain to the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`, state: s };
+    return {
+      cap: o.cap,
+      reason: `held: waiting for the requests in flight to drain to the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`,
+      state: s,
+    };
   }
   if (o.queued > limit) {
     // The server runs all it can: keep that many plus a short queue that refills its slots at once.
     const target = Math.ceil(Math.max(o.running, o.runningPeak ?? 0) + limit / 2);
     const cap = clamp(target < o.cap ? target : Math.floor(o.cap * 0.9), b);
-    return { cap, reason: `stepped back: the server queues more than ${limit} (${seen})`, state: { ...INITIAL_POLICY_STATE, holdWindows: 1 } };
+    return {
+      cap,
+      reason: `stepped back: the server queues more than ${limit} (${seen})`,
+      state: { ...INITIAL_POLICY_STATE, holdWindows: 1 },
+    };
   }
   if (o.inFlight < CAP_BOUND_SHARE * o.cap) {
     // Nothing to judge the cap by: the next window that fills it is compared as this one would have been.
-    return { cap: o.cap, reason: `held: fewer requests ready than the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`, state: s };
+    return {
+      cap: o.cap,
+      reason: `held: fewer requests ready than the cap (${o.inFlight.toFixed(0)} in flight; ${seen})`,
+      state: s,
+    };
   }
   if (o.queued >= 1) {
     return { cap: o.cap, reason: `held: the server is full with a short queue (${seen})`, state: INITIAL_POLICY_STATE };
   }
   if (s.holdWindows > 0) {
-    return { cap: o.cap, reason: `held for ${s.holdWindows} more window(s) (${seen})`, state: { ...s, holdWindows: s.holdWindows - 1 } };
+    return {
+      cap: o.cap,
+      reason: `held for ${s.holdWindows} more window(s) (${seen})`,
+      state: { ...s, holdWindows: s.holdWindows - 1 },
+    };
   }
   const before = s.previousTokensPerSec;
-  if (s.previousCap !== null && s.previousCap < o.cap && before !== null && o.tokensPerSec !== null && o.tokensPerSec < before * (1 + MIN_GAIN)) {
+  if (
+    s.previousCap !== null &&
+    s.previousCap < o.cap &&
+    before !== null &&
+    o.tokensPerSec !== null &&
+    o.tokensPerSec < before * (1 + MIN_GAIN)
+  ) {
     return {
       cap: clamp(s.previousCap, b),
       reason: `went back: ${o.cap} in flight gave ${rate(o.tokensPerSec)} tok/s, no more than ${rate(before)} at ${s.previousCap} (${seen})`,

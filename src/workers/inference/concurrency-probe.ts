@@ -103,7 +103,12 @@ export class ServerLoadProbe {
     const running = promSum(text, 'sglang:num_running_reqs');
     const queued = promSum(text, 'sglang:num_queue_reqs');
     if (running === null || queued === null) return null;
-    return { atMs: Date.now(), running, queued, generationTokensTotal: promSum(text, 'sglang:generation_tokens_total') };
+    return {
+      atMs: Date.now(),
+      running,
+      queued,
+      generationTokensTotal: promSum(text, 'sglang:generation_tokens_total'),
+    };
   }
 
   private async readLoad(): Promise<ServerLoadSample> {
@@ -117,14 +122,19 @@ export class ServerLoadProbe {
     }
     if (res.status !== 200) {
       await res.body?.cancel();
-      throw new Error(`${this.endpoint}: no load reading (/metrics has no request gauges; ${LOAD_PATHS.join(' and ')} answered ${res.status})`);
+      throw new Error(
+        `${this.endpoint}: no load reading (/metrics has no request gauges; ${LOAD_PATHS.join(' and ')} answered ${res.status})`,
+      );
     }
     return { ...loadCounts((await res.json()) as unknown), atMs: Date.now(), generationTokensTotal: null };
   }
 
   private async get(path: string): Promise<Response> {
     try {
-      return await fetch(`${this.endpoint}${path}`, { headers: this.headers, signal: AbortSignal.timeout(this.timeoutMs) });
+      return await fetch(`${this.endpoint}${path}`, {
+        headers: this.headers,
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
     } catch (e: unknown) {
       throw new Error(`cannot read ${this.endpoint}${path}: ${errorMessage(e)}`, { cause: e });
     }
@@ -133,7 +143,11 @@ export class ServerLoadProbe {
 
 /** Running and queued requests summed over the ranks of a load body (a list, `{ loads: [...] }`, or one object). */
 function loadCounts(body: unknown): { running: number; queued: number } {
-  const ranks = Array.isArray(body) ? body : typeof body === 'object' && body !== null && Array.isArray((body as { loads?: unknown }).loads) ? (body as { loads: unknown[] }).loads : [body];
+  const ranks = Array.isArray(body)
+    ? body
+    : typeof body === 'object' && body !== null && Array.isArray((body as { loads?: unknown }).loads)
+      ? (body as { loads: unknown[] }).loads
+      : [body];
   let running = 0;
   let queued = 0;
   for (const r of ranks) {

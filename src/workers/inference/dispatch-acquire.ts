@@ -73,7 +73,10 @@ export function newAttempts(batch: readonly Task[]): AcquireAttempt[] {
  * are the attempts of each acquire-request.lua call, as {@link addAcquires} returned them;
  * `replies` start with the first of these calls.
  */
-export function readAcquires(calls: readonly AcquireAttempt[][], replies: readonly [Error | null, unknown][] | null): void {
+export function readAcquires(
+  calls: readonly AcquireAttempt[][],
+  replies: readonly [Error | null, unknown][] | null,
+): void {
   calls.forEach((call, i) => {
     const reply = replies?.[i];
     const error = reply === undefined ? new AppError('Redis sent no reply to an acquire of a pipeline') : reply[0];
@@ -116,7 +119,13 @@ export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budget
  * them in the order given, each as if alone. Returns the attempts of each call, for
  * {@link readAcquires}.
  */
-export function addAcquires(pipeline: RedisPipeline, attempts: readonly AcquireAttempt[], group: Endpoint[], cap: number, s: AcquireSettings): AcquireAttempt[][] {
+export function addAcquires(
+  pipeline: RedisPipeline,
+  attempts: readonly AcquireAttempt[],
+  group: Endpoint[],
+  cap: number,
+  s: AcquireSettings,
+): AcquireAttempt[][] {
   const { keys } = s;
   const leaseKeys = group.map((e) => keys.endpointLeases(e.url));
   const calls: AcquireAttempt[][] = [];
@@ -150,7 +159,14 @@ export function addAcquires(pipeline: RedisPipeline, attempts: readonly AcquireA
       budgetMarginOf(dataset, s),
       s.strictDatasets?.has(dataset) === true ? 1 : TIMED_PROGRESS_FACTOR,
     ];
-    for (const a of more) args.push(a.rid, a.task.req.priorExpectedTokens, a.probation ? 1 : 0, a.task.req.sample.id, a.task.req.sample.maxNewTokens);
+    for (const a of more)
+      args.push(
+        a.rid,
+        a.task.req.priorExpectedTokens,
+        a.probation ? 1 : 0,
+        a.task.req.sample.id,
+        a.task.req.sample.maxNewTokens,
+      );
     const [numKeys, ...keysAndArgs] = args as [number, ...(string | number)[]];
     void pipeline.acquireRequest(numKeys, ...keysAndArgs);
   }

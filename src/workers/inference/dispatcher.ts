@@ -13,7 +13,15 @@ import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
 import { LeaseKeeper } from './lease-keeper.js';
 import { SlotWantedFlag } from './slot-wanted.js';
-import { addAcquires, newAttempts, newPass, readAcquires, type AcquireAttempt, type PumpPass, type RedisPipeline } from './dispatch-acquire.js';
+import {
+  addAcquires,
+  newAttempts,
+  newPass,
+  readAcquires,
+  type AcquireAttempt,
+  type PumpPass,
+  type RedisPipeline,
+} from './dispatch-acquire.js';
 import { CommitBatcher, checkOutputVocabulary } from './sample-records.js';
 import { StrictBudget } from './budget-strict.js';
 import { FailureHandler, type Running } from './failure-handling.js';
@@ -59,8 +67,6 @@ interface GiveBack {
 
 /** How often a paused dataset is looked at again (ms): the delay before a resume takes effect. */
 const PAUSED_RECHECK_MS = 250;
-
-
 
 /**
  * Keeps requests in flight continuously (docs/design.md, invariants 2, 3, 6, 7): the moment one
@@ -115,7 +121,10 @@ export class Dispatcher {
       keys: options.keys,
       log: this.log,
       onStop: (dataset, rids) => {
-        this.log.info({ dataset, aborting: rids.length }, 'strict budget met by the tokens committed and in flight: aborting its requests in flight, keeping their partial outputs');
+        this.log.info(
+          { dataset, aborting: rids.length },
+          'strict budget met by the tokens committed and in flight: aborting its requests in flight, keeping their partial outputs',
+        );
         for (const rid of rids) {
           const r = this.running.get(rid);
           if (r !== undefined && !r.settling) void r.endpoint.client.abort(rid);
@@ -132,7 +141,9 @@ export class Dispatcher {
       isCurrent: (r) => this.running.get(r.rid) === r,
       log: this.log,
     });
-    this.commits = new CommitBatcher(options.redis, options.keys, (pipeline, freed) => this.rideOnCommits(pipeline as RedisPipeline, freed));
+    this.commits = new CommitBatcher(options.redis, options.keys, (pipeline, freed) =>
+      this.rideOnCommits(pipeline as RedisPipeline, freed),
+    );
     this.failures = new FailureHandler({
       redis: options.redis,
       keys: options.keys,
@@ -454,7 +465,10 @@ export class Dispatcher {
    * the same pipeline, so a finished request's slot passes to the next sample in one round
    * trip instead of two. Only the first cap group is asked; the pump handles the rest.
    */
-  private rideOnCommits(pipeline: RedisPipeline, freed: number): ((replies: readonly [Error | null, unknown][] | null) => void) | undefined {
+  private rideOnCommits(
+    pipeline: RedisPipeline,
+    freed: number,
+  ): ((replies: readonly [Error | null, unknown][] | null) => void) | undefined {
     if (this.stopping || this.slotWanted.othersWaiting) return undefined;
     const healthy = this.options.pool.healthy();
     const [first] = this.options.pool.byCap(healthy);
@@ -504,7 +518,12 @@ export class Dispatcher {
     for (const a of attempts) if (a.task.state === 'acquiring') a.task.state = 'pending';
   }
 
-  private addAcquires(pipeline: RedisPipeline, attempts: AcquireAttempt[], group: Endpoint[], cap: number): AcquireAttempt[][] {
+  private addAcquires(
+    pipeline: RedisPipeline,
+    attempts: AcquireAttempt[],
+    group: Endpoint[],
+    cap: number,
+  ): AcquireAttempt[][] {
     return addAcquires(pipeline, attempts, group, cap, {
       keys: this.options.keys,
       leaseTtlMs: this.leaseTtlMs,
@@ -528,14 +547,42 @@ export class Dispatcher {
     this.signalDemand();
   }
 
-  private async send(task: Task, rid: string, endpoint: Endpoint, leaseKey: string, probation: boolean, leaseSentMs: number): Promise<void> {
+  private async send(
+    task: Task,
+    rid: string,
+    endpoint: Endpoint,
+    leaseKey: string,
+    probation: boolean,
+    leaseSentMs: number,
+  ): Promise<void> {
     const { req } = task;
     const abort = new AbortController();
-    const running: Running = { task, dataset: req.dataset, rid, endpoint, leaseKey, abort, probation, leaseLost: false, leaseSentMs, settling: false };
+    const running: Running = {
+      task,
+      dataset: req.dataset,
+      rid,
+      endpoint,
+      leaseKey,
+      abort,
+      probation,
+      leaseLost: false,
+      leaseSentMs,
+      settling: false,
+    };
     task.state = 'running';
     this.running.set(rid, running);
     endpoint.inFlight += 1;
-    if (probation) this.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, crashes: task.crashes, endpoint: endpoint.url }, 'sending a prompt on probation: it was in flight at every recent server crash');
+    if (probation)
+      this.log.warn(
+        {
+          dataset: req.dataset,
+          sampleId: req.sample.id,
+          line: req.sample.line,
+          crashes: task.crashes,
+          endpoint: endpoint.url,
+        },
+        'sending a prompt on probation: it was in flight at every recent server crash',
+      );
     const strict = this.strictDatasets.has(req.dataset);
     const onProgress = strict ? this.strict.track(req.dataset, rid) : undefined;
     try {
@@ -553,15 +600,29 @@ export class Dispatcher {
       const budgetStopped = strict && this.strict.untrack(rid) && result.finishReason.type === 'abort';
       if (budgetStopped && result.completionTokens === 0) {
         await this.release(req.dataset, rid, leaseKey);
-        await this.options.redis.skipSamples(this.options.keys.done(req.dataset), this.options.keys.skipped(req.dataset), req.sample.id);
+        await this.options.redis.skipSamples(
+          this.options.keys.done(req.dataset),
+          this.options.keys.skipped(req.dataset),
+          req.sample.id,
+        );
         this.queue.settle(task, { kind: 'skipped-budget' });
         return;
       }
       if (result.finishReason.type === 'abort' && !budgetStopped) {
-        throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, { retryable: true, endpoint: endpoint.url });
+        throw new UpstreamHttpError(`SGLang aborted the request: ${JSON.stringify(result.finishReason)}`, {
+          retryable: true,
+          endpoint: endpoint.url,
+        });
       }
       checkOutputVocabulary(result, req.vocabSize, endpoint.url);
-      const outcome = await this.commits.commit({ req, rid, endpointUrl: endpoint.url, leaseKey, workerId: this.options.workerId, result });
+      const outcome = await this.commits.commit({
+        req,
+        rid,
+        endpointUrl: endpoint.url,
+        leaseKey,
+        workerId: this.options.workerId,
+        result,
+      });
       if (task.crashes > 0) await this.options.redis.hdel(this.options.keys.crashes(req.dataset), req.sample.id);
       this.queue.settle(task, outcome);
     } catch (e: unknown) {
@@ -575,7 +636,10 @@ export class Dispatcher {
       this.running.delete(rid);
       // A task neither settled nor back in line would be lost: its batch would never end.
       if (task.state === 'running') {
-        this.log.error({ dataset: req.dataset, sampleId: req.sample.id }, 'request ended without an outcome; handing the sample back');
+        this.log.error(
+          { dataset: req.dataset, sampleId: req.sample.id },
+          'request ended without an outcome; handing the sample back',
+        );
         this.queue.settle(task, { kind: 'handed-back' });
       }
       if (this.running.size === 0) for (const w of this.idleWaiters.splice(0)) w();

@@ -230,12 +230,19 @@ export class EndpointPool {
       endpoint.up = false;
       endpoint.downReason = reason;
       endpoint.sinceMs = now;
-      this.log.warn({ endpoint: endpoint.url, reason, retryInMs: delayMs }, 'endpoint out of rotation (it refuses POST /generate); trying it again with growing waits');
+      this.log.warn(
+        { endpoint: endpoint.url, reason, retryInMs: delayMs },
+        'endpoint out of rotation (it refuses POST /generate); trying it again with growing waits',
+      );
       this.options.onChange?.();
       void this.publish();
     } else if (last?.active !== true) {
       // Down for another reason already: from now on it must pass the generate probe too.
-      this.misconfigured.set(endpoint, { delayMs: last?.delayMs ?? MISCONFIGURED_PROBE_INITIAL_MS, lastMs: now, active: true });
+      this.misconfigured.set(endpoint, {
+        delayMs: last?.delayMs ?? MISCONFIGURED_PROBE_INITIAL_MS,
+        lastMs: now,
+        active: true,
+      });
       endpoint.downReason = reason;
     } else {
       last.lastMs = now;
@@ -251,7 +258,11 @@ export class EndpointPool {
   /** A tiny `POST /generate` (one token): what a misconfigured endpoint must answer to come back. */
   private async generateProbe(endpoint: Endpoint): Promise<boolean> {
     try {
-      await endpoint.client.generate({ inputIds: [0], maxNewTokens: 1, rid: `tokenmill-probe-${process.pid}-${Date.now()}` });
+      await endpoint.client.generate({
+        inputIds: [0],
+        maxNewTokens: 1,
+        rid: `tokenmill-probe-${process.pid}-${Date.now()}`,
+      });
       return true;
     } catch (e: unknown) {
       const reason = errorMessage(e);
@@ -297,7 +308,8 @@ export class EndpointPool {
       endpoint.downReason = null;
       endpoint.sinceMs = Date.now();
       // After a refused POST (a warning a person saw), its end is said at the same level.
-      if (misconfigured !== undefined) this.log.warn({ endpoint: endpoint.url }, 'endpoint answers POST /generate again; back in rotation');
+      if (misconfigured !== undefined)
+        this.log.warn({ endpoint: endpoint.url }, 'endpoint answers POST /generate again; back in rotation');
       else this.log.info({ endpoint: endpoint.url }, 'endpoint healthy again; back in rotation');
       this.options.onChange?.();
       void this.publish();
@@ -334,7 +346,8 @@ export class EndpointPool {
         if (this.publishFailing) this.log.info('endpoint health published again');
         this.publishFailing = false;
       } catch (e: unknown) {
-        if (!this.publishFailing) this.log.warn({ err: e }, 'could not publish endpoint health; retrying on the next change or refresh');
+        if (!this.publishFailing)
+          this.log.warn({ err: e }, 'could not publish endpoint health; retrying on the next change or refresh');
         this.publishFailing = true;
       }
     });
@@ -350,12 +363,20 @@ export class EndpointPool {
     if (p !== undefined) {
       // Withdraw this worker's view: nobody should count on endpoints it no longer serves. With
       // Redis unreachable this would wait for it; the reports expire on their own instead.
-      const withdrawn = this.publishing.then(() => removeEndpointHealth(p.redis, p.keys, p.workerId, this.endpoints.map((e) => e.url)));
+      const withdrawn = this.publishing.then(() =>
+        removeEndpointHealth(
+          p.redis,
+          p.keys,
+          p.workerId,
+          this.endpoints.map((e) => e.url),
+        ),
+      );
       const gaveUp = await settleWithin(withdrawn, 2_000).catch((e: unknown) => {
         this.log.warn({ err: e }, 'could not withdraw endpoint health; it expires on its own');
         return false;
       });
-      if (gaveUp === 'timeout') this.log.warn('Redis did not answer; endpoint health not withdrawn, it expires on its own');
+      if (gaveUp === 'timeout')
+        this.log.warn('Redis did not answer; endpoint health not withdrawn, it expires on its own');
     }
     for (const t of this.probing.values()) clearTimeout(t);
     this.probing.clear();

@@ -1,10 +1,4 @@
-import {
-  UpstreamHttpError,
-  errorMessage,
-  type Logger,
-  type RunKeys,
-  type ScriptedRedis,
-} from '../../shared/index.js';
+import { UpstreamHttpError, errorMessage, type Logger, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
 import type { DispatchQueue, Task } from './dispatch-queue.js';
 import type { Endpoint, EndpointPool } from './endpoint-pool.js';
 import { triage } from './error-triage.js';
@@ -60,13 +54,21 @@ export class FailureHandler {
     const { task, rid, endpoint, leaseKey } = r;
     const { req } = task;
     const { keys, redis, pool } = this.ctx;
-    const log = this.ctx.log.child({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, endpoint: endpoint.url });
+    const log = this.ctx.log.child({
+      dataset: req.dataset,
+      sampleId: req.sample.id,
+      line: req.sample.line,
+      endpoint: endpoint.url,
+    });
     try {
       const verdict = await triage(endpoint, e);
       switch (verdict) {
         case 'cancelled':
           await this.ctx.release(req.dataset, rid, leaseKey);
-          if (r.leaseLost && !this.ctx.isStopping()) log.warn('request aborted: its endpoint slot was taken while this process or Redis stalled; sending it again');
+          if (r.leaseLost && !this.ctx.isStopping())
+            log.warn(
+              'request aborted: its endpoint slot was taken while this process or Redis stalled; sending it again',
+            );
           this.requeue(task, 'front');
           return;
         case 'outage':
@@ -93,7 +95,13 @@ export class FailureHandler {
           break;
       }
       if (verdict === 'retry') {
-        const spent = await redis.spendAttempt(keys.attempts(req.dataset), keys.inflight(req.dataset), leaseKey, req.sample.id, rid);
+        const spent = await redis.spendAttempt(
+          keys.attempts(req.dataset),
+          keys.inflight(req.dataset),
+          leaseKey,
+          req.sample.id,
+          rid,
+        );
         req.attemptsSpent = spent;
         if (spent < req.maxAttempts) {
           log.warn({ err: e, attempt: spent }, 'request failed; will retry');
@@ -125,16 +133,34 @@ export class FailureHandler {
     task.chargeOnRecovery = false;
     try {
       const rid = `${req.dataset}/${req.sample.id}#crash`;
-      const spent = await redis.spendAttempt(keys.attempts(req.dataset), keys.inflight(req.dataset), keys.inflight(req.dataset), req.sample.id, rid);
+      const spent = await redis.spendAttempt(
+        keys.attempts(req.dataset),
+        keys.inflight(req.dataset),
+        keys.inflight(req.dataset),
+        req.sample.id,
+        rid,
+      );
       req.attemptsSpent = spent;
       if (spent < req.maxAttempts) {
-        this.ctx.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, attempt: spent }, 'the server crashed while this prompt was on probation; attempt charged');
-        req.onAttemptFailed?.(spent, 'the server dropped the connection while this prompt was on probation (sent alone)');
+        this.ctx.log.warn(
+          { dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, attempt: spent },
+          'the server crashed while this prompt was on probation; attempt charged',
+        );
+        req.onAttemptFailed?.(
+          spent,
+          'the server dropped the connection while this prompt was on probation (sent alone)',
+        );
         this.requeue(task, 'back', Date.now() + this.ctx.retryDelayMs * 2 ** (spent - 1));
         return;
       }
       const reason = `the server dropped the connection ${spent} times while this prompt was on probation (sent alone): it appears to crash SGLang`;
-      await this.fail(task, reason, { status: undefined, attempts: spent, endpoint: undefined, rid, leaseKey: keys.inflight(req.dataset) });
+      await this.fail(task, reason, {
+        status: undefined,
+        attempts: spent,
+        endpoint: undefined,
+        rid,
+        leaseKey: keys.inflight(req.dataset),
+      });
     } catch (e: unknown) {
       this.ctx.log.error({ err: e }, 'could not charge a crash; handing the sample back');
       this.ctx.queue.settle(task, { kind: 'handed-back' });
@@ -145,7 +171,10 @@ export class FailureHandler {
     const { req } = task;
     await recordFailure(this.ctx.redis, this.ctx.keys, req, { ...info, reason });
     if (task.crashes > 0) await this.ctx.redis.hdel(this.ctx.keys.crashes(req.dataset), req.sample.id);
-    this.ctx.log.warn({ dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason }, 'sample failed');
+    this.ctx.log.warn(
+      { dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason },
+      'sample failed',
+    );
     this.ctx.queue.settle(task, { kind: 'failed', reason, status: info.status, attempts: info.attempts });
   }
 }

@@ -20,7 +20,8 @@ export function parseFailureRecord(raw: string | null | undefined): FailureRecor
   if (raw === null || raw === undefined) return undefined;
   try {
     const v: unknown = JSON.parse(raw);
-    if (typeof v === 'object' && v !== null && typeof (v as { reason?: unknown }).reason === 'string') return v as FailureRecord;
+    if (typeof v === 'object' && v !== null && typeof (v as { reason?: unknown }).reason === 'string')
+      return v as FailureRecord;
   } catch {
     // not JSON: fall through
   }
@@ -29,7 +30,10 @@ export function parseFailureRecord(raw: string | null | undefined): FailureRecor
 
 /** One failed prompt in one line: `line 1205 (id abc): HTTP 500, 3 attempts: <reason>`. */
 export function describeFailure(sample: Pick<Sample, 'id' | 'line'>, record: FailureRecord): string {
-  const facts = [record.status === undefined ? undefined : `HTTP ${record.status}`, record.attempts === undefined ? undefined : `${record.attempts} attempt(s)`].filter((x) => x !== undefined);
+  const facts = [
+    record.status === undefined ? undefined : `HTTP ${record.status}`,
+    record.attempts === undefined ? undefined : `${record.attempts} attempt(s)`,
+  ].filter((x) => x !== undefined);
   return `line ${sample.line} (id ${sample.id})${facts.length === 0 ? '' : `, ${facts.join(', ')}`}: ${record.reason}`;
 }
 
@@ -37,7 +41,11 @@ export function describeFailure(sample: Pick<Sample, 'id' | 'line'>, record: Fai
 const LISTED = 10;
 
 /** A failed batch job's `failedReason`: how many failed, then each (up to ten), most useful first. */
-export function failedJobReason(jobName: string, size: number, failures: readonly { sample: Pick<Sample, 'id' | 'line'>; record: FailureRecord }[]): string {
+export function failedJobReason(
+  jobName: string,
+  size: number,
+  failures: readonly { sample: Pick<Sample, 'id' | 'line'>; record: FailureRecord }[],
+): string {
   const head = `${failures.length} of ${size} prompt(s) failed in ${jobName}; Retry sends them again with fresh attempts`;
   const listed = failures.slice(0, LISTED).map((f) => `- ${describeFailure(f.sample, f.record)}`);
   const more = failures.length > LISTED ? [`- … and ${failures.length - LISTED} more (see the job's log)`] : [];

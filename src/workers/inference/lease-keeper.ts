@@ -74,7 +74,7 @@ export class LeaseKeeper {
     if (aborted > 0) {
       this.o.log.warn(
         { aborted, unconfirmedMs: now - oldest, leaseTtlMs: this.o.ttlMs },
-        'Redis has not confirmed these requests\' endpoint slots for most of the lease TTL (Redis frozen or unreachable, or this process stalled): aborting them before the slots lapse, so that no endpoint runs more than its cap; they are sent again',
+        "Redis has not confirmed these requests' endpoint slots for most of the lease TTL (Redis frozen or unreachable, or this process stalled): aborting them before the slots lapse, so that no endpoint runs more than its cap; they are sent again",
       );
     }
     return aborted;
@@ -117,7 +117,11 @@ export class LeaseKeeper {
         r.abort.abort();
         aborted += 1;
       }
-      if (aborted > 0) log.warn({ aborted }, 'endpoint slots were taken by other workers during a stall; aborting those requests to keep the cap');
+      if (aborted > 0)
+        log.warn(
+          { aborted },
+          'endpoint slots were taken by other workers during a stall; aborting those requests to keep the cap',
+        );
     } catch (e: unknown) {
       log.warn({ err: e }, 'lease renewal failed');
     } finally {

@@ -21,7 +21,13 @@ export interface RenewalResult<T extends HeldLease> {
  * is below `capPerEndpoint`; otherwise the request is reported lost, so that the cap holds
  * after any stall.
  */
-export async function renewLeases<T extends HeldLease>(redis: ScriptedRedis, keys: RunKeys, held: readonly T[], ttlMs: number, capPerEndpoint: number): Promise<RenewalResult<T>> {
+export async function renewLeases<T extends HeldLease>(
+  redis: ScriptedRedis,
+  keys: RunKeys,
+  held: readonly T[],
+  ttlMs: number,
+  capPerEndpoint: number,
+): Promise<RenewalResult<T>> {
   if (held.length === 0) return { lost: [], retaken: 0 };
   const keyArgs: string[] = [];
   const rids: string[] = [];

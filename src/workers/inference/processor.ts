@@ -89,7 +89,12 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
   };
   let notResent = 0;
   const progress = (): void =>
-    deps.progress?.({ committed: result.committed + result.duplicates + result.alreadyDone, failed: result.failed, skipped: result.skippedByBudget + notResent, size: samples.length });
+    deps.progress?.({
+      committed: result.committed + result.duplicates + result.alreadyDone,
+      failed: result.failed,
+      skipped: result.skippedByBudget + notResent,
+      size: samples.length,
+    });
 
   // Which samples to send: not committed, and either claimed (a retried failed job) or without a failure record.
   const send = new Array<boolean>(samples.length).fill(false);
@@ -109,7 +114,9 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
         result.alreadyDone += 1;
       } else {
         notResent += 1;
-        deps.log?.(`${who(s)}: not sent again: ${code === -1 ? 'no failure recorded any more (retried another way, or skipped)' : 'its failure belongs to another job'}`);
+        deps.log?.(
+          `${who(s)}: not sent again: ${code === -1 ? 'no failure recorded any more (retried another way, or skipped)' : 'its failure belongs to another job'}`,
+        );
       }
     });
   } else {
@@ -121,7 +128,14 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
   progress();
 
   const sendIdx = samples.map((_, i) => i).filter((i) => send[i]);
-  const spent = !retry ? sendIdx.map((i) => spentAll[i] ?? 0) : sendIdx.length === 0 ? [] : await deps.attemptsSpent(dataset, sendIdx.map((i) => ids[i] ?? ''));
+  const spent = !retry
+    ? sendIdx.map((i) => spentAll[i] ?? 0)
+    : sendIdx.length === 0
+      ? []
+      : await deps.attemptsSpent(
+          dataset,
+          sendIdx.map((i) => ids[i] ?? ''),
+        );
   const outcomes = await Promise.all(
     sendIdx.map(async (i, k) => {
       const sample = samples[i] as Sample;
@@ -134,10 +148,14 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
         ...(payload.vocabSize === undefined ? {} : { vocabSize: payload.vocabSize }),
         attemptsSpent: spent[k] ?? 0,
         ...(deps.jobId === undefined ? {} : { jobId: deps.jobId }),
-        onAttemptFailed: (attempt, message) => deps.log?.(`${who(sample)}: attempt ${attempt} of ${payload.maxAttempts} failed, will retry: ${message}`),
+        onAttemptFailed: (attempt, message) =>
+          deps.log?.(`${who(sample)}: attempt ${attempt} of ${payload.maxAttempts} failed, will retry: ${message}`),
       });
       count(result, o);
-      if (o.kind === 'failed') deps.log?.(`${who(sample)}: failed${o.status === undefined ? '' : ` (HTTP ${o.status})`}${o.attempts === undefined ? '' : ` after ${o.attempts} attempt(s)`}: ${o.reason}`);
+      if (o.kind === 'failed')
+        deps.log?.(
+          `${who(sample)}: failed${o.status === undefined ? '' : ` (HTTP ${o.status})`}${o.attempts === undefined ? '' : ` after ${o.attempts} attempt(s)`}: ${o.reason}`,
+        );
       progress();
       return { sample, o };
     }),
@@ -153,10 +171,21 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
     const records = await deps.failures(dataset, ids);
     samples.forEach((sample, i) => {
       const record = records[i];
-      if (record !== undefined && record.job === deps.jobId && record.retrying !== true) result.failures.push({ sample, record });
+      if (record !== undefined && record.job === deps.jobId && record.retrying !== true)
+        result.failures.push({ sample, record });
     });
   }
-  deps.logger.debug({ dataset, batchId: payload.batchId, committed: result.committed, failed: result.failed, skipped: result.skippedByBudget, handedBack: result.handedBack }, 'batch done');
+  deps.logger.debug(
+    {
+      dataset,
+      batchId: payload.batchId,
+      committed: result.committed,
+      failed: result.failed,
+      skipped: result.skippedByBudget,
+      handedBack: result.handedBack,
+    },
+    'batch done',
+  );
   return result;
 }
 
@@ -180,4 +209,3 @@ function count(result: GenerateBatchOutcome, o: SampleOutcome): void {
       break;
   }
 }
-

@@ -1,4 +1,11 @@
-import { RATE_BUCKETS_KEPT, RATE_BUCKET_MS, SglangResponseFormatError, type GenerateResult, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
+import {
+  RATE_BUCKETS_KEPT,
+  RATE_BUCKET_MS,
+  SglangResponseFormatError,
+  type GenerateResult,
+  type RunKeys,
+  type ScriptedRedis,
+} from '../../shared/index.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 
 /** One finished request, as the dispatcher hands it to {@link CommitBatcher.commit}. */
@@ -19,7 +26,11 @@ export interface FinishedRequest {
  * answer (an attempt, like a negative count); after `sglang.maxAttempts` the sample ends
  * failed with this reason. Without a known vocabulary size nothing is checked.
  */
-export function checkOutputVocabulary(result: GenerateResult, vocabSize: number | undefined, endpointUrl: string): void {
+export function checkOutputVocabulary(
+  result: GenerateResult,
+  vocabSize: number | undefined,
+  endpointUrl: string,
+): void {
   if (vocabSize === undefined) return;
   const ids = result.outputIds;
   for (let i = 0; i < ids.length; i++) {
@@ -80,7 +91,10 @@ function commitOutcome(first: number | undefined, f: FinishedRequest): SampleOut
  * Adds commands to a commit group's pipeline, after its commits (which free `freed` slots),
  * and returns what to do with their replies (null: the pipeline failed as a whole).
  */
-export type CommitRider = (pipeline: ScriptedRedis, freed: number) => ((replies: readonly [Error | null, unknown][] | null) => void) | undefined;
+export type CommitRider = (
+  pipeline: ScriptedRedis,
+  freed: number,
+) => ((replies: readonly [Error | null, unknown][] | null) => void) | undefined;
 
 interface QueuedCommit {
   f: FinishedRequest;
@@ -132,13 +146,18 @@ export class CommitBatcher {
     if (group.length === 0) return;
     this.inFlight = true;
     try {
-      const pipeline = this.redis.pipeline() as unknown as ScriptedRedis & { exec(): Promise<[Error | null, unknown][] | null> };
+      const pipeline = this.redis.pipeline() as unknown as ScriptedRedis & {
+        exec(): Promise<[Error | null, unknown][] | null>;
+      };
       const calls = this.scriptCalls(group);
       for (const call of calls) void pipeline.commitSample(...call.args);
       if (calls.length === 0) return;
       let ride: ReturnType<CommitRider>;
       try {
-        ride = this.rider?.(pipeline, calls.reduce((n, c) => n + c.commits.length, 0));
+        ride = this.rider?.(
+          pipeline,
+          calls.reduce((n, c) => n + c.commits.length, 0),
+        );
       } catch {
         ride = undefined;
       }
@@ -208,7 +227,12 @@ export interface FailureInfo {
  * Records a sample as failed (fail-sample-6.lua), unless it was committed meanwhile. The record
  * names the batch job (`job`): a retry of that job, and only that job, claims it again.
  */
-export async function recordFailure(redis: ScriptedRedis, keys: RunKeys, req: SampleRequest, info: FailureInfo): Promise<void> {
+export async function recordFailure(
+  redis: ScriptedRedis,
+  keys: RunKeys,
+  req: SampleRequest,
+  info: FailureInfo,
+): Promise<void> {
   const failure = JSON.stringify({
     reason: info.reason,
     status: info.status,

@@ -2,8 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type {
-  RunKeys} from '../../shared/index.js';
+import type { RunKeys } from '../../shared/index.js';
 import {
   AppError,
   autoConcurrencyOf,
@@ -65,7 +64,9 @@ export interface InferenceWorkerOptions {
 }
 
 /** {@link InferenceWorkerOptions} with the concurrency setting resolved, as the endpoint pool takes it. */
-export type ResolvedInferenceOptions = Omit<InferenceWorkerOptions, 'concurrency' | 'autoConcurrency'> & { concurrency: PoolConcurrency };
+export type ResolvedInferenceOptions = Omit<InferenceWorkerOptions, 'concurrency' | 'autoConcurrency'> & {
+  concurrency: PoolConcurrency;
+};
 
 /**
  * Applies the defaults of an inference worker's options, once: `"auto"` takes `autoConcurrency`,
@@ -73,7 +74,10 @@ export type ResolvedInferenceOptions = Omit<InferenceWorkerOptions, 'concurrency
  */
 export function resolveInferenceOptions(o: InferenceWorkerOptions): ResolvedInferenceOptions {
   const { concurrency, autoConcurrency, ...rest } = o;
-  return { ...rest, concurrency: concurrency === 'auto' ? { auto: autoConcurrencyOf({ autoConcurrency }) } : concurrency };
+  return {
+    ...rest,
+    concurrency: concurrency === 'auto' ? { auto: autoConcurrencyOf({ autoConcurrency }) } : concurrency,
+  };
 }
 
 /** A batch job this process took, while its samples run. */
@@ -132,8 +136,14 @@ export class InferenceWorker {
 
   async start(): Promise<void> {
     const o = this.options;
-    this.redis = withScripts(createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:inference', logger: this.log }));
-    this.bullConnection = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:inference-bull', logger: this.log });
+    this.redis = withScripts(
+      createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:inference', logger: this.log }),
+    );
+    this.bullConnection = createRedisConnection(o.redisUrl, {
+      role: 'worker',
+      name: 'tokenmill:inference-bull',
+      logger: this.log,
+    });
     this.pool = new EndpointPool({
       endpoints: o.endpoints,
       concurrency: o.concurrency,
@@ -167,7 +177,10 @@ export class InferenceWorker {
       }, o.discoverIntervalMs ?? 2_000);
       this.discoverTimer.unref();
     }
-    this.log.info({ endpoints: o.endpoints, concurrency: typeof o.concurrency === 'number' ? o.concurrency : 'auto' }, 'inference worker started');
+    this.log.info(
+      { endpoints: o.endpoints, concurrency: typeof o.concurrency === 'number' ? o.concurrency : 'auto' },
+      'inference worker started',
+    );
   }
 
   private async discover(): Promise<void> {
@@ -192,7 +205,9 @@ export class InferenceWorker {
     });
     worker.on('error', throttledErrorLog(this.log, 'queue worker error', { dataset }));
     // Batches of a killed worker go back to the queue once their lock lapses.
-    void worker.startStalledCheckTimer().catch((e: unknown) => this.log.error({ err: e, dataset }, 'stalled-job checker failed'));
+    void worker
+      .startStalledCheckTimer()
+      .catch((e: unknown) => this.log.error({ err: e, dataset }, 'stalled-job checker failed'));
     this.workers.set(dataset, worker);
     this.log.info({ dataset, queue: generateQueueName(dataset) }, 'serving dataset');
   }
@@ -214,7 +229,8 @@ export class InferenceWorker {
       }
       // No dataset yet (a producer started with this worker registers them just after): look
       // for them now rather than at the next discovery tick, seconds away.
-      if (this.workers.size === 0) await this.discover().catch((e: unknown) => this.log.warn({ err: e }, 'dataset discovery failed'));
+      if (this.workers.size === 0)
+        await this.discover().catch((e: unknown) => this.log.warn({ err: e }, 'dataset discovery failed'));
       const queues = [...this.workers.entries()];
       let fetched = false;
       for (let k = 0; k < queues.length && dispatcher.hungry(this.options.batchSize) && !this.stopped; k += 1) {
@@ -260,23 +276,29 @@ export class InferenceWorker {
       });
     this.settling.add(settled);
     // The job's lock is ours while its samples run; renew it so long generations never look stalled.
-    const renew = setInterval(() => {
-      void job
-        .extendLock(token, lockDurationMs)
-        .then((ok) => {
-          // 0: the lock is gone — this process or Redis stalled past it, and the batch went back
-          // to the queue for another worker. Its samples still waiting here are withdrawn (the
-          // new holder sends them); those in flight finish and commit once.
-          if (ok === 0 && !held.lost) {
-            held.lost = true;
-            held.onLost?.();
-            clearInterval(renew);
-            const withdrawn = this.dispatcher?.withdraw(token) ?? 0;
-            this.log.info({ dataset, jobId: job.id, withdrawn }, 'batch lock lost to another worker after a stall; its waiting samples are left to that worker');
-          }
-        })
-        .catch((e: unknown) => this.log.warn({ err: e, jobId: job.id }, 'could not extend a batch lock'));
-    }, Math.max(100, Math.floor(lockDurationMs / 2)));
+    const renew = setInterval(
+      () => {
+        void job
+          .extendLock(token, lockDurationMs)
+          .then((ok) => {
+            // 0: the lock is gone — this process or Redis stalled past it, and the batch went back
+            // to the queue for another worker. Its samples still waiting here are withdrawn (the
+            // new holder sends them); those in flight finish and commit once.
+            if (ok === 0 && !held.lost) {
+              held.lost = true;
+              held.onLost?.();
+              clearInterval(renew);
+              const withdrawn = this.dispatcher?.withdraw(token) ?? 0;
+              this.log.info(
+                { dataset, jobId: job.id, withdrawn },
+                'batch lock lost to another worker after a stall; its waiting samples are left to that worker',
+              );
+            }
+          })
+          .catch((e: unknown) => this.log.warn({ err: e, jobId: job.id }, 'could not extend a batch lock'));
+      },
+      Math.max(100, Math.floor(lockDurationMs / 2)),
+    );
     renew.unref();
   }
 
@@ -297,7 +319,8 @@ export class InferenceWorker {
         isDone: async (ds, ids) => (await redis.smismember(keys.done(ds), ...ids)).map((x) => x === 1),
         attemptsSpent: async (ds, ids) => (await redis.hmget(keys.attempts(ds), ...ids)).map((x) => Number(x ?? 0)),
         failures: async (ds, ids) => (await redis.hmget(keys.failed(ds), ...ids)).map(parseFailureRecord),
-        claimFailed: async (ds, ids) => (await redis.claimFailed(keys.done(ds), keys.failed(ds), keys.attempts(ds), jobId, ...ids)).map(Number),
+        claimFailed: async (ds, ids) =>
+          (await redis.claimFailed(keys.done(ds), keys.failed(ds), keys.attempts(ds), jobId, ...ids)).map(Number),
         releaseClaims: async (ds, ids) => void (await redis.releaseClaims(keys.failed(ds), jobId, ...ids)),
         submit: (req) => dispatcher.submit({ ...req, owner: token }),
         jobId,
@@ -309,7 +332,12 @@ export class InferenceWorker {
       await report.flush();
       if (held.lost) return;
       // A payload that does not parse is unrecoverable; anything else is retried by BullMQ.
-      const err = e instanceof AppError && !e.retryable ? new UnrecoverableError(e.message) : e instanceof Error ? e : new Error(String(e));
+      const err =
+        e instanceof AppError && !e.retryable
+          ? new UnrecoverableError(e.message)
+          : e instanceof Error
+            ? e
+            : new Error(String(e));
       log.warn({ err: e }, 'batch failed');
       await job.moveToFailed(err, token, false);
       return;
@@ -329,7 +357,11 @@ export class InferenceWorker {
       await this.fail(held, outcome);
       return;
     }
-    await job.moveToCompleted({ committed, duplicates, alreadyDone, failed, skippedByBudget, outputTokens }, token, false);
+    await job.moveToCompleted(
+      { committed, duplicates, alreadyDone, failed, skippedByBudget, outputTokens },
+      token,
+      false,
+    );
   }
 
   /**
@@ -344,8 +376,16 @@ export class InferenceWorker {
     const reason = failedJobReason(job.name, outcome.samples.length, outcome.failures);
     await job.moveToFailed(new UnrecoverableError(reason), token, false);
     const { dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize } = outcome.payload;
-    await job.updateData(encodeBatchPayload({ dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize, retryOfFailed: true }, outcome.failures.map((f) => f.sample)));
-    this.log.warn({ queue: job.queueName, jobId: job.id, dataset, failed: outcome.failures.length }, 'batch ended with failed prompts: its job is failed, carrying them for a retry');
+    await job.updateData(
+      encodeBatchPayload(
+        { dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize, retryOfFailed: true },
+        outcome.failures.map((f) => f.sample),
+      ),
+    );
+    this.log.warn(
+      { queue: job.queueName, jobId: job.id, dataset, failed: outcome.failures.length },
+      'batch ended with failed prompts: its job is failed, carrying them for a retry',
+    );
   }
 
   /**

@@ -106,8 +106,18 @@ export async function planPostprocess(config: Config, runDir: string): Promise<P
     datasets.push({ name: ds.name, kind: 'generations', source: dir });
   }
   const train = config.train === undefined ? {} : { train: trainPayloadOf(config, runDir, { origin: 'flow' }) };
-  const verify = config.postprocess.verifyWithPython ? { verifyWithPython: { python: config.postprocess.python ?? DEFAULT_PYTHON } } : {};
-  return { run: config.run, runDir, target: config.postprocess.target, shardSizeMiB: config.postprocess.shardSizeMiB, datasets, ...train, ...verify };
+  const verify = config.postprocess.verifyWithPython
+    ? { verifyWithPython: { python: config.postprocess.python ?? DEFAULT_PYTHON } }
+    : {};
+  return {
+    run: config.run,
+    runDir,
+    target: config.postprocess.target,
+    shardSizeMiB: config.postprocess.shardSizeMiB,
+    datasets,
+    ...train,
+    ...verify,
+  };
 }
 
 /** `<run>-pp-<n>`: the flow id (and merge job id) of round `n`. */
@@ -145,7 +155,8 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
         stagedDir: stagedDirOf(plan.runDir, flowId, d.name),
         target: plan.target,
         shardSizeMiB: plan.shardSizeMiB,
-        maxInvalidFraction: d.kind === 'generations' ? GENERATION_MAX_INVALID_FRACTION : CONVERSATION_MAX_INVALID_FRACTION,
+        maxInvalidFraction:
+          d.kind === 'generations' ? GENERATION_MAX_INVALID_FRACTION : CONVERSATION_MAX_INVALID_FRACTION,
       },
       'tokenize',
     ),
@@ -156,7 +167,14 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
     queueName: MERGE_QUEUE,
     data: parsePayload(
       MergePayloadSchema,
-      { flowId, target: plan.target, runDir: plan.runDir, shardSizeMiB: plan.shardSizeMiB, mergeKey, verifyWithPython: plan.verifyWithPython },
+      {
+        flowId,
+        target: plan.target,
+        runDir: plan.runDir,
+        shardSizeMiB: plan.shardSizeMiB,
+        mergeKey,
+        verifyWithPython: plan.verifyWithPython,
+      },
       'merge',
     ),
     opts: { ...mergeJobOptions, jobId: flowId },
@@ -170,13 +188,25 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
  * Writes a phase of the run's checklist (`status` shows it) for round `flowId`, unless a later
  * round has started since (a late event of an old round must not overwrite the current one's).
  */
-export async function setRoundPhase(redis: Redis, keys: RunKeys, flowId: string, phase: PostprocessPhase, state: PhaseState): Promise<void> {
+export async function setRoundPhase(
+  redis: Redis,
+  keys: RunKeys,
+  flowId: string,
+  phase: PostprocessPhase,
+  state: PhaseState,
+): Promise<void> {
   if ((await redis.hget(keys.postprocess(), 'flowId')) !== flowId) return;
   await redis.hset(keys.phases(), phase, state);
 }
 
 /** Records how round `flowId` ended, unless a later round has started since. */
-export async function recordRoundEnd(redis: Redis, keys: RunKeys, flowId: string, status: 'completed' | 'failed', reason = ''): Promise<void> {
+export async function recordRoundEnd(
+  redis: Redis,
+  keys: RunKeys,
+  flowId: string,
+  status: 'completed' | 'failed',
+  reason = '',
+): Promise<void> {
   if ((await redis.hget(keys.postprocess(), 'flowId')) !== flowId) return;
   await redis.hset(keys.postprocess(), { status, reason, finishedAt: new Date().toISOString() });
 }
@@ -197,7 +227,12 @@ const FINISHED = new Set(['completed', 'failed']);
  * Starts a post-process round for `plan`, or joins the one in progress (see the module
  * comment). Serialized across processes by a Redis lock, so two callers never start two rounds.
  */
-export async function ensurePostprocessRound(redis: Redis, keys: RunKeys, plan: PostprocessPlan, log: Logger = componentLogger('postprocess')): Promise<RoundInfo> {
+export async function ensurePostprocessRound(
+  redis: Redis,
+  keys: RunKeys,
+  plan: PostprocessPlan,
+  log: Logger = componentLogger('postprocess'),
+): Promise<RoundInfo> {
   const lock = new ProcessLock(redis, keys.postprocessLock(), 30_000, log);
   await lock.acquire({ pollMs: 100 });
   const mergeQueue = new Queue(MERGE_QUEUE, { connection: redis, prefix: keys.bullPrefix });
@@ -230,7 +265,15 @@ export async function ensurePostprocessRound(redis: Redis, keys: RunKeys, plan: 
     const flow = buildRoundFlow(plan, flowId, mergeKey);
     await redis
       .multi()
-      .hset(keys.postprocess(), { round, flowId, mergeKey, status: 'in_progress', reason: '', startedAt: new Date().toISOString(), finishedAt: '' })
+      .hset(keys.postprocess(), {
+        round,
+        flowId,
+        mergeKey,
+        status: 'in_progress',
+        reason: '',
+        startedAt: new Date().toISOString(),
+        finishedAt: '',
+      })
       .hset(keys.phases(), { tokenize: 'in_progress', merge: 'pending' })
       .exec();
     await flows.add(flow);
@@ -248,7 +291,10 @@ async function childDatasets(parent: Job): Promise<string[]> {
   const deps = await parent.getDependencies();
   const keys = [...Object.keys(deps.processed ?? {}), ...(deps.unprocessed ?? []), ...(deps.failed ?? [])];
   const flowId = parent.id ?? '';
-  return keys.map((k) => k.slice(k.lastIndexOf(':') + 1)).map((id) => (id.startsWith(`${flowId}-`) ? id.slice(flowId.length + 1) : id)).sort();
+  return keys
+    .map((k) => k.slice(k.lastIndexOf(':') + 1))
+    .map((id) => (id.startsWith(`${flowId}-`) ? id.slice(flowId.length + 1) : id))
+    .sort();
 }
 
 /** Why a round failed, and whether a tokenize job failed it. */
@@ -269,7 +315,9 @@ export async function roundFailure(redis: Redis, keys: RunKeys, parent: Job): Pr
       const child = await Job.fromId(tokenizeQueue, key.slice(key.lastIndexOf(':') + 1));
       if (child === undefined) continue;
       const dataset = (child.data as { dataset?: unknown }).dataset;
-      reasons.push(`tokenize ${typeof dataset === 'string' ? dataset : String(child.id)}: ${child.failedReason || 'failed'}`);
+      reasons.push(
+        `tokenize ${typeof dataset === 'string' ? dataset : String(child.id)}: ${child.failedReason || 'failed'}`,
+      );
     }
     if (reasons.length > 0) return { reason: reasons.join('; '), fromChild: true };
     return { reason: parent.failedReason || parent.deferredFailure || 'failed', fromChild: false };
@@ -282,14 +330,20 @@ export async function roundFailure(redis: Redis, keys: RunKeys, parent: Job): Pr
  * Records a failed round in the checklist and the round's hash: merge failed, and tokenize
  * failed too when a tokenize job failed it. Idempotent; whoever sees the failure first records it.
  */
-export async function recordRoundFailure(redis: Redis, keys: RunKeys, flowId: string, failure: RoundFailure): Promise<void> {
+export async function recordRoundFailure(
+  redis: Redis,
+  keys: RunKeys,
+  flowId: string,
+  failure: RoundFailure,
+): Promise<void> {
   if (failure.fromChild) await setRoundPhase(redis, keys, flowId, 'tokenize', 'failed');
   await setRoundPhase(redis, keys, flowId, 'merge', 'failed');
   await recordRoundEnd(redis, keys, flowId, 'failed', failure.reason);
 }
 
 /** How a round ended. */
-export type RoundOutcome = { status: 'completed'; result: MergeJobResult } | { status: 'failed'; flowId: string; reason: string };
+export type RoundOutcome =
+  { status: 'completed'; result: MergeJobResult } | { status: 'failed'; flowId: string; reason: string };
 
 /** A post-process round failed; the message is the round's reason. Never retried. */
 export class PostprocessFailedError extends AppError {
@@ -318,11 +372,13 @@ export async function waitForRound(
     for (;;) {
       if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for post-process round ${flowId}`);
       const job = await Job.fromId(mergeQueue, flowId);
-      if (job === undefined) throw new AppError(`post-process round ${flowId} is not in Redis (removed, or another Redis?)`);
+      if (job === undefined)
+        throw new AppError(`post-process round ${flowId} is not in Redis (removed, or another Redis?)`);
       const state = await job.getState();
       if (state === 'completed') {
         // Read again: the job may have completed after it was read above, without its result.
-        const completed = job.returnvalue === null || job.returnvalue === undefined ? await Job.fromId(mergeQueue, flowId) : job;
+        const completed =
+          job.returnvalue === null || job.returnvalue === undefined ? await Job.fromId(mergeQueue, flowId) : job;
         return { status: 'completed', result: MergeJobResultSchema.parse(completed?.returnvalue) };
       }
       if (state === 'failed' || job.deferredFailure) {

@@ -71,10 +71,15 @@ export interface ResumePlan {
  * and the current tokenize `settings`: every recorded file must still be there, at least as
  * long as what was read, with the same bytes at both ends of it.
  */
-export async function planResume(files: readonly string[], recorded: DatasetOffsets | undefined, settings: string): Promise<ResumePlan> {
+export async function planResume(
+  files: readonly string[],
+  recorded: DatasetOffsets | undefined,
+  settings: string,
+): Promise<ResumePlan> {
   const full = (why: string): ResumePlan => ({ starts: new Map(), fullRead: why });
   if (recorded === undefined) return full('no offsets recorded for this dataset');
-  if (recorded.settings !== settings) return full(`the tokenize settings changed (were ${recorded.settings}, now ${settings})`);
+  if (recorded.settings !== settings)
+    return full(`the tokenize settings changed (were ${recorded.settings}, now ${settings})`);
   const byName = new Map(files.map((f) => [path.basename(f), f]));
   const starts = new Map<string, FileStart>();
   for (const [name, off] of Object.entries(recorded.files)) {
@@ -83,7 +88,8 @@ export async function planResume(files: readonly string[], recorded: DatasetOffs
     const size = (await stat(file)).size;
     if (size < off.bytes) return full(`${name} has ${size} bytes, fewer than the ${off.bytes} read before`);
     const now = await fileOffset(file, off);
-    if (now.head !== off.head || now.tail !== off.tail) return full(`${name} differs from what was read before (rewritten)`);
+    if (now.head !== off.head || now.tail !== off.tail)
+      return full(`${name} differs from what was read before (rewritten)`);
     starts.set(name, { bytes: off.bytes, lines: off.lines });
   }
   return { starts };
@@ -94,7 +100,10 @@ export async function planResume(files: readonly string[], recorded: DatasetOffs
  * Returns where its complete (newline-terminated) lines end: a last line without a newline is
  * read but not counted as read, so the next round reads it again (rows are deduplicated by id).
  */
-export async function* linesFrom(file: string, start: FileStart): AsyncGenerator<{ line: number; text: string }, FileStart> {
+export async function* linesFrom(
+  file: string,
+  start: FileStart,
+): AsyncGenerator<{ line: number; text: string }, FileStart> {
   let bytes = start.bytes;
   let lines = start.lines;
   let pending: Buffer[] = [];

@@ -1,5 +1,12 @@
 // Post-processing: tokenize generations into rows and merge them into the training dataset.
-export { ensurePostprocessRound, planPostprocess, PostprocessFailedError, type RoundInfo, type RoundOutcome, waitForRound } from './flow.js';
+export {
+  ensurePostprocessRound,
+  planPostprocess,
+  PostprocessFailedError,
+  type RoundInfo,
+  type RoundOutcome,
+  waitForRound,
+} from './flow.js';
 export { createTokenizeContext, type TokenizeContext } from './tokenize-context.js';
 export { jsonLines } from './tokenize-lines.js';
 export { type GenerationRecord, listGenerationFiles, parseGenerationRecord, recordToRow } from './tokenize-records.js';

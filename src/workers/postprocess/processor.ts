@@ -111,8 +111,11 @@ export function invalidLinesError(
     .slice(0, 3)
     .map((x) => `${x.file}:${x.line}: ${x.reason}`)
     .join('; ');
-  const allowed = maxInvalidFraction === 0 ? 'none allowed' : `at most ${Math.round(maxInvalidFraction * 1000) / 10}% allowed`;
-  return new PayloadError(`dataset ${dataset}: ${stats.invalid} of ${stats.lines} lines are invalid (${allowed}): ${examples}${hint}`);
+  const allowed =
+    maxInvalidFraction === 0 ? 'none allowed' : `at most ${Math.round(maxInvalidFraction * 1000) / 10}% allowed`;
+  return new PayloadError(
+    `dataset ${dataset}: ${stats.invalid} of ${stats.lines} lines are invalid (${allowed}): ${examples}${hint}`,
+  );
 }
 
 async function hasState(dir: string): Promise<boolean> {
@@ -173,7 +176,12 @@ export async function openMergedKeys(target: string): Promise<MergedKeys> {
   const index = await DatasetIndex.open(target, meta.shards, { persist: false });
   try {
     const filter = await index.memoryFilter();
-    return { basis: stateKey(meta.stateText), stateText: meta.stateText, has: (dataset, id) => filter.has(dataset, id), close: () => index.close() };
+    return {
+      basis: stateKey(meta.stateText),
+      stateText: meta.stateText,
+      has: (dataset, id) => filter.has(dataset, id),
+      close: () => index.close(),
+    };
   } catch (e: unknown) {
     await index.close();
     throw e;
@@ -184,13 +192,28 @@ export async function openMergedKeys(target: string): Promise<MergedKeys> {
 export type TokenizeJobResult = TokenizeResult & { sourceOffsets?: SourceOffsets };
 
 /** Where each generation file of a dataset starts, from the offsets committed with `merged`'s version. */
-async function resumeOf(p: TokenizePayload, merged: MergedKeys, ctx: TokenizeContext, log: Logger): Promise<Map<string, FileStart>> {
+async function resumeOf(
+  p: TokenizePayload,
+  merged: MergedKeys,
+  ctx: TokenizeContext,
+  log: Logger,
+): Promise<Map<string, FileStart>> {
   const committed = merged.stateText === undefined ? undefined : await offsetsOfState(p.target, merged.stateText);
-  const plan = await planResume(await listGenerationFiles(p.source), committed?.datasets[p.dataset], tokenizeSettings(ctx));
+  const plan = await planResume(
+    await listGenerationFiles(p.source),
+    committed?.datasets[p.dataset],
+    tokenizeSettings(ctx),
+  );
   if (plan.fullRead !== undefined) {
-    log.info({ source: p.source, reason: plan.fullRead }, 'reading every generation line of the dataset (no usable offsets)');
+    log.info(
+      { source: p.source, reason: plan.fullRead },
+      'reading every generation line of the dataset (no usable offsets)',
+    );
   } else {
-    log.info({ source: p.source, files: plan.starts.size }, 'reading only the generation lines written since the last merged round');
+    log.info(
+      { source: p.source, files: plan.starts.size },
+      'reading only the generation lines written since the last merged round',
+    );
   }
   return plan.starts;
 }
@@ -257,7 +280,9 @@ async function tokenizeAgainst(
     p.dataset,
     { ...stats, lines: stats.lines + linesBefore },
     p.maxInvalidFraction,
-    p.kind === 'generations' ? '; fix or delete the lines named (back up the file first), then run `tokenmill postprocess -c <config>` again' : '',
+    p.kind === 'generations'
+      ? '; fix or delete the lines named (back up the file first), then run `tokenmill postprocess -c <config>` again'
+      : '',
   );
   if (invalid !== undefined) {
     await rm(p.stagedDir, { recursive: true, force: true });
@@ -288,7 +313,11 @@ async function tokenizeAgainst(
     for (const [name, end] of [...positions.entries()].sort(([a], [b]) => (a < b ? -1 : 1))) {
       files[name] = await fileOffset(path.join(p.source, name), end);
     }
-    result.sourceOffsets = { dataset: p.dataset, basis: merged.basis, offsets: { source: p.source, settings: tokenizeSettings(ctx), files } };
+    result.sourceOffsets = {
+      dataset: p.dataset,
+      basis: merged.basis,
+      offsets: { source: p.source, settings: tokenizeSettings(ctx), files },
+    };
   }
   log.info(
     { rows: result.rows, tokens: result.tokens, alreadyMerged, invalid: result.invalid, stagedDir: p.stagedDir },
@@ -329,7 +358,11 @@ function sourceOffsetsOf(values: readonly unknown[], log: Logger): SourceOffsets
     if (raw === undefined) continue;
     const parsed = SourceOffsetsSchema.safeParse(raw);
     if (parsed.success) out.push(parsed.data);
-    else log.warn({ issues: parsed.error.issues.slice(0, 3) }, 'a tokenize job returned offsets that do not parse: its lines are read again next round');
+    else
+      log.warn(
+        { issues: parsed.error.issues.slice(0, 3) },
+        'a tokenize job returned offsets that do not parse: its lines are read again next round',
+      );
   }
   return out;
 }
@@ -402,7 +435,15 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
       datasets,
       report: summarizeReport(merged.report, merged.reportPath),
     };
-    log.info({ status: result.status, newRows: merged.report.newRows, rows: merged.report.rows, reportPath: merged.reportPath }, 'round merged');
+    log.info(
+      {
+        status: result.status,
+        newRows: merged.report.newRows,
+        rows: merged.report.rows,
+        reportPath: merged.reportPath,
+      },
+      'round merged',
+    );
   }
   for (const d of datasets) await rm(d.stagedDir, { recursive: true, force: true });
   // The round's staging folder, once empty.

@@ -19,7 +19,6 @@ import { CONVERSATION_FINISH_REASON, type TokenizeContext, type TokenizedRow } f
 import { jsonLines, noteInvalid, type InvalidLine } from './tokenize-lines.js';
 import { findSupervisedSpans, specForgeMask, type CharSpan } from './tokenize-mask.js';
 
-
 /** One conversation of a conversation dataset, normalized. */
 export interface ConversationRecord {
   id: string;
@@ -40,7 +39,8 @@ export function parseConversationRecord(value: unknown): ConversationRecord {
   if (!isRecord(value)) throw new PayloadError('expected a JSON object');
   const field = value.conversations !== undefined ? 'conversations' : 'messages';
   const list = value[field];
-  if (!Array.isArray(list) || list.length === 0) throw new PayloadError('"conversations" must be a non-empty array of messages');
+  if (!Array.isArray(list) || list.length === 0)
+    throw new PayloadError('"conversations" must be a non-empty array of messages');
   const messages = list.map((m, i) => parseChatMessage(m, `${field}[${i}]`));
   let id: string;
   if (typeof value.id === 'string' && value.id !== '') id = value.id;
@@ -78,7 +78,12 @@ export function tokenizeConversation(conv: ConversationRecord, ctx: TokenizeCont
   });
   const ids = tokenizer.encode(text);
   const spans = findSupervisedSpans(text, format);
-  return { text, input_ids: ids, loss_mask: specForgeMask(tokenizer, text, ids, spans, format.ignorablePrefixes), spans };
+  return {
+    text,
+    input_ids: ids,
+    loss_mask: specForgeMask(tokenizer, text, ids, spans, format.ignorablePrefixes),
+    spans,
+  };
 }
 
 /** The training row of one conversation ({@link tokenizeConversation}), in dataset `dataset`. */

@@ -15,7 +15,6 @@ export interface InvalidLine {
 /** At most this many invalid lines are kept as examples in the counters. */
 export const INVALID_EXAMPLES = 20;
 
-
 /** The non-blank lines of a text file, with their 1-based numbers. */
 export async function* jsonLines(file: string): AsyncGenerator<{ line: number; text: string }> {
   const rl = createInterface({ input: createReadStream(file, { encoding: 'utf8' }), crlfDelay: Infinity });
@@ -31,7 +30,11 @@ export async function* jsonLines(file: string): AsyncGenerator<{ line: number; t
 }
 
 /** Counts an invalid line; the first ones are kept as examples and logged, the rest only counted. */
-export function noteInvalid(stats: { invalid: number; invalidExamples: InvalidLine[] }, log: Logger, entry: InvalidLine): void {
+export function noteInvalid(
+  stats: { invalid: number; invalidExamples: InvalidLine[] },
+  log: Logger,
+  entry: InvalidLine,
+): void {
   stats.invalid += 1;
   if (stats.invalidExamples.length >= INVALID_EXAMPLES) return;
   stats.invalidExamples.push(entry);

@@ -168,7 +168,11 @@ function addedTokens(tokenizer: ChatTokenizer): AddedTokens {
  * `c => len(tokenizer.encode(text.slice(0, c)))` for `text` whose encoding is `ids`, computed
  * from the added tokens (see the module comment), memoized.
  */
-export function prefixTokenCounter(tokenizer: ChatTokenizer, text: string, ids: readonly number[]): (c: number) => number {
+export function prefixTokenCounter(
+  tokenizer: ChatTokenizer,
+  text: string,
+  ids: readonly number[],
+): (c: number) => number {
   const table = addedTokens(tokenizer);
   const matches = table.find(text);
   const positions: number[] = [];
@@ -229,7 +233,8 @@ export function specForgeMask(
   for (const s of spans) set(s.start, s.end, 1);
   for (const ignore of ignorable) {
     if (ignore === '') continue;
-    for (let at = text.indexOf(ignore); at >= 0; at = text.indexOf(ignore, at + ignore.length)) set(at, at + ignore.length, 0);
+    for (let at = text.indexOf(ignore); at >= 0; at = text.indexOf(ignore, at + ignore.length))
+      set(at, at + ignore.length, 0);
   }
   return mask;
 }
@@ -351,7 +356,12 @@ function byteOffsets(text: string, points: readonly number[], target: Uint8Array
  * covers at least one byte of a span's characters, 0 elsewhere. Throws an
  * {@link EnvironmentError} when the tokens cannot be laid out over the text.
  */
-export function maskFromSpans(tokenizer: ChatTokenizer, text: string, ids: readonly number[], spans: readonly CharSpan[]): number[] {
+export function maskFromSpans(
+  tokenizer: ChatTokenizer,
+  text: string,
+  ids: readonly number[],
+  spans: readonly CharSpan[],
+): number[] {
   const table = tokenBytes(tokenizer);
   const raw = Buffer.from(text, 'utf8');
   let nfc = false;

@@ -56,7 +56,10 @@ export interface PackedOutcomes {
 }
 
 /** Packs a batch's outcomes; `transfer` lists the buffers to move with the message. */
-export function packOutcomes(batch: number, outcomes: readonly ConversationLineOutcome[]): { packed: PackedOutcomes; transfer: ArrayBuffer[] } {
+export function packOutcomes(
+  batch: number,
+  outcomes: readonly ConversationLineOutcome[],
+): { packed: PackedOutcomes; transfer: ArrayBuffer[] } {
   const n = outcomes.length;
   let total = 0;
   for (const o of outcomes) if (o.kind === 'tokenized') total += o.input_ids.length;
@@ -139,7 +142,10 @@ const PROBE_CONVERSATION: ChatMessage[] = [
 export function contextFingerprint(ctx: TokenizeContext): string {
   let rendered: string;
   try {
-    rendered = ctx.tokenizer.applyChatTemplate(PROBE_CONVERSATION, { addGenerationPrompt: false, templateKwargs: ctx.templateKwargs });
+    rendered = ctx.tokenizer.applyChatTemplate(PROBE_CONVERSATION, {
+      addGenerationPrompt: false,
+      templateKwargs: ctx.templateKwargs,
+    });
   } catch (e: unknown) {
     rendered = `error: ${errorMessage(e)}`;
   }

@@ -8,7 +8,13 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { errorMessage, loadTokenizer } from '../../shared/index.js';
 import { createTokenizeContext, type TokenizeContext } from './tokenize-context.js';
 import { conversationLineOutcome, type ConversationLineOutcome } from './tokenize-conversations.js';
-import { contextFingerprint, packOutcomes, type BatchRequest, type ThreadInit, type ThreadReply } from './tokenize-pool-messages.js';
+import {
+  contextFingerprint,
+  packOutcomes,
+  type BatchRequest,
+  type ThreadInit,
+  type ThreadReply,
+} from './tokenize-pool-messages.js';
 
 function tokenizeBatch(request: BatchRequest, ctx: TokenizeContext): ConversationLineOutcome[] {
   // A repeated id within the batch is a duplicate whatever the earlier lines of the file say.
@@ -43,7 +49,10 @@ async function main(): Promise<void> {
   }
   const fingerprint = contextFingerprint(ctx);
   if (fingerprint !== init.fingerprint) {
-    reply({ type: 'mismatch', detail: `the thread's tokenizer (${init.tokenizerDir}) renders or encodes a probe differently` });
+    reply({
+      type: 'mismatch',
+      detail: `the thread's tokenizer (${init.tokenizerDir}) renders or encodes a probe differently`,
+    });
     return;
   }
   port.on('message', (request: BatchRequest) => {

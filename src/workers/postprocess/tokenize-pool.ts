@@ -116,7 +116,9 @@ export class TokenizePool {
     if (unusable !== undefined) {
       await pool.close();
       if (unusable.type === 'mismatch') return { unusable: unusable.detail };
-      throw new AppError(`tokenize threads for ${opts.file} could not start: ${unusable.type === 'failed' ? unusable.message : unusable.type}`);
+      throw new AppError(
+        `tokenize threads for ${opts.file} could not start: ${unusable.type === 'failed' ? unusable.message : unusable.type}`,
+      );
     }
     return pool;
   }
@@ -134,7 +136,9 @@ export class TokenizePool {
         if (this.#closing) return;
         const held = [...thread.pending.values()];
         const lines =
-          held.length === 0 ? 'no lines in hand' : `lines ${Math.min(...held.map((b) => b.firstLine))}–${Math.max(...held.map((b) => b.lastLine))}`;
+          held.length === 0
+            ? 'no lines in hand'
+            : `lines ${Math.min(...held.map((b) => b.firstLine))}–${Math.max(...held.map((b) => b.lastLine))}`;
         const error = new AppError(
           `tokenize thread ${thread.index + 1} of ${this.#threads.length} stopped (${why}) while tokenizing ${this.#file}, ${lines}`,
           { retryable: true },
@@ -171,7 +175,12 @@ export class TokenizePool {
     const batch = this.#nextBatch++;
     const request: BatchRequest = { batch, lines };
     return new Promise<PackedOutcomes>((resolve, reject) => {
-      chosen.pending.set(batch, { firstLine: numbers[0] ?? 0, lastLine: numbers[numbers.length - 1] ?? 0, resolve, reject });
+      chosen.pending.set(batch, {
+        firstLine: numbers[0] ?? 0,
+        lastLine: numbers[numbers.length - 1] ?? 0,
+        resolve,
+        reject,
+      });
       chosen.worker.postMessage(request);
     });
   }

@@ -47,20 +47,27 @@ function tokenIds(value: unknown, field: string, vocabSize: number): number[] {
 export function parseGenerationRecord(value: unknown, vocabSize: number): GenerationRecord {
   if (!isRecord(value)) throw new PayloadError('expected a JSON object');
   const { id, dataset, prompt_tokens: promptTokens, completion_tokens: completionTokens } = value;
-  if (typeof id !== 'string' || id === '') throw new PayloadError(`"id" must be a non-empty string, got ${JSON.stringify(id)}`);
+  if (typeof id !== 'string' || id === '')
+    throw new PayloadError(`"id" must be a non-empty string, got ${JSON.stringify(id)}`);
   if (dataset !== undefined && typeof dataset !== 'string') throw new PayloadError('"dataset" must be a string');
   const promptIds = tokenIds(value.prompt_ids, 'prompt_ids', vocabSize);
   const outputIds = tokenIds(value.output_ids, 'output_ids', vocabSize);
   if (promptIds.length === 0) throw new PayloadError('prompt_ids is empty');
   if (promptTokens !== undefined && promptTokens !== promptIds.length) {
-    throw new PayloadError(`prompt_tokens is ${JSON.stringify(promptTokens)} but prompt_ids has ${promptIds.length} ids`);
+    throw new PayloadError(
+      `prompt_tokens is ${JSON.stringify(promptTokens)} but prompt_ids has ${promptIds.length} ids`,
+    );
   }
   if (completionTokens !== undefined && completionTokens !== outputIds.length) {
-    throw new PayloadError(`completion_tokens is ${JSON.stringify(completionTokens)} but output_ids has ${outputIds.length} ids`);
+    throw new PayloadError(
+      `completion_tokens is ${JSON.stringify(completionTokens)} but output_ids has ${outputIds.length} ids`,
+    );
   }
   const finish = FinishReasonSchema.safeParse(value.finish_reason);
   if (!finish.success) {
-    throw new PayloadError(`finish_reason ${JSON.stringify(value.finish_reason)} is not one of SGLang's (stop, length, abort)`);
+    throw new PayloadError(
+      `finish_reason ${JSON.stringify(value.finish_reason)} is not one of SGLang's (stop, length, abort)`,
+    );
   }
   const record: GenerationRecord = { id, prompt_ids: promptIds, output_ids: outputIds, finish_reason: finish.data };
   if (dataset !== undefined) record.dataset = dataset;
@@ -98,7 +105,12 @@ function ignorableIds(ctx: TokenizeContext): readonly (readonly number[])[] {
  * model in non-thinking mode writes itself): SpecForge's `ignore_token` rule, which a conversation
  * row gets from tokenize-mask.ts, applied to the ids the model generated.
  */
-function unsuperviseIgnorable(output: readonly number[], offset: number, ignorable: readonly (readonly number[])[], mask: number[]): void {
+function unsuperviseIgnorable(
+  output: readonly number[],
+  offset: number,
+  ignorable: readonly (readonly number[])[],
+  mask: number[],
+): void {
   for (const seq of ignorable) {
     const first = seq[0];
     if (first === undefined) continue;
@@ -147,7 +159,14 @@ export function recordToRow(record: GenerationRecord, ctx: TokenizeContext, data
   return {
     status: 'kept',
     closedTurn,
-    row: { id: record.id, dataset: name, input_ids: inputIds, loss_mask: lossMask, num_tokens: total, finish_reason: finish.type },
+    row: {
+      id: record.id,
+      dataset: name,
+      input_ids: inputIds,
+      loss_mask: lossMask,
+      num_tokens: total,
+      finish_reason: finish.type,
+    },
   };
 }
 
@@ -265,7 +284,11 @@ export async function* rowsFromGenerations(
       try {
         record = parseGenerationRecord(JSON.parse(text), vocabSize);
       } catch (e: unknown) {
-        noteInvalid(stats, log, { file, line, reason: e instanceof SyntaxError ? `invalid JSON: ${e.message}` : errorMessage(e) });
+        noteInvalid(stats, log, {
+          file,
+          line,
+          reason: e instanceof SyntaxError ? `invalid JSON: ${e.message}` : errorMessage(e),
+        });
         continue;
       }
       if (seen.has(record.id)) {
@@ -297,4 +320,3 @@ export async function* rowsFromGenerations(
   }
   return stats;
 }
-

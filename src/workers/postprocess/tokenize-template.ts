@@ -94,9 +94,15 @@ export function deriveAssistantTurnFormat(tokenizer: ChatTokenizer, opts: TurnFo
   const name = tokenizer.name;
   const render = (messages: ChatMessage[], addGenerationPrompt: boolean): string => {
     try {
-      return tokenizer.applyChatTemplate(messages, { addGenerationPrompt, tools: opts.tools, templateKwargs: opts.templateKwargs });
+      return tokenizer.applyChatTemplate(messages, {
+        addGenerationPrompt,
+        tools: opts.tools,
+        templateKwargs: opts.templateKwargs,
+      });
     } catch (e: unknown) {
-      throw new EnvironmentError(`chat template of ${name} cannot render a probe conversation: ${errorMessage(e)}`, { cause: e });
+      throw new EnvironmentError(`chat template of ${name} cannot render a probe conversation: ${errorMessage(e)}`, {
+        cause: e,
+      });
     }
   };
   const user: ChatMessage = { role: 'user', content: PROBE_USER };
@@ -104,7 +110,10 @@ export function deriveAssistantTurnFormat(tokenizer: ChatTokenizer, opts: TurnFo
   const p0 = render([user], false);
   const p1 = render([user], true);
   const f1 = render([user, answer], false);
-  const f2 = render([user, answer, { role: 'user', content: PROBE_USER_2 }, { role: 'assistant', content: PROBE_ANSWER_2 }], false);
+  const f2 = render(
+    [user, answer, { role: 'user', content: PROBE_USER_2 }, { role: 'assistant', content: PROBE_ANSWER_2 }],
+    false,
+  );
 
   const generationPrompt = tail(p1, p0, 'the generation prompt', name);
   const lastTurn = tail(f1, p0, 'a conversation ending with an assistant turn', name);
@@ -116,7 +125,9 @@ export function deriveAssistantTurnFormat(tokenizer: ChatTokenizer, opts: TurnFo
 
   const header = commonPrefix(commonPrefix(generationPrompt, before), beforeEarlier);
   if (header === '') {
-    throw new EnvironmentError(`chat template of ${name}: found no assistant header (the generation prompt is empty or differs from the turns it renders)`);
+    throw new EnvironmentError(
+      `chat template of ${name}: found no assistant header (the generation prompt is empty or differs from the turns it renders)`,
+    );
   }
   const ignorable = new Set([before.slice(header.length), beforeEarlier.slice(header.length)]);
   ignorable.delete('');

@@ -86,7 +86,11 @@ export class PostprocessWorker {
   async start(): Promise<void> {
     const o = this.options;
     this.redis = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:postprocess', logger: this.log });
-    this.bullConnection = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:postprocess-bull', logger: this.log });
+    this.bullConnection = createRedisConnection(o.redisUrl, {
+      role: 'worker',
+      name: 'tokenmill:postprocess-bull',
+      logger: this.log,
+    });
     this.mergeQueue = new Queue(MERGE_QUEUE, { connection: this.redis, prefix: o.keys.bullPrefix });
     const stages = o.stages ?? ['tokenize', 'merge'];
     const common = {
@@ -97,12 +101,18 @@ export class PostprocessWorker {
       maxStalledCount: 3,
     };
     if (stages.includes('tokenize')) {
-      const w = new Worker<unknown, TokenizeResult>(TOKENIZE_QUEUE, (job) => this.tokenize(job), { ...common, concurrency: o.tokenizeConcurrency ?? 2 });
+      const w = new Worker<unknown, TokenizeResult>(TOKENIZE_QUEUE, (job) => this.tokenize(job), {
+        ...common,
+        concurrency: o.tokenizeConcurrency ?? 2,
+      });
       w.on('failed', (job, err) => this.track(this.onFailed('tokenize', job, err)));
       this.workers.push(w);
     }
     if (stages.includes('merge')) {
-      const w = new Worker<unknown, MergeJobResult>(MERGE_QUEUE, (job) => this.merge(job), { ...common, concurrency: 1 });
+      const w = new Worker<unknown, MergeJobResult>(MERGE_QUEUE, (job) => this.merge(job), {
+        ...common,
+        concurrency: 1,
+      });
       w.on('failed', (job, err) => this.track(this.onFailed('merge', job, err)));
       this.workers.push(w);
     }

@@ -60,7 +60,11 @@ export async function listCheckpoints(dir: string): Promise<string[]> {
   const withKeys = await Promise.all(
     names.map(async (n) => {
       const nums = n.match(/\d+/g);
-      return { path: path.join(dir, n), num: nums === null ? -1 : Number(nums.at(-1)), mtime: (await stat(path.join(dir, n))).mtimeMs };
+      return {
+        path: path.join(dir, n),
+        num: nums === null ? -1 : Number(nums.at(-1)),
+        mtime: (await stat(path.join(dir, n))).mtimeMs,
+      };
     }),
   );
   withKeys.sort((a, b) => a.num - b.num || a.mtime - b.mtime || a.path.localeCompare(b.path));
@@ -80,7 +84,12 @@ export async function describeAttempts(runDir: string): Promise<AttemptListing[]
   const out: AttemptListing[] = [];
   for (const a of await listAttempts(runDir)) {
     const dir = path.join(trainDir(runDir), a);
-    out.push({ attempt: a, dir, checkpoints: await listCheckpoints(path.join(dir, 'checkpoints')), record: await readRecord(dir) });
+    out.push({
+      attempt: a,
+      dir,
+      checkpoints: await listCheckpoints(path.join(dir, 'checkpoints')),
+      record: await readRecord(dir),
+    });
   }
   return out;
 }
@@ -88,7 +97,10 @@ export async function describeAttempts(runDir: string): Promise<AttemptListing[]
 /** `attempt 0001: checkpoints step-20, step-40; attempt 0002: no checkpoint` */
 function listingText(list: readonly AttemptListing[]): string {
   return list
-    .map((a) => `attempt ${a.attempt} (${a.dir}): ${a.checkpoints.length === 0 ? 'no checkpoint' : `checkpoints ${a.checkpoints.map((c) => path.basename(c)).join(', ')}`}`)
+    .map(
+      (a) =>
+        `attempt ${a.attempt} (${a.dir}): ${a.checkpoints.length === 0 ? 'no checkpoint' : `checkpoints ${a.checkpoints.map((c) => path.basename(c)).join(', ')}`}`,
+    )
     .join('; ');
 }
 
@@ -103,11 +115,16 @@ export async function resolveResumeCheckpoint(runDir: string, given?: string): P
   if (given !== undefined) {
     if (await exists(given)) return given;
     const list = await describeAttempts(runDir);
-    throw new AppError(`resume: checkpoint ${given} does not exist. What exists: ${list.length === 0 ? `no attempt under ${trainDir(runDir)}` : listingText(list)}`);
+    throw new AppError(
+      `resume: checkpoint ${given} does not exist. What exists: ${list.length === 0 ? `no attempt under ${trainDir(runDir)}` : listingText(list)}`,
+    );
   }
   const list = await describeAttempts(runDir);
   const latest = list.at(-1);
-  if (latest === undefined) throw new AppError(`resume: nothing to resume — no training attempt under ${trainDir(runDir)}; start one with --from-scratch`);
+  if (latest === undefined)
+    throw new AppError(
+      `resume: nothing to resume — no training attempt under ${trainDir(runDir)}; start one with --from-scratch`,
+    );
   const newest = latest.checkpoints.at(-1);
   if (newest !== undefined) return newest;
   const inherited = latest.record?.resumedFrom;
@@ -119,7 +136,10 @@ export async function resolveResumeCheckpoint(runDir: string, given?: string): P
 }
 
 /** A new attempt folder (with `checkpoints/`), numbered after the last one; never reuses one. */
-export async function createAttempt(runDir: string, record: Omit<AttemptRecord, 'attempt' | 'startedAt'>): Promise<{ attempt: string; dir: string; checkpoints: string; log: string }> {
+export async function createAttempt(
+  runDir: string,
+  record: Omit<AttemptRecord, 'attempt' | 'startedAt'>,
+): Promise<{ attempt: string; dir: string; checkpoints: string; log: string }> {
   await mkdir(trainDir(runDir), { recursive: true });
   for (;;) {
     const last = (await listAttempts(runDir)).at(-1);

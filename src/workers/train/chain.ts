@@ -1,7 +1,15 @@
 import { statfs, mkdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { FlowJob } from 'bullmq';
-import { AppError, TRAIN_QUEUE, exists, TrainPayloadSchema, parsePayload, trainJobOptions, type TrainPayload } from '../../shared/index.js';
+import {
+  AppError,
+  TRAIN_QUEUE,
+  exists,
+  TrainPayloadSchema,
+  parsePayload,
+  trainJobOptions,
+  type TrainPayload,
+} from '../../shared/index.js';
 import { createAttempt, describeAttempts, trainDir } from './attempts.js';
 
 /**
@@ -25,7 +33,14 @@ export function stepPayload(payload: TrainPayload, index: number): TrainPayload 
   if (step === undefined) throw new AppError(`train: no step ${index} in the chain`);
   return parsePayload(
     TrainPayloadSchema,
-    { ...payload, command: step.command, gpus: step.gpus, minFreeGpuMemMiB: step.minFreeGpuMemMiB, minFreeDiskGiB: step.minFreeDiskGiB, stepIndex: index },
+    {
+      ...payload,
+      command: step.command,
+      gpus: step.gpus,
+      minFreeGpuMemMiB: step.minFreeGpuMemMiB,
+      minFreeDiskGiB: step.minFreeDiskGiB,
+      stepIndex: index,
+    },
     'train',
   );
 }
@@ -38,7 +53,13 @@ export function stepPayload(payload: TrainPayload, index: number): TrainPayload 
 export function trainFlow(payload: TrainPayload, baseId: string, child?: FlowJob): FlowJob {
   const failing = (f: FlowJob): FlowJob => ({ ...f, opts: { ...f.opts, failParentOnFailure: true } });
   if (payload.steps === undefined) {
-    return { name: 'train', queueName: TRAIN_QUEUE, data: payload, opts: { ...trainJobOptions, jobId: baseId }, ...(child === undefined ? {} : { children: [failing(child)] }) };
+    return {
+      name: 'train',
+      queueName: TRAIN_QUEUE,
+      data: payload,
+      opts: { ...trainJobOptions, jobId: baseId },
+      ...(child === undefined ? {} : { children: [failing(child)] }),
+    };
   }
   let below: FlowJob | undefined = child;
   for (let i = 0; i < payload.steps.length; i++) {
@@ -70,16 +91,24 @@ export interface ChainStepPlace {
  * The attempt folder a chain step runs in: the first step makes a new attempt (from scratch) or
  * takes the latest one (resume); later steps take their previous step's.
  */
-export async function placeChainStep(p: TrainPayload, previous: { attemptDir: string | null } | null, jobId: string): Promise<ChainStepPlace> {
+export async function placeChainStep(
+  p: TrainPayload,
+  previous: { attemptDir: string | null } | null,
+  jobId: string,
+): Promise<ChainStepPlace> {
   const index = p.stepIndex ?? 0;
   const name = p.steps?.[index]?.name ?? String(index);
   let attemptDir: string;
   if (index > 0) {
-    if (previous?.attemptDir === null || previous?.attemptDir === undefined) throw new AppError(`train step ${name}: the previous step left no attempt folder`);
+    if (previous?.attemptDir === null || previous?.attemptDir === undefined)
+      throw new AppError(`train step ${name}: the previous step left no attempt folder`);
     attemptDir = previous.attemptDir;
   } else if (p.mode === 'resume') {
     const latest = (await describeAttempts(p.runDir)).at(-1);
-    if (latest === undefined) throw new AppError(`resume: nothing to resume — no training attempt under ${trainDir(p.runDir)}; start one with --from-scratch`);
+    if (latest === undefined)
+      throw new AppError(
+        `resume: nothing to resume — no training attempt under ${trainDir(p.runDir)}; start one with --from-scratch`,
+      );
     attemptDir = latest.dir;
   } else {
     attemptDir = (await createAttempt(p.runDir, { jobId, mode: p.mode, resumedFrom: null })).dir;
@@ -101,7 +130,10 @@ export function withStepOutputs(argv: readonly string[], p: TrainPayload, attemp
   const names = new Set((p.steps ?? []).map((s) => s.name));
   return argv.map((a) =>
     a.replace(/\{output:([^}]+)\}/g, (_m, n: string) => {
-      if (!names.has(n)) throw new AppError(`train step ${p.steps?.[p.stepIndex ?? 0]?.name ?? ''}: {output:${n}} names no step of train.steps (${[...names].join(', ')})`);
+      if (!names.has(n))
+        throw new AppError(
+          `train step ${p.steps?.[p.stepIndex ?? 0]?.name ?? ''}: {output:${n}} names no step of train.steps (${[...names].join(', ')})`,
+        );
       return path.join(attemptDir, n, 'output');
     }),
   );
@@ -109,7 +141,10 @@ export function withStepOutputs(argv: readonly string[], p: TrainPayload, attemp
 
 /** Records that a chain step finished (a rerun skips it). */
 export async function markStepDone(place: ChainStepPlace, info: Record<string, unknown>): Promise<void> {
-  await writeFile(path.join(place.stepDir, 'done.json'), `${JSON.stringify({ ...info, finishedAt: new Date().toISOString() }, null, 2)}\n`);
+  await writeFile(
+    path.join(place.stepDir, 'done.json'),
+    `${JSON.stringify({ ...info, finishedAt: new Date().toISOString() }, null, 2)}\n`,
+  );
 }
 
 /** When the step was done, from its `done.json`. */

@@ -20,7 +20,9 @@ const PLACEHOLDER = /\{(dataset|output|checkpoint|gpus)\}/g;
 export function buildArgv(command: readonly string[], resumeArgs: readonly string[], values: CommandValues): string[] {
   const argv = values.checkpoint === null ? [...command] : [...command, ...resumeArgs];
   if (values.checkpoint !== null && !argv.some((a) => a.includes('{checkpoint}'))) {
-    throw new AppError('resume: neither train.command nor train.resumeArgs has "{checkpoint}", so the command would not know what to resume from; add it (e.g. resumeArgs: [--resume, "{checkpoint}"])');
+    throw new AppError(
+      'resume: neither train.command nor train.resumeArgs has "{checkpoint}", so the command would not know what to resume from; add it (e.g. resumeArgs: [--resume, "{checkpoint}"])',
+    );
   }
   return argv.map((a) =>
     a.replace(PLACEHOLDER, (_m, name: string) => {

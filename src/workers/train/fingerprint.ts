@@ -67,7 +67,14 @@ export function pythonOf(command: readonly string[], python?: string): string {
   return /^python(\d+(\.\d+)*)?$/.test(basename(first)) ? first : 'python3';
 }
 
-async function runProbe(python: string, cwd: string, timeoutMs: number): Promise<{ ok: true; value: { python: string; packages: Record<string, string>; cuda: string | null } } | { ok: false; problem: string }> {
+async function runProbe(
+  python: string,
+  cwd: string,
+  timeoutMs: number,
+): Promise<
+  | { ok: true; value: { python: string; packages: Record<string, string>; cuda: string | null } }
+  | { ok: false; problem: string }
+> {
   let run: CapturedRun;
   try {
     run = await runCaptured(python, ['-c', PROBE, ...FINGERPRINT_PACKAGES], { cwd, timeoutMs });
@@ -76,14 +83,28 @@ async function runProbe(python: string, cwd: string, timeoutMs: number): Promise
   }
   try {
     if (run.code !== 0) throw new Error(run.stderr.trim().split('\n').at(-1) ?? `exit ${run.code}`);
-    return { ok: true, value: JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '') as { python: string; packages: Record<string, string>; cuda: string | null } };
+    return {
+      ok: true,
+      value: JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '') as {
+        python: string;
+        packages: Record<string, string>;
+        cuda: string | null;
+      },
+    };
   } catch (e: unknown) {
     return { ok: false, problem: `${python} could not be probed: ${errorMessage(e)}` };
   }
 }
 
 /** Records the environment a training command runs in: Python, packages, CUDA, driver, GPU names. */
-export async function collectFingerprint(opts: { command: readonly string[]; python?: string; cwd: string; gpus: readonly GpuInfo[]; driver: string | null; timeoutMs?: number }): Promise<EnvFingerprint> {
+export async function collectFingerprint(opts: {
+  command: readonly string[];
+  python?: string;
+  cwd: string;
+  gpus: readonly GpuInfo[];
+  driver: string | null;
+  timeoutMs?: number;
+}): Promise<EnvFingerprint> {
   const pythonPath = pythonOf(opts.command, opts.python);
   const probe = await runProbe(pythonPath, opts.cwd, opts.timeoutMs ?? 60_000);
   const base = { pythonPath, driver: opts.driver, gpus: opts.gpus.map((g) => g.name) };

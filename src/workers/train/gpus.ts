@@ -7,7 +7,10 @@ export interface GpuInfo extends GpuMemorySeen {
 }
 
 /** The query the train worker runs (and the stand-in `nvidia-smi` of the tests answers). */
-export const NVIDIA_SMI_ARGS = ['--query-gpu=index,name,memory.total,memory.free,driver_version', '--format=csv'] as const;
+export const NVIDIA_SMI_ARGS = [
+  '--query-gpu=index,name,memory.total,memory.free,driver_version',
+  '--format=csv',
+] as const;
 
 /** A number of MiB as nvidia-smi writes it: `81559 MiB` or `81559`. */
 function mib(v: string, line: number): number {
@@ -26,10 +29,14 @@ export function parseNvidiaSmi(text: string): GpuInfo[] {
     const line = raw.trim();
     if (line === '' || line.startsWith('index')) return;
     const cols = line.split(',').map((c) => c.trim());
-    if (cols.length < 5) throw new AppError(`nvidia-smi output line ${i + 1}: expected 5 columns (index, name, memory.total, memory.free, driver_version), got "${line}"`);
+    if (cols.length < 5)
+      throw new AppError(
+        `nvidia-smi output line ${i + 1}: expected 5 columns (index, name, memory.total, memory.free, driver_version), got "${line}"`,
+      );
     // A GPU name may itself hold a comma: the first column is the index, the last three are fixed.
     const index = Number(cols[0]);
-    if (!Number.isInteger(index)) throw new AppError(`nvidia-smi output line ${i + 1}: expected a GPU index, got "${cols[0] ?? ''}"`);
+    if (!Number.isInteger(index))
+      throw new AppError(`nvidia-smi output line ${i + 1}: expected a GPU index, got "${cols[0] ?? ''}"`);
     const n = cols.length;
     gpus.push({
       index,
@@ -56,11 +63,19 @@ export async function probeGpus(command = 'nvidia-smi', timeoutMs = 20_000): Pro
     run = await runCaptured(command, NVIDIA_SMI_ARGS, { timeoutMs });
   } catch (e: unknown) {
     const missing = (e as NodeJS.ErrnoException).code === 'ENOENT';
-    return { gpus: [], problem: missing ? 'no GPU on this worker (nvidia-smi not found on the PATH)' : `nvidia-smi could not run: ${errorMessage(e)}` };
+    return {
+      gpus: [],
+      problem: missing
+        ? 'no GPU on this worker (nvidia-smi not found on the PATH)'
+        : `nvidia-smi could not run: ${errorMessage(e)}`,
+    };
   }
   const stderr = run.stderr.trim();
   if (run.code !== 0) {
-    return { gpus: [], problem: `nvidia-smi failed (${run.signal ?? `exit ${run.code}`})${stderr === '' ? '' : `: ${stderr.split('\n')[0]}`}` };
+    return {
+      gpus: [],
+      problem: `nvidia-smi failed (${run.signal ?? `exit ${run.code}`})${stderr === '' ? '' : `: ${stderr.split('\n')[0]}`}`,
+    };
   }
   try {
     return { gpus: parseNvidiaSmi(run.stdout), problem: null };
@@ -75,7 +90,8 @@ export function parseGpuList(text: string): number[] | undefined {
   const parts = text.split(',').map((s) => s.trim());
   const out: number[] = [];
   for (const p of parts) {
-    if (!/^\d+$/.test(p)) throw new EnvironmentError(`--gpus: expected GPU indices separated by commas (e.g. 0,1) or all, got "${text}"`);
+    if (!/^\d+$/.test(p))
+      throw new EnvironmentError(`--gpus: expected GPU indices separated by commas (e.g. 0,1) or all, got "${text}"`);
     out.push(Number(p));
   }
   return [...new Set(out)];

@@ -1,4 +1,12 @@
 // The train stage: GPU workers that run the configured trainer on the merged dataset.
 export { parseGpuList } from './gpus.js';
-export { cancelTrainJobs, queueTrainJob, roundTrainJobId, type TrainOutcomeSeen, trainPayloadOf, waitForTrainJob, withTrainParent } from './train-jobs.js';
+export {
+  cancelTrainJobs,
+  queueTrainJob,
+  roundTrainJobId,
+  type TrainOutcomeSeen,
+  trainPayloadOf,
+  waitForTrainJob,
+  withTrainParent,
+} from './train-jobs.js';
 export { TrainWorker } from './worker.js';

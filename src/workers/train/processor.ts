@@ -39,7 +39,10 @@ export interface TrainDeps {
   allowedGpus?: readonly number[];
   probeGpus(): Promise<GpuProbe>;
   /** Writes fields of the run's train status (and the `train` phase when `phase` is given). */
-  setStatus(fields: Record<string, string | number>, phase?: 'pending' | 'in_progress' | 'completed' | 'failed'): Promise<void>;
+  setStatus(
+    fields: Record<string, string | number>,
+    phase?: 'pending' | 'in_progress' | 'completed' | 'failed',
+  ): Promise<void>;
   previousRun(): Promise<PreviousRun | null>;
   lastGoodEnv(): Promise<EnvFingerprint | null>;
   saveGoodEnv(fp: EnvFingerprint): Promise<void>;
@@ -57,7 +60,8 @@ export interface TrainDeps {
 }
 
 /** The processor's outcome: finished (result), or not yet startable (wait and try again). */
-export type TrainOutcome = { kind: 'done'; result: TrainResult } | { kind: 'wait'; reason: string } | { kind: 'requeue'; reason: string };
+export type TrainOutcome =
+  { kind: 'done'; result: TrainResult } | { kind: 'wait'; reason: string } | { kind: 'requeue'; reason: string };
 
 /** The job was cancelled (`tokenmill train --cancel`). Never retried. */
 export class TrainCancelledError extends AppError {
@@ -68,7 +72,9 @@ export class TrainCancelledError extends AppError {
 
 /** `GPU 0 (NVIDIA H200): 21,000 of 143,771 MiB free` for each GPU preflight saw. */
 function describeSeen(seen: readonly GpuInfo[], assigned: readonly GpuInfo[], need: number): string {
-  const list = (assigned.length > 0 ? assigned : seen).map((g) => `GPU ${g.index} (${g.name}): ${formatInt(g.freeMiB)} of ${formatInt(g.totalMiB)} MiB free`);
+  const list = (assigned.length > 0 ? assigned : seen).map(
+    (g) => `GPU ${g.index} (${g.name}): ${formatInt(g.freeMiB)} of ${formatInt(g.totalMiB)} MiB free`,
+  );
   return list.length === 0 ? 'no GPU' : `${list.join('; ')} (${formatInt(need)} MiB needed)`;
 }
 
@@ -81,22 +87,43 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
   const p: TrainPayload = parsePayload(TrainPayloadSchema, data, 'train');
   const log = deps.logger;
   const started = Date.now();
-  if (await deps.isCancelled()) throw new TrainCancelledError('cancelled by `tokenmill train --cancel` before it started');
+  if (await deps.isCancelled())
+    throw new TrainCancelledError('cancelled by `tokenmill train --cancel` before it started');
 
   const index = p.stepIndex ?? 0;
   const stepName = p.steps?.[index]?.name;
   const skipped = (reason: string, attemptDir: string | null = null): TrainOutcome => ({
     kind: 'done',
-    result: { status: 'skipped', attempt: attemptDir === null ? null : path.basename(attemptDir), attemptDir, mode: p.mode, checkpoint: null, lastCheckpoint: null, progress: null, firstLoss: null, lastLoss: null, gpus: [], durationMs: Date.now() - started, reason, ...(stepName === undefined ? {} : { step: stepName }) },
+    result: {
+      status: 'skipped',
+      attempt: attemptDir === null ? null : path.basename(attemptDir),
+      attemptDir,
+      mode: p.mode,
+      checkpoint: null,
+      lastCheckpoint: null,
+      progress: null,
+      firstLoss: null,
+      lastLoss: null,
+      gpus: [],
+      durationMs: Date.now() - started,
+      reason,
+      ...(stepName === undefined ? {} : { step: stepName }),
+    },
   });
-  const child = p.origin !== 'cli' || index > 0 ? ((await deps.childResult()) as { status?: unknown; attemptDir?: unknown } | undefined) : undefined;
-  const nothingNew = index === 0 ? child?.status === 'nothing-new' : child?.status === 'skipped' && child.attemptDir === null;
+  const child =
+    p.origin !== 'cli' || index > 0
+      ? ((await deps.childResult()) as { status?: unknown; attemptDir?: unknown } | undefined)
+      : undefined;
+  const nothingNew =
+    index === 0 ? child?.status === 'nothing-new' : child?.status === 'skipped' && child.attemptDir === null;
   if (nothingNew) {
-    const reason = 'the post-process round merged nothing new; training not started (run `tokenmill train` to train anyway)';
+    const reason =
+      'the post-process round merged nothing new; training not started (run `tokenmill train` to train anyway)';
     await deps.setStatus({ state: 'skipped', reason, mode: p.mode });
     return skipped(reason);
   }
-  const previousStep = index > 0 ? { attemptDir: typeof child?.attemptDir === 'string' ? child.attemptDir : null } : null;
+  const previousStep =
+    index > 0 ? { attemptDir: typeof child?.attemptDir === 'string' ? child.attemptDir : null } : null;
   if (stepName !== undefined) await deps.setStatus({ chainStep: `${stepName} (${index + 1}/${p.steps?.length ?? 1})` });
 
   // 1. A worker that ran this job before and is gone.
@@ -111,7 +138,9 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     }
     const who = `the train worker ${prev.worker ?? '(unknown)'} running attempt ${prev.attempt ?? '(unknown)'} died`;
     if (!p.autoResume && p.steps !== undefined) {
-      throw new AppError(`${who}; not resumed because train.autoResume is false — \`tokenmill train --resume\` reruns the chain from step ${stepName ?? ''}`);
+      throw new AppError(
+        `${who}; not resumed because train.autoResume is false — \`tokenmill train --resume\` reruns the chain from step ${stepName ?? ''}`,
+      );
     }
     if (!p.autoResume) {
       let newest = '';
@@ -120,11 +149,15 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
       } catch {
         newest = '; it left no checkpoint';
       }
-      throw new AppError(`${who}; not resumed because train.autoResume is false${newest} — continue with \`tokenmill train --resume\``);
+      throw new AppError(
+        `${who}; not resumed because train.autoResume is false${newest} — continue with \`tokenmill train --resume\``,
+      );
     }
     mode = 'resume';
     if (p.steps === undefined) checkpoint = await resolveResumeCheckpoint(p.runDir);
-    deps.jobLog(`${who}; ${p.steps === undefined ? `resuming from ${checkpoint ?? ''}` : `running step ${stepName ?? ''} again`} (train.autoResume)`);
+    deps.jobLog(
+      `${who}; ${p.steps === undefined ? `resuming from ${checkpoint ?? ''}` : `running step ${stepName ?? ''} again`} (train.autoResume)`,
+    );
     log.warn({ checkpoint }, `${who}; resuming (train.autoResume)`);
   }
 
@@ -135,16 +168,27 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     if (place.done) {
       const reason = `step ${stepName ?? ''} finished in an earlier run of attempt ${place.attempt} (${await doneInfo(place)}); not redone`;
       deps.jobLog(reason);
-      return { kind: 'done', result: { ...(skipped(reason, place.attemptDir) as { kind: 'done'; result: TrainResult }).result, status: 'completed' } };
+      return {
+        kind: 'done',
+        result: {
+          ...(skipped(reason, place.attemptDir) as { kind: 'done'; result: TrainResult }).result,
+          status: 'completed',
+        },
+      };
     }
   }
 
   // 2. Preflight: enough GPUs with enough free memory, or wait.
   const probe = await deps.probeGpus();
   const verdict = preflight({ gpus: p.gpus, minFreeGpuMemMiB: p.minFreeGpuMemMiB }, probe, deps.allowedGpus);
-  const seenJson = JSON.stringify(verdict.seen.map((g) => ({ index: g.index, name: g.name, freeMiB: g.freeMiB, totalMiB: g.totalMiB })));
+  const seenJson = JSON.stringify(
+    verdict.seen.map((g) => ({ index: g.index, name: g.name, freeMiB: g.freeMiB, totalMiB: g.totalMiB })),
+  );
   if (!verdict.ok) {
-    await deps.setStatus({ state: 'waiting', waiting: verdict.reason, preflight: seenJson, worker: deps.workerId, mode }, 'pending');
+    await deps.setStatus(
+      { state: 'waiting', waiting: verdict.reason, preflight: seenJson, worker: deps.workerId, mode },
+      'pending',
+    );
     return { kind: 'wait', reason: verdict.reason };
   }
   const assigned = verdict.assigned;
@@ -152,16 +196,30 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     const disk = await freeDiskGiB(p.runDir);
     if (disk.freeGiB < p.minFreeDiskGiB) {
       const reason = `disk ${disk.path}: ${disk.freeGiB.toFixed(1)} GiB free, ${p.minFreeDiskGiB} GiB needed${stepName === undefined ? '' : ` by step ${stepName}`}`;
-      await deps.setStatus({ state: 'waiting', waiting: reason, preflight: seenJson, worker: deps.workerId, mode }, 'pending');
+      await deps.setStatus(
+        { state: 'waiting', waiting: reason, preflight: seenJson, worker: deps.workerId, mode },
+        'pending',
+      );
       return { kind: 'wait', reason };
     }
   }
 
   // 3. Environment fingerprint against the last good run's.
-  const fp = await collectFingerprint({ command: p.command, ...(p.python === undefined ? {} : { python: p.python }), cwd: p.cwd, gpus: assigned, driver: verdict.seen[0]?.driver ?? probe.gpus[0]?.driver ?? null });
+  const fp = await collectFingerprint({
+    command: p.command,
+    ...(p.python === undefined ? {} : { python: p.python }),
+    cwd: p.cwd,
+    gpus: assigned,
+    driver: verdict.seen[0]?.driver ?? probe.gpus[0]?.driver ?? null,
+  });
   const lastGood = await deps.lastGoodEnv();
   const changes = lastGood === null ? [] : fingerprintChanges(lastGood, fp);
-  await deps.setStatus({ fingerprint: JSON.stringify(fp), envChanges: JSON.stringify(changes), preflight: seenJson, waiting: '' });
+  await deps.setStatus({
+    fingerprint: JSON.stringify(fp),
+    envChanges: JSON.stringify(changes),
+    preflight: seenJson,
+    waiting: '',
+  });
   if (changes.length > 0) {
     if (!p.allowEnvChange) {
       throw new AppError(
@@ -180,20 +238,42 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     // A chain step reruns whole: it has no checkpoint of its own to resume.
     place ??= await placeChainStep({ ...p, mode }, previousStep, deps.jobId);
     attempt = { attempt: place.attempt, dir: place.attemptDir, checkpoints: place.output, log: place.log };
-    argv = withStepOutputs(buildArgv(p.command, [], { dataset: p.dataset, output: place.output, checkpoint: null, gpus: assigned.map((g) => g.index) }), p, place.attemptDir);
+    argv = withStepOutputs(
+      buildArgv(p.command, [], {
+        dataset: p.dataset,
+        output: place.output,
+        checkpoint: null,
+        gpus: assigned.map((g) => g.index),
+      }),
+      p,
+      place.attemptDir,
+    );
     checkpoint = undefined;
   } else {
     if (mode === 'resume') checkpoint = await resolveResumeCheckpoint(p.runDir, checkpoint);
     const argvOf = (output: string): string[] =>
-      buildArgv(p.command, p.resumeArgs, { dataset: p.dataset, output, checkpoint: mode === 'resume' ? (checkpoint ?? null) : null, gpus: assigned.map((g) => g.index) });
+      buildArgv(p.command, p.resumeArgs, {
+        dataset: p.dataset,
+        output,
+        checkpoint: mode === 'resume' ? (checkpoint ?? null) : null,
+        gpus: assigned.map((g) => g.index),
+      });
     argvOf(''); // refuse a resume without {checkpoint} before an attempt folder is made
-    attempt = await createAttempt(p.runDir, { jobId: deps.jobId, mode, resumedFrom: mode === 'resume' ? (checkpoint ?? null) : null });
+    attempt = await createAttempt(p.runDir, {
+      jobId: deps.jobId,
+      mode,
+      resumedFrom: mode === 'resume' ? (checkpoint ?? null) : null,
+    });
     argv = argvOf(attempt.checkpoints);
   }
-  await writeFile(path.join(place?.stepDir ?? attempt.dir, 'environment.json'), `${JSON.stringify({ ...fp, preflight: verdict.seen, assignedGpus: assigned.map((g) => g.index), changes }, null, 2)}\n`);
+  await writeFile(
+    path.join(place?.stepDir ?? attempt.dir, 'environment.json'),
+    `${JSON.stringify({ ...fp, preflight: verdict.seen, assignedGpus: assigned.map((g) => g.index), changes }, null, 2)}\n`,
+  );
 
   // 5. Run and watch.
-  const tracker = p.progressRegex === undefined ? new ProgressTracker() : new ProgressTracker(new RegExp(p.progressRegex));
+  const tracker =
+    p.progressRegex === undefined ? new ProgressTracker() : new ProgressTracker(new RegExp(p.progressRegex));
   let oomLine: string | null = null;
   const lastLines: string[] = [];
   let lastReport = 0;
@@ -210,10 +290,12 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
       stepsPerSec: pr.stepsPerSec ?? '',
       etaSeconds: pr.etaSeconds === null ? '' : Math.round(pr.etaSeconds),
     };
-    reporting = reporting.then(async () => {
-      await deps.setStatus(fields);
-      await deps.reportProgress(pr);
-    }).catch((e: unknown) => log.warn({ err: e }, 'could not record training progress'));
+    reporting = reporting
+      .then(async () => {
+        await deps.setStatus(fields);
+        await deps.reportProgress(pr);
+      })
+      .catch((e: unknown) => log.warn({ err: e }, 'could not record training progress'));
   };
   const env: NodeJS.ProcessEnv = {
     ...process.env,
@@ -224,7 +306,9 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     TOKENMILL_TRAIN_ATTEMPT: attempt.attempt,
     ...(mode === 'resume' && checkpoint !== undefined ? { TOKENMILL_TRAIN_CHECKPOINT: checkpoint } : {}),
   };
-  deps.jobLog(`attempt ${attempt.attempt} (${mode}${mode === 'resume' ? ` from ${checkpoint ?? ''}` : ''}) on ${assigned.length === 0 ? 'CPU' : `GPU ${assigned.map((g) => g.index).join(',')}`}: ${argv.join(' ')}`);
+  deps.jobLog(
+    `attempt ${attempt.attempt} (${mode}${mode === 'resume' ? ` from ${checkpoint ?? ''}` : ''}) on ${assigned.length === 0 ? 'CPU' : `GPU ${assigned.map((g) => g.index).join(',')}`}: ${argv.join(' ')}`,
+  );
   const running = runCommand({
     argv,
     cwd: p.cwd,
@@ -254,7 +338,10 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
     },
     'in_progress',
   );
-  log.info({ attempt: attempt.attempt, mode, argv, gpus: assigned.map((g) => g.index), pid: running.pid }, 'training started');
+  log.info(
+    { attempt: attempt.attempt, mode, argv, gpus: assigned.map((g) => g.index), pid: running.pid },
+    'training started',
+  );
 
   let stopping: 'cancel' | 'shutdown' | null = null;
   const onShutdown = (): void => {
@@ -290,16 +377,30 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
   const where = `${stepName === undefined ? '' : `step ${stepName} of `}attempt ${attempt.attempt} (${attempt.log})`;
   const how = exit.spawnError ?? (exit.signal !== null ? `killed by ${exit.signal}` : `exit code ${exit.code ?? '?'}`);
 
-  if (stopping === 'cancel') throw new TrainCancelledError(`cancelled by \`tokenmill train --cancel\` at step ${pr.step ?? '?'} (${where}; ${exit.killed ? 'SIGKILL after the grace period' : 'stopped on SIGTERM'})`);
+  if (stopping === 'cancel')
+    throw new TrainCancelledError(
+      `cancelled by \`tokenmill train --cancel\` at step ${pr.step ?? '?'} (${where}; ${exit.killed ? 'SIGKILL after the grace period' : 'stopped on SIGTERM'})`,
+    );
   if (stopping === 'shutdown') {
-    if (p.autoResume) return { kind: 'requeue', reason: `the train worker stopped during ${where}; another worker resumes it (train.autoResume)` };
-    throw new AppError(`the train worker was stopped during ${where} at step ${pr.step ?? '?'}; not resumed because train.autoResume is false — continue with \`tokenmill train --resume\``);
+    if (p.autoResume)
+      return {
+        kind: 'requeue',
+        reason: `the train worker stopped during ${where}; another worker resumes it (train.autoResume)`,
+      };
+    throw new AppError(
+      `the train worker was stopped during ${where} at step ${pr.step ?? '?'}; not resumed because train.autoResume is false — continue with \`tokenmill train --resume\``,
+    );
   }
   if (oomLine !== null) {
-    throw new AppError(`CUDA out of memory in ${where}: "${oomLine}"; free memory at preflight: ${describeSeen(verdict.seen, assigned, p.minFreeGpuMemMiB)}`);
+    throw new AppError(
+      `CUDA out of memory in ${where}: "${oomLine}"; free memory at preflight: ${describeSeen(verdict.seen, assigned, p.minFreeGpuMemMiB)}`,
+    );
   }
   if (exit.spawnError !== null || exit.code !== 0) {
-    const tail = lastLines.filter((l) => l.trim() !== '').slice(-3).join(' | ');
+    const tail = lastLines
+      .filter((l) => l.trim() !== '')
+      .slice(-3)
+      .join(' | ');
     throw new AppError(`the training command failed (${how}) in ${where}${tail === '' ? '' : `: ${tail}`}`);
   }
   await deps.saveGoodEnv(fp);

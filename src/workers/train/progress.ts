@@ -67,7 +67,10 @@ export class ProgressTracker {
       else if (nowMs > this.first.atMs && p.step > this.first.step) {
         c.stepsPerSec = (p.step - this.first.step) / ((nowMs - this.first.atMs) / 1000);
       }
-      c.etaSeconds = c.stepsPerSec !== null && c.stepsPerSec > 0 && c.total !== null ? Math.max(0, (c.total - p.step) / c.stepsPerSec) : c.etaSeconds;
+      c.etaSeconds =
+        c.stepsPerSec !== null && c.stepsPerSec > 0 && c.total !== null
+          ? Math.max(0, (c.total - p.step) / c.stepsPerSec)
+          : c.etaSeconds;
     }
     return true;
   }
@@ -78,7 +81,8 @@ export class ProgressTracker {
 }
 
 /** CUDA out-of-memory as PyTorch and the CUDA runtime print it. */
-const OOM = /CUDA out of memory|torch\.cuda\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED/;
+const OOM =
+  /CUDA out of memory|torch\.cuda\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED/;
 
 /** Whether an output line reports a CUDA out-of-memory error. */
 export function isCudaOom(line: string): boolean {

@@ -83,7 +83,11 @@ export function roundTrainJobId(flowId: string): string {
  * fails its train parent when it fails (the training never waits for a merge that will not come).
  */
 export function withTrainParent(merge: FlowJob, payload: TrainPayload, flowId: string): FlowJob {
-  return trainFlow(parsePayload(TrainPayloadSchema, { ...payload, origin: flowId }, 'train'), roundTrainJobId(flowId), merge);
+  return trainFlow(
+    parsePayload(TrainPayloadSchema, { ...payload, origin: flowId }, 'train'),
+    roundTrainJobId(flowId),
+    merge,
+  );
 }
 
 /**
@@ -157,7 +161,10 @@ export async function waitForTrainJob(
         if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job?.returnvalue) };
         // A chain fails at the step that failed: its reason, not the parent's "child failed".
         const latest = await readTrainStatus(redis, keys);
-        const own = latest !== null && latest.jobId.startsWith(`${jobId}-`) && latest.reason !== null ? `${latest.jobId}: ${latest.reason}` : null;
+        const own =
+          latest !== null && latest.jobId.startsWith(`${jobId}-`) && latest.reason !== null
+            ? `${latest.jobId}: ${latest.reason}`
+            : null;
         return { status: 'failed', reason: own ?? (job?.failedReason || 'failed') };
       }
       await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
@@ -193,7 +200,13 @@ export async function cancelTrainJobs(redis: Redis, keys: RunKeys): Promise<Canc
       if (state === 'waiting' || state === 'delayed' || state === 'prioritized') {
         try {
           await job.remove();
-          await writeStatus(redis, keys, jobId, { state: 'cancelled', reason: 'cancelled by `tokenmill train --cancel` before it started' }, 'failed');
+          await writeStatus(
+            redis,
+            keys,
+            jobId,
+            { state: 'cancelled', reason: 'cancelled by `tokenmill train --cancel` before it started' },
+            'failed',
+          );
           out.push({ jobId, state, action: 'removed' });
           continue;
         } catch {

@@ -58,7 +58,11 @@ export class TrainWorker {
   async start(): Promise<void> {
     const o = this.options;
     this.redis = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:train', logger: this.log });
-    this.bullConnection = createRedisConnection(o.redisUrl, { role: 'worker', name: 'tokenmill:train-bull', logger: this.log });
+    this.bullConnection = createRedisConnection(o.redisUrl, {
+      role: 'worker',
+      name: 'tokenmill:train-bull',
+      logger: this.log,
+    });
     this.worker = new Worker<unknown, TrainResult>(TRAIN_QUEUE, (job, token) => this.process(job, token), {
       connection: this.bullConnection,
       prefix: o.keys.bullPrefix,
@@ -106,7 +110,10 @@ export class TrainWorker {
         jobLog: (line) => {
           logged += 1;
           if (logged > JOB_LOG_MAX_LINES + 1) return;
-          const text = logged > JOB_LOG_MAX_LINES ? `… output continues in train.log (only the first ${JOB_LOG_MAX_LINES} lines are copied here)` : line;
+          const text =
+            logged > JOB_LOG_MAX_LINES
+              ? `… output continues in train.log (only the first ${JOB_LOG_MAX_LINES} lines are copied here)`
+              : line;
           logChain = logChain.then(() => job.log(text)).catch(() => undefined);
         },
         reportProgress: (p) => job.updateProgress(p),
@@ -118,7 +125,10 @@ export class TrainWorker {
       if (outcome.kind === 'done') return outcome.result;
       // Not startable here now: back to the queue as delayed, for this or another worker.
       const delay = outcome.kind === 'wait' ? (payload.preflightPollMs ?? 30_000) : 1_000;
-      log.info({ reason: outcome.reason, delayMs: delay }, outcome.kind === 'wait' ? 'train job waits' : 'train job handed back');
+      log.info(
+        { reason: outcome.reason, delayMs: delay },
+        outcome.kind === 'wait' ? 'train job waits' : 'train job handed back',
+      );
       await job.moveToDelayed(Date.now() + delay, token);
       throw new DelayedError();
     } catch (e: unknown) {
@@ -127,7 +137,13 @@ export class TrainWorker {
       const cancelled = isCancel(e);
       const reason = errorMessage(e);
       log.error({ reason }, cancelled ? 'train job cancelled' : 'train job failed');
-      await writeStatus(redis, this.options.keys, jobId, { state: cancelled ? 'cancelled' : 'failed', reason, finishedAt: new Date().toISOString() }, 'failed').catch(() => undefined);
+      await writeStatus(
+        redis,
+        this.options.keys,
+        jobId,
+        { state: cancelled ? 'cancelled' : 'failed', reason, finishedAt: new Date().toISOString() },
+        'failed',
+      ).catch(() => undefined);
       // A training is never retried on its own: a person chooses resume or from-scratch.
       throw new UnrecoverableError(reason);
     }

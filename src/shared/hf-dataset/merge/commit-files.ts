@@ -36,7 +36,8 @@ export async function stageIndexAndOffsets(
     report.ok = false;
     return [];
   }
-  const previous: CommittedOffsets = old === undefined ? { basis: null, datasets: {} } : await offsetsOfState(target, old.stateText);
+  const previous: CommittedOffsets =
+    old === undefined ? { basis: null, datasets: {} } : await offsetsOfState(target, old.stateText);
   const datasets = nextOffsets(previous, opts.tokenizeOffsets ?? []);
   const files = [...indexed.files];
   if (Object.keys(datasets).length > 0) files.push(await writeOffsetsFile(staging, stateKey(nextStateText), datasets));

@@ -22,7 +22,10 @@ export interface EndOfTurnCount {
  * One message per dataset where more than {@link MAX_WITHOUT_END_OF_TURN_FRACTION} of the
  * stopped rows lack end-of-turn supervision, saying what it means and what to check.
  */
-export function endOfTurnFindings(counts: readonly EndOfTurnCount[], maxFraction = MAX_WITHOUT_END_OF_TURN_FRACTION): string[] {
+export function endOfTurnFindings(
+  counts: readonly EndOfTurnCount[],
+  maxFraction = MAX_WITHOUT_END_OF_TURN_FRACTION,
+): string[] {
   const out: string[] = [];
   for (const c of counts) {
     if (c.stoppedRows <= 0 || c.withoutEndOfTurn <= maxFraction * c.stoppedRows) continue;

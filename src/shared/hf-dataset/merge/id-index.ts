@@ -167,7 +167,8 @@ interface IndexLayout {
 }
 
 function parseLayout(head: Buffer, where: string): IndexLayout {
-  if (head.length < MAGIC.length + 4 || !head.subarray(0, MAGIC.length).equals(MAGIC)) throw new Error(`${where} is not a tokenmill index file`);
+  if (head.length < MAGIC.length + 4 || !head.subarray(0, MAGIC.length).equals(MAGIC))
+    throw new Error(`${where} is not a tokenmill index file`);
   const len = head.readUInt32LE(MAGIC.length);
   const entriesStart = MAGIC.length + 4 + len;
   if (head.length < entriesStart) throw new Error(`${where}: header cut short`);
@@ -217,7 +218,12 @@ export interface ShardIndex {
  * The index file's bytes of `shard` in `dir`, from its scan and the keys collected during it
  * (the merge's validation reads each new shard once for both).
  */
-export async function shardIndexBytes(dir: string, shard: string, scan: ShardScan, collector: ShardKeyCollector): Promise<Buffer> {
+export async function shardIndexBytes(
+  dir: string,
+  shard: string,
+  scan: ShardScan,
+  collector: ShardKeyCollector,
+): Promise<Buffer> {
   const st = await stat(path.join(dir, shard));
   return encodeIndex(
     {
@@ -279,7 +285,12 @@ export async function openShardIndex(dir: string, shard: string, opts: { persist
       const layout = parseLayout(head, file);
       const h = layout.header;
       // Within a millisecond: a time set back by utimes (ms resolution) comes back rounded.
-      if (h.shard === shard && Array.isArray(h.columns) && h.bytes === st.size && Math.abs(h.mtimeMs - st.mtimeMs) < 1) {
+      if (
+        h.shard === shard &&
+        Array.isArray(h.columns) &&
+        h.bytes === st.size &&
+        Math.abs(h.mtimeMs - st.mtimeMs) < 1
+      ) {
         const size = (await stat(file)).size;
         if (size === layout.blobStart + (await blobLength(file, layout))) {
           return { shard, header: h, rebuilt: false, layout, bytes: await fileBytes(file) };

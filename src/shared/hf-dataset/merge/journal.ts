@@ -66,9 +66,11 @@ export async function repairLocked(target: string): Promise<string[]> {
   }
   await removeEmptyDir(stagingRoot(target));
   for (const name of await removeTempFiles(target)) actions.push(`removed temporary file ${name}`);
-  for (const name of await removeTempFiles(historyDir(target))) actions.push(`removed temporary file ${CONTROL_DIR}/history/${name}`);
+  for (const name of await removeTempFiles(historyDir(target)))
+    actions.push(`removed temporary file ${CONTROL_DIR}/history/${name}`);
   for (const sub of ['index', 'offsets']) {
-    for (const name of await removeTempFiles(path.join(controlDir(target), sub))) actions.push(`removed temporary file ${CONTROL_DIR}/${sub}/${name}`);
+    for (const name of await removeTempFiles(path.join(controlDir(target), sub)))
+      actions.push(`removed temporary file ${CONTROL_DIR}/${sub}/${name}`);
   }
 
   // The last history record must describe the current state; if the current state is the one
@@ -89,10 +91,15 @@ export async function repairLocked(target: string): Promise<string[]> {
       await fsyncDir(target);
       await unlink(last.file);
       await fsyncDir(historyDir(target));
-      actions.push(`removed merge ${last.record.mergeId}, which is not in effect (${last.record.addedFiles.length} added files)`);
+      actions.push(
+        `removed merge ${last.record.mergeId}, which is not in effect (${last.record.addedFiles.length} added files)`,
+      );
       continue;
     }
-    log().warn({ target, mergeId: last.record.mergeId }, 'state.json was changed outside tokenmill since the last merge');
+    log().warn(
+      { target, mergeId: last.record.mergeId },
+      'state.json was changed outside tokenmill since the last merge',
+    );
     break;
   }
   if (actions.length > 0) log().info({ target, actions }, 'repaired leftovers of an interrupted merge or rollback');

@@ -85,7 +85,10 @@ async function removeStale(lockPath: string, judged: string): Promise<boolean> {
     await (await open(breaker, 'wx')).close();
   } catch (e: unknown) {
     if (!isErrno(e, 'EEXIST')) throw e;
-    const age = await stat(breaker).then((st) => Date.now() - st.mtimeMs, () => 0);
+    const age = await stat(breaker).then(
+      (st) => Date.now() - st.mtimeMs,
+      () => 0,
+    );
     if (age > BREAKER_STALE_MS) await rm(breaker, { force: true });
     return false;
   }

@@ -6,7 +6,15 @@
 import { mkdir, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 
-import { ensureDir, exists, fsyncDir, jsonText, linkOrCopy, readdirOrEmpty, writeFileAtomic } from '../../util/index.js';
+import {
+  ensureDir,
+  exists,
+  fsyncDir,
+  jsonText,
+  linkOrCopy,
+  readdirOrEmpty,
+  writeFileAtomic,
+} from '../../util/index.js';
 import {
   DatasetMergeError,
   controlDir,
@@ -29,10 +37,15 @@ import { pythonVerifierFor } from './verify-python.js';
 import { DatasetIndex, type ShardKeyCollector } from './id-index.js';
 import { moveExtraFiles, stageIndexAndOffsets } from './commit-files.js';
 import { readDatasetMeta, readShardSchema, type DatasetMeta, type ShardScan } from '../reader.js';
-import { columnsOfSchema, columnsString, newDatasetInfo, sameColumns, type ColumnSpec, type DatasetState } from '../schema.js';
+import {
+  columnsOfSchema,
+  columnsString,
+  newDatasetInfo,
+  sameColumns,
+  type ColumnSpec,
+  type DatasetState,
+} from '../schema.js';
 import { newFingerprint, removeEmptyDir } from '../writer.js';
-
-
 
 /**
  * Merges new rows into the training dataset at `target` (docs/design.md, invariant 8): old rows
@@ -62,7 +75,10 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
     if (opts.mergeKey !== undefined) {
       const prior = (await readHistory(target)).find((h) => h.record.mergeKey === opts.mergeKey);
       if (prior !== undefined) {
-        mlog.info({ mergeKey: opts.mergeKey, mergedAs: prior.record.mergeId }, 'these rows are already merged: nothing to do');
+        mlog.info(
+          { mergeKey: opts.mergeKey, mergedAs: prior.record.mergeId },
+          'these rows are already merged: nothing to do',
+        );
         return { report: prior.record.report, reportPath: prior.record.reportPath, repaired, alreadyMerged: true };
       }
     }
@@ -97,10 +113,20 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       oldIndex = await DatasetIndex.open(target, old.shards, { persist: true });
       for (const { shard: s, header: h } of oldIndex.shards) {
         if (!sameColumns(h.columns, columns)) {
-          throw new DatasetMergeError(`cannot merge: the target's shard ${s} has columns (${columnsString(h.columns)}) but ${firstShard} has (${columnsString(columns)})`);
+          throw new DatasetMergeError(
+            `cannot merge: the target's shard ${s} has columns (${columnsString(h.columns)}) but ${firstShard} has (${columnsString(columns)})`,
+          );
         }
         warnings.push(...h.problems);
-        oldScans.push({ file: path.join(target, s), columns: h.columns, rows: h.rows, tokens: h.tokens, supervisedTokens: h.supervisedTokens, batches: 0, problems: h.problems });
+        oldScans.push({
+          file: path.join(target, s),
+          columns: h.columns,
+          rows: h.rows,
+          tokens: h.tokens,
+          supervisedTokens: h.supervisedTokens,
+          batches: 0,
+          problems: h.problems,
+        });
       }
     } else {
       columns = source.columns;
@@ -108,7 +134,10 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
     const oldShards = old?.shards ?? [];
     const endOfTurn = endOfTurnFindings(opts.endOfTurn ?? []);
     if (endOfTurn.length > 0) {
-      mlog.warn({ findings: endOfTurn }, 'many new rows lack end-of-turn supervision: check the server\'s stop-token handling');
+      mlog.warn(
+        { findings: endOfTurn },
+        "many new rows lack end-of-turn supervision: check the server's stop-token handling",
+      );
       warnings.push(...endOfTurn);
     }
 
@@ -165,16 +194,32 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       started,
     });
     if (report.ok) await python?.check(staging, report);
-    const extraFiles = await stageIndexAndOffsets(staging, target, old, newPart.files, newScans, oldIndex, nextStateText, opts, report);
+    const extraFiles = await stageIndexAndOffsets(
+      staging,
+      target,
+      old,
+      newPart.files,
+      newScans,
+      oldIndex,
+      nextStateText,
+      opts,
+      report,
+    );
     const reportPath = path.join(opts.runDir, `merge-report-${mergeId}.json`);
     await ensureDir(opts.runDir);
     await writeFileAtomic(reportPath, jsonText(report));
     if (!report.ok) {
-      mlog.error({ problems: report.problems, reportPath }, 'merge refused: validation failed; the target is unchanged');
-      throw new DatasetMergeError(`merge refused, the target is unchanged:\n  ${report.problems.join('\n  ')}\n(report: ${reportPath})`, {
-        problems: report.problems,
-        report,
-      });
+      mlog.error(
+        { problems: report.problems, reportPath },
+        'merge refused: validation failed; the target is unchanged',
+      );
+      throw new DatasetMergeError(
+        `merge refused, the target is unchanged:\n  ${report.problems.join('\n  ')}\n(report: ${reportPath})`,
+        {
+          problems: report.problems,
+          report,
+        },
+      );
     }
     await crashPoint(opts.crashAt, 'after-validate');
 
@@ -218,7 +263,8 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
       await moveExtraFiles(staging, target, extraFiles);
       // load_from_disk needs dataset_info.json; a target without one gets the merged folder's
       // (it matches the old shards' schema too, so the old state stays loadable).
-      if (old?.infoText === undefined) await rename(path.join(staging, 'dataset_info.json'), path.join(target, 'dataset_info.json'));
+      if (old?.infoText === undefined)
+        await rename(path.join(staging, 'dataset_info.json'), path.join(target, 'dataset_info.json'));
       await fsyncDir(target);
       await crashPoint(opts.crashAt, 'between-renames');
       await writeFileAtomic(path.join(target, 'state.json'), nextStateText);

@@ -1,7 +1,6 @@
 // The index files of a merge's new shards, and the check that makes the merge exact: no new row
 // is one the target already holds, and no two new rows share a sample key.
-import type {
-  DatasetIndex} from './id-index.js';
+import type { DatasetIndex } from './id-index.js';
 import {
   compareHashed,
   indexFileName,
@@ -58,12 +57,16 @@ export async function indexNewShards(
     if (a.key === b.key && (i < 2 || (all[i - 2] as HashedKey).key !== a.key)) twice.push(a.key);
   }
   if (twice.length > 0) {
-    problems.push(`${twice.length} sample keys occur more than once among the new rows (${shown(twice)}): each would be in the dataset twice`);
+    problems.push(
+      `${twice.length} sample keys occur more than once among the new rows (${shown(twice)}): each would be in the dataset twice`,
+    );
   }
   if (oldIndex !== undefined) {
     const existing = [...(await oldIndex.findExisting(all))].sort();
     if (existing.length > 0) {
-      problems.push(`${existing.length} new rows are already in the target (${shown(existing)}): each would be in the dataset twice`);
+      problems.push(
+        `${existing.length} new rows are already in the target (${shown(existing)}): each would be in the dataset twice`,
+      );
     }
   }
   return { files: written, problems };

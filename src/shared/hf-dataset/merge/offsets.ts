@@ -89,11 +89,17 @@ export async function offsetsOfState(target: string, stateText: string): Promise
  * whose `basis` is the current version's key applied. An update read against another version
  * (the target changed between tokenize and merge) is left out, so its lines are read again.
  */
-export function nextOffsets(previous: CommittedOffsets, updates: readonly SourceOffsets[]): Record<string, DatasetOffsets> {
+export function nextOffsets(
+  previous: CommittedOffsets,
+  updates: readonly SourceOffsets[],
+): Record<string, DatasetOffsets> {
   const out: Record<string, DatasetOffsets> = { ...previous.datasets };
   for (const u of updates) {
     if (u.basis !== previous.basis) {
-      log().warn({ dataset: u.dataset, readAgainst: u.basis, current: previous.basis }, 'tokenize offsets not recorded: the training dataset changed since they were read; the next round reads these lines again');
+      log().warn(
+        { dataset: u.dataset, readAgainst: u.basis, current: previous.basis },
+        'tokenize offsets not recorded: the training dataset changed since they were read; the next round reads these lines again',
+      );
       continue;
     }
     out[u.dataset] = u.offsets;
@@ -102,7 +108,11 @@ export function nextOffsets(previous: CommittedOffsets, updates: readonly Source
 }
 
 /** Writes the offsets file of version `key` into the dataset folder `dir`. Returns its relative name. */
-export async function writeOffsetsFile(dir: string, key: string, datasets: Record<string, DatasetOffsets>): Promise<string> {
+export async function writeOffsetsFile(
+  dir: string,
+  key: string,
+  datasets: Record<string, DatasetOffsets>,
+): Promise<string> {
   const name = offsetsFileName(key);
   await ensureDir(path.join(controlDir(dir), 'offsets'));
   const body: OffsetsFile = { version: 1, state: key, datasets };

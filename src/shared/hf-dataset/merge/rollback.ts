@@ -3,10 +3,17 @@ import { rm, unlink } from 'node:fs/promises';
 import path from 'node:path';
 
 import { ensureDir, fsyncDir, jsonText, writeFileAtomic } from '../../util/index.js';
-import { DatasetMergeError, canonicalState, crashPoint, historyDir, log, newMergeId, type RollbackCrashPoint } from './common.js';
+import {
+  DatasetMergeError,
+  canonicalState,
+  crashPoint,
+  historyDir,
+  log,
+  newMergeId,
+  type RollbackCrashPoint,
+} from './common.js';
 import { listedFiles, readHistory, readStateText, repairLocked } from './journal.js';
 import { acquireLock } from './lock.js';
-
 
 /** What {@link rollbackTarget} did. */
 export interface RollbackResult {
@@ -78,7 +85,11 @@ export async function rollbackTarget(opts: RollbackOptions): Promise<RollbackRes
       target,
       undoneMergeId: record.mergeId,
       undoneNewRows: record.summary.newRows,
-      restored: { rows: record.summary.oldRows, tokens: record.summary.oldTokens, shards: listedFiles(record.previousState).size },
+      restored: {
+        rows: record.summary.oldRows,
+        tokens: record.summary.oldTokens,
+        shards: listedFiles(record.previousState).size,
+      },
       removedFiles,
       remainingMerges: history.length - 1,
       repaired,
@@ -86,7 +97,10 @@ export async function rollbackTarget(opts: RollbackOptions): Promise<RollbackRes
     };
     await ensureDir(opts.runDir);
     await writeFileAtomic(result.reportPath, jsonText(result));
-    log().info({ target, undone: record.mergeId, restored: result.restored }, 'rollback done: the dataset before the last merge is restored');
+    log().info(
+      { target, undone: record.mergeId, restored: result.restored },
+      'rollback done: the dataset before the last merge is restored',
+    );
     return result;
   } finally {
     await release();
@@ -94,7 +108,14 @@ export async function rollbackTarget(opts: RollbackOptions): Promise<RollbackRes
 }
 
 /** Merges recorded for `target`, oldest first. */
-export async function listMerges(target: string): Promise<{ mergeId: string; createdAt: string; newRows: number; rows: number }[]> {
+export async function listMerges(
+  target: string,
+): Promise<{ mergeId: string; createdAt: string; newRows: number; rows: number }[]> {
   const history = await readHistory(path.resolve(target));
-  return history.map(({ record }) => ({ mergeId: record.mergeId, createdAt: record.createdAt, newRows: record.summary.newRows, rows: record.summary.rows }));
+  return history.map(({ record }) => ({
+    mergeId: record.mergeId,
+    createdAt: record.createdAt,
+    newRows: record.summary.newRows,
+    rows: record.summary.rows,
+  }));
 }

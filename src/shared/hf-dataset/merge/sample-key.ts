@@ -22,7 +22,9 @@ export function sampleKeyProblem(target: string, columns: readonly ColumnSpec[])
   const missing = SAMPLE_KEY_COLUMNS.filter((k) => byName.get(k)?.type.kind !== 'string');
   if (missing.length === 0) return undefined;
   const what = missing.map((k) => (byName.has(k) ? `a string column ${k}` : `no column ${k}`)).join(' and ');
-  const adds = missing.map((k) => `.add_column("${k}", ${k === 'id' ? '[str(i) for i in range(len(ds))]' : '["<name>"] * len(ds)'})`).join('');
+  const adds = missing
+    .map((k) => `.add_column("${k}", ${k === 'id' ? '[str(i) for i in range(len(ds))]' : '["<name>"] * len(ds)'})`)
+    .join('');
   return (
     `cannot merge into ${target}: it has ${what}, so its rows cannot be matched with the new ones ` +
     `(each round would add rows it already holds again, or skip new rows whose id another dataset uses). ` +

@@ -5,7 +5,14 @@ import type { RecordBatch } from 'apache-arrow';
 
 import { fsyncDir, linkOrCopy } from '../../util/index.js';
 import { DatasetMergeError, type MergeOptions } from './common.js';
-import { batchRowReader, readDatasetMeta, readHfDataset, readShardSchema, scanShard, type DatasetMeta } from '../reader.js';
+import {
+  batchRowReader,
+  readDatasetMeta,
+  readHfDataset,
+  readShardSchema,
+  scanShard,
+  type DatasetMeta,
+} from '../reader.js';
 import {
   REQUIRED_COLUMNS,
   cannotHold,
@@ -62,7 +69,9 @@ export function planMergeColumns(
       why = 'different types';
     }
     if (why !== undefined) {
-      problems.push(`cannot merge: column ${t.name} is ${typeString(t.type)} in the target but ${typeString(s.type)} in the new rows (${why})`);
+      problems.push(
+        `cannot merge: column ${t.name} is ${typeString(t.type)} in the target but ${typeString(s.type)} in the new rows (${why})`,
+      );
     }
   }
   const dropped = sourceColumns.filter((c) => !targetNames.has(c.name)).map((c) => c.name);
@@ -81,7 +90,11 @@ export interface NewPart {
 
 /** state.json keys in the order `datasets` writes them (sorted). */
 export function sortStateKeys(s: DatasetState): DatasetState {
-  return Object.fromEntries(Object.keys(s).sort().map((k) => [k, (s as Record<string, unknown>)[k]])) as DatasetState;
+  return Object.fromEntries(
+    Object.keys(s)
+      .sort()
+      .map((k) => [k, (s as Record<string, unknown>)[k]]),
+  ) as DatasetState;
 }
 
 export async function planSource(opts: MergeOptions): Promise<SourcePlan> {
@@ -89,7 +102,10 @@ export async function planSource(opts: MergeOptions): Promise<SourcePlan> {
   if (typeof src === 'object' && src !== null && 'stagedDir' in src) {
     const staged = await readDatasetMeta(src.stagedDir);
     const first = staged.shards[0];
-    const columns = first === undefined ? defaultColumns(opts) : columnsOfSchema(await readShardSchema(path.join(src.stagedDir, first)));
+    const columns =
+      first === undefined
+        ? defaultColumns(opts)
+        : columnsOfSchema(await readShardSchema(path.join(src.stagedDir, first)));
     return { kind: 'staged', columns, staged };
   }
   return { kind: 'rows', columns: defaultColumns(opts) };
@@ -122,8 +138,13 @@ export async function stageNewShards(
       const reservoir = new Reservoir(sampleSize, random);
       for (const [i, s] of staged.shards.entries()) {
         const from = path.join(staged.dir, s);
-        const scan = await scanShard(from, (batch, cols, firstRow) => reservoir.offerBatch(batch, cols, part.rows + firstRow));
-        if (scan.problems.length > 0) throw new DatasetMergeError(`the staged rows are not sound:\n  ${scan.problems.join('\n  ')}`, { problems: scan.problems });
+        const scan = await scanShard(from, (batch, cols, firstRow) =>
+          reservoir.offerBatch(batch, cols, part.rows + firstRow),
+        );
+        if (scan.problems.length > 0)
+          throw new DatasetMergeError(`the staged rows are not sound:\n  ${scan.problems.join('\n  ')}`, {
+            problems: scan.problems,
+          });
         part.rows += scan.rows;
         part.tokens += scan.tokens;
         part.supervisedTokens += scan.supervisedTokens;
@@ -137,10 +158,22 @@ export async function stageNewShards(
       return part;
     }
     const ds = await readHfDataset(staged.dir);
-    const written = await writeShards(staging, ds.rows(), { columns, shardSizeBytes: bytes, nameShard, sampleSize, random });
+    const written = await writeShards(staging, ds.rows(), {
+      columns,
+      shardSizeBytes: bytes,
+      nameShard,
+      sampleSize,
+      random,
+    });
     return { ...written, linked: 0, copied: 0 };
   }
-  const written = await writeShards(staging, opts.newRows as RowSource<HfRow>, { columns, shardSizeBytes: bytes, nameShard, sampleSize, random });
+  const written = await writeShards(staging, opts.newRows as RowSource<HfRow>, {
+    columns,
+    shardSizeBytes: bytes,
+    nameShard,
+    sampleSize,
+    random,
+  });
   return { ...written, linked: 0, copied: 0 };
 }
 

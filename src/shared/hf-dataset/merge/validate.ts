@@ -34,7 +34,9 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
   const meta = await readDatasetMeta(staging);
   const expected = [...v.oldShards, ...newPart.files];
   if (meta.shards.join('\n') !== expected.join('\n')) {
-    problems.push(`state.json lists ${meta.shards.length} shards, expected the ${v.oldShards.length} old ones then ${newPart.files.length} new ones`);
+    problems.push(
+      `state.json lists ${meta.shards.length} shards, expected the ${v.oldShards.length} old ones then ${newPart.files.length} new ones`,
+    );
   }
 
   // Old shards: a hard link is the same file that the index describes (the index checked its
@@ -49,14 +51,20 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     oldSupervised += before.supervisedTokens;
     const [a, b] = await Promise.all([stat(path.join(v.target, s)), stat(path.join(staging, s))]);
     if (a.ino === b.ino && a.dev === b.dev) {
-      if (!sameColumns(before.columns, v.columns)) problems.push(`${s}: schema (${columnsString(before.columns)}) differs from (${columnsString(v.columns)})`);
+      if (!sameColumns(before.columns, v.columns))
+        problems.push(`${s}: schema (${columnsString(before.columns)}) differs from (${columnsString(v.columns)})`);
       continue;
     }
     const again = await scanShard(path.join(staging, s));
-    if (again.rows !== before.rows || again.tokens !== before.tokens || again.supervisedTokens !== before.supervisedTokens) {
+    if (
+      again.rows !== before.rows ||
+      again.tokens !== before.tokens ||
+      again.supervisedTokens !== before.supervisedTokens
+    ) {
       problems.push(`${s}: the copy in the merged folder differs from the original`);
     }
-    if (!sameColumns(again.columns, v.columns)) problems.push(`${s}: schema (${columnsString(again.columns)}) differs from (${columnsString(v.columns)})`);
+    if (!sameColumns(again.columns, v.columns))
+      problems.push(`${s}: schema (${columnsString(again.columns)}) differs from (${columnsString(v.columns)})`);
   }
 
   // New shards: read back completely, sample rows captured on the way.
@@ -80,7 +88,8 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     });
     v.newScans?.set(f, { scan, collector });
     problems.push(...scan.problems);
-    if (!sameColumns(scan.columns, v.columns)) problems.push(`${f}: schema (${columnsString(scan.columns)}) differs from (${columnsString(v.columns)})`);
+    if (!sameColumns(scan.columns, v.columns))
+      problems.push(`${f}: schema (${columnsString(scan.columns)}) differs from (${columnsString(v.columns)})`);
     newRowsRead += scan.rows;
     newTokensRead += scan.tokens;
     newSupervisedRead += scan.supervisedTokens;
@@ -90,16 +99,24 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
   const tokens = oldTokens + newTokensRead;
   const supervisedTokens = oldSupervised + newSupervisedRead;
   if (newPart.rows === 0) problems.push('no new rows to merge');
-  if (rows !== oldRows + newPart.rows) problems.push(`the merged dataset has ${rows} rows, expected ${oldRows} old + ${newPart.rows} new = ${oldRows + newPart.rows}`);
+  if (rows !== oldRows + newPart.rows)
+    problems.push(
+      `the merged dataset has ${rows} rows, expected ${oldRows} old + ${newPart.rows} new = ${oldRows + newPart.rows}`,
+    );
   if (tokens !== oldTokens + newPart.tokens) {
-    problems.push(`the merged dataset has ${tokens} tokens, expected ${oldTokens} old + ${newPart.tokens} new = ${oldTokens + newPart.tokens}`);
+    problems.push(
+      `the merged dataset has ${tokens} tokens, expected ${oldTokens} old + ${newPart.tokens} new = ${oldTokens + newPart.tokens}`,
+    );
   }
   if (supervisedTokens !== oldSupervised + newPart.supervisedTokens) {
-    problems.push(`the merged dataset has ${supervisedTokens} supervised tokens, expected ${oldSupervised + newPart.supervisedTokens}`);
+    problems.push(
+      `the merged dataset has ${supervisedTokens} supervised tokens, expected ${oldSupervised + newPart.supervisedTokens}`,
+    );
   }
   const lossMaskCoverage = tokens === 0 ? 0 : supervisedTokens / tokens;
   const newLossMaskCoverage = newPart.tokens === 0 ? 0 : newPart.supervisedTokens / newPart.tokens;
-  if (!(lossMaskCoverage >= 0 && lossMaskCoverage <= 1)) problems.push(`loss-mask coverage ${lossMaskCoverage} is outside [0, 1]`);
+  if (!(lossMaskCoverage >= 0 && lossMaskCoverage <= 1))
+    problems.push(`loss-mask coverage ${lossMaskCoverage} is outside [0, 1]`);
   if (newPart.rows > 0 && !(newLossMaskCoverage > 0 && newLossMaskCoverage <= 1)) {
     problems.push(`loss-mask coverage of the new rows is ${newLossMaskCoverage}: nothing would be trained on`);
   }
@@ -110,7 +127,8 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     const got = readBack.get(s.index);
     const index = oldRows + s.index;
     const mismatch = got === undefined ? 'not found' : rowDifference(s.row, got, v.columns);
-    if (mismatch !== undefined) problems.push(`row ${index}${idOf(s.row)} reads back different from what was written: ${mismatch}`);
+    if (mismatch !== undefined)
+      problems.push(`row ${index}${idOf(s.row)} reads back different from what was written: ${mismatch}`);
     const ids = (s.row['input_ids'] as number[] | undefined) ?? [];
     const mask = (s.row['loss_mask'] as number[] | undefined) ?? [];
     const sample: MergeSample = {
@@ -124,7 +142,8 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
       try {
         sample.text = (await v.opts.decode(Array.from(ids))).slice(0, 300);
         sample.supervisedText = (await v.opts.decode(Array.from(ids).filter((_, i) => mask[i] === 1))).slice(0, 300);
-        if (ids.length > 0 && sample.text.length === 0) problems.push(`row ${index}${idOf(s.row)} decodes to empty text`);
+        if (ids.length > 0 && sample.text.length === 0)
+          problems.push(`row ${index}${idOf(s.row)} decodes to empty text`);
       } catch (e: unknown) {
         problems.push(`row ${index}${idOf(s.row)} cannot be decoded: ${errorMessage(e)}`);
       }
@@ -167,7 +186,12 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     samples,
     problems,
     warnings: v.warnings,
-    environment: { node: process.version, platform: `${process.platform}-${process.arch}`, host: hostname(), pid: process.pid },
+    environment: {
+      node: process.version,
+      platform: `${process.platform}-${process.arch}`,
+      host: hostname(),
+      pid: process.pid,
+    },
     durationMs: Date.now() - v.started,
   };
 }
@@ -183,8 +207,10 @@ export function rowDifference(written: RowRecord, read: RowRecord, columns: read
     const b = read[c.name];
     if (Array.isArray(a) || ArrayBuffer.isView(a)) {
       const xs = a as ArrayLike<number>;
-      if (!Array.isArray(b) || b.length !== xs.length) return `${c.name} has ${Array.isArray(b) ? b.length : 'no'} values, expected ${xs.length}`;
-      for (let i = 0; i < xs.length; i++) if (xs[i] !== b[i]) return `${c.name}[${i}] is ${String(b[i])}, expected ${String(xs[i])}`;
+      if (!Array.isArray(b) || b.length !== xs.length)
+        return `${c.name} has ${Array.isArray(b) ? b.length : 'no'} values, expected ${xs.length}`;
+      for (let i = 0; i < xs.length; i++)
+        if (xs[i] !== b[i]) return `${c.name}[${i}] is ${String(b[i])}, expected ${String(xs[i])}`;
     } else if (a !== b) {
       return `${c.name} is ${JSON.stringify(b)}, expected ${JSON.stringify(a)}`;
     }

@@ -38,7 +38,11 @@ function runPython(python: string, args: readonly string[], timeoutMs: number): 
 
 /** The last non-blank line of Python's stderr (the exception), or how the process ended. */
 function pythonError(r: RunResult): string {
-  const last = r.stderr.trim().split('\n').filter((l) => l.trim() !== '').at(-1);
+  const last = r.stderr
+    .trim()
+    .split('\n')
+    .filter((l) => l.trim() !== '')
+    .at(-1);
   if (last !== undefined) return last.trim();
   return r.signal === null ? `exit code ${String(r.code)}` : `killed by ${r.signal}`;
 }
@@ -69,19 +73,28 @@ export interface PythonVerifier {
  * the interpreter and `postprocess.python` when it does not.
  */
 export async function pythonVerifier(python: string = DEFAULT_PYTHON): Promise<PythonVerifier> {
-  const fix = 'set postprocess.python to an interpreter with `datasets` installed, or turn postprocess.verifyWithPython off';
+  const fix =
+    'set postprocess.python to an interpreter with `datasets` installed, or turn postprocess.verifyWithPython off';
   let r: RunResult;
   try {
     r = await runPython(python, [], IMPORT_TIMEOUT_MS);
   } catch (e: unknown) {
-    throw new DatasetMergeError(`postprocess.verifyWithPython: cannot run the Python interpreter "${python}" (postprocess.python): ${errorMessage(e)}; ${fix}`, { cause: e });
+    throw new DatasetMergeError(
+      `postprocess.verifyWithPython: cannot run the Python interpreter "${python}" (postprocess.python): ${errorMessage(e)}; ${fix}`,
+      { cause: e },
+    );
   }
   const answer = parseAnswer(r);
   if (r.code !== 0 || answer === undefined) {
-    throw new DatasetMergeError(`postprocess.verifyWithPython: "${python}" (postprocess.python) cannot import datasets: ${pythonError(r)}; ${fix}`);
+    throw new DatasetMergeError(
+      `postprocess.verifyWithPython: "${python}" (postprocess.python) cannot import datasets: ${pythonError(r)}; ${fix}`,
+    );
   }
   const datasetsVersion = answer.datasets;
-  log().info({ python, pythonVersion: answer.python, datasets: datasetsVersion }, 'merged datasets will be loaded with Python before the swap');
+  log().info(
+    { python, pythonVersion: answer.python, datasets: datasetsVersion },
+    'merged datasets will be loaded with Python before the swap',
+  );
   return {
     python,
     datasetsVersion,
@@ -98,8 +111,10 @@ export async function pythonVerifier(python: string = DEFAULT_PYTHON): Promise<P
       if (res !== undefined && (res.code !== 0 || got === undefined)) {
         problems.push(`${who} cannot load the merged dataset (datasets.load_from_disk): ${pythonError(res)}`);
       } else if (got !== undefined) {
-        if (got.num_rows !== report.rows) problems.push(`${who} loads ${String(got.num_rows)} rows from the merged dataset, expected ${report.rows}`);
-        if (got.columns !== report.columns) problems.push(`${who} sees the columns (${String(got.columns)}), expected (${report.columns})`);
+        if (got.num_rows !== report.rows)
+          problems.push(`${who} loads ${String(got.num_rows)} rows from the merged dataset, expected ${report.rows}`);
+        if (got.columns !== report.columns)
+          problems.push(`${who} sees the columns (${String(got.columns)}), expected (${report.columns})`);
       }
       if (problems.length > 0) {
         report.problems.push(...problems);
@@ -115,6 +130,8 @@ export async function pythonVerifier(python: string = DEFAULT_PYTHON): Promise<P
  * The Python check of a merge (`opts.verifyWithPython`), its interpreter checked now; undefined
  * when the merge is not to be verified with Python.
  */
-export async function pythonVerifierFor(opts: Pick<MergeOptions, 'verifyWithPython'>): Promise<PythonVerifier | undefined> {
+export async function pythonVerifierFor(
+  opts: Pick<MergeOptions, 'verifyWithPython'>,
+): Promise<PythonVerifier | undefined> {
   return opts.verifyWithPython === undefined ? undefined : pythonVerifier(opts.verifyWithPython.python);
 }
