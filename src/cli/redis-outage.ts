@@ -1,4 +1,4 @@
-import { errorMessage, formatDuration, newIoredis, redactRedisUrl } from '../shared/index.js';
+import { errorMessage, formatDuration, newIoredis, redactRedisUrl, withTimeout } from '../shared/index.js';
 
 /** Options of {@link watchRedisOutage}. */
 export interface RedisOutageOptions {
@@ -48,20 +48,13 @@ export function watchRedisOutage(url: string, options: RedisOutageOptions = {}):
   const probe = async (): Promise<void> => {
     let answered = false;
     let reason = '';
-    let t: NodeJS.Timeout | undefined;
     try {
-      const late = new Promise<never>((_, reject) => {
-        t = setTimeout(
-          () => reject(new Error(`no answer within ${formatDuration(probeTimeoutMs / 1000)}`)),
-          probeTimeoutMs,
-        );
-      });
-      await Promise.race([conn.ping(), late]);
+      if ((await withTimeout(conn.ping(), probeTimeoutMs)) === 'timeout') {
+        throw new Error(`no answer within ${formatDuration(probeTimeoutMs / 1000)}`);
+      }
       answered = true;
     } catch (e: unknown) {
       reason = errorMessage(lastError ?? e);
-    } finally {
-      clearTimeout(t);
     }
     if (stopped) return;
     const now = Date.now();

@@ -6,6 +6,7 @@
 import type { Redis, RedisOptions } from 'ioredis';
 import { AppError, EnvironmentError, UnavailableError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
+import { withTimeout } from '../util/index.js';
 import { EmbeddedRedis } from './embedded-redis.js';
 import { awaitFirstAnswer, FIRST_ANSWER_TIMEOUT_MS, reportSilentServer } from './first-answer.js';
 import { newIoredis, redactRedisUrl } from './target.js';
@@ -88,16 +89,12 @@ export async function closeRedisConnection(conn: Redis, timeoutMs = 2_000): Prom
     conn.disconnect();
     return;
   }
-  let timer: NodeJS.Timeout | undefined;
   try {
-    await Promise.race([
+    await withTimeout(
       conn.quit().catch(() => undefined),
-      new Promise<void>((resolve) => {
-        timer = setTimeout(resolve, timeoutMs);
-      }),
-    ]);
+      timeoutMs,
+    );
   } finally {
-    clearTimeout(timer);
     conn.disconnect();
   }
 }
@@ -266,15 +263,7 @@ async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck
 
 /** `promise`, or the error `onTimeout` makes when it has not settled within `ms`. */
 async function withDeadline<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([
-      promise,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(onTimeout()), ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
+  const result = await withTimeout(promise, ms);
+  if (result === 'timeout') throw onTimeout();
+  return result;
 }

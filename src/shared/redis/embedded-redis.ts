@@ -23,7 +23,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { AppError, EnvironmentError, TimeoutError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
-import { isProcessAlive } from '../util/index.js';
+import { isProcessAlive, withTimeout } from '../util/index.js';
 import { fileSize, indent, mtimeMs, readIntFile, readLogTail, renderConfig } from './embedded-redis-files.js';
 import {
   countOtherClients,
@@ -33,7 +33,6 @@ import {
   looksLikeRedisServer,
   pingOnce,
   readServerInfo,
-  withTimeout,
 } from './embedded-redis-probe.js';
 
 export { findFreePort } from './embedded-redis-probe.js';

@@ -11,6 +11,7 @@
 import type { Redis } from 'ioredis';
 import { UnavailableError, errorMessage } from '../errors.js';
 import type { Logger } from '../logger.js';
+import { withTimeout } from '../util/index.js';
 import { redactRedisUrl } from './target.js';
 
 /** How long the first PING may take before the server counts as not answering. */
@@ -57,17 +58,14 @@ export async function awaitFirstAnswer(
   let loadingReportedAt = 0;
   try {
     for (;;) {
-      let timer: NodeJS.Timeout | undefined;
-      const timedOut = new Promise<'timeout'>((resolve) => {
-        timer = setTimeout(() => resolve('timeout'), timeoutMs);
-      });
       let reply: unknown;
       try {
-        reply = await Promise.race([conn.ping().then(() => 'ok' as const), timedOut]);
+        reply = await withTimeout(
+          conn.ping().then(() => 'ok' as const),
+          timeoutMs,
+        );
       } catch (e: unknown) {
         reply = e;
-      } finally {
-        clearTimeout(timer);
       }
       if (reply === 'ok') return;
       if (reply === 'timeout') {

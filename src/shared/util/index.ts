@@ -14,4 +14,5 @@ export {
 export { formatDuration, formatInt } from './format.js';
 export { isRecord } from './json.js';
 export { startModuleThread } from './module-thread.js';
+export { withTimeout } from './timeout.js';
 export { type CapturedRun, isProcessAlive, runCaptured } from './process.js';
