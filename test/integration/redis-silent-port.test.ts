@@ -109,6 +109,33 @@ describe('a redis.url that is not a working Redis', () => {
   });
 });
 
+describe('a port whose server resets connections before it answers', () => {
+  it('is still tried until it answers, and then named as not Redis (not as the retry limit)', async () => {
+    // The first five connections are reset as soon as they send anything (what a busy HTTP server
+    // that closes with unread bytes looks like); later ones get an HTTP reply.
+    let connections = 0;
+    const server = net.createServer((s) => {
+      connections += 1;
+      const n = connections;
+      s.on('error', () => undefined);
+      s.once('data', () => {
+        if (n <= 5) s.resetAndDestroy();
+        else s.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n');
+      });
+    });
+    const port = await listen(server);
+    try {
+      const url = `redis://127.0.0.1:${port}/0`;
+      await expect(openRedis({ url, dataDir: tmp.dir, logger: quietLogger() })).rejects.toThrow(
+        `cannot use Redis at ${url}: Protocol error, got "H": is ${url} a Redis server?`,
+      );
+      expect(connections).toBeGreaterThan(5);
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+  }, 30_000);
+});
+
 describe('a long-lived connection to a server that accepted it and stays silent', () => {
   it('logs one line naming the URL after 15 s, not a flood', async () => {
     const lines: Array<{ level: number; msg: string }> = [];

@@ -8,7 +8,7 @@ import { AppError, EnvironmentError, UnavailableError, errorMessage } from '../e
 import { logger as componentLogger, type Logger } from '../logger.js';
 import { withTimeout } from '../util/index.js';
 import { EmbeddedRedis } from './embedded-redis.js';
-import { awaitFirstAnswer, FIRST_ANSWER_TIMEOUT_MS, reportSilentServer } from './first-answer.js';
+import { openAnswering, FIRST_ANSWER_TIMEOUT_MS, reportSilentServer } from './first-answer.js';
 import { newIoredis, redactRedisUrl } from './target.js';
 
 /**
@@ -224,23 +224,26 @@ export async function openRedis(options: OpenRedisOptions): Promise<OpenedRedis>
 }
 
 async function checkServerAt(url: string, log: Logger): Promise<RedisServerCheck> {
-  const conn = createRedisConnection(url, {
-    role: 'client',
-    name: 'tokenmill:check',
-    logger: log,
-    quiet: true,
-    readyCheck: false,
-  });
   // The command's own error only says that retries ran out; the connection error says why.
   let connectionError: unknown;
-  conn.on('error', (e: unknown) => {
-    connectionError = e;
-  });
+  const open = (): Redis => {
+    const c = createRedisConnection(url, {
+      role: 'client',
+      name: 'tokenmill:check',
+      logger: log,
+      quiet: true,
+      readyCheck: false,
+    });
+    c.on('error', (e: unknown) => {
+      connectionError = e;
+    });
+    return c;
+  };
+  // A bounded first answer: a port that accepts TCP but never answers fails here, naming the URL.
+  const conn = await openAnswering(open, url, log);
   try {
     let server: RedisServerCheck;
     try {
-      // A bounded first answer: a port that accepts TCP but never answers fails here, naming the URL.
-      await awaitFirstAnswer(conn, url, log);
       server = await withDeadline(
         checkRedisServer(conn, url),
         FIRST_ANSWER_TIMEOUT_MS,

@@ -3,7 +3,7 @@
  * a TLS-only port, another service) would otherwise leave a process waiting in silence: ioredis's
  * `connectTimeout` ends at the TCP handshake and its ready check has no deadline.
  *
- * - {@link awaitFirstAnswer}: a PING with a deadline whose failure names the URL and what to
+ * - {@link openAnswering}: a PING with a deadline whose failure names the URL and what to
  *   check (every process opens its Redis through it, in `openRedis`);
  * - {@link reportSilentServer}: long-lived connections that wait for Redis by design say so in a
  *   log line, once and then every minute, while a connected server does not answer.
@@ -21,6 +21,8 @@ const SILENT_REPORT_AFTER_MS = 15_000;
 const SILENT_REPORT_INTERVAL_MS = 60_000;
 /** While Redis loads its data set it answers `LOADING`: that is reported this often. */
 const LOADING_REPORT_INTERVAL_MS = 30_000;
+/** Pause between PINGs whose connection closed before the server said anything. */
+const RETRY_PAUSE_MS = 250;
 
 /** `Protocol error, got "<" as reply type byte. Please report this.` → `Protocol error, got "<"`. */
 function protocolError(e: unknown): string | undefined {
@@ -29,28 +31,69 @@ function protocolError(e: unknown): string | undefined {
   return m === null ? e.message.replace(/\. Please report this\.$/, '') : `Protocol error, got ${m[1]}`;
 }
 
+/** What one connection's attempts learned, carried over to the next connection. */
+interface AnswerState {
+  connected: boolean;
+  protocol: string | undefined;
+  lastError: unknown;
+}
+
 /**
- * Waits for the server behind `conn` to answer a PING, within `timeoutMs`. An error reply other
- * than a refused password counts as an answer (it speaks RESP); `LOADING` is waited out with a
- * line every 30 s. Throws {@link UnavailableError} naming the URL (password masked) when the
- * server cannot be reached, stays silent, or is not Redis.
+ * Opens connections with `open` until the server answers a PING, within `timeoutMs` in all, and
+ * returns the one that did. An error reply other than a refused password counts as an answer (it
+ * speaks RESP); `LOADING` is waited out with a line every 30 s. A server that accepts connections
+ * and closes them before saying anything (one that resets them, or answers and closes before its
+ * bytes arrive) is tried on a fresh connection until the deadline: ioredis's connection is not
+ * usable again after its retry limit, and the retry limit is not what the user should read.
+ * Throws {@link UnavailableError} naming the URL (password masked) when the server cannot be
+ * reached, stays silent, or is not Redis.
  */
-export async function awaitFirstAnswer(
-  conn: Redis,
+export async function openAnswering(
+  open: () => Redis,
   url: string,
   log: Logger,
   timeoutMs = FIRST_ANSWER_TIMEOUT_MS,
-): Promise<void> {
+): Promise<Redis> {
+  const deadline = Date.now() + timeoutMs;
+  const state: AnswerState = { connected: false, protocol: undefined, lastError: undefined };
+  for (;;) {
+    const conn = open();
+    let answered = false;
+    try {
+      answered = await awaitFirstAnswer(conn, url, log, deadline, timeoutMs, state);
+    } finally {
+      if (!answered) conn.disconnect();
+    }
+    if (answered) return conn;
+    await new Promise((r) => setTimeout(r, RETRY_PAUSE_MS));
+  }
+}
+
+/**
+ * PINGs until the server behind `conn` answers (true), or it closed every connection before a
+ * byte and there is time left for a fresh one (false); throws as {@link openAnswering} says.
+ */
+async function awaitFirstAnswer(
+  conn: Redis,
+  url: string,
+  log: Logger,
+  deadline: number,
+  timeoutMs: number,
+  state: AnswerState,
+): Promise<boolean> {
   const where = redactRedisUrl(url);
-  let connected = false;
-  let protocol: string | undefined;
-  let lastError: unknown;
   const onConnect = (): void => {
-    connected = true;
+    state.connected = true;
   };
+  // A reply that is not RESP ends the wait at once: ioredis may leave the PING pending.
+  let notRedis: (e: unknown) => void = () => undefined;
+  const protocolSeen = new Promise<unknown>((resolve) => {
+    notRedis = resolve;
+  });
   const onError = (e: unknown): void => {
-    protocol ??= protocolError(e);
-    lastError = e;
+    state.protocol ??= protocolError(e);
+    state.lastError = e;
+    if (state.protocol !== undefined) notRedis(e);
   };
   conn.on('connect', onConnect);
   conn.on('error', onError);
@@ -61,24 +104,34 @@ export async function awaitFirstAnswer(
       let reply: unknown;
       try {
         reply = await withTimeout(
-          conn.ping().then(() => 'ok' as const),
-          timeoutMs,
+          Promise.race([conn.ping().then(() => 'ok' as const), protocolSeen]),
+          Math.max(0, deadline - Date.now()),
         );
       } catch (e: unknown) {
         reply = e;
       }
-      if (reply === 'ok') return;
+      if (reply === 'ok') return true;
+      const { connected, lastError } = state;
+      if (
+        reply instanceof Error &&
+        reply.name === 'MaxRetriesPerRequestError' &&
+        connected &&
+        state.protocol === undefined
+      ) {
+        if (Date.now() + RETRY_PAUSE_MS < deadline) return false;
+        reply = 'timeout';
+      }
       if (reply === 'timeout') {
         throw new UnavailableError(
           connected
-            ? `Redis at ${where} accepted the connection but did not answer within ${timeoutMs / 1000} s: check that this host and port is a Redis server (not another service), that it needs no TLS (else use rediss://), and that it is not frozen or overloaded`
+            ? `Redis at ${where} accepted the connection but did not answer within ${timeoutMs / 1000} s${lastError === undefined ? '' : ` (last: ${errorMessage(lastError)})`}: check that this host and port is a Redis server (not another service), that it needs no TLS (else use rediss://), and that it is not frozen or overloaded`
             : `cannot connect to Redis at ${where} within ${timeoutMs / 1000} s${lastError === undefined ? '' : ` (${errorMessage(lastError)})`}: check that Redis runs there and that the host and port are right`,
         );
       }
-      protocol ??= protocolError(reply);
-      if (protocol !== undefined) {
+      state.protocol ??= protocolError(reply);
+      if (state.protocol !== undefined) {
         throw new UnavailableError(
-          `cannot use Redis at ${where}: ${protocol}: is ${where} a Redis server? (something else answers on that port)`,
+          `cannot use Redis at ${where}: ${state.protocol}: is ${where} a Redis server? (something else answers on that port)`,
           { cause: reply },
         );
       }
@@ -110,7 +163,7 @@ export async function awaitFirstAnswer(
           await new Promise((r) => setTimeout(r, 500));
           continue;
         }
-        return;
+        return true;
       }
       throw new UnavailableError(`cannot use Redis at ${where}: ${errorMessage(lastError ?? reply)}`, { cause: reply });
     }

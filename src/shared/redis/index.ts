@@ -13,7 +13,7 @@ export {
   type RedisServerCheck,
 } from './connection.js';
 export { throttledErrorLog } from './error-log.js';
-export { awaitFirstAnswer, FIRST_ANSWER_TIMEOUT_MS } from './first-answer.js';
+export { openAnswering, FIRST_ANSWER_TIMEOUT_MS } from './first-answer.js';
 export {
   configuredRedisUrl,
   isSentinelUrl,
