@@ -77,6 +77,13 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
     return c;
   };
   const batchSize = Math.max(1, Math.min(...datasets.map((d) => d.batchSize)));
+  // One load of the run's tokenizer: the producer's, and the worker's for turns after the first.
+  let runTokenizer: ReturnType<typeof loadRunTokenizer> | undefined;
+  const tokenizerOnce = (): ReturnType<typeof loadRunTokenizer> => {
+    runTokenizer ??= loadRunTokenizer(config);
+    runTokenizer.catch(() => undefined);
+    return runTokenizer;
+  };
 
   let worker: InferenceWorker | undefined;
   if (options.infer) {
@@ -96,6 +103,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       crashProbationMs: config.workers.crashProbationMs,
       strictBudgetDatasets: datasets.filter((d) => d.budget === 'strict').map((d) => d.name),
       budgetMarginSd: Object.fromEntries(datasets.map((d) => [d.name, d.budgetMarginSd])),
+      ...(datasets.some((d) => d.turns === 'all') ? { tokenizer: tokenizerOnce() } : {}),
     });
   }
   // Start-up runs side by side: the worker connects while the tokenizer loads, the sinks
@@ -108,9 +116,8 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
   let sinksStarted: Promise<void> | undefined;
   try {
     if (options.produce) {
-      const tokenizer = loadRunTokenizer(config);
+      const tokenizer = tokenizerOnce();
       const contextLength = resolveContextLength(config);
-      tokenizer.catch(() => undefined);
       contextLength.catch(() => undefined);
       const producerConn = conn('producer');
       producer = new Producer({

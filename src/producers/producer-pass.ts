@@ -2,6 +2,8 @@ import { createHash } from 'node:crypto';
 import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import {
+  conversationTurns,
+  turnHistory,
   parseScannedLine,
   scanPromptFile,
   type ChatTokenizer,
@@ -107,8 +109,12 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
   const flushCandidates = async (): Promise<boolean> => {
     if (candidates.length === 0) return true;
     const ids = candidates.map((c) => c.id);
+    // A conversation regenerated turn by turn is accounted for once it has finished (its turns
+    // are committed one by one under their own ids).
     const [done, failed, stored] = await Promise.all([
-      redis.smismember(keys.done(ds.name), ...ids),
+      ds.turns === 'all'
+        ? redis.hmget(keys.conversations(ds.name), ...ids).then((v) => v.map((x) => (x === null ? 0 : 1)))
+        : redis.smismember(keys.done(ds.name), ...ids),
       redis.hmget(keys.failed(ds.name), ...ids),
       redis.hmget(keys.promptDigests(ds.name), ...ids),
     ]);
@@ -119,7 +125,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
         result.accounted += 1;
         const was = stored[i];
         if (done[i] === 1 && was !== null && was !== undefined) {
-          const parsed = parseScannedLine(file, c.scanned);
+          const parsed = parseScannedLine(file, c.scanned, ctx.index.parse);
           const warned = warnedEdits.get(ctx.index) ?? new Set<string>();
           warnedEdits.set(ctx.index, warned);
           if (parsed.ok && !warned.has(c.id) && promptDigest(parsed.record.messages) !== was) {
@@ -136,7 +142,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
         }
         continue;
       }
-      const parsed = parseScannedLine(file, c.scanned);
+      const parsed = parseScannedLine(file, c.scanned, ctx.index.parse);
       if (!parsed.ok) {
         await reject(parsed.reject);
         continue;
@@ -152,7 +158,10 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       if (from > 0) await yieldToEventLoop();
       if (ctx.isStopping()) return false;
       const piece = toSend.slice(from, from + ENCODE_CHUNK);
-      const encoded = await ctx.tokenizer.encodePrompts(piece.map((rec) => rec.messages));
+      const encoded = await ctx.tokenizer.encodePrompts(
+        piece.map((rec) => firstTurnMessages(ds, rec)),
+        ds.chatTemplateKwargs === undefined ? {} : { templateKwargs: ds.chatTemplateKwargs },
+      );
       for (const [i, rec] of piece.entries()) {
         const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
         if (sample === undefined) continue;
@@ -231,7 +240,21 @@ async function toSample(
   }
   const maxNewTokens =
     ctxLen === undefined ? ctx.ds.maxNewTokens : Math.min(ctx.ds.maxNewTokens, ctxLen - promptIds.length);
-  return { id: rec.id, line: rec.line, promptIds, maxNewTokens };
+  return {
+    id: rec.id,
+    line: rec.line,
+    promptIds,
+    maxNewTokens,
+    ...(ctx.ds.turns === 'all' ? { messages: rec.messages } : {}),
+  };
+}
+
+/** What turn 1 is rendered from: the record's chat, or with `turns: all` the history before its first turn. */
+function firstTurnMessages(ds: DatasetConfig, rec: PromptRecord): PromptRecord['messages'] {
+  if (ds.turns !== 'all') return rec.messages;
+  const turns = conversationTurns(rec.messages);
+  if (typeof turns === 'string') return rec.messages; // parsed records are checked already
+  return turnHistory(rec.messages, turns, 1, []);
 }
 
 function yieldToEventLoop(): Promise<void> {

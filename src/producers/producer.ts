@@ -65,6 +65,8 @@ export class Producer {
   private readonly queues = new Map<string, Queue>();
   private readonly feeders: Promise<void>[] = [];
   private readonly lock: ProcessLock;
+  /** The context length turn 1 was checked against (for the turns after it, with `turns: all`). */
+  private contextLengthSeen: number | undefined;
   private stopping = false;
   private readonly pollMs: number;
   private locked = false;
@@ -161,6 +163,7 @@ export class Producer {
     await this.redis.hset(keys.stats(ds.name), 'status', 'in_progress');
     const tokenizer = await this.options.tokenizer;
     const contextLength = await this.options.contextLength;
+    this.contextLengthSeen = contextLength;
     let index: PromptFileIndex | undefined;
     while (!this.stopping) {
       if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
@@ -170,7 +173,7 @@ export class Producer {
       const retryGen = state[2] ?? '0';
       if (index === undefined || !(await index.isCurrent())) {
         const startedAt = Date.now();
-        index = await PromptFileIndex.build(file);
+        index = await PromptFileIndex.build(file, { turns: ds.turns });
         log.info(
           { lines: index.lines, suspects: index.suspects.size, ms: Date.now() - startedAt },
           'prompt file indexed for repeated ids',
@@ -260,6 +263,8 @@ export class Producer {
         maxAttempts: this.options.maxAttempts,
         priorExpectedTokens: Math.ceil(ds.maxNewTokens / 2),
         vocabSize,
+        templateKwargs: ds.chatTemplateKwargs,
+        contextLength: this.contextLengthSeen,
       },
       samples,
     );

@@ -149,9 +149,9 @@ export function validateFaults(partial: Partial<FaultConfig>): Partial<FaultConf
   return out;
 }
 
-/** The sample id a rid stands for: its part before `#` (`<dataset>/<sampleId>#<nonce>`). */
+/** The sample id a rid stands for: its part before the last `#` (`<dataset>/<sampleId>#<nonce>`; a sample id may hold `#`). */
 export function sampleKeyOfRid(rid: string): string {
-  const hash = rid.indexOf('#');
+  const hash = rid.lastIndexOf('#');
   return hash < 0 ? rid : rid.slice(0, hash);
 }
 

@@ -85,6 +85,18 @@ export const DatasetConfigSchema = z
       'SGLang sampling parameters for this dataset. Keys not listed here are passed through to SGLang as they are.',
     ),
     batchSize: positiveInt().default(64).describe('Prompts per queued job.'),
+    turns: z
+      .enum(['last', 'all'], { error: 'expected one of: last, all' })
+      .default('last')
+      .describe(
+        "`last`: one request per record, answering its last user turn (earlier assistant turns are sent as the source wrote them). `all`: a conversation of N turns becomes N requests in order; turn k's prompt is the chat template's rendering of the history with the source's system, user and tool messages and, in place of each earlier assistant message, the answer regenerated for it (the source's assistant content is never sent). See docs/multi-turn.md.",
+      ),
+    chatTemplateKwargs: z
+      .record(z.string(), z.unknown(), { error: 'expected a mapping of template variables' })
+      .optional()
+      .describe(
+        'Variables passed to the chat template (e.g. `{enable_thinking: false}`), the same in prepare, generation, tokenize and export.',
+      ),
   })
   .superRefine(
     (d, ctx) => {

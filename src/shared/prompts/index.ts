@@ -10,9 +10,11 @@ export {
   parseScannedLine,
   PromptFileIndex,
   type PromptLine,
+  type PromptParseOptions,
   type PromptRecord,
   readPromptFile,
   type RejectedLine,
   type ScannedLine,
   scanPromptFile,
 } from './source.js';
+export { conversationTurns, type ConversationTurns, turnHistory, turnSampleId } from './conversation.js';

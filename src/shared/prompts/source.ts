@@ -5,6 +5,7 @@ import { BloomFilter, fastPromptId } from './id-filter.js';
 import { readRawLineChunks, readRawLines } from './line-reader.js';
 import type { ChatMessage } from '../tokenizer/index.js';
 import { isRecord } from '../util/index.js';
+import { conversationTurns } from './conversation.js';
 
 /**
  * Reads a prompt dataset (JSONL) line by line, in one of three shapes:
@@ -108,8 +109,18 @@ function normalizeMessages(raw: unknown, field: string): ChatMessage[] | string 
   return out;
 }
 
+/** How a prompt file is read: `turns` of the dataset (`last`: the chat to answer; `all`: whole conversations). */
+export interface PromptParseOptions {
+  turns?: 'last' | 'all';
+}
+
 /** Parses one JSONL line into a prompt record, or says why it cannot be one. */
-export function parsePromptLine(text: string, file: string, line: number): PromptLine {
+export function parsePromptLine(
+  text: string,
+  file: string,
+  line: number,
+  options: PromptParseOptions = {},
+): PromptLine {
   const reject = (reason: string, id?: string): PromptLine => ({
     ok: false,
     reject: id === undefined ? { file, line, reason } : { file, line, reason, id },
@@ -129,6 +140,7 @@ export function parsePromptLine(text: string, file: string, line: number): Promp
   else if (rec.id !== undefined && rec.id !== null)
     return reject(`"id" must be a non-empty string or a number, got ${JSON.stringify(rec.id)}`);
 
+  if (options.turns === 'all') return parseConversation(rec, id, reject, line);
   let messages: ChatMessage[];
   if (rec.messages !== undefined) {
     const m = normalizeMessages(rec.messages, 'messages');
@@ -152,6 +164,33 @@ export function parsePromptLine(text: string, file: string, line: number): Promp
   if (last?.role !== 'user') return reject(`the last message must be a user turn, got ${last?.role ?? 'none'}`, id);
   if (last.content.trim() === '') return reject('the user turn to answer is empty', id);
 
+  return { ok: true, record: { id: id ?? contentSampleId(messages), line, messages } };
+}
+
+/**
+ * A record of a dataset regenerated turn by turn: the whole conversation (`messages`,
+ * `conversations` or `prompt`), checked by {@link conversationTurns}.
+ */
+function parseConversation(
+  rec: Record<string, unknown>,
+  id: string | undefined,
+  reject: (reason: string, id?: string) => PromptLine,
+  line: number,
+): PromptLine {
+  const field = rec.messages !== undefined ? 'messages' : 'conversations';
+  let messages: ChatMessage[];
+  if (rec.messages !== undefined || rec.conversations !== undefined) {
+    const m = normalizeMessages(rec[field], field);
+    if (typeof m === 'string') return reject(m, id);
+    messages = m;
+  } else if (rec.prompt !== undefined) {
+    if (typeof rec.prompt !== 'string') return reject('"prompt" must be a string', id);
+    messages = [{ role: 'user', content: rec.prompt }];
+  } else {
+    return reject('expected one of "messages", "conversations" or "prompt"', id);
+  }
+  const turns = conversationTurns(messages, field);
+  if (typeof turns === 'string') return reject(turns, id);
   return { ok: true, record: { id: id ?? contentSampleId(messages), line, messages } };
 }
 
@@ -191,10 +230,12 @@ export class PromptFileIndex {
     readonly suspects: ReadonlySet<string>,
     /** Non-blank lines read. */
     readonly lines: number,
+    /** How the file's lines are parsed. */
+    readonly parse: PromptParseOptions = {},
   ) {}
 
   /** Reads `file` once and returns its index. */
-  static async build(file: string): Promise<PromptFileIndex> {
+  static async build(file: string, parse: PromptParseOptions = {}): Promise<PromptFileIndex> {
     const fingerprint = await fingerprintOf(file);
     const filter = BloomFilter.forFileBytes(fingerprint.size);
     const suspects = new Set<string>();
@@ -205,14 +246,14 @@ export class PromptFileIndex {
         if (text === undefined) continue; // not UTF-8: a reject, with no id
         let id = fastPromptId(text);
         if (id === undefined) {
-          const parsed = parsePromptLine(text, file, line);
+          const parsed = parsePromptLine(text, file, line, parse);
           if (!parsed.ok) continue;
           id = parsed.record.id;
         }
         if (filter.testAndAdd(id)) suspects.add(id);
       }
     }
-    return new PromptFileIndex(file, fingerprint, suspects, lines);
+    return new PromptFileIndex(file, fingerprint, suspects, lines, parse);
   }
 
   /** Whether the file still is the version this index was built from (size, mtime, inode). */
@@ -294,7 +335,7 @@ export async function* scanPromptFile(file: string, index: PromptFileIndex): Asy
         out.push({ kind: 'unique', line, id: fast, text });
         continue;
       }
-      const parsed = parsePromptLine(text, file, line);
+      const parsed = parsePromptLine(text, file, line, index.parse);
       if (!parsed.ok) {
         out.push({ kind: 'rejected', reject: parsed.reject });
         continue;
@@ -311,10 +352,10 @@ export async function* scanPromptFile(file: string, index: PromptFileIndex): Asy
 }
 
 /** The record of a scanned line, or why it is rejected. */
-export function parseScannedLine(file: string, scanned: ScannedLine): PromptLine {
+export function parseScannedLine(file: string, scanned: ScannedLine, parse: PromptParseOptions = {}): PromptLine {
   switch (scanned.kind) {
     case 'unique':
-      return parsePromptLine(scanned.text, file, scanned.line);
+      return parsePromptLine(scanned.text, file, scanned.line, parse);
     case 'parsed':
       return { ok: true, record: scanned.record };
     case 'rejected':
@@ -327,14 +368,18 @@ export function parseScannedLine(file: string, scanned: ScannedLine): PromptLine
  * naming the line of its first occurrence. Without an `index`, one is built first (a second
  * read of the file); memory stays bounded either way (see {@link PromptFileIndex}).
  */
-export async function* readPromptFile(file: string, index?: PromptFileIndex): AsyncGenerator<PromptLine> {
-  const tracker = (index ?? (await PromptFileIndex.build(file))).tracker();
+export async function* readPromptFile(
+  file: string,
+  index?: PromptFileIndex,
+  parse: PromptParseOptions = index?.parse ?? {},
+): AsyncGenerator<PromptLine> {
+  const tracker = (index ?? (await PromptFileIndex.build(file, parse))).tracker();
   for await (const { line, text, unreadable } of readRawLines(file)) {
     if (unreadable !== undefined) {
       yield { ok: false, reject: { file, line, reason: unreadable } };
       continue;
     }
-    const parsed = parsePromptLine(text, file, line);
+    const parsed = parsePromptLine(text, file, line, parse);
     if (parsed.ok) {
       const first = tracker.firstLineOf(parsed.record.id, line);
       if (first !== undefined) {

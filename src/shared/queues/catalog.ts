@@ -21,6 +21,8 @@ export const SampleSchema = z.object({
   promptIds: z.array(z.number().int().nonnegative()),
   /** max_new_tokens for this sample (the dataset's, capped by the context left). */
   maxNewTokens: z.number().int().positive(),
+  /** `turns: all`: the whole source conversation (its prompt ids are turn 1's). */
+  messages: z.array(z.unknown()).optional(),
 });
 export type Sample = z.infer<typeof SampleSchema>;
 
@@ -64,8 +66,24 @@ export const GenerateBatchPayloadSchema = z
      * uint32s, last and compact, so the ids and lines come first when a person opens the job.
      */
     prompts: z.array(z.string().regex(PROMPT_IDS_BASE64, 'expected base64 token ids')).optional(),
+    /**
+     * `turns: all`: each sample is a conversation regenerated turn by turn; `conversations[i]`
+     * is sample i's whole source conversation and its prompt ids are turn 1's.
+     */
+    turns: z.literal('all').optional(),
+    conversations: z.array(z.array(z.unknown())).optional(),
+    /** The dataset's `chatTemplateKwargs`, for rendering turns after the first. */
+    templateKwargs: z.record(z.string(), z.unknown()).optional(),
+    /** The context length the producer checked turn 1 against; later turns are checked against it too. */
+    contextLength: z.number().int().positive().optional(),
   })
   .superRefine((p, ctx) => {
+    if (p.turns === 'all' && p.conversations?.length !== p.samples.length)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['conversations'],
+        message: `expected ${p.samples.length} conversations (one per sample) with turns: all`,
+      });
     if (p.prompts !== undefined) {
       if (p.prompts.length !== p.samples.length)
         ctx.addIssue({
@@ -122,6 +140,9 @@ export type BatchSettings = Pick<
 > & {
   retryOfFailed?: boolean;
   vocabSize?: number | undefined;
+  /** `turns: all` datasets: the template variables and context length turns after the first are rendered and checked with. */
+  templateKwargs?: Record<string, unknown> | undefined;
+  contextLength?: number | undefined;
 };
 
 /** Builds (and checks) a batch job's payload: readable sample ids and lines first, the token ids last and compact. */
@@ -138,18 +159,36 @@ export function encodeBatchPayload(settings: BatchSettings, samples: readonly Sa
       priorExpectedTokens: settings.priorExpectedTokens,
       ...(settings.retryOfFailed === true ? { retryOfFailed: true } : {}),
       ...(settings.vocabSize === undefined ? {} : { vocabSize: settings.vocabSize }),
+      ...conversationFields(settings, samples),
       prompts: samples.map((s) => encodePromptIds(s.promptIds)),
     },
     'generate batch',
   );
 }
 
-/** The samples of a parsed batch payload, with their token ids. */
+function conversationFields(settings: BatchSettings, samples: readonly Sample[]): Partial<GenerateBatchPayload> {
+  if (!samples.some((s) => s.messages !== undefined)) return {};
+  return {
+    turns: 'all',
+    conversations: samples.map((s) => s.messages ?? []),
+    ...(settings.templateKwargs === undefined ? {} : { templateKwargs: settings.templateKwargs }),
+    ...(settings.contextLength === undefined ? {} : { contextLength: settings.contextLength }),
+  };
+}
+
+/** The samples of a parsed batch payload, with their token ids (and conversations, with `turns: all`). */
 export function batchSamples(payload: GenerateBatchPayload): Sample[] {
   return payload.samples.map((s, i) => {
     const encoded = payload.prompts?.[i];
     const promptIds = encoded === undefined ? (s.promptIds ?? []) : decodePromptIds(encoded);
-    return { id: s.id, line: s.line, promptIds, maxNewTokens: s.maxNewTokens };
+    const messages = payload.conversations?.[i];
+    return {
+      id: s.id,
+      line: s.line,
+      promptIds,
+      maxNewTokens: s.maxNewTokens,
+      ...(messages === undefined ? {} : { messages }),
+    };
   });
 }
 

@@ -30,6 +30,16 @@ export class RunKeys {
     return `${this.base}:ds:${dataset}:done`;
   }
 
+  /** Hash: conversation id -> its end (JSON), for datasets regenerated turn by turn; finish-conversation-4.lua. */
+  conversations(dataset: string): string {
+    return `${this.base}:ds:${dataset}:conversations`;
+  }
+
+  /** Hash: turn -> output ids (JSON) of a conversation in progress; written by commit-sample-9.lua beside the done set. */
+  conversationHistory(dataset: string, conversationId: string): string {
+    return `${this.done(dataset)}:conv:${conversationId}`;
+  }
+
   failed(dataset: string): string {
     return `${this.base}:ds:${dataset}:failed`;
   }

@@ -40,6 +40,7 @@ export interface TokenmillScripts {
   /** Per sample: committed (1 | 0), dataset tokens after it; flat, one pair per sample. */
   commitSample(...keysAndArgs: (string | number)[]): Promise<[number, number, ...number[]]>;
   failSample(...keysAndArgs: (string | number)[]): Promise<number>;
+  finishConversation(...keysAndArgs: (string | number)[]): Promise<number>;
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;
   retryFailed(...keysAndArgs: (string | number)[]): Promise<number>;

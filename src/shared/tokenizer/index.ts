@@ -24,3 +24,10 @@ export { convertSplitPattern, KIMI_K2_PATTERN, O200K_PATTERN } from './pattern.j
 export { ServerTokenizeClient, type ServerTokenizeOptions } from './server-client.js';
 export { ServerEncoder } from './server.js';
 export { type TokenizerPreset } from './tiktoken.js';
+export {
+  answerMessage,
+  renderTurnPrompt,
+  type RegeneratedAnswer,
+  type TurnPrompt,
+  type TurnRenderInput,
+} from './turns.js';

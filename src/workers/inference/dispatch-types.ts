@@ -2,7 +2,7 @@ import type { Sample } from '../../shared/index.js';
 
 /** What became of one sample handed to the dispatcher. */
 export type SampleOutcome =
-  | { kind: 'committed'; completionTokens: number }
+  | { kind: 'committed'; completionTokens: number; outputIds?: readonly number[]; endpoint?: string }
   | { kind: 'duplicate' }
   | { kind: 'failed'; reason: string; status?: number | undefined; attempts?: number }
   | { kind: 'skipped-budget' }
@@ -22,6 +22,10 @@ export interface SampleRequest {
   owner?: string;
   /** The id of the batch job, written into a failure record (Bull Board's Retry of that job claims it). */
   jobId?: string;
+  /** A turn of a conversation regenerated turn by turn: written into its record (and its history). */
+  conversation?: { id: string; turn: number; turns: number; spliced: boolean };
+  /** The endpoint to ask first while it has a free slot (a conversation's next turn: its prefix is cached there). */
+  preferEndpoint?: string;
   /** Told when an attempt fails and the sample will be sent again (for the job's log). */
   onAttemptFailed?: (attempt: number, message: string) => void;
 }

@@ -1,4 +1,5 @@
 import {
+  EnvironmentError,
   GenerateBatchPayloadSchema,
   batchSamples,
   parsePayload,
@@ -9,6 +10,7 @@ import {
   type Sample,
 } from '../../shared/index.js';
 import type { SampleOutcome, SampleRequest } from './dispatcher.js';
+import { driveConversation, type ConversationDeps } from './conversation-driver.js';
 import type { FailureRecord } from './failure-records.js';
 
 /** What the generation processor needs from the outside world. */
@@ -25,6 +27,14 @@ export interface GenerateBatchDeps {
   releaseClaims(dataset: string, ids: readonly string[]): Promise<void>;
   /** Runs one sample to its end (commit, failure, skip or hand-back). */
   submit(req: SampleRequest): Promise<SampleOutcome>;
+  /**
+   * For batches of conversations regenerated turn by turn (`turns: all`): the tokenizer, the
+   * history and the finished conversations. A worker without it refuses such a batch.
+   */
+  conversations?: Omit<ConversationDeps, 'submit' | 'isDone'> & {
+    /** For each conversation id: whether it has finished (complete or ended). */
+    finished(dataset: string, ids: readonly string[]): Promise<boolean[]>;
+  };
   /** The batch job's id: failure records name it, and only its retry claims them. */
   jobId?: string;
   /** Told as samples settle (the caller throttles it). */
@@ -69,9 +79,14 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
   const samples = batchSamples(payload);
   const ids = samples.map((s) => s.id);
   const retry = payload.retryOfFailed === true && deps.jobId !== undefined;
+  const conversations = payload.turns === 'all' ? deps.conversations : undefined;
+  if (payload.turns === 'all' && conversations === undefined)
+    throw new EnvironmentError(
+      `batch ${payload.batchId} holds conversations regenerated turn by turn (turns: all), and this worker has no tokenizer to render their turns: start it with the run's config`,
+    );
   // One round trip for a first delivery; a retry reads attempts after its claim resets them.
   const [done, records, spentAll] = await Promise.all([
-    deps.isDone(dataset, ids),
+    conversations === undefined ? deps.isDone(dataset, ids) : conversations.finished(dataset, ids),
     retry ? Promise.resolve([]) : deps.failures(dataset, ids),
     retry ? Promise.resolve([]) : deps.attemptsSpent(dataset, ids),
   ]);
@@ -139,18 +154,26 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
   const outcomes = await Promise.all(
     sendIdx.map(async (i, k) => {
       const sample = samples[i] as Sample;
-      const o = await deps.submit({
+      const base = {
         dataset,
-        sample,
         sampling: payload.sampling,
         maxAttempts: payload.maxAttempts,
         priorExpectedTokens: payload.priorExpectedTokens,
         ...(payload.vocabSize === undefined ? {} : { vocabSize: payload.vocabSize }),
-        attemptsSpent: spent[k] ?? 0,
         ...(deps.jobId === undefined ? {} : { jobId: deps.jobId }),
-        onAttemptFailed: (attempt, message) =>
+        onAttemptFailed: (attempt: number, message: string) =>
           deps.log?.(`${who(sample)}: attempt ${attempt} of ${payload.maxAttempts} failed, will retry: ${message}`),
-      });
+      };
+      const o =
+        conversations === undefined
+          ? await deps.submit({ ...base, sample, attemptsSpent: spent[k] ?? 0 })
+          : await conversationOutcome(
+              sample,
+              base,
+              payload,
+              { ...conversations, isDone: deps.isDone, submit: deps.submit },
+              deps,
+            );
       count(result, o);
       if (o.kind === 'failed')
         deps.log?.(
@@ -187,6 +210,38 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
     'batch done',
   );
   return result;
+}
+
+/** One conversation driven to its end (or pause), as the batch counts it: a finished conversation counts as committed. */
+async function conversationOutcome(
+  sample: Sample,
+  base: Parameters<typeof driveConversation>[1],
+  payload: GenerateBatchPayload,
+  deps: ConversationDeps,
+  batch: GenerateBatchDeps,
+): Promise<SampleOutcome> {
+  const o = await driveConversation(
+    sample,
+    base,
+    {
+      maxNewTokens: sample.maxNewTokens,
+      ...(payload.templateKwargs === undefined ? {} : { templateKwargs: payload.templateKwargs }),
+      ...(payload.contextLength === undefined ? {} : { contextLength: payload.contextLength }),
+    },
+    deps,
+  );
+  switch (o.kind) {
+    case 'finished':
+      if (o.end.kind === 'ended')
+        batch.log?.(
+          `${who(sample)}: conversation ended after ${o.end.turnsDone} of ${o.end.turns} turns: ${o.end.reason ?? ''}`,
+        );
+      return { kind: 'committed', completionTokens: o.outputTokens };
+    case 'skipped-budget':
+      return { kind: 'skipped-budget' };
+    case 'handed-back':
+      return { kind: 'handed-back' };
+  }
 }
 
 function count(result: GenerateBatchOutcome, o: SampleOutcome): void {

@@ -79,12 +79,27 @@ function sampleArgs(f: FinishedRequest): SampleArgs {
     worker: f.workerId,
     attempt: f.req.attemptsSpent + 1,
     ts: new Date().toISOString(),
+    ...conversationFields(f.req),
   });
   return [sample.id, f.result.completionTokens, record, f.rid];
 }
 
+/** A turn's record names its conversation and turn; commit-sample-9.lua keeps its output ids in the history. */
+function conversationFields(req: SampleRequest): Record<string, unknown> {
+  const c = req.conversation;
+  if (c === undefined) return {};
+  return { conversation_id: c.id, turn: c.turn, turns: c.turns, spliced: c.spliced };
+}
+
 function commitOutcome(first: number | undefined, f: FinishedRequest): SampleOutcome {
-  return first === 1 ? { kind: 'committed', completionTokens: f.result.completionTokens } : { kind: 'duplicate' };
+  return first === 1
+    ? {
+        kind: 'committed',
+        completionTokens: f.result.completionTokens,
+        outputIds: f.result.outputIds,
+        endpoint: f.endpointUrl,
+      }
+    : { kind: 'duplicate' };
 }
 
 /**

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type { RunKeys } from '../../shared/index.js';
+import type { ChatTokenizer, RunKeys } from '../../shared/index.js';
 import {
   AppError,
   autoConcurrencyOf,
@@ -24,6 +24,7 @@ import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
 import { EndpointPool, type EndpointPoolOptions, type PoolConcurrency } from './endpoint-pool.js';
 import { failedJobReason, parseFailureRecord } from './failure-records.js';
 import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
+import { conversationStore } from './conversation-store.js';
 
 /** The first wait for a batch when none is queued; each next one doubles, up to 200 ms. */
 const FIRST_EMPTY_WAIT_MS = 2;
@@ -60,6 +61,8 @@ export interface InferenceWorkerOptions {
   /** Per dataset, `datasets[].budgetMarginSd`; datasets not listed get the default. */
   budgetMarginSd?: Readonly<Record<string, number>>;
   workerId?: string;
+  /** The run's tokenizer: renders the turns after the first of conversations regenerated turn by turn (`turns: all`). */
+  tokenizer?: ChatTokenizer | Promise<ChatTokenizer> | undefined;
   logger?: Logger;
 }
 
@@ -323,6 +326,9 @@ export class InferenceWorker {
           (await redis.claimFailed(keys.done(ds), keys.failed(ds), keys.attempts(ds), jobId, ...ids)).map(Number),
         releaseClaims: async (ds, ids) => void (await redis.releaseClaims(keys.failed(ds), jobId, ...ids)),
         submit: (req) => dispatcher.submit({ ...req, owner: token }),
+        ...(this.options.tokenizer === undefined
+          ? {}
+          : { conversations: conversationStore(redis, keys, async () => await this.options.tokenizer!) }),
         jobId,
         progress: (p) => report.progress(p),
         log: (line) => report.line(line),

@@ -28,6 +28,12 @@
             as ARGV[1..4]: one call commits a group of results (one script run instead of one
             per result); each is committed exactly as if it came alone, in order
 
+  A record of a turn of a conversation regenerated turn by turn (one with "conversation_id" and
+  "turn") also keeps its output ids in the conversation's history, `<KEYS[1]>:conv:<conversation
+  id>` (turn -> output ids as JSON), in the same step: a conversation resumes at its next turn
+  with exactly the history its committed turns had. Its first turn counts the conversation as
+  started (stats conversationsStarted).
+
   Output: { committed (1 first commit | 0 duplicate), dataset output tokens after it } per
           sample, flat: { c1, t1, c2, t2, ... }
 ]]
@@ -73,6 +79,13 @@ local function commit(id, tokens, record, rid)
   redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
   redis.call('HSET', KEYS[2], 'lastCommitMs', now)
   redis.call('XADD', KEYS[3], '*', 'r', record)
+  if string.find(record, '"conversation_id":', 1, true) then
+    local r = cjson.decode(record)
+    if r.conversation_id ~= nil and r.turn ~= nil then
+      redis.call('HSET', KEYS[1] .. ':conv:' .. r.conversation_id, r.turn, cjson.encode(r.output_ids))
+      if tonumber(r.turn) == 1 then redis.call('HINCRBY', KEYS[2], 'conversationsStarted', 1) end
+    end
+  end
   redis.call('HDEL', KEYS[6], id)
   redis.call('SREM', KEYS[7], id)
   redis.call('HDEL', KEYS[8], id)

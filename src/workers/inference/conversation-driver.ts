@@ -1,0 +1,184 @@
+/**
+ * Regenerates one conversation turn by turn (`datasets[].turns: all`; docs/multi-turn.md).
+ *
+ * Turn k's prompt is the chat template's rendering of the history with the answers regenerated
+ * for turns 1..k−1 (spliced from their ids where the template continues exactly, see
+ * `renderTurnPrompt`). Each turn is one request, started and committed like any sample under its
+ * own id (`<conversation>#t<k>`): exactly once, counted against the dataset's budget.
+ * commit-sample-9.lua keeps each committed turn's output ids in the conversation's history in the
+ * same step, so a conversation picked up again (a re-delivered batch, another worker after a
+ * kill -9) resumes at its next turn with exactly the history its committed turns had, and a turn
+ * that another process committed first is continued with that process's answer.
+ *
+ * A conversation ends early, keeping its finished turns, when a turn's prompt no longer fits the
+ * context, when a turn fails (e.g. a 400 from the server), or when a committed turn's answer
+ * cannot be read back; the budget or a stop only pauses it (it resumes at its next turn).
+ */
+import {
+  answerMessage,
+  conversationTurns,
+  parseChatMessage,
+  renderTurnPrompt,
+  turnHistory,
+  turnSampleId,
+  type ChatMessage,
+  type ChatTokenizer,
+  type RegeneratedAnswer,
+  type Sample,
+} from '../../shared/index.js';
+import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
+
+/** How a conversation ended, as finish-conversation-4.lua records it. */
+export interface ConversationEnd {
+  /** `complete`: every turn committed; `ended`: stopped early at `turn` for `reason`. */
+  kind: 'complete' | 'ended';
+  /** Turns committed. */
+  turnsDone: number;
+  turns: number;
+  /** The turn that could not be generated (ended only). */
+  turn?: number;
+  reason?: string;
+  /** Turns whose prompt was spliced from the previous turn's ids. */
+  spliced: number;
+}
+
+/** What the driver needs from the outside world. */
+export interface ConversationDeps {
+  tokenizer(): Promise<ChatTokenizer>;
+  /** The committed turns' output ids, by turn (the conversation's history). */
+  history(dataset: string, conversationId: string): Promise<Map<number, number[]>>;
+  /** Whether each sample id is committed. */
+  isDone(dataset: string, ids: readonly string[]): Promise<boolean[]>;
+  /** Records the conversation's end once and drops its history; `failedTurnId` folds that turn's failure record into it. */
+  finish(dataset: string, conversationId: string, end: ConversationEnd, failedTurnId?: string): Promise<void>;
+  submit(req: SampleRequest): Promise<SampleOutcome>;
+}
+
+/** What one conversation came to in this delivery. */
+export type ConversationOutcome =
+  | { kind: 'finished'; end: ConversationEnd; committed: number; outputTokens: number }
+  | { kind: 'skipped-budget'; committed: number; outputTokens: number }
+  | { kind: 'handed-back'; committed: number; outputTokens: number };
+
+/** A turn request's settings besides its prompt (those of the batch). */
+export type TurnRequestBase = Omit<SampleRequest, 'sample' | 'conversation' | 'preferEndpoint' | 'attemptsSpent'>;
+
+/**
+ * Runs `sample`'s conversation from its first turn not committed to its end (or until the budget
+ * or a stop pauses it). `sample.promptIds` is turn 1's prompt, rendered by the producer.
+ */
+export async function driveConversation(
+  sample: Sample,
+  base: TurnRequestBase,
+  opts: { templateKwargs?: Record<string, unknown>; contextLength?: number; maxNewTokens: number },
+  deps: ConversationDeps,
+): Promise<ConversationOutcome> {
+  const { dataset } = base;
+  const messages: ChatMessage[] = (sample.messages ?? []).map((m, i) => parseChatMessage(m, `messages[${i}]`));
+  const turns = conversationTurns(messages);
+  if (typeof turns === 'string') throw new Error(`conversation ${sample.id} (line ${sample.line}): ${turns}`);
+  const total = turns.starts.length;
+  const tok = await deps.tokenizer();
+  const [history, done] = await Promise.all([
+    deps.history(dataset, sample.id),
+    deps.isDone(
+      dataset,
+      turns.starts.map((_, k) => turnSampleId(sample.id, k + 1)),
+    ),
+  ]);
+  const answers: RegeneratedAnswer[] = [];
+  let previous: { promptIds: number[]; history: ChatMessage[] } | undefined;
+  let committed = 0;
+  let outputTokens = 0;
+  let spliced = 0;
+  let endpoint: string | undefined;
+  const finish = async (end: Omit<ConversationEnd, 'turns' | 'spliced'>, failedTurnId?: string) => {
+    const full: ConversationEnd = { ...end, turns: total, spliced };
+    await deps.finish(dataset, sample.id, full, failedTurnId);
+    return { kind: 'finished' as const, end: full, committed, outputTokens };
+  };
+
+  for (let k = 1; k <= total; k += 1) {
+    const turnId = turnSampleId(sample.id, k);
+    const hist = turnHistory(
+      messages,
+      turns,
+      k,
+      answers.map((a) => a.message),
+    );
+    let promptIds: number[];
+    let thisSpliced = false;
+    if (k === 1) {
+      promptIds = sample.promptIds;
+    } else {
+      const prev = previous as { promptIds: number[]; history: ChatMessage[] };
+      const prompt = renderTurnPrompt(tok, {
+        history: hist,
+        previous: { ...prev, answer: answers[k - 2] as RegeneratedAnswer },
+        ...(opts.templateKwargs === undefined ? {} : { templateKwargs: opts.templateKwargs }),
+      });
+      promptIds = prompt.ids;
+      thisSpliced = prompt.spliced;
+      if (prompt.spliced) spliced += 1;
+    }
+    const known = history.get(k);
+    if (known === undefined && done[k - 1] === true) {
+      // Committed, but its answer is not in the history (Redis was rebuilt from the files): the
+      // conversation cannot go on with the same history; its committed turns are kept.
+      return finish({ kind: 'ended', turnsDone: k, turn: k + 1, reason: 'history-lost' });
+    }
+    let outputIds = known;
+    if (outputIds === undefined) {
+      const ctx = opts.contextLength;
+      if (ctx !== undefined && promptIds.length >= ctx) {
+        return finish({
+          kind: 'ended',
+          turnsDone: k - 1,
+          turn: k,
+          reason: `context: turn ${k}'s prompt has ${promptIds.length} tokens; the context length is ${ctx}`,
+        });
+      }
+      const o = await deps.submit({
+        ...base,
+        sample: {
+          id: turnId,
+          line: sample.line,
+          promptIds,
+          maxNewTokens: ctx === undefined ? opts.maxNewTokens : Math.min(opts.maxNewTokens, ctx - promptIds.length),
+        },
+        attemptsSpent: 0,
+        conversation: { id: sample.id, turn: k, turns: total, spliced: thisSpliced },
+        ...(endpoint === undefined ? {} : { preferEndpoint: endpoint }),
+      });
+      switch (o.kind) {
+        case 'committed':
+          committed += 1;
+          outputTokens += o.completionTokens;
+          endpoint = o.endpoint ?? endpoint;
+          outputIds = o.outputIds === undefined ? undefined : [...o.outputIds];
+          break;
+        case 'duplicate':
+          break; // another process committed this turn first: continue with its answer
+        case 'failed':
+          return finish(
+            {
+              kind: 'ended',
+              turnsDone: k - 1,
+              turn: k,
+              reason: `failed: turn ${k}${o.status === undefined ? '' : ` (HTTP ${o.status})`}: ${o.reason}`,
+            },
+            turnId,
+          );
+        case 'skipped-budget':
+          return { kind: 'skipped-budget', committed, outputTokens };
+        case 'handed-back':
+          return { kind: 'handed-back', committed, outputTokens };
+      }
+      if (outputIds === undefined) outputIds = (await deps.history(dataset, sample.id)).get(k);
+      if (outputIds === undefined) return finish({ kind: 'ended', turnsDone: k, turn: k + 1, reason: 'history-lost' });
+    }
+    answers.push({ outputIds, message: answerMessage(tok, outputIds) });
+    previous = { promptIds, history: hist };
+  }
+  return finish({ kind: 'complete', turnsDone: total });
+}

@@ -1,0 +1,183 @@
+/**
+ * `turns: all` end to end on the simulator (real CLI, real Redis, real HTTP): every turn of every
+ * conversation is one record, in order, whose prompt is the template's rendering of the history
+ * with the answers regenerated before it (never the source's), spliced token for token where the
+ * template continues exactly; conversations finish once; bad conversations are rejected naming
+ * the line, and the rest goes on; the rows of the training dataset are the turns.
+ */
+import { mkdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+
+import { describe, expect, it } from 'vitest';
+
+import {
+  answerMessage,
+  bundledTokenizerPath,
+  conversationTurns,
+  loadTokenizer,
+  parseChatMessage,
+  readHfDataset,
+  turnHistory,
+  type ChatMessage,
+} from '../../src/shared/index.js';
+import { useHarness } from '../helpers/fixture.js';
+import { byConversation, SOURCE_ANSWER, writeConversations, type TurnRecord } from '../helpers/conversations.js';
+import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+
+const {
+  redis,
+  scripts: db,
+  keys,
+  sim,
+  tmp,
+} = useHarness({
+  redis: true,
+  scripts: true,
+  keys: 'mt',
+  sim: {
+    timeScale: 200,
+    maxRunningRequests: 16,
+    seed: 21,
+    contextLength: 4096,
+    outputLength: { distribution: 'uniform', mean: 14, min: 4, max: 24 },
+  },
+  tmp: 'tm-multi-turn-',
+  cli: true,
+});
+
+describe('turns: all', () => {
+  it('regenerates every turn against the regenerated history, once, and tokenizes each turn into a row', async () => {
+    const dir = path.join(tmp.dir, 'mt');
+    mkdirSync(dir, { recursive: true });
+    const tool = {
+      id: 'tools-1',
+      messages: [
+        { role: 'user', content: 'What is the weather in Paris?' },
+        {
+          role: 'assistant',
+          content: '',
+          tool_calls: [{ type: 'function', function: { name: 'weather', arguments: { city: 'Paris' } } }],
+        },
+        { role: 'tool', content: '{"temp": 21}' },
+        { role: 'assistant', content: `${SOURCE_ANSWER} tool` },
+        { role: 'user', content: 'And tomorrow?' },
+      ],
+    };
+    const bad = [
+      {
+        id: 'bad-users',
+        messages: [
+          { role: 'user', content: 'a' },
+          { role: 'user', content: 'b' },
+        ],
+      },
+      {
+        id: 'bad-tool',
+        messages: [
+          { role: 'user', content: 'a' },
+          { role: 'tool', content: 'x' },
+        ],
+      },
+      { id: 'bad-none', messages: [{ role: 'system', content: 'only a system turn' }] },
+    ];
+    const file = writeConversations(dir, 'c', 6, 3, [tool, ...bad]);
+    const cfg = writeConfig(dir, {
+      run: 'mt',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 4096 },
+      datasets: [
+        {
+          name: 'c',
+          prompts: path.basename(file),
+          turns: 'all',
+          tokenBudget: 1_000_000,
+          maxNewTokens: 24,
+          batchSize: 3,
+        },
+      ],
+      output: { dir: 'out' },
+      postprocess: { keepTruncated: true },
+    });
+    const run = spawnCli(['run', '-c', cfg]);
+    expect(await run.exited, run.output()).toBe(0);
+
+    const runDir = path.join(dir, 'out', 'mt');
+    const records = readGenerations(runDir, 'c') as unknown as TurnRecord[];
+    const ids = records.map((r) => r.id);
+    expect(new Set(ids).size, 'no turn written twice').toBe(ids.length);
+    const convs = byConversation(records);
+    expect([...convs.keys()].sort()).toEqual(['c-0', 'c-1', 'c-2', 'c-3', 'c-4', 'c-5', 'tools-1']);
+
+    const tok = await loadTokenizer(bundledTokenizerPath());
+    const source = new Map<string, ChatMessage[]>();
+    for (const line of readFileSync(file, 'utf8').trim().split('\n')) {
+      const rec = JSON.parse(line) as { id: string; messages: unknown[] };
+      source.set(
+        rec.id,
+        rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
+      );
+    }
+    let spliced = 0;
+    for (const [id, turns] of convs) {
+      const messages = source.get(id) as ChatMessage[];
+      const shape = conversationTurns(messages);
+      if (typeof shape === 'string') throw new Error(shape);
+      const n = shape.starts.length;
+      expect(
+        turns.map((t) => t.turn),
+        id,
+      ).toEqual(Array.from({ length: n }, (_, k) => k + 1));
+      for (const t of turns) {
+        expect(t.id).toBe(`${id}#t${t.turn}`);
+        expect(t.turns).toBe(n);
+        expect(tok.decode(t.prompt_ids)).not.toContain(SOURCE_ANSWER);
+        const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
+        const history = turnHistory(messages, shape, t.turn, answers);
+        if (t.spliced) {
+          spliced += 1;
+          const prev = turns[t.turn - 2] as TurnRecord;
+          expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length)).toEqual([
+            ...prev.prompt_ids,
+            ...prev.output_ids,
+          ]);
+          // The splice is the template's rendering of the regenerated history, token for token.
+          expect(tok.decode(t.prompt_ids, { skipSpecialTokens: false })).toBe(
+            tok.applyChatTemplate(history, { addGenerationPrompt: true }),
+          );
+        } else {
+          expect(t.prompt_ids, `${t.id} rendered from the regenerated history`).toEqual(tok.encodePrompt(history));
+        }
+      }
+    }
+    // Qwen3's template continues exactly when an answer has no reasoning to strip: most turns ≥ 2 are spliced.
+    expect(spliced).toBeGreaterThan(0);
+
+    // The bad conversations are rejected naming their line; the rest went on.
+    const rejects = readFileSync(path.join(runDir, 'c', 'rejects.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { line: number; id: string; reason: string });
+    expect(rejects.map((r) => [r.line, r.id, r.reason])).toEqual([
+      [8, 'bad-users', 'messages[0] and messages[1] are two user turns in a row'],
+      [9, 'bad-tool', 'messages[1] is a tool turn with no assistant turn before it'],
+      [10, 'bad-none', 'the conversation has no user turn'],
+    ]);
+
+    // Each conversation finished once, complete; no history is left behind.
+    const ends = await db.hgetall(keys.conversations('c'));
+    expect(Object.keys(ends).sort()).toEqual([...convs.keys()].sort());
+    for (const v of Object.values(ends)) expect(JSON.parse(String(v))).toMatchObject({ kind: 'complete' });
+    const stats = await db.hgetall(keys.stats('c'));
+    expect(stats.conversationsComplete).toBe('7');
+    expect(stats.conversationsStarted).toBe('7');
+    expect(Number(stats.records)).toBe(records.length);
+    expect(await db.keys(`${keys.done('c')}:conv:*`)).toEqual([]);
+
+    // One training row per turn, its ids the prompt and output of that turn.
+    const ds = await readHfDataset(path.join(runDir, 'train-dataset'));
+    const rows = new Map<string, number[]>();
+    for await (const r of ds.rows()) rows.set(String(r.id), r.input_ids as number[]);
+    expect([...rows.keys()].sort()).toEqual([...ids].sort());
+    for (const r of records) expect(rows.get(r.id)?.slice(0, r.prompt_ids.length)).toEqual(r.prompt_ids);
+  }, 180_000);
+});
