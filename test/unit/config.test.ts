@@ -88,6 +88,7 @@ describe('loadConfig: valid configs', () => {
         batchSize: 32,
         budget: 'reserve',
         budgetMarginSd: 2,
+        turns: 'last',
       },
       {
         name: 'A1_deepswekimi',
@@ -97,6 +98,7 @@ describe('loadConfig: valid configs', () => {
         batchSize: 64,
         budget: 'reserve',
         budgetMarginSd: 2,
+        turns: 'last',
       },
     ]);
     expect(c.output.dir).toBe(resolve(fixtures, '../out'));
@@ -142,6 +144,7 @@ describe('loadConfig: valid configs', () => {
       batchSize: 64,
       budget: 'reserve',
       budgetMarginSd: 2,
+      turns: 'last',
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
     expect(c.postprocess).toEqual({
