@@ -66,6 +66,11 @@ export async function renderMetrics(
   );
   const dsPaused = gauge('tokenmill_dataset_paused', '1 while the dataset is paused.', ['run', 'dataset']);
   const dsCompleted = gauge('tokenmill_dataset_completed', '1 once the dataset is completed.', ['run', 'dataset']);
+  const dsConversations = gauge(
+    'tokenmill_dataset_conversations',
+    'Conversations of a dataset regenerated turn by turn (turns: all), by state: complete, partial (started, not finished), ended (ended early).',
+    ['run', 'dataset', 'state'],
+  );
   const jobs = gauge('tokenmill_queue_jobs', 'Jobs of a queue of the run by state.', ['run', 'queue', 'state']);
   for (const d of s.datasets) {
     const l = { ...run, dataset: d.name };
@@ -79,6 +84,11 @@ export async function renderMetrics(
     dsRate.set(l, d.tokensPerSec);
     dsPaused.set(l, d.paused ? 1 : 0);
     dsCompleted.set(l, d.status === 'completed' ? 1 : 0);
+    if (d.conversations !== undefined) {
+      dsConversations.set({ ...l, state: 'complete' }, d.conversations.complete);
+      dsConversations.set({ ...l, state: 'partial' }, d.conversations.partial);
+      dsConversations.set({ ...l, state: 'ended' }, d.conversations.ended);
+    }
     if (config.datasets.find((c) => c.name === d.name)?.prompts === undefined) continue;
     for (const state of JOB_STATES) jobs.set({ ...run, queue: generateQueueName(d.name), state }, d.jobs[state] ?? 0);
   }

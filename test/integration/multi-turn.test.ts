@@ -14,12 +14,14 @@ import {
   answerMessage,
   bundledTokenizerPath,
   conversationTurns,
+  loadConfig,
   loadTokenizer,
   parseChatMessage,
   readHfDataset,
   turnHistory,
   type ChatMessage,
 } from '../../src/shared/index.js';
+import { renderMetrics } from '../../src/dashboard/metrics.js';
 import { useHarness } from '../helpers/fixture.js';
 import { byConversation, SOURCE_ANSWER, writeConversations, type TurnRecord } from '../helpers/conversations.js';
 import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
@@ -172,6 +174,14 @@ describe('turns: all', () => {
     expect(stats.conversationsStarted).toBe('7');
     expect(Number(stats.records)).toBe(records.length);
     expect(await db.keys(`${keys.done('c')}:conv:*`)).toEqual([]);
+
+    // status, /metrics: conversations by state and turns.
+    const status = spawnCli(['status', '-c', cfg]);
+    expect(await status.exited, status.output()).toBe(0);
+    expect(status.output()).toContain('c: conversations 7 complete, 0 partial, 0 ended early; 21 turns');
+    const metrics = await renderMetrics(db, keys, loadConfig({ path: cfg }));
+    expect(metrics.body).toContain('tokenmill_dataset_conversations{run="mt",dataset="c",state="complete"} 7');
+    expect(metrics.body).toContain('tokenmill_dataset_records{run="mt",dataset="c"} 21');
 
     // One training row per turn, its ids the prompt and output of that turn.
     const ds = await readHfDataset(path.join(runDir, 'train-dataset'));

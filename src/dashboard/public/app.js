@@ -80,6 +80,19 @@ function actionButton(dataset, action, label) {
   return b;
 }
 
+// turns: all — the records are turns; the conversations by how far they got.
+function conversationsNote(d) {
+  const c = d.conversations;
+  if (!c) return [];
+  return [
+    el(
+      'div',
+      { class: 'note', 'data-field': 'conversations' },
+      `turns · conversations: ${fmt(c.complete)} complete, ${fmt(c.partial)} partial, ${fmt(c.ended)} ended early`,
+    ),
+  ];
+}
+
 function renderDatasets(datasets) {
   const rows = datasets.map((d) => {
     const generation = d.tokenBudget !== null || Object.keys(d.jobs || {}).length > 0;
@@ -91,7 +104,7 @@ function renderDatasets(datasets) {
         d.status.replace('_', ' ') + (d.stalled ? ' (STALLED)' : ''),
       ),
       el('td', { 'data-field': 'tokens' }, bar(d)),
-      el('td', { 'data-field': 'records' }, fmt(d.records)),
+      el('td', { 'data-field': 'records' }, fmt(d.records), ...conversationsNote(d)),
       el('td', { 'data-field': 'tokensPerSec' }, fmt(d.tokensPerSec)),
       el('td', { 'data-field': 'eta' }, eta(d)),
       el('td', { 'data-field': 'inFlight' }, fmt(d.inFlight)),

@@ -24,6 +24,7 @@ export {
 } from './stall-watchdog.js';
 export { formatEndpointHealth, formatEta, formatRunStatus, runStatusWarnings } from './status-format.js';
 export {
+  type ConversationCounts,
   type DatasetStatus,
   type EndpointRequests,
   JOB_STATES,

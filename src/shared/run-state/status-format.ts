@@ -99,6 +99,13 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
   const fmt = (r: string[]): string =>
     r.map((c, i) => (i === 0 || i === 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0))).join('  ');
   lines.push(fmt(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(fmt));
+  for (const d of status.datasets) {
+    const c = d.conversations;
+    if (c === undefined) continue;
+    lines.push(
+      `${d.name}: conversations ${formatInt(c.complete)} complete, ${formatInt(c.partial)} partial, ${formatInt(c.ended)} ended early; ${formatInt(c.turns)} turns`,
+    );
+  }
   const warnings = runStatusWarnings(status, nowMs);
   if (warnings.length > 0) lines.push('', ...warnings);
   return lines.join('\n');

@@ -39,6 +39,8 @@ export interface DatasetStatus {
   skipped: number;
   /** Prompt lines rejected (bad JSON, missing fields, duplicate ids, too long). */
   rejected: number;
+  /** `turns: all`: conversations by how far they got (each turn is one of `records`); absent otherwise. */
+  conversations?: ConversationCounts;
   /** What `tokenmill prepare` made of the dataset's source; null without a source or before it ran. */
   prepared?: PreparedCounts | null;
   /** Committed output tokens per second over the last minute. */
@@ -55,6 +57,18 @@ export interface DatasetStatus {
    * nothing in flight and an endpoint healthy for longer than `workers.stallAfterMs`.
    */
   stalled: { sinceMs: number; reason: string } | null;
+}
+
+/** Conversations of a dataset regenerated turn by turn. */
+export interface ConversationCounts {
+  /** Every turn committed. */
+  complete: number;
+  /** Ended early, their earlier turns kept: a turn too long for the context, a turn that failed. */
+  ended: number;
+  /** Started and not finished: in progress, or cut short by the budget or a stop (they resume at their next turn). */
+  partial: number;
+  /** Turns committed (the dataset's records). */
+  turns: number;
 }
 
 export interface PhaseStatus {
@@ -121,6 +135,7 @@ export async function readRunStatus(
     const paused = queue.paused;
     const records = Number(stats.records ?? 0);
     const outputTokens = Number(stats.outputTokens ?? 0);
+    const conversations = ds.turns === 'all' ? conversationCounts(stats, records) : undefined;
     const tokenBudget = ds.tokenBudget ?? null;
     const completed =
       stats.status === 'completed' &&
@@ -128,7 +143,7 @@ export async function readRunStatus(
     const { tokensPerSec, eta } = estimateRateAndEta(
       rate,
       nowMs,
-      remainingTokens(ds, stats, records, outputTokens, failed, skipped),
+      remainingTokens(ds, stats, records, outputTokens, failed, skipped, conversations),
       {
         bucketMs: RATE_BUCKET_MS,
         windowBuckets: RATE_WINDOW_BUCKETS,
@@ -151,6 +166,7 @@ export async function readRunStatus(
       failed,
       skipped,
       rejected: Number(stats.rejected ?? 0),
+      ...(conversations === undefined ? {} : { conversations }),
       prepared: preparedCounts(stats),
       tokensPerSec,
       // A paused dataset has no ETA: nothing moves until `resume`.
@@ -243,7 +259,17 @@ async function queueState(
   }
 }
 
-/** Output tokens still to generate: to the budget, or what the remaining prompts should yield. */
+function conversationCounts(stats: Record<string, string>, records: number): ConversationCounts {
+  const complete = Number(stats.conversationsComplete ?? 0);
+  const ended = Number(stats.conversationsEnded ?? 0);
+  const started = Number(stats.conversationsStarted ?? 0);
+  return { complete, ended, partial: Math.max(0, started - complete - ended), turns: records };
+}
+
+/**
+ * Output tokens still to generate: to the budget, or what the remaining prompts should yield
+ * (for conversations: the conversations not finished, at the tokens per conversation so far).
+ */
 function remainingTokens(
   ds: Pick<Config['datasets'][number], 'tokenBudget'>,
   stats: Record<string, string>,
@@ -251,13 +277,19 @@ function remainingTokens(
   outputTokens: number,
   failed: number,
   skipped: number,
+  conversations?: ConversationCounts,
 ): number | null {
   const byBudget = ds.tokenBudget === undefined ? Infinity : Math.max(0, ds.tokenBudget - outputTokens);
   const prompts = stats.prompts === undefined ? undefined : Number(stats.prompts);
+  const finished = conversations === undefined ? 0 : conversations.complete + conversations.ended;
   const byPrompts =
     prompts === undefined || records === 0
       ? Infinity
-      : Math.max(0, prompts - records - failed - skipped) * (outputTokens / records);
+      : conversations !== undefined
+        ? finished === 0
+          ? Infinity
+          : Math.max(0, prompts - finished) * (outputTokens / (finished + conversations.partial))
+        : Math.max(0, prompts - records - failed - skipped) * (outputTokens / records);
   const r = Math.min(byBudget, byPrompts);
   return Number.isFinite(r) ? r : null;
 }
