@@ -5,7 +5,7 @@
  * template continues exactly; conversations finish once; bad conversations are rejected naming
  * the line, and the rest goes on; the rows of the training dataset are the turns.
  */
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
@@ -190,4 +190,71 @@ describe('turns: all', () => {
     expect([...rows.keys()].sort()).toEqual([...ids].sort());
     for (const r of records) expect(rows.get(r.id)?.slice(0, r.prompt_ids.length)).toEqual(r.prompt_ids);
   }, 180_000);
+
+  it('prepare keeps whole conversations, counts those of several turns and names the rows it cannot use', async () => {
+    const dir = path.join(tmp.dir, 'prep');
+    mkdirSync(dir, { recursive: true });
+    const rows = [
+      {
+        id: 's1',
+        conversations: [
+          { from: 'human', value: 'Hi there' },
+          { from: 'gpt', value: `${SOURCE_ANSWER} 1` },
+          { from: 'human', value: 'Tell me more' },
+          { from: 'gpt', value: `${SOURCE_ANSWER} 2` },
+        ],
+      },
+      { id: 's2', conversations: [{ from: 'human', value: 'One question only' }] },
+      {
+        id: 's3',
+        conversations: [
+          { from: 'human', value: 'first' },
+          { from: 'human', value: 'second in a row' },
+        ],
+      },
+      {
+        id: 's4',
+        conversations: [
+          { from: 'human', value: 'first' },
+          { from: 'gpt', value: 'answer' },
+          { from: 'human', value: '  ' },
+          { from: 'gpt', value: 'answer' },
+        ],
+      },
+    ];
+    writeFileSync(path.join(dir, 'share.jsonl'), `${rows.map((r) => JSON.stringify(r)).join('\n')}\n`);
+    const cfg = writeConfig(dir, {
+      run: 'prep',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 2, contextLength: 4096 },
+      datasets: [
+        {
+          name: 'p',
+          source: { path: 'share.jsonl', format: 'sharegpt' },
+          prompts: 'p.prompts.jsonl',
+          turns: 'all',
+          tokenBudget: 1000,
+        },
+      ],
+      output: { dir: 'out' },
+    });
+    const prep = spawnCli(['prepare', '-c', cfg]);
+    expect(await prep.exited, prep.output()).toBe(0);
+    expect(prep.output()).toContain('2 kept');
+    expect(prep.output()).toContain('1 with several turns');
+    const kept = readFileSync(path.join(dir, 'p.prompts.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; messages: { role: string; content: string }[] });
+    expect(kept.map((k) => k.id)).toEqual(['s1', 's2']);
+    // The whole conversation, its source answers too (they shape the turns; they are never sent).
+    expect(kept[0]?.messages.map((m) => m.role)).toEqual(['user', 'assistant', 'user', 'assistant']);
+    const report = JSON.parse(readFileSync(path.join(dir, 'out', 'prep', 'p', 'prepare-report.json'), 'utf8')) as {
+      examples: Record<string, { id?: string; reason: string }[]>;
+    };
+    expect(report.examples.malformed?.map((e) => [e.id, e.reason])).toEqual([
+      ['s3', 'messages[0] and messages[1] are two user turns in a row'],
+      ['s4', 'messages[2] is an empty user turn'],
+    ]);
+  }, 120_000);
 });

@@ -10,7 +10,7 @@
  * distinct prompt and a kept id), never the prompts.
  */
 import type { ChatMessage, ChatTokenizer } from '../../shared/index.js';
-import { CancelledError, errorMessage, readRawLines } from '../../shared/index.js';
+import { CancelledError, conversationTurns, errorMessage, readRawLines, turnHistory } from '../../shared/index.js';
 import { Hash64Set, messagesHash, type Hash64 } from './prompt-hash.js';
 import { AtomicLineWriter, type WrittenFile } from './prompt-file-writer.js';
 import { UniqueIds, promptId } from './prompt-ids.js';
@@ -35,6 +35,10 @@ export interface PrepareDatasetInput {
   rows: AsyncIterable<SourceRow>;
   promptsFile: string;
   maxPromptTokens?: number | undefined;
+  /** `datasets[].turns`: with `all`, whole conversations are kept and the length filter measures turn 1. */
+  turns?: 'last' | 'all' | undefined;
+  /** `datasets[].chatTemplateKwargs`, for the length filter's rendering. */
+  templateKwargs?: Record<string, unknown> | undefined;
   /** Needed when `maxPromptTokens` is set; loaded on first use. */
   tokenizer?: (() => Promise<ChatTokenizer>) | undefined;
   limit?: number | undefined;
@@ -66,6 +70,13 @@ interface Candidate {
   hash: Hash64;
   where: SourceRowWhere;
   droppedTrailing: number;
+}
+
+/** What the length filter measures: the chat to answer, or with `turns: all` turn 1's history. */
+function firstTurn(messages: ChatMessage[], turns: 'last' | 'all' | undefined): ChatMessage[] {
+  if (turns !== 'all') return messages;
+  const shape = conversationTurns(messages);
+  return typeof shape === 'string' ? messages : turnHistory(messages, shape, 1, []);
 }
 
 function excerptOf(messages: readonly ChatMessage[]): string {
@@ -106,6 +117,10 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
       });
     }
     if (c.droppedTrailing > 0) counts.trailingTurnsDropped += 1;
+    if (input.turns === 'all') {
+      const turns = conversationTurns(c.messages);
+      if (typeof turns !== 'string' && turns.starts.length > 1) counts.multiTurn = (counts.multiTurn ?? 0) + 1;
+    }
     const line = promptLine(unique.id, c.messages);
     if (subset === undefined) {
       await writer.writeLine(line);
@@ -126,7 +141,10 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
     if (maxPromptTokens !== undefined) {
       tokenizer ??= await input.tokenizer?.();
       if (tokenizer === undefined) throw new Error('prepare: maxPromptTokens needs a tokenizer');
-      lengths = await tokenizer.encodePrompts(batch.map((c) => c.messages));
+      lengths = await tokenizer.encodePrompts(
+        batch.map((c) => firstTurn(c.messages, input.turns)),
+        input.templateKwargs === undefined ? {} : { templateKwargs: input.templateKwargs },
+      );
     }
     for (const [i, c] of batch.entries()) {
       if (full) return;
@@ -166,7 +184,7 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
         example('malformed', row.where, row.reason, row.excerpt === undefined ? {} : { excerpt: row.excerpt });
         continue;
       }
-      const shaped = shapePrompt(row.messages);
+      const shaped = shapePrompt(row.messages, input.turns);
       if (shaped.kind !== 'prompt') {
         counts[shaped.kind] += 1;
         example(shaped.kind, row.where, shaped.reason, row.id === undefined ? {} : { id: row.id });

@@ -33,6 +33,10 @@ export interface FingerprintInputs {
   tokenizer: (TokenizerIdentity & { files: { name: string; size: number; mtimeMs: number }[] }) | null;
   /** Fingerprints of the datasets prepared before this one, whose prompts it must not repeat. */
   after: string[];
+  /** `datasets[].turns: all`: whole conversations are kept (absent for `last`, so older fingerprints still match). */
+  turns?: 'all';
+  /** `datasets[].chatTemplateKwargs`, which the length filter renders with (absent when none). */
+  templateKwargs?: Record<string, unknown>;
 }
 
 /** The fingerprint file: `<prompts>.fingerprint.json`. */
@@ -58,6 +62,8 @@ export async function fingerprintInputs(params: {
   dedupeAcross: boolean;
   tokenizer: TokenizerIdentity | undefined;
   after: readonly string[];
+  turns?: 'last' | 'all' | undefined;
+  templateKwargs?: Record<string, unknown> | undefined;
 }): Promise<FingerprintInputs> {
   const files = [];
   for (const f of params.files) {
@@ -89,6 +95,8 @@ export async function fingerprintInputs(params: {
     files,
     tokenizer,
     after: params.dedupeAcross ? [...params.after] : [],
+    ...(params.turns === 'all' ? { turns: 'all' as const } : {}),
+    ...(params.templateKwargs === undefined ? {} : { templateKwargs: params.templateKwargs }),
   };
 }
 

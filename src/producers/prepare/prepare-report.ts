@@ -27,6 +27,8 @@ export interface PrepareCounts {
   idsRenamed: number;
   /** Kept prompts that had turns after their last user turn (dropped). */
   trailingTurnsDropped: number;
+  /** `turns: all`: kept conversations of more than one turn. */
+  multiTurn?: number;
 }
 
 /** The kinds of row the report gives examples of. */
@@ -99,5 +101,6 @@ export function formatPrepareCounts(c: PrepareCounts): string {
   parts.push(`${formatInt(c.tooLong)} too long`, `${formatInt(c.empty)} empty`, `${formatInt(c.malformed)} malformed`);
   if (c.overLimit > 0) parts.push(`${formatInt(c.overLimit)} over the limit`);
   if (c.idsRenamed > 0) parts.push(`${formatInt(c.idsRenamed)} ids made unique`);
+  if (c.multiTurn !== undefined) parts.push(`${formatInt(c.multiTurn)} with several turns`);
   return parts.join(', ');
 }

@@ -113,6 +113,8 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
         dedupeAcross,
         tokenizer: config.tokenizer,
         after: planned.map((p) => p.fingerprint),
+        turns: ds.turns,
+        templateKwargs: ds.chatTemplateKwargs,
       });
       const fingerprint = fingerprintOf(inputs);
       const stored = await readStoredFingerprint(ds.prompts);
@@ -226,6 +228,8 @@ async function prepareOne(
     rows: opened.rows(),
     promptsFile: ds.prompts,
     maxPromptTokens,
+    turns: ds.turns,
+    templateKwargs: ds.chatTemplateKwargs,
     tokenizer: ctx.loadTokenizer,
     limit: ds.source.limit,
     shuffleSeed: ds.source.shuffle?.seed,

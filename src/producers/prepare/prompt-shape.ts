@@ -3,7 +3,7 @@
  * file reader will read it back, and the turns after the last user turn (the answer the
  * source recorded, tool results after it) dropped.
  */
-import { errorMessage, parseChatMessage, type ChatMessage } from '../../shared/index.js';
+import { conversationTurns, errorMessage, parseChatMessage, type ChatMessage } from '../../shared/index.js';
 import type { SourceMessage } from './source-types.js';
 
 /** What a row's turns make: a prompt, nothing to answer (`empty`), or turns that cannot be read. */
@@ -17,7 +17,7 @@ export type ShapedPrompt =
  * turns kept. A row with no user turn, or whose last user turn is blank, is `empty` (the
  * prompt file reader would reject it).
  */
-export function shapePrompt(turns: readonly SourceMessage[]): ShapedPrompt {
+export function shapePrompt(turns: readonly SourceMessage[], mode: 'last' | 'all' = 'last'): ShapedPrompt {
   const messages: ChatMessage[] = [];
   for (const [i, turn] of turns.entries()) {
     try {
@@ -25,6 +25,17 @@ export function shapePrompt(turns: readonly SourceMessage[]): ShapedPrompt {
     } catch (e: unknown) {
       return { kind: 'malformed', reason: errorMessage(e) };
     }
+  }
+  if (mode === 'all') {
+    // Regenerated turn by turn: the whole conversation is kept; its shape is checked here so a
+    // row the producer would reject is counted now, with its reason.
+    if (messages.length === 0) return { kind: 'empty', reason: 'no turns' };
+    const shape = conversationTurns(messages);
+    if (typeof shape === 'string')
+      return shape === 'the conversation has no user turn'
+        ? { kind: 'empty', reason: 'no user turn' }
+        : { kind: 'malformed', reason: shape };
+    return { kind: 'prompt', messages, droppedTrailing: 0 };
   }
   const lastUser = messages.map((m) => m.role).lastIndexOf('user');
   if (lastUser < 0) return { kind: 'empty', reason: messages.length === 0 ? 'no turns' : 'no user turn' };

@@ -271,6 +271,8 @@ export const TokenizePayloadSchema = z.object({
    * tokenizer than generation used).
    */
   maxInvalidFraction: z.number().min(0).max(1),
+  /** The dataset's `chatTemplateKwargs`: conversations are rendered with them. */
+  templateKwargs: z.record(z.string(), z.unknown()).optional(),
 });
 export type TokenizePayload = z.infer<typeof TokenizePayloadSchema>;
 

@@ -65,6 +65,8 @@ export interface PostprocessDatasetPlan {
   kind: TokenizeSourceKind;
   /** Generations folder, or conversation file. */
   source: string;
+  /** `datasets[].chatTemplateKwargs`. */
+  templateKwargs?: Record<string, unknown>;
 }
 
 /** What a round post-processes, and where. */
@@ -97,13 +99,23 @@ export async function planPostprocess(config: Config, runDir: string): Promise<P
   const datasets: PostprocessDatasetPlan[] = [];
   for (const ds of config.datasets) {
     if (ds.conversations !== undefined) {
-      datasets.push({ name: ds.name, kind: 'conversations', source: ds.conversations });
+      datasets.push({
+        name: ds.name,
+        kind: 'conversations',
+        source: ds.conversations,
+        ...(ds.chatTemplateKwargs === undefined ? {} : { templateKwargs: ds.chatTemplateKwargs }),
+      });
       continue;
     }
     const dir = path.join(runDir, ds.name, 'generations');
     if (!(await isDir(dir))) continue;
     if (!(await readdir(dir)).some((n) => n.endsWith('.jsonl') && !n.startsWith('.'))) continue;
-    datasets.push({ name: ds.name, kind: 'generations', source: dir });
+    datasets.push({
+      name: ds.name,
+      kind: 'generations',
+      source: dir,
+      ...(ds.chatTemplateKwargs === undefined ? {} : { templateKwargs: ds.chatTemplateKwargs }),
+    });
   }
   const train = config.train === undefined ? {} : { train: trainPayloadOf(config, runDir, { origin: 'flow' }) };
   const verify = config.postprocess.verifyWithPython
@@ -157,6 +169,7 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
         shardSizeMiB: plan.shardSizeMiB,
         maxInvalidFraction:
           d.kind === 'generations' ? GENERATION_MAX_INVALID_FRACTION : CONVERSATION_MAX_INVALID_FRACTION,
+        ...(d.templateKwargs === undefined ? {} : { templateKwargs: d.templateKwargs }),
       },
       'tokenize',
     ),

@@ -72,7 +72,8 @@ export type PhaseState = 'pending' | 'in_progress' | 'completed' | 'failed';
 /** What the tokenize processor needs from the outside world. */
 export interface TokenizeDeps {
   /** The tokenize context of the target's tokenizer (loaded once per process). */
-  tokenizeContext(): Promise<TokenizeContext>;
+  /** The tokenize context for a dataset's template variables (`datasets[].chatTemplateKwargs`). */
+  tokenizeContext(templateKwargs?: Record<string, unknown>): Promise<TokenizeContext>;
   /** Threads that tokenize a large conversation dataset (`postprocess.tokenizeThreads`); default one per core. */
   tokenizeThreads?: number;
   setPhase(phase: PostprocessPhase, state: PhaseState): Promise<void>;
@@ -231,7 +232,7 @@ export async function processTokenize(data: unknown, deps: TokenizeDeps): Promis
   const started = Date.now();
   const log = deps.logger.child({ dataset: p.dataset, flowId: p.flowId });
   await deps.setPhase('tokenize', 'in_progress');
-  const ctx = await deps.tokenizeContext();
+  const ctx = await deps.tokenizeContext(p.templateKwargs);
   const merged = await openMergedKeys(p.target);
   try {
     return await tokenizeAgainst(p, merged, ctx, log, started, deps.tokenizeThreads);

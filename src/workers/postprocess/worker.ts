@@ -72,7 +72,8 @@ export class PostprocessWorker {
   /** For looking up a round's merge job. */
   private mergeQueue: Queue | undefined;
   private tokenizer: Promise<ChatTokenizer> | undefined;
-  private context: Promise<TokenizeContext> | undefined;
+  /** Tokenize contexts by template variables (JSON; "" for none). */
+  private readonly contexts = new Map<string, Promise<TokenizeContext>>();
   private stopped = false;
   /** Failure handlers still running: stop() lets them finish before closing Redis. */
   private readonly pending = new Set<Promise<void>>();
@@ -130,12 +131,23 @@ export class PostprocessWorker {
     return this.tokenizer;
   }
 
-  private tokenizeContext(): Promise<TokenizeContext> {
-    // With server-side tokenization, the few ids the template's format needs are fetched here, once.
-    this.context ??= this.loadTokenizer().then((t) =>
-      t.withServerTokens(() => createTokenizeContext(t, { keepTruncated: this.options.keepTruncated })),
-    );
-    return this.context;
+  private tokenizeContext(templateKwargs?: Record<string, unknown>): Promise<TokenizeContext> {
+    // With server-side tokenization, the few ids the template's format needs are fetched here,
+    // once per set of template variables.
+    const key = templateKwargs === undefined ? '' : JSON.stringify(templateKwargs);
+    let ctx = this.contexts.get(key);
+    if (ctx === undefined) {
+      ctx = this.loadTokenizer().then((t) =>
+        t.withServerTokens(() =>
+          createTokenizeContext(t, {
+            keepTruncated: this.options.keepTruncated,
+            ...(templateKwargs === undefined ? {} : { templateKwargs }),
+          }),
+        ),
+      );
+      this.contexts.set(key, ctx);
+    }
+    return ctx;
   }
 
   private conn(): Redis {
@@ -149,7 +161,7 @@ export class PostprocessWorker {
     const flowId = flowIdOf(job) ?? '';
     try {
       const result = await processTokenize(job.data, {
-        tokenizeContext: () => this.tokenizeContext(),
+        tokenizeContext: (kwargs) => this.tokenizeContext(kwargs),
         ...(this.options.tokenizeThreads === undefined ? {} : { tokenizeThreads: this.options.tokenizeThreads }),
         setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
         logger: this.log.child({ queue: job.queueName, jobId: job.id }),
