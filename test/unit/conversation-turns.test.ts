@@ -98,3 +98,20 @@ describe('turnHistory', () => {
     expect(() => turnHistory(messages, turns, 3, [a()])).toThrow('turn 2 has no regenerated answer');
   });
 });
+
+describe('answerMessage', () => {
+  it('moves only a leading <think> block into reasoning_content; a </think> later in the answer is content', async () => {
+    const { answerMessage, bundledTokenizerPath, loadTokenizer } = await import('../../src/shared/index.js');
+    const tok = await loadTokenizer(bundledTokenizerPath());
+    const eot = tok.endOfTurnTokenIds[0] as number;
+    expect(answerMessage(tok, [...tok.encode('<think>\nweigh it\n</think>\n\nParis.'), eot])).toEqual({
+      role: 'assistant',
+      content: 'Paris.',
+      reasoning_content: 'weigh it',
+    });
+    expect(answerMessage(tok, tok.encode('Use <think> and </think> to wrap reasoning.'))).toEqual({
+      role: 'assistant',
+      content: 'Use <think> and </think> to wrap reasoning.',
+    });
+  });
+});

@@ -34,7 +34,8 @@ export interface TurnPrompt {
  */
 export function answerMessage(tok: ChatTokenizer, outputIds: readonly number[]): ChatMessage {
   const text = tok.decode(withoutEndOfTurn(tok, outputIds), { skipSpecialTokens: true });
-  const close = text.indexOf('</think>');
+  // Only a block the answer opens with is reasoning; `</think>` later in the text is its content.
+  const close = /^\s*<think>/.test(text) ? text.indexOf('</think>') : -1;
   if (close < 0) return { role: 'assistant', content: text };
   const reasoning = text
     .slice(0, close)
