@@ -109,18 +109,28 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
   const flushCandidates = async (): Promise<boolean> => {
     if (candidates.length === 0) return true;
     const ids = candidates.map((c) => c.id);
+    const perPrompt = ds.samplesPerPrompt;
+    const sampleIds = candidates.flatMap((c) => sampleIdsOf(c.id, perPrompt));
     // A conversation regenerated turn by turn is accounted for once it has finished (its turns
     // are committed one by one under their own ids).
-    const [done, failed, stored] = await Promise.all([
+    const [doneAll, failedAll, stored] = await Promise.all([
       ds.turns === 'all'
-        ? redis.hmget(keys.conversations(ds.name), ...ids).then((v) => v.map((x) => (x === null ? 0 : 1)))
-        : redis.smismember(keys.done(ds.name), ...ids),
-      redis.hmget(keys.failed(ds.name), ...ids),
+        ? redis.hmget(keys.conversations(ds.name), ...sampleIds).then((v) => v.map((x) => (x === null ? 0 : 1)))
+        : redis.smismember(keys.done(ds.name), ...sampleIds),
+      redis.hmget(keys.failed(ds.name), ...sampleIds),
       redis.hmget(keys.promptDigests(ds.name), ...ids),
     ]);
+    // Per prompt: accounted for when every one of its samples is; else the samples still open.
+    const open = candidates.map((_, i) =>
+      sampleIds
+        .slice(i * perPrompt, (i + 1) * perPrompt)
+        .filter((_, j) => doneAll[i * perPrompt + j] !== 1 && failedAll[i * perPrompt + j] === null),
+    );
+    const done = candidates.map((_, i) => (doneAll[i * perPrompt] === 1 ? 1 : 0));
     const toSend: PromptRecord[] = [];
+    const openOf = new Map<PromptRecord, string[]>();
     for (const [i, c] of candidates.entries()) {
-      if (done[i] === 1 || failed[i] !== null) {
+      if ((open[i] ?? []).length === 0) {
         result.valid += 1;
         result.accounted += 1;
         const was = stored[i];
@@ -150,6 +160,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       result.valid += 1;
       if (c.line <= ctx.fromLine) continue;
       toSend.push(parsed.record);
+      openOf.set(parsed.record, open[i] ?? []);
     }
     candidates = [];
     // A piece of prompts at once (with server-side tokenization, one batched request each); a
@@ -165,10 +176,12 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       for (const [i, rec] of piece.entries()) {
         const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
         if (sample === undefined) continue;
-        batch.push(sample);
         // A content-hash id (`h:…`) changes with the content: only ids the file gives need a digest.
-        if (!sample.id.startsWith('h:')) digests.push(sample.id, promptDigest(rec.messages));
-        if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
+        if (!rec.id.startsWith('h:')) digests.push(rec.id, promptDigest(rec.messages));
+        for (const s of samplesOf(ds, sample, openOf.get(rec) ?? [sample.id])) {
+          batch.push(s);
+          if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
+        }
       }
     }
     return true;
@@ -247,6 +260,23 @@ async function toSample(
     maxNewTokens,
     ...(ctx.ds.turns === 'all' ? { messages: rec.messages } : {}),
   };
+}
+
+/** The sample ids of a prompt: its own id, or with `samplesPerPrompt: n` `<id>#s1` … `<id>#s<n>`. */
+export function sampleIdsOf(id: string, perPrompt: number): string[] {
+  if (perPrompt <= 1) return [id];
+  return Array.from({ length: perPrompt }, (_, j) => `${id}#s${j + 1}`);
+}
+
+/** A prompt's open samples, each with its own id and, with `samplingVariants`, its own sampling settings. */
+function samplesOf(ds: DatasetConfig, sample: Sample, open: readonly string[]): Sample[] {
+  if (ds.samplesPerPrompt <= 1) return [sample];
+  const variants = ds.samplingVariants;
+  return open.map((id) => {
+    const j = Number(id.slice(id.lastIndexOf('#s') + 2));
+    const variant = variants?.[(j - 1) % variants.length];
+    return { ...sample, id, ...(variant === undefined ? {} : { sampling: variant }) };
+  });
 }
 
 /** What turn 1 is rendered from: the record's chat, or with `turns: all` the history before its first turn. */

@@ -17,12 +17,18 @@ const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
  * budgets are only 20–47 requests long, so one long last request can be 5–16 % of one; the
  * datasets that end by budget are therefore `budget: strict`, and land on it.
  */
-export const DEMO_DATASETS: readonly { name: string; tokenBudget: number; budget: 'reserve' | 'strict' }[] = [
+export const DEMO_DATASETS: readonly {
+  name: string;
+  tokenBudget: number;
+  budget: 'reserve' | 'strict';
+  /** Multi-turn datasets are regenerated turn by turn. */
+  turns?: 'all';
+}[] = [
   { name: 'B1_glaive', tokenBudget: 60_000, budget: 'strict' },
   { name: 'B2_magicoder', tokenBudget: 90_000, budget: 'strict' },
   { name: 'B3_ultrachat', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B4_openmath', tokenBudget: 80_000, budget: 'strict' },
-  { name: 'B5_sharegpt', tokenBudget: 50_000, budget: 'strict' },
+  { name: 'B5_sharegpt', tokenBudget: 50_000, budget: 'strict', turns: 'all' },
   { name: 'B6_writing', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B7_reasoning', tokenBudget: 70_000, budget: 'strict' },
   { name: 'B8_sweagent', tokenBudget: 1_000_000, budget: 'reserve' },
@@ -58,6 +64,7 @@ export function demoConfig(endpoint: string, outDir: string): ConfigInput {
         : { source: DEMO_SOURCES[d.name] }),
       tokenBudget: d.tokenBudget,
       budget: d.budget,
+      ...(d.turns === undefined ? {} : { turns: d.turns }),
       maxNewTokens: 8192,
       batchSize: 16,
     })),

@@ -85,6 +85,18 @@ export const DatasetConfigSchema = z
       'SGLang sampling parameters for this dataset. Keys not listed here are passed through to SGLang as they are.',
     ),
     batchSize: positiveInt().default(64).describe('Prompts per queued job.'),
+    samplesPerPrompt: positiveInt()
+      .default(1)
+      .describe(
+        "Samples generated per prompt (or per conversation with `turns: all`), each with its own id (`<id>#s<j>`), counted against the budget and committed exactly once. 1: one sample, under the prompt's own id.",
+      ),
+    samplingVariants: z
+      .array(z.record(z.string(), z.unknown()), { error: 'expected a list of sampling-parameter mappings' })
+      .min(1, { error: 'expected at least one sampling-parameter mapping' })
+      .optional()
+      .describe(
+        'With `samplesPerPrompt`: sampling settings cycled over the samples of a prompt (sample j gets entry (j − 1) mod length) over `sampling`, e.g. `[{temperature: 0}, {temperature: 0.3}, {temperature: 0.7}]`.',
+      ),
     turns: z
       .enum(['last', 'all'], { error: 'expected one of: last, all' })
       .default('last')

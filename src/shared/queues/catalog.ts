@@ -23,6 +23,8 @@ export const SampleSchema = z.object({
   maxNewTokens: z.number().int().positive(),
   /** `turns: all`: the whole source conversation (its prompt ids are turn 1's). */
   messages: z.array(z.unknown()).optional(),
+  /** `samplingVariants`: this sample's sampling settings over the batch's. */
+  sampling: z.record(z.string(), z.unknown()).optional(),
 });
 export type Sample = z.infer<typeof SampleSchema>;
 
@@ -31,6 +33,8 @@ export const BatchSampleSchema = z.object({
   id: z.string().min(1),
   line: z.number().int().positive(),
   maxNewTokens: z.number().int().positive(),
+  /** `samplingVariants`: this sample's sampling settings over the batch's. */
+  sampling: z.record(z.string(), z.unknown()).optional(),
   /** Only in jobs queued by an older version; newer jobs carry the ids in `prompts`. */
   promptIds: z.array(z.number().int().nonnegative()).optional(),
 });
@@ -153,7 +157,12 @@ export function encodeBatchPayload(settings: BatchSettings, samples: readonly Sa
       dataset: settings.dataset,
       batchId: settings.batchId,
       lines: lineRange(samples),
-      samples: samples.map((s) => ({ id: s.id, line: s.line, maxNewTokens: s.maxNewTokens })),
+      samples: samples.map((s) => ({
+        id: s.id,
+        line: s.line,
+        maxNewTokens: s.maxNewTokens,
+        ...(s.sampling === undefined ? {} : { sampling: s.sampling }),
+      })),
       sampling: settings.sampling,
       maxAttempts: settings.maxAttempts,
       priorExpectedTokens: settings.priorExpectedTokens,
@@ -188,6 +197,7 @@ export function batchSamples(payload: GenerateBatchPayload): Sample[] {
       promptIds,
       maxNewTokens: s.maxNewTokens,
       ...(messages === undefined ? {} : { messages }),
+      ...(s.sampling === undefined ? {} : { sampling: s.sampling }),
     };
   });
 }

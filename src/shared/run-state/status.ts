@@ -271,7 +271,7 @@ function conversationCounts(stats: Record<string, string>, records: number): Con
  * (for conversations: the conversations not finished, at the tokens per conversation so far).
  */
 function remainingTokens(
-  ds: Pick<Config['datasets'][number], 'tokenBudget'>,
+  ds: Pick<Config['datasets'][number], 'tokenBudget'> & { samplesPerPrompt?: number },
   stats: Record<string, string>,
   records: number,
   outputTokens: number,
@@ -280,7 +280,8 @@ function remainingTokens(
   conversations?: ConversationCounts,
 ): number | null {
   const byBudget = ds.tokenBudget === undefined ? Infinity : Math.max(0, ds.tokenBudget - outputTokens);
-  const prompts = stats.prompts === undefined ? undefined : Number(stats.prompts);
+  // Samples to make: `samplesPerPrompt` of each prompt (or conversation).
+  const prompts = stats.prompts === undefined ? undefined : Number(stats.prompts) * (ds.samplesPerPrompt ?? 1);
   const finished = conversations === undefined ? 0 : conversations.complete + conversations.ended;
   const byPrompts =
     prompts === undefined || records === 0

@@ -156,7 +156,7 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
       const sample = samples[i] as Sample;
       const base = {
         dataset,
-        sampling: payload.sampling,
+        sampling: sample.sampling === undefined ? payload.sampling : { ...payload.sampling, ...sample.sampling },
         maxAttempts: payload.maxAttempts,
         priorExpectedTokens: payload.priorExpectedTokens,
         ...(payload.vocabSize === undefined ? {} : { vocabSize: payload.vocabSize }),

@@ -1,0 +1,146 @@
+/**
+ * `samplesPerPrompt` with `samplingVariants`: each prompt (and each conversation with
+ * `turns: all`) becomes n samples with their own ids, each sent with its own sampling settings,
+ * each committed once and counted against the budget; a second run sends nothing again.
+ * The requests are watched through a recording HTTP proxy in front of the simulator.
+ */
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { mkdirSync } from 'node:fs';
+import path from 'node:path';
+
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { useHarness } from '../helpers/fixture.js';
+import { writeConversations } from '../helpers/conversations.js';
+import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+
+const {
+  redis,
+  scripts: db,
+  keys,
+  sim,
+  tmp,
+} = useHarness({
+  redis: true,
+  scripts: true,
+  keys: 'spp',
+  sim: { timeScale: 200, maxRunningRequests: 16, seed: 5, outputLength: { distribution: 'fixed', mean: 6 } },
+  tmp: 'tm-spp-',
+  cli: true,
+});
+
+/** rid → sampling_params of every POST /generate that went through the proxy. */
+const sent: { rid: string; sampling: Record<string, unknown> }[] = [];
+let proxy: Server;
+let proxyUrl: string;
+
+beforeAll(async () => {
+  proxy = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks);
+      if (req.url === '/generate' && req.method === 'POST') {
+        const parsed = JSON.parse(body.toString()) as { rid: string; sampling_params: Record<string, unknown> };
+        sent.push({ rid: parsed.rid, sampling: parsed.sampling_params });
+      }
+      const headers = Object.fromEntries(
+        Object.entries(req.headers).filter(([k]) => k !== 'host' && k !== 'content-length'),
+      ) as Record<string, string>;
+      fetch(`${sim.url}${req.url ?? '/'}`, {
+        method: req.method ?? 'GET',
+        headers,
+        ...(req.method === 'GET' || req.method === 'HEAD' ? {} : { body }),
+      })
+        .then(async (r) => {
+          res.writeHead(r.status, { 'content-type': r.headers.get('content-type') ?? 'application/json' });
+          res.end(Buffer.from(await r.arrayBuffer()));
+        })
+        .catch(() => {
+          res.writeHead(502).end();
+        });
+    });
+  });
+  await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', () => r()));
+  proxyUrl = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`;
+});
+
+afterAll(async () => {
+  proxy.closeAllConnections();
+  await new Promise((r) => proxy.close(r));
+});
+
+const sampleOfRid = (rid: string): string => rid.slice(rid.indexOf('/') + 1, rid.lastIndexOf('#'));
+
+describe('samplesPerPrompt', () => {
+  it('makes n samples per prompt and per conversation, each with its own id and sampling, once', async () => {
+    const dir = path.join(tmp.dir, 'spp');
+    mkdirSync(dir, { recursive: true });
+    writePrompts(dir, 'p', 4);
+    writeConversations(dir, 'c', 2, 2);
+    const variants = [{ temperature: 0 }, { temperature: 0.3 }, { temperature: 0.7 }];
+    const cfg = writeConfig(dir, {
+      run: 'spp',
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [proxyUrl], concurrency: 4, contextLength: 4096 },
+      datasets: [
+        {
+          name: 'p',
+          prompts: 'p.jsonl',
+          tokenBudget: 1_000_000,
+          maxNewTokens: 6,
+          samplesPerPrompt: 3,
+          samplingVariants: variants,
+        },
+        {
+          name: 'c',
+          prompts: 'c.jsonl',
+          turns: 'all',
+          tokenBudget: 1_000_000,
+          maxNewTokens: 6,
+          samplesPerPrompt: 2,
+          samplingVariants: variants,
+        },
+      ],
+      output: { dir: 'out' },
+      postprocess: { keepTruncated: true },
+    });
+    const run = spawnCli(['run', '-c', cfg]);
+    expect(await run.exited, run.output()).toBe(0);
+    const runDir = path.join(dir, 'out', 'spp');
+
+    const p = readGenerations(runDir, 'p').map((r) => r.id);
+    expect(p.sort()).toEqual(
+      Array.from({ length: 4 }, (_, i) => [1, 2, 3].map((j) => `${readPromptId(i)}#s${j}`))
+        .flat()
+        .sort(),
+    );
+    // Sample j was sent with variant (j - 1) mod 3 over the dataset's sampling.
+    for (const s of sent) {
+      const id = sampleOfRid(s.rid);
+      const j = Number(/#s(\d+)/.exec(id)?.[1]);
+      expect(s.sampling.temperature, id).toBe(variants[(j - 1) % variants.length]?.temperature);
+      expect(s.sampling.top_p, id).toBe(0.95);
+    }
+    // Each conversation twice, every turn of each sample once.
+    const c = readGenerations(runDir, 'c').map((r) => r.id);
+    expect(c.sort()).toEqual(
+      ['c-0', 'c-1'].flatMap((id) => [1, 2].flatMap((j) => [1, 2].map((k) => `${id}#s${j}#t${k}`))).sort(),
+    );
+    const stats = await db.hgetall(keys.stats('p'));
+    expect(Number(stats.records)).toBe(12);
+
+    // A second run finds every sample accounted for and sends nothing.
+    const before = sent.length;
+    const again = spawnCli(['run', '-c', cfg]);
+    expect(await again.exited, again.output()).toBe(0);
+    expect(sent.length).toBe(before);
+    expect(readGenerations(runDir, 'p')).toHaveLength(12);
+  }, 180_000);
+});
+
+/** writePrompts' id of its i-th prompt. */
+function readPromptId(i: number): string {
+  return `p-${i}`;
+}
