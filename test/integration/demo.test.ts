@@ -2,10 +2,12 @@
 // its embedded defaults: a private redis-server, the built-in simulator, the bundled datasets and
 // tokenizer. It must run every phase to the end and its status table must show each dataset that
 // ended by budget within a few percent of it (the demo's budget-bound datasets are strict).
+import path from 'node:path';
+
 import { describe, expect, it } from 'vitest';
 import { DEMO_DATASETS } from '../../src/cli/commands/demo.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 
 /** "Within a few percent". */
 const MAX_OVER = 0.03;
@@ -18,6 +20,7 @@ interface DemoDatasetStatus {
   skipped: number;
   failed: number;
   status: string;
+  conversations?: { complete: number; partial: number; ended: number; turns: number };
 }
 
 interface DemoStatus {
@@ -58,5 +61,15 @@ describe('tokenmill demo', () => {
     }
     // The demo is a mix: most datasets end by budget (B8's budget is beyond its prompts).
     expect(byBudget).toBeGreaterThanOrEqual(5);
+
+    // B5_sharegpt is regenerated turn by turn: its records are turns of its conversations, and
+    // conversations of several turns got their later turns.
+    const b5 = status.datasets.find((d) => d.name === 'B5_sharegpt');
+    expect(b5?.conversations, 'B5 counts conversations').toBeDefined();
+    expect(b5?.conversations?.turns).toBe(b5?.records);
+    const turns = readGenerations(path.join(tmp.dir, 'demo'), 'B5_sharegpt') as unknown as { turn?: number }[];
+    expect(turns.length).toBe(b5?.records);
+    expect(turns.every((t) => typeof t.turn === 'number')).toBe(true);
+    expect(turns.some((t) => (t.turn ?? 0) >= 2)).toBe(true);
   }, 300_000);
 });
