@@ -79,13 +79,16 @@ export async function driveConversation(
   if (typeof turns === 'string') throw new Error(`conversation ${sample.id} (line ${sample.line}): ${turns}`);
   const total = turns.starts.length;
   const tok = await deps.tokenizer();
-  const [history, done] = await Promise.all([
-    deps.history(dataset, sample.id),
-    deps.isDone(
-      dataset,
-      turns.starts.map((_, k) => turnSampleId(sample.id, k + 1)),
-    ),
-  ]);
+  // Which turns are committed first, then their history, one after the other: commit-sample-9.lua
+  // writes a turn's answer into the history in the step that marks it committed, so every turn
+  // found committed here is in the history read after it. Read side by side, a turn that another
+  // delivery of the batch commits between the two reads would look committed with no answer, and
+  // the conversation would end `history-lost` while that delivery goes on writing its turns.
+  const done = await deps.isDone(
+    dataset,
+    turns.starts.map((_, k) => turnSampleId(sample.id, k + 1)),
+  );
+  const history = await deps.history(dataset, sample.id);
   const answers: RegeneratedAnswer[] = [];
   let previous: { promptIds: number[]; history: ChatMessage[] } | undefined;
   let committed = 0;
