@@ -189,6 +189,29 @@ describe('turns: all', () => {
     for await (const r of ds.rows()) rows.set(String(r.id), r.input_ids as number[]);
     expect([...rows.keys()].sort()).toEqual([...ids].sort());
     for (const r of records) expect(rows.get(r.id)?.slice(0, r.prompt_ids.length)).toEqual(r.prompt_ids);
+
+    // export --format specforge: one line per conversation, its whole regenerated history; its
+    // rendering without the last answer is the last turn's prompt.
+    const sfOut = path.join(dir, 'sf.jsonl');
+    const sf = spawnCli(['export', '-c', cfg, '--format', 'specforge', '--out', sfOut]);
+    expect(await sf.exited, sf.output()).toBe(0);
+    const lines = readFileSync(sfOut, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; conversations: ChatMessage[] });
+    expect(lines.map((l) => l.id).sort()).toEqual([...convs.keys()].sort());
+    for (const l of lines) {
+      const turns = convs.get(l.id) as TurnRecord[];
+      const last = turns[turns.length - 1] as TurnRecord;
+      expect(l.conversations.filter((m) => m.role === 'assistant')).toHaveLength(turns.length);
+      expect(JSON.stringify(l.conversations)).not.toContain(SOURCE_ANSWER);
+      const history = l.conversations.slice(0, -1);
+      if (!last.spliced) expect(tok.encodePrompt(history), l.id).toEqual(last.prompt_ids);
+      else
+        expect(tok.applyChatTemplate(history, { addGenerationPrompt: true }), l.id).toBe(
+          tok.decode(last.prompt_ids, { skipSpecialTokens: false }),
+        );
+    }
   }, 180_000);
 
   it('prepare keeps whole conversations, counts those of several turns and names the rows it cannot use', async () => {

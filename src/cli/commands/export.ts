@@ -86,8 +86,25 @@ async function exportSpecForge(config: Config, chosen: Config['datasets'], out: 
           `datasets[${i}].prompts: ${d.prompts} does not exist; export needs it to find the prompts of ${d.name}'s generations`,
         );
       }
+      // The dataset's template variables, as generation and tokenize rendered with them.
+      const dsCtx =
+        d.chatTemplateKwargs === undefined
+          ? ctx
+          : await tokenizer.withServerTokens(() =>
+              createTokenizeContext(tokenizer, {
+                keepTruncated: config.postprocess.keepTruncated,
+                templateKwargs: d.chatTemplateKwargs,
+              }),
+            );
       datasets.push(
-        await exportSpecForgeDataset({ dataset: d.name, promptsFile: d.prompts, generationsDir, ctx, writer }),
+        await exportSpecForgeDataset({
+          dataset: d.name,
+          promptsFile: d.prompts,
+          generationsDir,
+          ctx: dsCtx,
+          writer,
+          turns: d.turns,
+        }),
       );
     }
     await writer.commit();

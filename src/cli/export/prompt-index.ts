@@ -13,6 +13,7 @@ import {
   errorMessage,
   fastPromptId,
   parsePromptLine,
+  type PromptParseOptions,
   type PromptRecord,
 } from '../../shared/index.js';
 
@@ -91,10 +92,10 @@ function textOf(bytes: Buffer): string {
 }
 
 /** The sample id the producer gives a line, or undefined for a line it rejects. */
-function sampleIdOf(text: string, file: string): string | undefined {
+function sampleIdOf(text: string, file: string, parse: PromptParseOptions): string | undefined {
   const fast = fastPromptId(text);
   if (fast !== undefined) return fast;
-  const parsed = parsePromptLine(text, file, 0);
+  const parsed = parsePromptLine(text, file, 0, parse);
   return parsed.ok ? parsed.record.id : undefined;
 }
 
@@ -108,10 +109,16 @@ export class PromptIndex {
     readonly file: string,
     private readonly offsets: Map<string, number>,
     private readonly fh: FileHandle,
+    private readonly parse: PromptParseOptions = {},
   ) {}
 
   /** Reads `file` once, indexing the ids of partition `partition` of `partitions`. */
-  static async build(file: string, partition: number, partitions: number): Promise<PromptIndex> {
+  static async build(
+    file: string,
+    partition: number,
+    partitions: number,
+    parse: PromptParseOptions = {},
+  ): Promise<PromptIndex> {
     const offsets = new Map<string, number>();
     let fh: FileHandle;
     try {
@@ -119,14 +126,14 @@ export class PromptIndex {
       for await (const { offset, bytes } of linesWithOffsets(file)) {
         const text = textOf(bytes);
         if (text.trim() === '') continue;
-        const id = sampleIdOf(text, file);
+        const id = sampleIdOf(text, file, parse);
         if (id === undefined || partitionOf(id, partitions) !== partition || offsets.has(id)) continue;
         offsets.set(id, offset);
       }
     } catch (e: unknown) {
       throw new EnvironmentError(`prompt file ${file} cannot be read: ${errorMessage(e)}`, { cause: e });
     }
-    return new PromptIndex(file, offsets, fh);
+    return new PromptIndex(file, offsets, fh, parse);
   }
 
   /** Sample ids indexed. */
@@ -142,7 +149,7 @@ export class PromptIndex {
     const offset = this.offsets.get(id);
     if (offset === undefined) return undefined;
     const text = textOf(await this.#lineAt(offset));
-    const parsed = parsePromptLine(text, this.file, 0);
+    const parsed = parsePromptLine(text, this.file, 0, this.parse);
     if (!parsed.ok) return { error: `${this.file} at byte ${offset}: ${parsed.reject.reason}` };
     return parsed.record;
   }

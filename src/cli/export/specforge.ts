@@ -30,14 +30,17 @@
 import path from 'node:path';
 
 import {
+  conversationTurns,
   errorMessage,
   fastPromptId,
+  turnHistory,
   logger as componentLogger,
   type ChatMessage,
   type Logger,
 } from '../../shared/index.js';
 import type { AtomicJsonlWriter } from './file.js';
 import { PromptIndex, countLines, partitionOf, partitionsFor } from './prompt-index.js';
+import { ConversationTurns, turnOf, type GatheredTurn } from './specforge-conversations.js';
 import { listGenerationFiles, parseGenerationRecord, recordToRow, type GenerationRecord } from '../../workers/index.js';
 import type { TokenizeContext } from '../../workers/index.js';
 import { jsonLines } from '../../workers/index.js';
@@ -115,7 +118,10 @@ export function promptMatches(
   messages: readonly ChatMessage[],
   promptIds: readonly number[],
 ): boolean {
-  const text = ctx.tokenizer.applyChatTemplate(messages, { addGenerationPrompt: true });
+  const text = ctx.tokenizer.applyChatTemplate(messages, {
+    addGenerationPrompt: true,
+    ...(ctx.templateKwargs === undefined ? {} : { templateKwargs: ctx.templateKwargs }),
+  });
   if (ctx.tokenizer.decode(promptIds) === text) return true;
   return sameIds(ctx.tokenizer.encode(text), promptIds);
 }
@@ -146,6 +152,8 @@ export interface ExportSpecForgeOptions {
   generationsDir: string;
   ctx: TokenizeContext;
   writer: AtomicJsonlWriter;
+  /** `datasets[].turns`: with `all`, one line per conversation (see specforge-conversations.ts). */
+  turns?: 'last' | 'all';
   /** Prompt lines indexed at once (default {@link PARTITION_MAX_LINES}); tests pass a small one. */
   partitionMaxLines?: number;
   logger?: Logger;
@@ -171,12 +179,13 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
     log.debug({ file, line, reason }, 'generation left out of the export');
   };
   for (let p = 0; p < partitions; p++) {
-    const index = await PromptIndex.build(opts.promptsFile, p, partitions);
+    const index = await PromptIndex.build(opts.promptsFile, p, partitions, { turns: opts.turns ?? 'last' });
     const seen = new Set<string>();
+    const conversations = new ConversationTurns();
     try {
       for (const file of files) {
         for await (const { line, text } of jsonLines(file)) {
-          const fastId = partitions > 1 ? fastPromptId(text) : undefined;
+          const fastId = partitions > 1 && opts.turns !== 'all' ? fastPromptId(text) : undefined;
           if (fastId !== undefined && partitionOf(fastId, partitions) !== p) continue;
           let record: GenerationRecord;
           try {
@@ -189,16 +198,19 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
             }
             continue;
           }
-          if (partitionOf(record.id, partitions) !== p) continue;
+          const turn = opts.turns === 'all' ? turnOf(text) : undefined;
+          if (partitionOf(turn?.promptId ?? record.id, partitions) !== p) continue;
           stats.lines += 1;
           if (seen.has(record.id)) {
             stats.duplicates += 1;
             continue;
           }
           seen.add(record.id);
-          await exportRecord(record, file, line, opts, index, stats, note);
+          if (turn !== undefined) conversations.add(turn, record, file, line);
+          else await exportRecord(record, file, line, opts, index, stats, note);
         }
       }
+      await exportConversations(conversations, opts, index, stats, note);
     } finally {
       await index.close();
     }
@@ -258,4 +270,69 @@ async function exportRecord(
   stats.exported += 1;
   if (outcome.row.finish_reason === 'length' || outcome.row.finish_reason === 'abort') stats.keptTruncated += 1;
   else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
+}
+
+/**
+ * One line per conversation regenerated turn by turn: its history up to its last kept turn, the
+ * source's system, user and tool messages with each turn's regenerated answer, as it was sent.
+ * Turns must run 1, 2, … without a gap; turn 1's prompt must still render from the prompt line
+ * (else the line changed since generation). A last turn that the tokenize step drops (truncated
+ * without `keepTruncated`) is left off; earlier turns stay, as they were the history sent.
+ */
+async function exportConversations(
+  gathered: ConversationTurns,
+  opts: ExportSpecForgeOptions,
+  index: PromptIndex,
+  stats: SpecForgeExportStats,
+  note: (file: string, line: number, reason: string) => void,
+): Promise<void> {
+  for (const [id, c] of gathered.byConversation) {
+    const turns = c.turns.sort((a, b) => a.turn - b.turn);
+    const first = turns[0] as GatheredTurn;
+    const gap = turns.findIndex((t, i) => t.turn !== i + 1);
+    if (gap >= 0) {
+      stats.invalid += 1;
+      note(first.file, first.line, `conversation ${id}: turn ${gap + 1} is missing from the generation files`);
+      continue;
+    }
+    const prompt = await index.get(c.promptId);
+    if (prompt === undefined || 'error' in prompt) {
+      if (prompt === undefined) stats.promptMissing += 1;
+      else stats.promptChanged += 1;
+      note(first.file, first.line, `conversation ${id}: no usable line of ${index.file} has id ${c.promptId}`);
+      continue;
+    }
+    const shape = conversationTurns(prompt.messages);
+    const turn1 = typeof shape === 'string' ? undefined : turnHistory(prompt.messages, shape, 1, []);
+    let matches = false;
+    try {
+      matches = turn1 !== undefined && promptMatches(opts.ctx, turn1, first.record.prompt_ids);
+    } catch {
+      matches = false;
+    }
+    if (typeof shape === 'string' || !matches) {
+      stats.promptChanged += 1;
+      note(
+        first.file,
+        first.line,
+        `conversation ${id}: its line in ${index.file} does not render to turn 1's prompt_ids`,
+      );
+      continue;
+    }
+    const last = turns[turns.length - 1] as GatheredTurn;
+    const lastRow = recordToRow(last.record, opts.ctx, opts.dataset);
+    const kept = lastRow.status === 'dropped' ? turns.slice(0, -1) : turns;
+    if (kept.length === 0) {
+      stats.droppedTruncated += 1;
+      continue;
+    }
+    const answers: ChatMessage[] = kept.map((t) => ({ role: 'assistant', content: answerText(opts.ctx, t.record) }));
+    const history = turnHistory(prompt.messages, shape, kept.length, answers.slice(0, -1));
+    await opts.writer.write({
+      id,
+      dataset: opts.dataset,
+      conversations: [...history, answers[answers.length - 1] as ChatMessage],
+    });
+    stats.exported += 1;
+  }
 }
