@@ -49,6 +49,8 @@ export interface ConversationDeps {
   history(dataset: string, conversationId: string): Promise<Map<number, number[]>>;
   /** Whether each sample id is committed. */
   isDone(dataset: string, ids: readonly string[]): Promise<boolean[]>;
+  /** Whether each conversation id has finished (another delivery may end it while this one runs). */
+  finished?(dataset: string, ids: readonly string[]): Promise<boolean[]>;
   /** Records the conversation's end once and drops its history; `failedTurnId` folds that turn's failure record into it. */
   finish(dataset: string, conversationId: string, end: ConversationEnd, failedTurnId?: string): Promise<void>;
   submit(req: SampleRequest): Promise<SampleOutcome>;
@@ -58,7 +60,9 @@ export interface ConversationDeps {
 export type ConversationOutcome =
   | { kind: 'finished'; end: ConversationEnd; committed: number; outputTokens: number }
   | { kind: 'skipped-budget'; committed: number; outputTokens: number }
-  | { kind: 'handed-back'; committed: number; outputTokens: number };
+  | { kind: 'handed-back'; committed: number; outputTokens: number }
+  /** Found finished by another delivery before its next turn: nothing more to do here. */
+  | { kind: 'finished-elsewhere'; committed: number; outputTokens: number };
 
 /** A turn request's settings besides its prompt (those of the batch). */
 export type TurnRequestBase = Omit<SampleRequest, 'sample' | 'conversation' | 'preferEndpoint' | 'attemptsSpent'>;
@@ -132,6 +136,10 @@ export async function driveConversation(
     }
     let outputIds = known;
     if (outputIds === undefined) {
+      // Another delivery of this conversation ended it meanwhile (e.g. a turn of its that failed):
+      // no turn is started past its end.
+      if (k > 1 && (await deps.finished?.(dataset, [sample.id]))?.[0] === true)
+        return { kind: 'finished-elsewhere', committed, outputTokens };
       const ctx = opts.contextLength;
       if (ctx !== undefined && promptIds.length >= ctx) {
         return finish({

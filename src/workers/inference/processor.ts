@@ -241,6 +241,8 @@ async function conversationOutcome(
       return { kind: 'skipped-budget' };
     case 'handed-back':
       return { kind: 'handed-back' };
+    case 'finished-elsewhere':
+      return { kind: 'duplicate' };
   }
 }
 
