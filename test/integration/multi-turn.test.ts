@@ -178,7 +178,9 @@ describe('turns: all', () => {
     // status, /metrics: conversations by state and turns.
     const status = spawnCli(['status', '-c', cfg]);
     expect(await status.exited, status.output()).toBe(0);
-    expect(status.output()).toContain('c: conversations 7 complete, 0 partial, 0 ended early; 21 turns');
+    expect(status.output()).toContain(
+      `c: conversations 7 complete, 0 partial, 0 ended early; 21 turns; later turns: ${spliced} of 14 spliced token for token, ${14 - spliced} rendered from the decoded history`,
+    );
     const metrics = await renderMetrics(db, keys, loadConfig({ path: cfg }));
     expect(metrics.body).toContain('tokenmill_dataset_conversations{run="mt",dataset="c",state="complete"} 7');
     expect(metrics.body).toContain('tokenmill_dataset_records{run="mt",dataset="c"} 21');

@@ -144,6 +144,15 @@ export function answerText(ctx: TokenizeContext, record: GenerationRecord): stri
   return ctx.tokenizer.decode(stoppedOn ? out.slice(0, -1) : out);
 }
 
+/** A turn's answer as its conversation's history carried it: {@link answerText}, less any trailing end-of-turn token. */
+function turnAnswerText(ctx: TokenizeContext, record: GenerationRecord): string {
+  const out = record.output_ids;
+  const last = out[out.length - 1];
+  if (last !== undefined && ctx.tokenizer.endOfTurnTokenIds.includes(last))
+    return ctx.tokenizer.decode(out.slice(0, -1));
+  return answerText(ctx, record);
+}
+
 export interface ExportSpecForgeOptions {
   dataset: string;
   /** The dataset's prompt file (`datasets[i].prompts`). */
@@ -326,7 +335,12 @@ async function exportConversations(
       stats.droppedTruncated += 1;
       continue;
     }
-    const answers: ChatMessage[] = kept.map((t) => ({ role: 'assistant', content: answerText(opts.ctx, t.record) }));
+    // As the history was sent: an answer's trailing end-of-turn token is the template's to write,
+    // whatever the finish reason (SGLang reports `length` for an end token that is the last one allowed).
+    const answers: ChatMessage[] = kept.map((t) => ({
+      role: 'assistant',
+      content: turnAnswerText(opts.ctx, t.record),
+    }));
     const history = turnHistory(prompt.messages, shape, kept.length, answers.slice(0, -1));
     await opts.writer.write({
       id,

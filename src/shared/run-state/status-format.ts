@@ -103,7 +103,10 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     const c = d.conversations;
     if (c === undefined) continue;
     lines.push(
-      `${d.name}: conversations ${formatInt(c.complete)} complete, ${formatInt(c.partial)} partial, ${formatInt(c.ended)} ended early; ${formatInt(c.turns)} turns`,
+      `${d.name}: conversations ${formatInt(c.complete)} complete, ${formatInt(c.partial)} partial, ${formatInt(c.ended)} ended early; ${formatInt(c.turns)} turns` +
+        (c.laterTurns === 0
+          ? ''
+          : `; later turns: ${formatInt(c.spliced)} of ${formatInt(c.laterTurns)} spliced token for token, ${formatInt(c.laterTurns - c.spliced)} rendered from the decoded history`),
     );
   }
   const warnings = runStatusWarnings(status, nowMs);

@@ -69,6 +69,9 @@ export interface ConversationCounts {
   partial: number;
   /** Turns committed (the dataset's records). */
   turns: number;
+  /** Of the turns after the first: those whose prompt was spliced from the previous turn's ids (the rest were rendered from the decoded history). */
+  laterTurns: number;
+  spliced: number;
 }
 
 export interface PhaseStatus {
@@ -263,7 +266,14 @@ function conversationCounts(stats: Record<string, string>, records: number): Con
   const complete = Number(stats.conversationsComplete ?? 0);
   const ended = Number(stats.conversationsEnded ?? 0);
   const started = Number(stats.conversationsStarted ?? 0);
-  return { complete, ended, partial: Math.max(0, started - complete - ended), turns: records };
+  return {
+    complete,
+    ended,
+    partial: Math.max(0, started - complete - ended),
+    turns: records,
+    laterTurns: Math.max(0, records - started),
+    spliced: Number(stats.turnsSpliced ?? 0),
+  };
 }
 
 /**

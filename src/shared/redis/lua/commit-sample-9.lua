@@ -32,7 +32,8 @@
   "turn") also keeps its output ids in the conversation's history, `<KEYS[1]>:conv:<conversation
   id>` (turn -> output ids as JSON), in the same step: a conversation resumes at its next turn
   with exactly the history its committed turns had. Its first turn counts the conversation as
-  started (stats conversationsStarted).
+  started (stats conversationsStarted); a later turn whose prompt was spliced from the previous
+  turn's ids counts in turnsSpliced.
 
   Output: { committed (1 first commit | 0 duplicate), dataset output tokens after it } per
           sample, flat: { c1, t1, c2, t2, ... }
@@ -83,7 +84,11 @@ local function commit(id, tokens, record, rid)
     local r = cjson.decode(record)
     if r.conversation_id ~= nil and r.turn ~= nil then
       redis.call('HSET', KEYS[1] .. ':conv:' .. r.conversation_id, r.turn, cjson.encode(r.output_ids))
-      if tonumber(r.turn) == 1 then redis.call('HINCRBY', KEYS[2], 'conversationsStarted', 1) end
+      if tonumber(r.turn) == 1 then
+        redis.call('HINCRBY', KEYS[2], 'conversationsStarted', 1)
+      elseif r.spliced == true then
+        redis.call('HINCRBY', KEYS[2], 'turnsSpliced', 1)
+      end
     end
   end
   redis.call('HDEL', KEYS[6], id)
