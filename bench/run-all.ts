@@ -15,8 +15,10 @@ import { gpuSaturation } from './gpu-saturation.js';
 import { longCompletions } from './long-completions.js';
 import { installBenchLogger, printResult, type BenchResult } from './lib.js';
 import { mergeScaling } from './merge-scaling.js';
+import { multiTurnCache } from './multi-turn-cache.js';
 import { prepareMemory } from './prepare-memory.js';
 import { producerMemory } from './producer-memory.js';
+import { producerMemoryConversations } from './producer-memory-conversations.js';
 import { redisMemory } from './redis-memory.js';
 import { requestOverhead } from './request-overhead.js';
 import { seedsWorkload } from './seeds-workload.js';
@@ -30,6 +32,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'redis-memory': () => redisMemory(),
   'throughput-ceiling': () => throughputCeiling(),
   'producer-memory': () => producerMemory(),
+  'producer-memory-conversations': () => producerMemoryConversations(),
   'prepare-memory': () => prepareMemory(),
   'tokenize-throughput': () => tokenizeThroughput(),
   'merge-scaling': () => mergeScaling(),
@@ -37,6 +40,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'concurrency-auto': () => concurrencyAuto(),
   'seeds-workload': () => seedsWorkload(),
   'long-completions': () => longCompletions(),
+  'multi-turn-cache': () => multiTurnCache(),
 };
 
 /** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */

@@ -22,6 +22,7 @@ import {
   type PumpPass,
   type RedisPipeline,
 } from './dispatch-acquire.js';
+import { EndpointAffinity, addRound, staged, stillOpen, type AcquireStage } from './dispatch-affinity.js';
 import { CommitBatcher, checkOutputVocabulary } from './sample-records.js';
 import { StrictBudget } from './budget-strict.js';
 import { FailureHandler, type Running } from './failure-handling.js';
@@ -108,6 +109,8 @@ export class Dispatcher {
   private readonly commits: CommitBatcher;
   private readonly strictDatasets: ReadonlySet<string>;
   private readonly strict: StrictBudget;
+  /** Slots held for conversations between turns, and each turn's preferred endpoint first. */
+  private readonly affinity = new EndpointAffinity();
 
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
@@ -313,6 +316,7 @@ export class Dispatcher {
       if (free <= 0) return;
       // The next samples that may start, as many as there are free slots: their acquires go to
       // Redis in one round trip. A dataset blocked in the last pass gets one probe per group.
+      const plan = this.affinity.plan(this.options.pool.byCap(healthy), this.running.values());
       const batch: Task[] = [];
       while (next < line.length && batch.length < free) {
         const task = line[next] as Task;
@@ -325,11 +329,13 @@ export class Dispatcher {
           await this.failures.chargeCrash(task);
           continue;
         }
+        if (!plan.admit(task.req)) continue; // every free slot is held for a conversation's next turn
         if (this.blockedDatasets.has(task.req.dataset)) pass.probed.add(task.req.dataset);
         batch.push(task);
       }
+      pass.retryInMs = Math.min(pass.retryInMs, plan.waitMs);
       if (batch.length === 0) break;
-      const attempts = await this.acquireAll(batch, healthy);
+      const attempts = await this.acquireAll(batch, plan.admitted);
       await this.applyAcquires(attempts, pass);
       if (pass.failure !== undefined) throw pass.failure;
       if (pass.noSlot) {
@@ -437,21 +443,20 @@ export class Dispatcher {
   }
 
   /**
-   * Runs acquire-request.lua for the samples of `batch`, in order, in one pipeline per cap
-   * group (endpoints steered by "auto" may differ): a sample goes on to the next group only
-   * when every endpoint of the last one was full. One call decides a run of samples of one
-   * dataset, each exactly as if the calls were sent one after the other.
+   * Runs acquire-request.lua for the samples of `batch`, in order, in one pipeline per stage:
+   * a turn's preferred endpoint alone, then each cap group (endpoints steered by "auto" may
+   * differ); a sample goes on to its next stage only when every endpoint of the last one was
+   * full. One call decides a run of samples of one dataset asking the same stage, each exactly
+   * as if the calls were sent one after the other.
    */
-  private async acquireAll(batch: Task[], healthy: Endpoint[]): Promise<AcquireAttempt[]> {
+  private async acquireAll(batch: Task[], stages: (readonly AcquireStage[])[]): Promise<AcquireAttempt[]> {
     const attempts = this.beginAcquires(batch);
     try {
-      let open = attempts;
-      for (const g of this.options.pool.byCap(healthy)) {
-        if (open.length === 0) break;
+      let open = staged(attempts, stages);
+      for (let round = 0; open.length > 0; round += 1) {
         const pipeline = this.options.redis.pipeline() as unknown as RedisPipeline;
-        const calls = this.addAcquires(pipeline, open, g.endpoints, g.cap);
-        readAcquires(calls, await pipeline.exec());
-        open = open.filter((a) => a.error === undefined && a.code === -1);
+        readAcquires(addRound(pipeline, open, round, this.addAcquires), await pipeline.exec());
+        open = stillOpen(open, round);
       }
     } finally {
       this.endAcquires(attempts);
@@ -463,28 +468,30 @@ export class Dispatcher {
    * Rides on a commit group's round trip (see {@link CommitBatcher}): after the commits that
    * free `freed` slots, acquires for as many waiting samples (plus any slot free now) go in
    * the same pipeline, so a finished request's slot passes to the next sample in one round
-   * trip instead of two. Only the first cap group is asked; the pump handles the rest.
+   * trip instead of two. Only the first stage is asked (one endpoint, or the first cap group);
+   * the pump handles the rest.
    */
   private rideOnCommits(
     pipeline: RedisPipeline,
     freed: number,
   ): ((replies: readonly [Error | null, unknown][] | null) => void) | undefined {
     if (this.stopping || this.slotWanted.othersWaiting) return undefined;
-    const healthy = this.options.pool.healthy();
-    const [first] = this.options.pool.byCap(healthy);
-    if (first === undefined) return undefined;
+    const groups = this.options.pool.byCap(this.options.pool.healthy());
+    if (groups.length === 0) return undefined;
     const want = freed + Math.max(0, this.options.pool.totalCap() - this.running.size - this.acquiring);
     const pass = newPass();
+    const plan = this.affinity.plan(groups, this.running.values());
     const batch: Task[] = [];
     for (const task of this.queue.inLine) {
       if (batch.length >= want) break;
-      if (task.chargeOnRecovery || !this.mayStart(task, pass)) continue;
+      if (task.chargeOnRecovery || !this.mayStart(task, pass) || !plan.admit(task.req)) continue;
       if (this.blockedDatasets.has(task.req.dataset)) pass.probed.add(task.req.dataset);
       batch.push(task);
     }
+    pass.retryInMs = Math.min(pass.retryInMs, plan.waitMs);
     if (batch.length === 0) return undefined;
     const attempts = this.beginAcquires(batch);
-    const calls = this.addAcquires(pipeline, attempts, first.endpoints, first.cap);
+    const calls = addRound(pipeline, staged(attempts, plan.admitted), 0, this.addAcquires);
     return (replies) => {
       readAcquires(calls, replies);
       this.endAcquires(attempts);
@@ -495,7 +502,7 @@ export class Dispatcher {
             this.log.warn({ err: pass.failure }, 'acquiring slots with the commits failed; the pump tries again');
             this.schedulePump(500);
           } else if (pass.noSlot) {
-            // Full in the first group: the pump asks the others, or waits for a slot.
+            // Full in the first stage: the pump asks the others, or waits for a slot.
             this.schedulePump();
           } else if (pass.retryInMs !== Infinity) {
             this.schedulePump(Math.max(10, pass.retryInMs));
@@ -516,15 +523,16 @@ export class Dispatcher {
   private endAcquires(attempts: AcquireAttempt[]): void {
     this.acquiring -= attempts.length;
     for (const a of attempts) if (a.task.state === 'acquiring') a.task.state = 'pending';
+    this.affinity.answeredAcquires(attempts.map((a) => a.task.req));
   }
 
-  private addAcquires(
+  private readonly addAcquires = (
     pipeline: RedisPipeline,
     attempts: AcquireAttempt[],
     group: Endpoint[],
     cap: number,
-  ): AcquireAttempt[][] {
-    return addAcquires(pipeline, attempts, group, cap, {
+  ): AcquireAttempt[][] =>
+    addAcquires(pipeline, attempts, group, cap, {
       keys: this.options.keys,
       leaseTtlMs: this.leaseTtlMs,
       minCommitsForMean: this.minCommitsForMean,
@@ -532,7 +540,6 @@ export class Dispatcher {
       ...(this.options.budgetMarginSd === undefined ? {} : { budgetMarginSd: this.options.budgetMarginSd }),
       strictDatasets: this.strictDatasets,
     });
-  }
 
   /** The dataset met its budget: every sample of it still pending is skipped by budget. */
   private async skipDataset(dataset: string): Promise<void> {
@@ -615,6 +622,8 @@ export class Dispatcher {
         });
       }
       checkOutputVocabulary(result, req.vocabSize, endpoint.url);
+      // Before the commit frees the slot (acquires ride on it): held for the conversation's next turn.
+      this.affinity.answered(req, endpoint.url);
       const outcome = await this.commits.commit({
         req,
         rid,
