@@ -17,6 +17,19 @@ included), it prints what transformers gives for turn k's prompt:
 
 For each entry of `decode` (a regenerated answer's output ids without its end-of-turn token), it
 prints tokenizer.decode(ids, skip_special_tokens=True): the text the history carries.
+
+A case may also carry `answer`, the message the history carries for the answer regenerated for
+that turn; then `rows` (one entry per case, null for a case without one) holds the training row
+SpecForge makes of the regenerated conversation messages + [answer] with `train_only_last_turn`:
+- text: apply_chat_template(messages + [answer], add_generation_prompt=False, tokenize=False);
+- input_ids: tokenizer(text, add_special_tokens=False);
+- loss_mask: SpecForge's GeneralParser rule as test/python/tokenize_parity.py implements it
+  (`masked_row`, imported, not re-implemented), restricted to the last match of its assistant
+  pattern, as GeneralParser.parse does with train_only_last_turn (`matches = [matches[-1]]`,
+  then the ignore strings are zeroed over the whole text).
+The assistant-turn format is the job's `specforge` (SpecForge's registered template: header,
+turn_end, eot_token, ignore), or else derived from the template as tokenize_parity.py derives
+it; a template it cannot derive one from gives every row that error.
 """
 
 import json
@@ -25,6 +38,8 @@ import sys
 import tokenizers
 import transformers
 from transformers import AutoTokenizer
+
+from tokenize_parity import derive_format, masked_row
 
 
 def ids_of(result):
@@ -37,9 +52,54 @@ def encode(tok, text):
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
+def specforge_format(tok, given, kwargs):
+    """The format tokenize_parity.py's rule takes: SpecForge's registered template, else derived."""
+    if given is None:
+        return derive_format(tok, kwargs)
+    return {
+        "header": given["header"],
+        "turn_end": given["turn_end"],
+        "ignorable": given["ignore"],
+        "eot_token": given["eot_token"],
+    }
+
+
+def last_turn_row(tok, messages, fmt, kwargs):
+    """SpecForge's row of `messages` with train_only_last_turn (see the module comment)."""
+    header = fmt["header"]
+    for m in messages:
+        # The last match of SpecForge's pattern starts at the last occurrence of the header, unless
+        # the header's text occurs inside an assistant turn (then an earlier match could swallow it).
+        if m["role"] == "assistant" and header in (m.get("content") or "") + (m.get("reasoning_content") or ""):
+            raise ValueError("HeaderInAnswer: an assistant message holds the assistant header's text")
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kwargs)
+    # Every assistant turn supervised, ignore strings zeroed: SpecForge's rule.
+    input_ids, mask = masked_row(tok, text, fmt)
+    # train_only_last_turn: only the last match is set to 1; every token before its content start
+    # (len(encode(text[:match.start(1)])), the same prefix length the rule uses) goes back to 0.
+    at = text.rfind(header)
+    start = len(input_ids) if at < 0 else len(encode(tok, text[: at + len(header)]))
+    return {"text": text, "input_ids": input_ids, "loss_mask": [0] * start + mask[start:]}
+
+
 def run_job(request):
     tok = AutoTokenizer.from_pretrained(request["tokenizer_dir"], local_files_only=True)
     prompts = []
+    rows = []
+    formats = {}
+    for case in request.get("cases", []):
+        if case.get("answer") is None:
+            rows.append(None)
+            continue
+        kwargs = case.get("kwargs") or {}
+        try:
+            key = json.dumps(kwargs, sort_keys=True)
+            if key not in formats:
+                formats[key] = specforge_format(tok, request.get("specforge"), kwargs)
+            fmt = formats[key]
+            rows.append(last_turn_row(tok, case["messages"] + [case["answer"]], fmt, kwargs))
+        except Exception as e:  # reported per case
+            rows.append({"error": f"{type(e).__name__}: {e}"})
     for case in request.get("cases", []):
         kwargs = case.get("kwargs") or {}
         messages = case["messages"]
@@ -56,6 +116,7 @@ def run_job(request):
     return {
         "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
         "prompts": prompts,
+        "rows": rows,
         "decoded": decoded,
     }
 
