@@ -20,8 +20,11 @@ import {
   readHfDataset,
   turnHistory,
   type ChatMessage,
+  type ConfigInput,
 } from '../../src/shared/index.js';
 import { renderMetrics } from '../../src/dashboard/metrics.js';
+import { parse } from 'yaml';
+
 import { useHarness } from '../helpers/fixture.js';
 import { byConversation, SOURCE_ANSWER, writeConversations, type TurnRecord } from '../helpers/conversations.js';
 import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
@@ -48,7 +51,7 @@ const {
 });
 
 describe('turns: all', () => {
-  it('regenerates every turn against the regenerated history, once, and tokenizes each turn into a row', async () => {
+  it('regenerates every turn against the regenerated history, once; rows of whole conversations or per turn; export', async () => {
     const dir = path.join(tmp.dir, 'mt');
     mkdirSync(dir, { recursive: true });
     const tool = {
@@ -185,12 +188,67 @@ describe('turns: all', () => {
     expect(metrics.body).toContain('tokenmill_dataset_conversations{run="mt",dataset="c",state="complete"} 7');
     expect(metrics.body).toContain('tokenmill_dataset_records{run="mt",dataset="c"} 21');
 
-    // One training row per turn, its ids the prompt and output of that turn.
+    // postprocess.rows: conversation (the default): a conversation whose later turns were all
+    // spliced is one row, its last turn's ids, every generated turn's output supervised; the
+    // others are one row per turn, the history as context.
     const ds = await readHfDataset(path.join(runDir, 'train-dataset'));
-    const rows = new Map<string, number[]>();
-    for await (const r of ds.rows()) rows.set(String(r.id), r.input_ids as number[]);
-    expect([...rows.keys()].sort()).toEqual([...ids].sort());
-    for (const r of records) expect(rows.get(r.id)?.slice(0, r.prompt_ids.length)).toEqual(r.prompt_ids);
+    const rows = new Map<string, { ids: number[]; mask: number[] }>();
+    for await (const r of ds.rows())
+      rows.set(String(r.id), { ids: r.input_ids as number[], mask: r.loss_mask as number[] });
+    const expectedIds: string[] = [];
+    let wholeRows = 0;
+    for (const [id, turns] of convs) {
+      const whole = turns.slice(1).every((t) => t.spliced);
+      if (!whole) {
+        for (const t of turns) {
+          expectedIds.push(t.id);
+          const row = rows.get(t.id);
+          expect(row?.ids.slice(0, t.prompt_ids.length), t.id).toEqual(t.prompt_ids);
+          expect(
+            row?.mask.slice(0, t.prompt_ids.length).every((m) => m === 0),
+            t.id,
+          ).toBe(true);
+        }
+        continue;
+      }
+      wholeRows += 1;
+      expectedIds.push(id);
+      const last = turns[turns.length - 1] as TurnRecord;
+      const row = rows.get(id);
+      expect(row?.ids.slice(0, last.prompt_ids.length + last.output_ids.length), id).toEqual([
+        ...last.prompt_ids,
+        ...last.output_ids,
+      ]);
+      for (const t of turns) {
+        // Each turn's output sits where its prompt ends, supervised; its prompt's own text is not.
+        const at = t.prompt_ids.length;
+        expect(row?.ids.slice(at, at + t.output_ids.length), `${id} turn ${t.turn}`).toEqual(t.output_ids);
+        expect(
+          row?.mask.slice(at, at + t.output_ids.length).every((m) => m === 1),
+          `${id} turn ${t.turn}`,
+        ).toBe(true);
+      }
+      const firstPrompt = (turns[0] as TurnRecord).prompt_ids.length;
+      expect(row?.mask.slice(0, firstPrompt).every((m) => m === 0)).toBe(true);
+    }
+    expect([...rows.keys()].sort()).toEqual(expectedIds.sort());
+    expect(wholeRows, 'some conversations are whole rows').toBeGreaterThan(0);
+
+    // postprocess.rows: per-turn, into another dataset: one row per turn.
+    const perTurnCfg = writeConfig(
+      dir,
+      {
+        ...(parse(readFileSync(cfg, 'utf8')) as ConfigInput),
+        postprocess: { keepTruncated: true, rows: 'per-turn', target: 'per-turn-dataset' },
+      },
+      'per-turn.yaml',
+    );
+    const pp = spawnCli(['postprocess', '-c', perTurnCfg]);
+    expect(await pp.exited, pp.output()).toBe(0);
+    const perTurn = await readHfDataset(path.join(dir, 'per-turn-dataset'));
+    const perTurnIds: string[] = [];
+    for await (const r of perTurn.rows()) perTurnIds.push(String(r.id));
+    expect(perTurnIds.sort()).toEqual([...ids].sort());
 
     // export --format specforge: one line per conversation, its whole regenerated history; its
     // rendering without the last answer is the last turn's prompt.

@@ -89,6 +89,7 @@ describe('loadConfig: valid configs', () => {
         budget: 'reserve',
         budgetMarginSd: 2,
         turns: 'last',
+        samplesPerPrompt: 1,
       },
       {
         name: 'A1_deepswekimi',
@@ -99,12 +100,14 @@ describe('loadConfig: valid configs', () => {
         budget: 'reserve',
         budgetMarginSd: 2,
         turns: 'last',
+        samplesPerPrompt: 1,
       },
     ]);
     expect(c.output.dir).toBe(resolve(fixtures, '../out'));
     expect(c.postprocess).toEqual({
       target: join(fixtures, 'train-dataset'),
       keepTruncated: true,
+      rows: 'conversation',
       shardSizeMiB: 0.5,
       verifyWithPython: false,
     });
@@ -145,11 +148,13 @@ describe('loadConfig: valid configs', () => {
       budget: 'reserve',
       budgetMarginSd: 2,
       turns: 'last',
+      samplesPerPrompt: 1,
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
     expect(c.postprocess).toEqual({
       target: join(fixtures, 'out', 'demo', 'train-dataset'),
       keepTruncated: false,
+      rows: 'conversation',
       shardSizeMiB: 500,
       verifyWithPython: false,
     });

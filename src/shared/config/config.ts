@@ -85,6 +85,12 @@ export const ConfigSchema = z.strictObject({
         .describe(
           'Keep samples whose generation was cut at `maxNewTokens` (finish reason `length`) or stopped early (`abort`, e.g. by `budget: strict`).',
         ),
+      rows: z
+        .enum(['per-turn', 'conversation'], { error: 'expected one of: per-turn, conversation' })
+        .default('conversation')
+        .describe(
+          "Training rows of datasets regenerated turn by turn (`turns: all`). `conversation`: one row per conversation with every generated turn supervised, where its history is an exact continuation (every later turn spliced from the previous one's ids), else one row per turn. `per-turn`: one row per generated turn (its history as context, its output supervised). See docs/multi-turn.md.",
+        ),
       shardSizeMiB: z
         .number({ error: 'expected a positive number (MiB)' })
         .positive({ error: 'expected a positive number (MiB)' })

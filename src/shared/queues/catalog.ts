@@ -283,6 +283,8 @@ export const TokenizePayloadSchema = z.object({
   maxInvalidFraction: z.number().min(0).max(1),
   /** The dataset's `chatTemplateKwargs`: conversations are rendered with them. */
   templateKwargs: z.record(z.string(), z.unknown()).optional(),
+  /** `postprocess.rows` for a dataset regenerated turn by turn: `conversation` makes one row per conversation where its history was spliced. */
+  rows: z.enum(['per-turn', 'conversation']).optional(),
 });
 export type TokenizePayload = z.infer<typeof TokenizePayloadSchema>;
 

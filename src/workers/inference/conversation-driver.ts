@@ -98,6 +98,12 @@ export async function driveConversation(
   let committed = 0;
   let outputTokens = 0;
   let spliced = 0;
+  /**
+   * Where each earlier turn's output sits in this turn's prompt ids, `[start, length]`, while every
+   * turn so far was spliced (the prompt then holds the outputs as they were generated); undefined
+   * once one was rendered from text. A conversation row supervises these spans.
+   */
+  let historyOutputs: [number, number][] | undefined = [];
   let endpoint: string | undefined;
   const finish = async (end: Omit<ConversationEnd, 'turns' | 'spliced'>, failedTurnId?: string) => {
     const full: ConversationEnd = { ...end, turns: total, spliced };
@@ -127,6 +133,11 @@ export async function driveConversation(
       promptIds = prompt.ids;
       thisSpliced = prompt.spliced;
       if (prompt.spliced) spliced += 1;
+      const prevOutput = (answers[k - 2] as RegeneratedAnswer).outputIds;
+      historyOutputs =
+        prompt.spliced && historyOutputs !== undefined
+          ? [...historyOutputs, [prev.promptIds.length, prevOutput.length]]
+          : undefined;
     }
     const known = history.get(k);
     if (known === undefined && done[k - 1] === true) {
@@ -158,7 +169,13 @@ export async function driveConversation(
           maxNewTokens: ctx === undefined ? opts.maxNewTokens : Math.min(opts.maxNewTokens, ctx - promptIds.length),
         },
         attemptsSpent: 0,
-        conversation: { id: sample.id, turn: k, turns: total, spliced: thisSpliced },
+        conversation: {
+          id: sample.id,
+          turn: k,
+          turns: total,
+          spliced: thisSpliced,
+          ...(historyOutputs === undefined ? {} : { historyOutputs }),
+        },
         ...(endpoint === undefined ? {} : { preferEndpoint: endpoint }),
       });
       switch (o.kind) {

@@ -23,7 +23,14 @@ export interface SampleRequest {
   /** The id of the batch job, written into a failure record (Bull Board's Retry of that job claims it). */
   jobId?: string;
   /** A turn of a conversation regenerated turn by turn: written into its record (and its history). */
-  conversation?: { id: string; turn: number; turns: number; spliced: boolean };
+  conversation?: {
+    id: string;
+    turn: number;
+    turns: number;
+    spliced: boolean;
+    /** `[start, length]` of each earlier turn's output in the prompt ids, while every turn was spliced. */
+    historyOutputs?: [number, number][];
+  };
   /** The endpoint to ask first while it has a free slot (a conversation's next turn: its prefix is cached there). */
   preferEndpoint?: string;
   /** Told when an attempt fails and the sample will be sent again (for the job's log). */

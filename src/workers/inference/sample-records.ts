@@ -88,7 +88,13 @@ function sampleArgs(f: FinishedRequest): SampleArgs {
 function conversationFields(req: SampleRequest): Record<string, unknown> {
   const c = req.conversation;
   if (c === undefined) return {};
-  return { conversation_id: c.id, turn: c.turn, turns: c.turns, spliced: c.spliced };
+  return {
+    conversation_id: c.id,
+    turn: c.turn,
+    turns: c.turns,
+    spliced: c.spliced,
+    ...(c.historyOutputs === undefined ? {} : { history_outputs: c.historyOutputs }),
+  };
 }
 
 function commitOutcome(first: number | undefined, f: FinishedRequest): SampleOutcome {

@@ -67,6 +67,8 @@ export interface PostprocessDatasetPlan {
   source: string;
   /** `datasets[].chatTemplateKwargs`. */
   templateKwargs?: Record<string, unknown>;
+  /** `postprocess.rows`, for a dataset regenerated turn by turn. */
+  rows?: 'per-turn' | 'conversation';
 }
 
 /** What a round post-processes, and where. */
@@ -115,6 +117,7 @@ export async function planPostprocess(config: Config, runDir: string): Promise<P
       kind: 'generations',
       source: dir,
       ...(ds.chatTemplateKwargs === undefined ? {} : { templateKwargs: ds.chatTemplateKwargs }),
+      ...(ds.turns === 'all' ? { rows: config.postprocess.rows } : {}),
     });
   }
   const train = config.train === undefined ? {} : { train: trainPayloadOf(config, runDir, { origin: 'flow' }) };
@@ -170,6 +173,7 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
         maxInvalidFraction:
           d.kind === 'generations' ? GENERATION_MAX_INVALID_FRACTION : CONVERSATION_MAX_INVALID_FRACTION,
         ...(d.templateKwargs === undefined ? {} : { templateKwargs: d.templateKwargs }),
+        ...(d.rows === undefined ? {} : { rows: d.rows }),
       },
       'tokenize',
     ),

@@ -64,6 +64,7 @@ import {
 import { rowsFromConversationsPooled } from './tokenize-pool.js';
 import { fileOffset, planResume, tokenizeSettings, type FileStart } from './generation-offsets.js';
 import { listGenerationFiles } from './tokenize-records.js';
+import { wholeConversationRows } from './tokenize-conversation-rows.js';
 
 /** A phase of the pipeline checklist that post-processing moves (`keys.phases()`). */
 export type PostprocessPhase = 'tokenize' | 'merge';
@@ -255,9 +256,21 @@ async function tokenizeAgainst(
   const genStats: GenerationTokenizeStats = emptyGenerationStats();
   const convStats: ConversationTokenizeStats = emptyConversationStats();
   const stats = p.kind === 'generations' ? genStats : convStats;
+  const conversationRows =
+    p.kind === 'generations' && p.rows === 'conversation'
+      ? await wholeConversationRows(p.source, resume, ctx, p.dataset)
+      : undefined;
   const source: AsyncGenerator<TokenizedRow, unknown> =
     p.kind === 'generations'
-      ? rowsFromGenerations(p.source, { ctx, dataset: p.dataset, stats: genStats, logger: log, resume, positions })
+      ? rowsFromGenerations(p.source, {
+          ctx,
+          dataset: p.dataset,
+          stats: genStats,
+          logger: log,
+          resume,
+          positions,
+          ...(conversationRows === undefined ? {} : { conversationRows }),
+        })
       : rowsFromConversationsPooled(p.source, { ctx, dataset: p.dataset, stats: convStats, logger: log, threads });
   let alreadyMerged = 0;
   async function* fresh(): AsyncGenerator<HfRow> {

@@ -90,7 +90,7 @@ export type RecordOutcome =
 const ignorableIdCache = new WeakMap<AssistantTurnFormat, readonly (readonly number[])[]>();
 
 /** The ids of each of the template's ignorable strings, encoded on their own, once per format. */
-function ignorableIds(ctx: TokenizeContext): readonly (readonly number[])[] {
+export function ignorableIds(ctx: TokenizeContext): readonly (readonly number[])[] {
   let ids = ignorableIdCache.get(ctx.format);
   if (ids === undefined) {
     ids = ctx.format.ignorablePrefixes.map((p) => ctx.tokenizer.encode(p));
@@ -105,7 +105,7 @@ function ignorableIds(ctx: TokenizeContext): readonly (readonly number[])[] {
  * model in non-thinking mode writes itself): SpecForge's `ignore_token` rule, which a conversation
  * row gets from tokenize-mask.ts, applied to the ids the model generated.
  */
-function unsuperviseIgnorable(
+export function unsuperviseIgnorable(
   output: readonly number[],
   offset: number,
   ignorable: readonly (readonly number[])[],
@@ -195,6 +195,10 @@ export interface GenerationTokenizeStats {
   tokens: number;
   /** Sum of their loss masks. */
   supervisedTokens: number;
+  /** `rows: conversation`: of `kept`, rows of whole conversations. */
+  conversationRows?: number;
+  /** `rows: conversation`: turns that are part of their conversation's row (no row of their own). */
+  inConversationRows?: number;
 }
 
 /** Fresh zeroed counters. */
@@ -230,6 +234,19 @@ export interface RowsFromGenerationsOptions {
   resume?: ReadonlyMap<string, FileStart>;
   /** Filled with where each file's complete lines end once read, by file name. */
   positions?: Map<string, FileStart>;
+  /**
+   * `postprocess.rows: conversation`: the conversations regenerated turn by turn that make one
+   * row each (tokenize-conversation-rows.ts builds it); their other turns make none.
+   */
+  conversationRows?: WholeConversationRows;
+}
+
+/** What {@link rowsFromGenerations} needs to make rows of whole conversations. */
+export interface WholeConversationRows {
+  /** The turn fields of a parsed line: its conversation, when that conversation makes one row. */
+  wholeOf(value: unknown): { conversationId: string; last: boolean } | undefined;
+  /** The conversation's row, from its last turn's record (undefined: rows per turn after all). */
+  row(record: GenerationRecord, value: unknown): TokenizedRow | undefined;
 }
 
 /** The `*.jsonl` files of a generations folder, by name. Throws an `EnvironmentError` if it is no folder. */
@@ -281,8 +298,10 @@ export async function* rowsFromGenerations(
       const { line, text } = next.value;
       stats.lines += 1;
       let record: GenerationRecord;
+      let value: unknown;
       try {
-        record = parseGenerationRecord(JSON.parse(text), vocabSize);
+        value = JSON.parse(text);
+        record = parseGenerationRecord(value, vocabSize);
       } catch (e: unknown) {
         noteInvalid(stats, log, {
           file,
@@ -296,6 +315,23 @@ export async function* rowsFromGenerations(
         continue;
       }
       seen.add(record.id);
+      const whole = opts.conversationRows?.wholeOf(value);
+      if (whole !== undefined) {
+        // Part of its conversation's row: the earlier turns make none of their own.
+        if (!whole.last) {
+          stats.inConversationRows = (stats.inConversationRows ?? 0) + 1;
+          continue;
+        }
+        const row = opts.conversationRows?.row(record, value);
+        if (row !== undefined) {
+          stats.kept += 1;
+          stats.conversationRows = (stats.conversationRows ?? 0) + 1;
+          stats.tokens += row.num_tokens;
+          for (const m of row.loss_mask) stats.supervisedTokens += m;
+          yield row;
+          continue;
+        }
+      }
       let outcome: RecordOutcome;
       try {
         outcome = recordToRow(record, opts.ctx, opts.dataset);
