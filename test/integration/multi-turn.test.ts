@@ -21,6 +21,7 @@ import {
   turnHistory,
   type ChatMessage,
   type ConfigInput,
+  RunKeys,
 } from '../../src/shared/index.js';
 import { renderMetrics } from '../../src/dashboard/metrics.js';
 import { parse } from 'yaml';
@@ -339,5 +340,35 @@ describe('turns: all', () => {
       ['s3', 'messages[0] and messages[1] are two user turns in a row'],
       ['s4', 'messages[2] is an empty user turn'],
     ]);
+  }, 120_000);
+
+  it('a conversation whose turns are all committed but whose end was lost is complete, and nothing is sent again', async () => {
+    // What a Redis rebuilt from the files leaves (commits restored, no history, no end record),
+    // and what a kill -9 between the last commit and the end record leaves.
+    const dir = path.join(tmp.dir, 'lost-end');
+    mkdirSync(dir, { recursive: true });
+    const file = writeConversations(dir, 'le', 3, 2);
+    const cfg = writeConfig(dir, {
+      run: 'mt',
+      redis: { url: redis.url, prefix: `${redis.prefix}:le` },
+      sglang: { endpoints: [sim.url], concurrency: 2, contextLength: 4096 },
+      datasets: [{ name: 'le', prompts: path.basename(file), turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 8 }],
+      output: { dir: 'out' },
+    });
+    const first = spawnCli(['run', '-c', cfg]);
+    expect(await first.exited, first.output()).toBe(0);
+    const leKeys = new RunKeys(`${redis.prefix}:le`, 'mt');
+    expect(Object.keys(await db.hgetall(leKeys.conversations('le')))).toHaveLength(3);
+    await db.del(leKeys.conversations('le'));
+    const before = readGenerations(path.join(dir, 'out', 'mt'), 'le').length;
+    const requests = sim.stats().requestsReceived;
+    const again = spawnCli(['run', '-c', cfg]);
+    expect(await again.exited, again.output()).toBe(0);
+    expect(sim.stats().requestsReceived).toBe(requests);
+    expect(readGenerations(path.join(dir, 'out', 'mt'), 'le')).toHaveLength(before);
+    const ends = Object.values(await db.hgetall(leKeys.conversations('le'))).map(
+      (v) => JSON.parse(v) as { kind: string },
+    );
+    expect(ends.map((e) => e.kind)).toEqual(['complete', 'complete', 'complete']);
   }, 120_000);
 });

@@ -110,6 +110,9 @@ export async function driveConversation(
     await deps.finish(dataset, sample.id, full, failedTurnId);
     return { kind: 'finished' as const, end: full, committed, outputTokens };
   };
+  // Every turn committed already (its end not recorded: a crash right after the last commit, or a
+  // Redis rebuilt from the files, which restores commits but not histories): it is complete.
+  if (done.every((d) => d)) return finish({ kind: 'complete', turnsDone: total });
 
   for (let k = 1; k <= total; k += 1) {
     const turnId = turnSampleId(sample.id, k);
