@@ -23,7 +23,18 @@
 // conversation holds what the template writes instead), the case is listed with its reason in
 // KNOWN and counted, and only if the reason is the one the plan predicts and the row becomes
 // Python's exactly when the output is replaced by what the template writes; none is skipped.
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+//
+// Conversation rows (`postprocess.rows: conversation`): every conversation whose turns 2..n were
+// all spliced gets its turn records as the worker writes them (conversation-driver.ts: each
+// spliced turn appends `[previous prompt length, previous output length]` to `history_outputs`),
+// and conversationRow of its last turn's record must give the ids and mask SpecForge's
+// GeneralParser gives the whole regenerated conversation (history + the last answer) with every
+// assistant turn trained, not only the last one. The differences by design are the last turn's
+// (as above) and an earlier answer to tool results that the template writes with no assistant
+// header (KNOWN.headerlessInHistory), each explained the same way and counted. Then the same
+// records, written to generation files, go through wholeConversationRows + rowsFromGenerations:
+// one row per conversation spliced throughout, and rows per turn for every other conversation.
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
@@ -40,8 +51,16 @@ import {
   type RegeneratedAnswer,
 } from '../../src/shared/tokenizer/index.js';
 import {
+  conversationRow,
+  turnFields,
+  wholeConversationRows,
+} from '../../src/workers/postprocess/tokenize-conversation-rows.js';
+import {
   createTokenizeContext,
+  emptyGenerationStats,
+  parseGenerationRecord,
   recordToRow,
+  rowsFromGenerations,
   type GenerationRecord,
   type TokenizeContext,
   type TokenizedRow,
@@ -68,6 +87,8 @@ interface PyReport {
   prompts: PyPrompt[];
   /** SpecForge's row (train_only_last_turn) of each turn's history + answer. */
   rows: (PyRow | null)[];
+  /** SpecForge's row (every assistant turn trained) of each conversation spliced throughout. */
+  whole_rows: PyRow[];
   decoded: string[];
 }
 
@@ -99,6 +120,10 @@ const KNOWN = {
     "answer to tool results: the template writes no assistant header after tool outputs, so SpecForge's last match " +
     "is the previous assistant turn and its row supervises that turn instead of this one; tokenmill's row " +
     'supervises what the model generated',
+  headerlessInHistory:
+    'an earlier answer to tool results: the template writes no assistant header after tool outputs, so no ' +
+    "match of SpecForge's pattern covers that answer and its row leaves it unsupervised; the conversation row " +
+    'supervises every turn the model generated',
   noTurnFormat:
     'a template that closes turns with text, no end-of-turn token: neither tokenmill (createTokenizeContext) nor ' +
     'the reference rule derives an assistant-turn format, so no row is made on either side',
@@ -299,6 +324,27 @@ const MODELS: ModelSpec[] = [
         spliced: [false, true],
       },
       reasoningAsLongAsNextQuestion(rng),
+      // Spliced throughout (one conversation row): answers with no think block, a cut-off one included.
+      {
+        name: 'spliced throughout, cut off in the middle',
+        messages: chat(rng, 3, { withSystem: true }),
+        answers: [plain(rng), cut(rng), plain(rng)],
+        spliced: [true, true],
+      },
+      {
+        name: 'tool call, spliced throughout',
+        messages: toolChat(rng, 2),
+        answers: [
+          {
+            kind: 'plain',
+            text: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
+          },
+          plain(rng),
+          cut(rng),
+          think(rng),
+        ],
+        spliced: [true, true, true],
+      },
     ],
   },
   {
@@ -376,6 +422,12 @@ const MODELS: ModelSpec[] = [
         answers: [cut(rng, true), plain(rng), padded(rng), plain(rng)],
         spliced: [false, true, false],
       },
+      {
+        name: 'spliced throughout',
+        messages: chat(rng, 4, { withSystem: true }),
+        answers: [plain(rng), cut(rng), plain(rng), plain(rng)],
+        spliced: [true, true, true],
+      },
     ],
   },
   {
@@ -412,6 +464,12 @@ const MODELS: ModelSpec[] = [
         messages: toolChat(rng, 2),
         answers: [{ kind: 'plain', text: 'Let me check the weather.' }, plain(rng), cut(rng, true), plain(rng)],
         spliced: [true, true, true],
+      },
+      {
+        name: 'cut off at the end',
+        messages: chat(rng, 3),
+        answers: [padded(rng), cut(rng), cut(rng, true)],
+        spliced: [true, true],
       },
     ],
   },
@@ -568,6 +626,62 @@ function keptRow(record: GenerationRecord, ctx: TokenizeContext): TokenizedRow |
   return outcome.status === 'kept' ? outcome.row : `dropped (${outcome.reason})`;
 }
 
+/** Whether every turn after the first was spliced: the conversation makes one row. */
+const splicedThroughout = (steps: readonly TurnStep[]): boolean => steps.every((s, t) => t === 0 || s.spliced);
+
+/**
+ * The generation lines of a conversation's turns as the worker writes them (sample-records.ts,
+ * with conversation-driver.ts's `history_outputs`: `[]` on turn 1, then each spliced turn appends
+ * the previous turn's `[prompt length, output length]`, and a turn rendered from text ends the
+ * list for good).
+ */
+function turnValues(plan: ConversationPlan, steps: readonly TurnStep[]): Record<string, unknown>[] {
+  let history: [number, number][] | undefined = [];
+  return steps.map((step, t) => {
+    const prev = steps[t - 1];
+    if (prev !== undefined)
+      history =
+        step.spliced && history !== undefined
+          ? [...history, [prev.ids.length, prev.answer.outputIds.length]]
+          : undefined;
+    const record = turnRecord(
+      `${plan.name}#t${t + 1}`,
+      step.ids,
+      step.answer.outputIds,
+      plan.answers[t]?.kind === 'cut',
+    );
+    return {
+      ...record,
+      prompt_tokens: step.ids.length,
+      completion_tokens: step.answer.outputIds.length,
+      endpoint: 'http://127.0.0.1:1',
+      worker: 'w',
+      attempt: 1,
+      ts: '2026-01-01T00:00:00.000Z',
+      conversation_id: plan.name,
+      turn: t + 1,
+      turns: steps.length,
+      spliced: step.spliced,
+      ...(history === undefined ? {} : { history_outputs: history }),
+    };
+  });
+}
+
+/** The model's tokenize context (keepTruncated), or why there is none. */
+function contextOf(tok: ChatTokenizer, spec: ModelSpec): { ctx?: TokenizeContext; error: string } {
+  try {
+    return {
+      ctx: createTokenizeContext(tok, {
+        keepTruncated: true,
+        ...(spec.templateKwargs === undefined ? {} : { templateKwargs: spec.templateKwargs }),
+      }),
+      error: '',
+    };
+  } catch (e: unknown) {
+    return { error: String(e) };
+  }
+}
+
 interface ModelRun {
   dir: string;
   tok: ChatTokenizer;
@@ -602,6 +716,13 @@ beforeAll(async () => {
             kwargs: spec.templateKwargs ?? null,
             answer: s.answer.message,
           })),
+          whole: run.plans.flatMap((_, c) => {
+            const conv = run.steps[c] ?? [];
+            const last = conv.at(-1);
+            return splicedThroughout(conv) && last !== undefined
+              ? [{ messages: [...last.history, last.answer.message], kwargs: spec.templateKwargs ?? null }]
+              : [];
+          }),
           decode: steps.map((s) => {
             const ids = s.answer.outputIds;
             return run.tok.endOfTurnTokenIds.includes(ids.at(-1) ?? -1) ? ids.slice(0, -1) : ids;
@@ -827,6 +948,217 @@ MODELS.forEach((spec, m) => {
       // Every model with a turn format has turns compared as they are.
       if (ctx !== undefined) expect(compared).toBeGreaterThanOrEqual(3);
       else expect(known.get(KNOWN.noTurnFormat)?.length).toBe(n);
+    });
+
+    // Fails if conversationRow's rule broke: an earlier output unsupervised or supervised beyond
+    // its turn (its end-of-turn token and the suffix after it, or the template's after a cut-off
+    // output, left out or too many), the history's ignorable strings supervised, `history_outputs`
+    // read at other positions than the worker writes them, the last turn's row not the per-turn
+    // row; or if a conversation spliced throughout makes no row, or a difference listed in KNOWN
+    // stops being the only one.
+    it('gives each conversation spliced throughout the row SpecForge gives it with every turn trained', () => {
+      const { ctx, error: ctxError } = contextOf(run.tok, spec);
+      const opts = spec.templateKwargs === undefined ? {} : { templateKwargs: spec.templateKwargs };
+      const failures: string[] = [];
+      const known = new Map<string, string[]>();
+      let compared = 0;
+      let n = 0;
+      run.plans.forEach((plan, c) => {
+        const steps = run.steps[c] ?? [];
+        if (!splicedThroughout(steps)) return;
+        const ref = py.whole_rows[n];
+        n += 1;
+        const where = plan.name;
+        const last = steps.at(-1) as TurnStep;
+        const a = plan.answers.at(-1) as AnswerPlan;
+        if (ref === undefined) {
+          failures.push(`${where}: python gave no row`);
+          return;
+        }
+        if (ctx === undefined || ref.error !== undefined) {
+          if (ctx === undefined && ref.error !== undefined) {
+            known.set(KNOWN.noTurnFormat, [...(known.get(KNOWN.noTurnFormat) ?? []), where]);
+          } else failures.push(`${where}: python ${ref.error ?? 'a row'}, ts ${ctxError || 'a row'}`);
+          return;
+        }
+        const pyRow = { input_ids: ref.input_ids ?? [], loss_mask: ref.loss_mask ?? [] };
+        const full = run.tok.applyChatTemplate([...last.history, last.answer.message], {
+          ...opts,
+          addGenerationPrompt: false,
+        });
+        if (full !== ref.text) {
+          failures.push(
+            `${where}: rendered text differs: ts ${JSON.stringify(full)} python ${JSON.stringify(ref.text)}`,
+          );
+          return;
+        }
+        const lastValue = turnValues(plan, steps).at(-1) as Record<string, unknown>;
+        const fields = turnFields(lastValue);
+        if (fields?.historyOutputs?.length !== steps.length - 1) {
+          failures.push(`${where}: the last turn's record has no history_outputs for each earlier turn`);
+          return;
+        }
+        const rowOf = (value: Record<string, unknown>) =>
+          conversationRow(parseGenerationRecord(value, run.tok.vocabSize), fields, ctx, 'd');
+        const row = rowOf(lastValue);
+        if (row === undefined) {
+          failures.push(`${where}: no conversation row`);
+          return;
+        }
+        // The last turn's reasons, as for its row of its own; and every earlier answer to tool results.
+        const reasons: KnownReason[] = [];
+        if (a.kind === 'cut') reasons.push('closedByTemplate');
+        if (a.otherEnd === true) reasons.push('otherEndToken');
+        if (spec.rewrites?.when(a) === true) reasons.push(spec.rewrites.reason);
+        const headerless = steps.map((s) => spec.headerlessAfterTools === true && s.history.at(-1)?.role === 'tool');
+        if (headerless.slice(0, -1).some(Boolean)) reasons.push('headerlessInHistory');
+        if (headerless.at(-1) === true) reasons.push('headerlessAfterTools');
+        const diff = rowDifference(run.tok, row, pyRow);
+        if (reasons.length === 0) {
+          if (diff === '') compared += 1;
+          else failures.push(`${where}: ${diff}`);
+          return;
+        }
+        if (diff === '') {
+          failures.push(`${where}: equal rows, but the plan predicts ${reasons.join(' + ')}`);
+          return;
+        }
+        // The conversation row with the last output replaced by what the template writes for it
+        // (closed by its end-of-turn token), and the answers the template writes with no header
+        // unsupervised (from the answer's start to the next turn's prompt end, or to the row's end
+        // for the last turn), must be Python's.
+        let written = lastValue;
+        if (reasons.some((r) => r !== 'headerlessInHistory' && r !== 'headerlessAfterTools')) {
+          const promptText = run.tok.applyChatTemplate(last.history, { ...opts, addGenerationPrompt: true });
+          const turnEnd = ctx.format.turnEnd;
+          if (!full.startsWith(promptText) || !full.endsWith(turnEnd)) {
+            failures.push(`${where}: the rendering is not the prompt + an answer + ${JSON.stringify(turnEnd)}`);
+            return;
+          }
+          const output = [
+            ...run.tok.encode(full.slice(promptText.length, full.length - turnEnd.length)),
+            ctx.format.endOfTurnTokenId,
+          ];
+          written = {
+            ...lastValue,
+            output_ids: output,
+            completion_tokens: output.length,
+            finish_reason: { type: 'stop', matched: ctx.format.endOfTurnTokenId },
+          };
+        }
+        const asWritten = rowOf(written);
+        if (asWritten === undefined) {
+          failures.push(`${where}: as written: no conversation row`);
+          return;
+        }
+        const mask = [...asWritten.loss_mask];
+        for (const [t, none] of headerless.entries()) {
+          if (!none) continue;
+          const start = fields.historyOutputs[t]?.[0] ?? last.ids.length;
+          const end = steps[t + 1]?.ids.length ?? mask.length;
+          if (!mask.slice(start, end).includes(1)) failures.push(`${where}: turn ${t + 1} is not supervised`);
+          mask.fill(0, start, end);
+        }
+        const explained = rowDifference(run.tok, { ...asWritten, loss_mask: mask }, pyRow);
+        if (explained !== '') {
+          failures.push(`${where}: ${reasons.join(' + ')} does not explain the difference: ${explained}`);
+          return;
+        }
+        // And the row itself ends with the last turn's row of its own, the output as generated.
+        const own = keptRow(parseGenerationRecord(lastValue, run.tok.vocabSize), ctx);
+        const start = last.ids.length;
+        if (
+          typeof own === 'string' ||
+          rowDifference(
+            run.tok,
+            { input_ids: row.input_ids, loss_mask: row.loss_mask.slice(start) },
+            { input_ids: own.input_ids, loss_mask: own.loss_mask.slice(start) },
+          ) !== ''
+        ) {
+          failures.push(`${where}: the row does not end with the last turn's own row`);
+          return;
+        }
+        const key = reasons.map((r) => KNOWN[r]).join(' + ');
+        known.set(key, [...(known.get(key) ?? []), where]);
+      });
+      const summary = [...known].map(([reason, cases]) => `${cases.length} × ${reason} (${cases.join('; ')})`);
+      expect(failures.join('\n\n'), `known: ${summary.join('\n')}`).toBe('');
+      const knownCount = [...known.values()].reduce((sum, cases) => sum + cases.length, 0);
+      expect(compared + knownCount).toBe(n);
+      expect(n).toBe(py.whole_rows.length);
+      expect(n).toBe(run.plans.filter((p) => p.spliced.every(Boolean)).length);
+      // Every model whose template continues turns exactly has conversations compared as they are.
+      if (ctx !== undefined && n > 0) expect(compared).toBeGreaterThanOrEqual(1);
+    });
+
+    // Fails if the generation-file path loses the rule: a conversation spliced throughout not made
+    // one row (its turns made rows of their own, or its row not conversationRow's), a conversation
+    // with a turn rendered from text made one (its last turn's record has no full history_outputs),
+    // a turn of a conversation row also made a row of its own, or the counters wrong.
+    it('makes that row through the generation files, and rows per turn of every other conversation', async () => {
+      const { ctx } = contextOf(run.tok, spec);
+      const whollySpliced = run.plans.filter((_, c) => splicedThroughout(run.steps[c] ?? []));
+      if (ctx === undefined) {
+        // No turn format: no row at all (KNOWN.noTurnFormat), and nothing to splice here.
+        expect(whollySpliced).toEqual([]);
+        return;
+      }
+      const dir = path.join(tmp, `generations-${m}`);
+      await mkdir(dir, { recursive: true });
+      // Two files, the turns of the conversations interleaved in both, as concurrent workers write them.
+      const values = run.plans.map((plan, c) => turnValues(plan, run.steps[c] ?? []));
+      const files: string[][] = [[], []];
+      const longest = Math.max(...values.map((v) => v.length));
+      for (let t = 0; t < longest; t++)
+        values.forEach((v, c) => {
+          const line = v[t];
+          if (line !== undefined) files[(c + t) % 2]?.push(JSON.stringify(line));
+        });
+      await writeFile(path.join(dir, 'part-a.jsonl'), `${(files[0] ?? []).join('\n')}\n`);
+      await writeFile(path.join(dir, 'part-b.jsonl'), `${(files[1] ?? []).join('\n')}\n`);
+
+      const whole = await wholeConversationRows(dir, undefined, ctx, 'd');
+      expect(whole === undefined, 'no conversation rows exactly when none is spliced throughout').toBe(
+        whollySpliced.length === 0,
+      );
+      const stats = emptyGenerationStats();
+      const rows = new Map<string, TokenizedRow>();
+      for await (const row of rowsFromGenerations(dir, {
+        ctx,
+        dataset: 'd',
+        stats,
+        ...(whole === undefined ? {} : { conversationRows: whole }),
+      })) {
+        expect(rows.has(row.id), `${row.id}: one row`).toBe(false);
+        rows.set(row.id, row);
+      }
+      const expected = new Map<string, TokenizedRow>();
+      run.plans.forEach((plan, c) => {
+        const steps = run.steps[c] ?? [];
+        const lines = values[c] ?? [];
+        if (splicedThroughout(steps)) {
+          const value = lines.at(-1);
+          const fields = turnFields(value);
+          const row =
+            fields === undefined
+              ? undefined
+              : conversationRow(parseGenerationRecord(value, run.tok.vocabSize), fields, ctx, 'd');
+          expect(row, `${plan.name}: a conversation row`).toBeDefined();
+          expected.set(plan.name, row as TokenizedRow);
+          return;
+        }
+        for (const value of lines) {
+          const own = keptRow(parseGenerationRecord(value, run.tok.vocabSize), ctx);
+          expect(typeof own, `${plan.name}: a row per turn`).not.toBe('string');
+          expected.set((own as TokenizedRow).id, own as TokenizedRow);
+        }
+      });
+      expect([...rows.keys()].sort()).toEqual([...expected.keys()].sort());
+      for (const [id, row] of expected) expect(rows.get(id), id).toEqual(row);
+      expect(stats.invalid).toBe(0);
+      expect(stats.conversationRows ?? 0).toBe(whollySpliced.length);
+      expect(stats.inConversationRows ?? 0).toBe(whollySpliced.reduce((sum, p) => sum + p.answers.length - 1, 0));
+      expect(stats.kept).toBe(expected.size);
     });
   });
 });

@@ -27,6 +27,12 @@ SpecForge makes of the regenerated conversation messages + [answer] with `train_
   (`masked_row`, imported, not re-implemented), restricted to the last match of its assistant
   pattern, as GeneralParser.parse does with train_only_last_turn (`matches = [matches[-1]]`,
   then the ignore strings are zeroed over the whole text).
+The job may also carry `whole`: [{"messages": [...], "kwargs": {...} | null}], each a whole
+regenerated conversation (the last turn's history + its answer); then `whole_rows` (one entry
+each) holds SpecForge's row of it with every assistant turn trained (GeneralParser.parse without
+train_only_last_turn): the same text and input_ids, and `masked_row`'s mask as it is (every match
+of the assistant pattern set to 1, the ignore strings zeroed).
+
 The assistant-turn format is the job's `specforge` (SpecForge's registered template: header,
 turn_end, eot_token, ignore), or else derived from the template as tokenize_parity.py derives
 it; a template it cannot derive one from gives every row that error.
@@ -82,6 +88,13 @@ def last_turn_row(tok, messages, fmt, kwargs):
     return {"text": text, "input_ids": input_ids, "loss_mask": [0] * start + mask[start:]}
 
 
+def whole_row(tok, messages, fmt, kwargs):
+    """SpecForge's row of `messages` with every assistant turn trained (see the module comment)."""
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kwargs)
+    input_ids, mask = masked_row(tok, text, fmt)
+    return {"text": text, "input_ids": input_ids, "loss_mask": mask}
+
+
 def run_job(request):
     tok = AutoTokenizer.from_pretrained(request["tokenizer_dir"], local_files_only=True)
     prompts = []
@@ -100,6 +113,16 @@ def run_job(request):
             rows.append(last_turn_row(tok, case["messages"] + [case["answer"]], fmt, kwargs))
         except Exception as e:  # reported per case
             rows.append({"error": f"{type(e).__name__}: {e}"})
+    whole_rows = []
+    for case in request.get("whole", []):
+        kwargs = case.get("kwargs") or {}
+        try:
+            key = json.dumps(kwargs, sort_keys=True)
+            if key not in formats:
+                formats[key] = specforge_format(tok, request.get("specforge"), kwargs)
+            whole_rows.append(whole_row(tok, case["messages"], formats[key], kwargs))
+        except Exception as e:  # reported per case
+            whole_rows.append({"error": f"{type(e).__name__}: {e}"})
     for case in request.get("cases", []):
         kwargs = case.get("kwargs") or {}
         messages = case["messages"]
@@ -117,6 +140,7 @@ def run_job(request):
         "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
         "prompts": prompts,
         "rows": rows,
+        "whole_rows": whole_rows,
         "decoded": decoded,
     }
 
