@@ -37,6 +37,7 @@ export interface TurnRecord {
   spliced: boolean;
   prompt_ids: number[];
   output_ids: number[];
+  prompt_tokens?: number;
   finish_reason: string;
 }
 

@@ -1,0 +1,116 @@
+// `turns: all` against a real SGLang 0.5.23 (tiny random-weight Qwen3, the real Qwen3 tokenizer):
+// each conversation's turns are generated in order against the real server, each once; a turn
+// after the first is the template's rendering of the regenerated history — spliced from the
+// previous turn's ids where the template continues exactly, and the server counts the prompt we
+// sent (its prompt_tokens); the rows come out per conversation or per turn, and the export is
+// one line per conversation. A random model never stops: answers are kept truncated.
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+
+import { describe, expect, it } from 'vitest';
+
+import {
+  answerMessage,
+  conversationTurns,
+  loadTokenizer,
+  parseChatMessage,
+  readHfDataset,
+  turnHistory,
+  type ChatMessage,
+  RunKeys,
+} from '../../src/shared/index.js';
+import { byConversation, SOURCE_ANSWER, writeConversations, type TurnRecord } from '../helpers/conversations.js';
+import { useHarness } from '../helpers/fixture.js';
+import { duplicates, readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { modelDir, realSglang, skipReason } from '../helpers/real-sglang.js';
+
+const skip = skipReason();
+
+describe.skipIf(skip !== '')(
+  `multi-turn regeneration against a real SGLang 0.5.23${skip === '' ? '' : ` (skipped: ${skip})`}`,
+  () => {
+    const { redis, scripts: db, tmp } = useHarness({ redis: true, scripts: true, tmp: 'tm-sglang-mt-', cli: true });
+
+    it('runs every turn of every conversation once, each on the regenerated history, to rows and export', async () => {
+      const file = writeConversations(tmp.dir, 'mt', 4, 3);
+      const cfg = writeConfig(tmp.dir, {
+        run: 'mt',
+        redis: { url: redis.url, prefix: redis.prefix },
+        sglang: { endpoints: [realSglang().url], concurrency: 4, requestTimeoutMs: 120_000 },
+        tokenizer: { path: modelDir(realSglang().dir) },
+        datasets: [
+          {
+            name: 'mt',
+            prompts: path.basename(file),
+            turns: 'all',
+            tokenBudget: 1_000_000_000,
+            maxNewTokens: 12,
+            batchSize: 4,
+            sampling: { temperature: 1, top_k: 20 },
+          },
+        ],
+        output: { dir: 'out' },
+        postprocess: { keepTruncated: true },
+        workers: { shutdownGraceMs: 2_000 },
+      });
+      const run = spawnCli(['run', '-c', cfg]);
+      expect(await run.exited, run.output().slice(-3000)).toBe(0);
+      const runDir = path.join(tmp.dir, 'out', 'mt');
+      const records = readGenerations(runDir, 'mt') as unknown as TurnRecord[];
+      expect(duplicates(records.map((r) => r.id))).toEqual([]);
+      expect(records).toHaveLength(12);
+
+      const tok = await loadTokenizer(modelDir(realSglang().dir));
+      const source = new Map<string, ChatMessage[]>();
+      for (const line of readFileSync(file, 'utf8').trim().split('\n')) {
+        const rec = JSON.parse(line) as { id: string; messages: unknown[] };
+        source.set(
+          rec.id,
+          rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
+        );
+      }
+      const convs = byConversation(records);
+      for (const [id, turns] of convs) {
+        const messages = source.get(id) as ChatMessage[];
+        const shape = conversationTurns(messages);
+        if (typeof shape === 'string') throw new Error(shape);
+        expect(turns.map((t) => t.turn)).toEqual([1, 2, 3]);
+        for (const t of turns) {
+          // The server tokenized nothing itself: it counted exactly the ids sent.
+          expect(t.prompt_tokens, t.id).toBe(t.prompt_ids.length);
+          expect(tok.decode(t.prompt_ids)).not.toContain(SOURCE_ANSWER);
+          const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
+          const history = turnHistory(messages, shape, t.turn, answers);
+          if (t.spliced) {
+            const prev = turns[t.turn - 2] as TurnRecord;
+            expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length), t.id).toEqual([
+              ...prev.prompt_ids,
+              ...prev.output_ids,
+            ]);
+          } else {
+            expect(t.prompt_ids, t.id).toEqual(tok.encodePrompt(history));
+          }
+        }
+      }
+      const keys = new RunKeys(redis.prefix, 'mt');
+      const stats = await db.hgetall(keys.stats('mt'));
+      expect(stats['conversationsComplete']).toBe('4');
+      expect(Number(stats['outputTokens'])).toBe(records.reduce((a, r) => a + r.output_ids.length, 0));
+
+      // Rows: a whole-conversation row where every later turn was spliced, else one per turn.
+      const ds = await readHfDataset(path.join(runDir, 'train-dataset'));
+      const ids: string[] = [];
+      for await (const r of ds.rows()) ids.push(String(r.id));
+      const expected = [...convs].flatMap(([id, turns]) =>
+        turns.slice(1).every((t) => t.spliced) ? [id] : turns.map((t) => t.id),
+      );
+      expect(ids.sort()).toEqual(expected.sort());
+
+      const sfOut = path.join(tmp.dir, 'sf.jsonl');
+      const sf = spawnCli(['export', '-c', cfg, '--format', 'specforge', '--out', sfOut]);
+      expect(await sf.exited, sf.output()).toBe(0);
+      const lines = readFileSync(sfOut, 'utf8').trim().split('\n');
+      expect(lines).toHaveLength(4);
+    }, 600_000);
+  },
+);
