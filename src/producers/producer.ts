@@ -217,9 +217,11 @@ export class Producer {
     }
   }
 
-  /** Committed plus failed samples of a dataset. */
+  /** Committed plus failed samples of a dataset (with `turns: all`: its finished conversations). */
   private async accountedCount(ds: DatasetConfig): Promise<number> {
     const { keys } = this.options;
+    // A conversation is what was enqueued; its turns are committed one by one under their own ids.
+    if (ds.turns === 'all') return this.redis.hlen(keys.conversations(ds.name));
     const [records, failed] = await Promise.all([
       this.redis.hget(keys.stats(ds.name), 'records'),
       this.redis.hlen(keys.failed(ds.name)),

@@ -178,6 +178,9 @@ describe('turns: all', () => {
     expect(stats.conversationsStarted).toBe('7');
     expect(Number(stats.records)).toBe(records.length);
     expect(await db.keys(`${keys.done('c')}:conv:*`)).toEqual([]);
+    // The producer proved the dataset exhausted after one pass over the file (its conversations
+    // all finished), without a second, verifying pass.
+    expect(await db.hget(keys.producer('c'), 'epoch')).toBeNull();
 
     // status, /metrics: conversations by state and turns.
     const status = spawnCli(['status', '-c', cfg]);
