@@ -30,9 +30,12 @@ export class RunKeys {
     return `${this.base}:ds:${dataset}:done`;
   }
 
-  /** Hash: conversation id -> its end (JSON), for datasets regenerated turn by turn; finish-conversation-4.lua. */
+  /**
+   * Hash: conversation id -> its end (JSON), for datasets regenerated turn by turn;
+   * finish-conversation-4.lua. Beside the done set, where commit-sample-9.lua finds it.
+   */
   conversations(dataset: string): string {
-    return `${this.base}:ds:${dataset}:conversations`;
+    return `${this.done(dataset)}:conversations`;
   }
 
   /** Hash: turn -> output ids (JSON) of a conversation in progress; written by commit-sample-9.lua beside the done set. */

@@ -31,7 +31,8 @@
   A record of a turn of a conversation regenerated turn by turn (one with "conversation_id" and
   "turn") also keeps its output ids in the conversation's history, `<KEYS[1]>:conv:<conversation
   id>` (turn -> output ids as JSON), in the same step: a conversation resumes at its next turn
-  with exactly the history its committed turns had. Its first turn counts the conversation as
+  with exactly the history its committed turns had (unless it has ended already:
+  `<KEYS[1]>:conversations`, finish-conversation-4.lua). Its first turn counts the conversation as
   started (stats conversationsStarted); a later turn whose prompt was spliced from the previous
   turn's ids counts in turnsSpliced.
 
@@ -82,8 +83,12 @@ local function commit(id, tokens, record, rid)
   redis.call('XADD', KEYS[3], '*', 'r', record)
   if string.find(record, '"conversation_id":', 1, true) then
     local r = cjson.decode(record)
+    -- A conversation another delivery has ended keeps no history (finish-conversation-4.lua
+    -- deleted it): the turn is committed, nothing resumes after it.
     if r.conversation_id ~= nil and r.turn ~= nil then
-      redis.call('HSET', KEYS[1] .. ':conv:' .. r.conversation_id, r.turn, cjson.encode(r.output_ids))
+      if redis.call('HEXISTS', KEYS[1] .. ':conversations', r.conversation_id) == 0 then
+        redis.call('HSET', KEYS[1] .. ':conv:' .. r.conversation_id, r.turn, cjson.encode(r.output_ids))
+      end
       if tonumber(r.turn) == 1 then
         redis.call('HINCRBY', KEYS[2], 'conversationsStarted', 1)
       elseif r.spliced == true then

@@ -1,0 +1,80 @@
+// The Lua side of conversations regenerated turn by turn, on a real Redis: commit-sample-9.lua keeps
+// a turn's output ids in its conversation's history in the same step as the commit (once, not on a
+// duplicate) and counts the conversation started on turn 1; finish-conversation-4.lua records the
+// end once, folds a failed turn's record into it and drops the history; a turn committed after the
+// end (a racing delivery) is committed but leaves no history behind.
+import { describe, expect, it } from 'vitest';
+
+import { useHarness } from '../helpers/fixture.js';
+
+const { scripts: r, keys } = useHarness({ scripts: true, keys: 'cs' });
+const DS = 'd';
+
+function commitTurn(conv: string, turn: number, outputIds: number[], rid: string): Promise<number[]> {
+  const id = `${conv}#t${turn}`;
+  const record = JSON.stringify({
+    id,
+    output_ids: outputIds,
+    completion_tokens: outputIds.length,
+    conversation_id: conv,
+    turn,
+    turns: 3,
+    spliced: turn > 1,
+  });
+  return r.commitSample(
+    keys.done(DS),
+    keys.stats(DS),
+    keys.results(DS),
+    keys.inflight(DS),
+    keys.endpointLeases('http://127.0.0.1:1'),
+    keys.failed(DS),
+    keys.skipped(DS),
+    keys.attempts(DS),
+    keys.rate(DS),
+    id,
+    outputIds.length,
+    record,
+    rid,
+    10_000,
+    30,
+  );
+}
+
+function finish(conv: string, kind: 'complete' | 'ended', failedTurn = ''): Promise<number> {
+  return r.finishConversation(
+    keys.conversations(DS),
+    keys.stats(DS),
+    keys.failed(DS),
+    keys.done(DS),
+    conv,
+    JSON.stringify({ kind }),
+    kind,
+    failedTurn,
+  );
+}
+
+describe('conversation scripts', () => {
+  it('keep the history with each first commit, end a conversation once, and leave nothing after its end', async () => {
+    expect(await commitTurn('a', 1, [5, 6, 7], 'r1')).toEqual([1, 3]);
+    expect(await commitTurn('a', 1, [9, 9], 'r2')).toEqual([0, 3]); // a duplicate: the first answer stays
+    expect(await commitTurn('a', 2, [], 'r3')).toEqual([1, 3]);
+    expect(await r.hgetall(keys.conversationHistory(DS, 'a'))).toEqual({ '1': '[5,6,7]', '2': '{}' });
+    const stats = await r.hgetall(keys.stats(DS));
+    expect(stats.conversationsStarted).toBe('1');
+    expect(stats.turnsSpliced).toBe('1');
+
+    // Ended with turn 3's failure folded in: once, the history gone.
+    await r.hset(keys.failed(DS), 'a#t3', JSON.stringify({ reason: 'HTTP 400' }));
+    expect(await finish('a', 'ended', 'a#t3')).toBe(1);
+    expect(await finish('a', 'complete')).toBe(0);
+    expect(await r.exists(keys.conversationHistory(DS, 'a'))).toBe(0);
+    expect(await r.hexists(keys.failed(DS), 'a#t3')).toBe(0);
+    expect(JSON.parse((await r.hget(keys.conversations(DS), 'a')) ?? '')).toEqual({ kind: 'ended' });
+    expect((await r.hgetall(keys.stats(DS))).conversationsEnded).toBe('1');
+    expect((await r.hgetall(keys.stats(DS))).conversationsComplete).toBeUndefined();
+
+    // A racing delivery commits turn 3 after the end: committed and counted, no history recreated.
+    expect(await commitTurn('a', 3, [1], 'r4')).toEqual([1, 4]);
+    expect(await r.exists(keys.conversationHistory(DS, 'a'))).toBe(0);
+  });
+});
