@@ -15,9 +15,10 @@ beforeAll(() => {
   config = loadConfig({ object: demoConfig('http://127.0.0.1:1', tmp.dir), baseDir: repoRoot });
 });
 
-async function records(file: string): Promise<Pick<PromptRecord, 'id' | 'messages'>[]> {
+async function records(file: string, turns: 'last' | 'all'): Promise<Pick<PromptRecord, 'id' | 'messages'>[]> {
   const out = [];
-  for await (const p of readPromptFile(file)) if (p.ok) out.push({ id: p.record.id, messages: p.record.messages });
+  for await (const p of readPromptFile(file, undefined, { turns }))
+    if (p.ok) out.push({ id: p.record.id, messages: p.record.messages });
   return out;
 }
 
@@ -37,11 +38,14 @@ describe('the demo sources', () => {
       ['B6_writing', 'alpaca', 'prepared'],
     ]);
     for (const o of outcomes) {
-      const original = await records(path.join(repoRoot, 'data/demo', `${o.dataset}.jsonl`));
-      expect(await records(o.prompts)).toEqual(original);
+      const turns = config.datasets.find((d) => d.name === o.dataset)?.turns ?? 'last';
+      const original = await records(path.join(repoRoot, 'data/demo', `${o.dataset}.jsonl`), turns);
+      expect(await records(o.prompts, turns)).toEqual(original);
       expect(o.counts).toMatchObject({ rowsRead: original.length, kept: original.length, malformed: 0 });
     }
-    // B5 has conversations that end with an assistant turn: prepare drops it, as the prompt file reader does.
-    expect(outcomes[0]?.counts.trailingTurnsDropped).toBe(13);
+    // B5 is regenerated turn by turn (turns: all): its conversations are kept whole, the 13 that end
+    // with an assistant turn too, and 31 of its 42 have several turns.
+    expect(outcomes[0]?.counts.trailingTurnsDropped).toBe(0);
+    expect(outcomes[0]?.counts.multiTurn).toBe(31);
   });
 });
