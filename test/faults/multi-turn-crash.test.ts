@@ -197,14 +197,35 @@ describe('turns: all survives crashes and races', () => {
     const w1 = spawnCli(['worker', '-c', s.configPath]);
     const workers: CliProcess[] = [];
     try {
-      // 1. Kill while conversations wait between turns (some turns committed, the next not started).
-      await waitFor(async () => (await betweenTurns(s)).length >= 2, 'conversations between turns', 90_000).catch(
-        (e: unknown) => {
-          throw new Error(
-            `${String(e)}\nproducer: ${producer.output().slice(-2_000)}\nworker: ${w1.output().slice(-2_000)}`,
-          );
+      // 1. Kill while conversations wait between turns (some turns committed, the next not
+      // started). A worker runs a conversation's next turn as soon as the previous one commits
+      // (its slot is held for it), so the moment is made: the dataset is paused once a few turns
+      // are committed; what is in flight finishes, and the next turns wait for the resume.
+      // Paused while some conversation has a turn or more committed and two or more to go: once
+      // its turn in flight commits, it still waits between two turns.
+      await waitFor(
+        async () => {
+          for (const conv of s.convs) {
+            const m = await conn.hlen(s.keys.conversationHistory('ds', conv));
+            if (m >= 1 && m <= TURNS - 2) return true;
+          }
+          return false;
         },
+        'a conversation with two turns or more to go',
+        60_000,
+        20,
       );
+      const pause = spawnCli(['pause', '-c', s.configPath, 'ds']);
+      expect(await pause.exited, pause.output()).toBe(0);
+      await waitFor(
+        async () => (await conn.zcard(s.keys.inflight('ds'))) === 0 && (await betweenTurns(s)).length >= 1,
+        'conversations between turns',
+        90_000,
+      ).catch((e: unknown) => {
+        throw new Error(
+          `${String(e)}\nproducer: ${producer.output().slice(-2_000)}\nworker: ${w1.output().slice(-2_000)}`,
+        );
+      });
       w1.child.kill('SIGKILL');
       expect(await w1.exited).toBe('SIGKILL');
       // The killed worker's state is frozen now (its leases lapse, nobody else runs): these
@@ -212,6 +233,9 @@ describe('turns: all survives crashes and races', () => {
       const paused = await betweenTurns(s);
       expect(paused.length).toBeGreaterThan(0);
       const killedLeases = new Set(await conn.zrange(s.keys.inflight('ds'), 0, -1));
+
+      const resume = spawnCli(['resume', '-c', s.configPath, 'ds']);
+      expect(await resume.exited, resume.output()).toBe(0);
 
       // 2. The producer killed once, while a worker works; it starts again at once.
       const w2 = spawnCli(['worker', '-c', s.configPath]);
