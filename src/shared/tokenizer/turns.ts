@@ -25,6 +25,8 @@ export interface TurnPrompt {
   ids: number[];
   /** True when the ids are turn k − 1's prompt + its output ids + the rest (an exact continuation). */
   spliced: boolean;
+  /** The template's rendering of turn k's history: the next turn's `previous.text`. */
+  text: string;
 }
 
 /**
@@ -57,8 +59,16 @@ function withoutEndOfTurn(tok: ChatTokenizer, ids: readonly number[]): readonly 
 export interface TurnRenderInput {
   /** Turn k's history (see `turnHistory`), its last earlier answer regenerated. */
   history: readonly ChatMessage[];
-  /** Turn k − 1's prompt ids and answer; absent for turn 1. */
-  previous?: { promptIds: readonly number[]; history: readonly ChatMessage[]; answer: RegeneratedAnswer };
+  /**
+   * Turn k − 1's prompt ids, history and answer; absent for turn 1. `text`, the rendering of
+   * that history (the previous call's {@link TurnPrompt.text}), saves rendering it again.
+   */
+  previous?: {
+    promptIds: readonly number[];
+    history: readonly ChatMessage[];
+    answer: RegeneratedAnswer;
+    text?: string;
+  };
   templateKwargs?: Record<string, unknown>;
 }
 
@@ -72,9 +82,9 @@ export function renderTurnPrompt(tok: ChatTokenizer, input: TurnRenderInput): Tu
   const prev = input.previous;
   if (prev !== undefined) {
     const spliced = splice(tok, text, prev, opts);
-    if (spliced !== undefined) return { ids: spliced, spliced: true };
+    if (spliced !== undefined) return { ids: spliced, spliced: true, text };
   }
-  return { ids: tok.encode(text), spliced: false };
+  return { ids: tok.encode(text), spliced: false, text };
 }
 
 function splice(
@@ -84,7 +94,7 @@ function splice(
   opts: { templateKwargs?: Record<string, unknown> },
 ): number[] | undefined {
   const output = prev.answer.outputIds;
-  const prevText = tok.applyChatTemplate(prev.history, { ...opts, addGenerationPrompt: true });
+  const prevText = prev.text ?? tok.applyChatTemplate(prev.history, { ...opts, addGenerationPrompt: true });
   const answerText = tok.decode(withoutEndOfTurn(tok, output), { skipSpecialTokens: false });
   const head = prevText + answerText;
   if (!text.startsWith(head)) return undefined;

@@ -94,7 +94,7 @@ export async function driveConversation(
   );
   const history = await deps.history(dataset, sample.id);
   const answers: RegeneratedAnswer[] = [];
-  let previous: { promptIds: number[]; history: ChatMessage[] } | undefined;
+  let previous: { promptIds: number[]; history: ChatMessage[]; text?: string } | undefined;
   let committed = 0;
   let outputTokens = 0;
   let spliced = 0;
@@ -123,17 +123,19 @@ export async function driveConversation(
       answers.map((a) => a.message),
     );
     let promptIds: number[];
+    let text: string | undefined;
     let thisSpliced = false;
     if (k === 1) {
       promptIds = sample.promptIds;
     } else {
-      const prev = previous as { promptIds: number[]; history: ChatMessage[] };
+      const prev = previous as NonNullable<typeof previous>;
       const prompt = renderTurnPrompt(tok, {
         history: hist,
         previous: { ...prev, answer: answers[k - 2] as RegeneratedAnswer },
         ...(opts.templateKwargs === undefined ? {} : { templateKwargs: opts.templateKwargs }),
       });
       promptIds = prompt.ids;
+      text = prompt.text;
       thisSpliced = prompt.spliced;
       if (prompt.spliced) spliced += 1;
       const prevOutput = (answers[k - 2] as RegeneratedAnswer).outputIds;
@@ -209,7 +211,7 @@ export async function driveConversation(
       if (outputIds === undefined) return finish({ kind: 'ended', turnsDone: k, turn: k + 1, reason: 'history-lost' });
     }
     answers.push({ outputIds, message: answerMessage(tok, outputIds) });
-    previous = { promptIds, history: hist };
+    previous = { promptIds, history: hist, ...(text === undefined ? {} : { text }) };
   }
   return finish({ kind: 'complete', turnsDone: total });
 }
