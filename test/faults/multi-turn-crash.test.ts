@@ -4,7 +4,6 @@
 // delivered twice at once). Whatever happens, each conversation ends complete, each turn is written
 // once, and each turn's prompt is built on the turns committed before it, never on a losing
 // duplicate's answer or a lost one.
-import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { Queue } from 'bullmq';
@@ -12,17 +11,18 @@ import { describe, expect, it } from 'vitest';
 
 import {
   RunKeys,
-  answerMessage,
   bundledTokenizerPath,
-  conversationTurns,
   generateQueueName,
   loadTokenizer,
-  parseChatMessage,
-  turnHistory,
-  type ChatMessage,
   type ConfigInput,
 } from '../../src/shared/index.js';
-import { byConversation, writeConversations, type TurnRecord } from '../helpers/conversations.js';
+import {
+  byConversation,
+  expectTurnChains,
+  readConversationFile,
+  writeConversations,
+  type TurnRecord,
+} from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
 import {
   duplicates,
@@ -130,42 +130,9 @@ async function expectCompleteChains(s: Setup): Promise<TurnRecord[]> {
   );
 
   const tok = await loadTokenizer(bundledTokenizerPath());
-  const source = new Map<string, ChatMessage[]>();
-  for (const line of readFileSync(s.file, 'utf8').trim().split('\n')) {
-    const rec = JSON.parse(line) as { id: string; messages: unknown[] };
-    source.set(
-      rec.id,
-      rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
-    );
-  }
-  for (const [id, turns] of byConversation(records)) {
-    const messages = source.get(id) as ChatMessage[];
-    const shape = conversationTurns(messages);
-    if (typeof shape === 'string') throw new Error(shape);
-    expect(
-      turns.map((t) => t.turn),
-      id,
-    ).toEqual([1, 2, 3, 4]);
-    for (const t of turns) {
-      if (t.turn === 1) continue;
-      const prev = turns[t.turn - 2] as TurnRecord;
-      // Built on the committed answers (the ones on disk): a prompt built on a duplicate's lost
-      // answer, or on an answer the resume did not read back, differs from this.
-      const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
-      const history = turnHistory(messages, shape, t.turn, answers);
-      if (t.spliced) {
-        expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length), t.id).toEqual([
-          ...prev.prompt_ids,
-          ...prev.output_ids,
-        ]);
-        expect(tok.decode(t.prompt_ids, { skipSpecialTokens: false }), t.id).toBe(
-          tok.applyChatTemplate(history, { addGenerationPrompt: true }),
-        );
-      } else {
-        expect(t.prompt_ids, `${t.id} rendered from the committed history`).toEqual(tok.encodePrompt(history));
-      }
-    }
-  }
+  // Built on the committed answers (the ones on disk): a prompt built on a duplicate's lost
+  // answer, or on an answer the resume did not read back, fails this.
+  expectTurnChains(tok, readConversationFile(s.file), byConversation(records), { complete: true });
 
   const stats = await conn.hgetall(s.keys.stats('ds'));
   expect(stats.status).toBe('completed');

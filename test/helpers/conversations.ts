@@ -1,6 +1,17 @@
 // Multi-turn conversation files for the `turns: all` tests, and checks of their records.
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+
+import { expect } from 'vitest';
+
+import {
+  answerMessage,
+  conversationTurns,
+  parseChatMessage,
+  turnHistory,
+  type ChatMessage,
+  type ChatTokenizer,
+} from '../../src/shared/index.js';
 
 /** The source's assistant text: it must never reach a prompt. */
 export const SOURCE_ANSWER = 'SOURCE-ANSWER-NEVER-SENT';
@@ -51,4 +62,71 @@ export function byConversation(records: readonly TurnRecord[]): Map<string, Turn
   }
   for (const list of out.values()) list.sort((a, b) => a.turn - b.turn);
   return out;
+}
+
+/** The source conversations of a `{"id","messages"}` JSONL file, by id, as the producer parses them. */
+export function readConversationFile(file: string): Map<string, ChatMessage[]> {
+  const out = new Map<string, ChatMessage[]>();
+  for (const line of readFileSync(file, 'utf8').trim().split('\n')) {
+    const rec = JSON.parse(line) as { id: string; messages: unknown[] };
+    out.set(
+      rec.id,
+      rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
+    );
+  }
+  return out;
+}
+
+/**
+ * Each conversation's records are turns 1, 2, … without a gap (all its turns when `complete`),
+ * never carry the source's answers, and each turn k ≥ 2's prompt is the template's rendering of
+ * the history of the turns before it as written (spliced: the previous turn's prompt_ids +
+ * output_ids, then the rest, decoding to that rendering; else the rendering encoded). A prompt
+ * built on an answer other than the one on disk fails this. Returns the number of spliced turns.
+ */
+export function expectTurnChains(
+  tok: ChatTokenizer,
+  source: ReadonlyMap<string, ChatMessage[]>,
+  convs: ReadonlyMap<string, TurnRecord[]>,
+  opts: {
+    complete?: boolean;
+    /** Check that a spliced prompt decodes to the rendering (default true; a random model's ids may not decode back). */
+    decodes?: boolean;
+  } = {},
+): number {
+  let spliced = 0;
+  for (const [id, turns] of convs) {
+    const messages = source.get(id);
+    if (messages === undefined) throw new Error(`conversation ${id} is not in the source`);
+    const shape = conversationTurns(messages);
+    if (typeof shape === 'string') throw new Error(`conversation ${id}: ${shape}`);
+    const n = opts.complete === true ? shape.starts.length : turns.length;
+    expect(
+      turns.map((t) => t.turn),
+      id,
+    ).toEqual(Array.from({ length: n }, (_, k) => k + 1));
+    for (const t of turns) {
+      expect(t.id).toBe(`${id}#t${t.turn}`);
+      expect(t.turns, t.id).toBe(shape.starts.length);
+      expect(tok.decode(t.prompt_ids), t.id).not.toContain(SOURCE_ANSWER);
+      if (t.turn === 1) continue;
+      const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
+      const history = turnHistory(messages, shape, t.turn, answers);
+      if (t.spliced) {
+        spliced += 1;
+        const prev = turns[t.turn - 2] as TurnRecord;
+        expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length), t.id).toEqual([
+          ...prev.prompt_ids,
+          ...prev.output_ids,
+        ]);
+        if (opts.decodes !== false)
+          expect(tok.decode(t.prompt_ids, { skipSpecialTokens: false }), t.id).toBe(
+            tok.applyChatTemplate(history, { addGenerationPrompt: true }),
+          );
+      } else {
+        expect(t.prompt_ids, `${t.id} rendered from the history written`).toEqual(tok.encodePrompt(history));
+      }
+    }
+  }
+  return spliced;
 }

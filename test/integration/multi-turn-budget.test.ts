@@ -6,24 +6,20 @@
  * prompt outgrows the context ends `context: …`, one whose turn gets a 400 ends `failed: turn k
  * (HTTP 400) …`, each keeping its earlier turns, while the others complete.
  */
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
-import {
-  RunKeys,
-  answerMessage,
-  bundledTokenizerPath,
-  conversationTurns,
-  loadTokenizer,
-  parseChatMessage,
-  turnHistory,
-  type ChatMessage,
-  type ConfigInput,
-} from '../../src/shared/index.js';
+import { RunKeys, bundledTokenizerPath, loadTokenizer, type ConfigInput } from '../../src/shared/index.js';
 import type { SimulatorHandle } from '../../src/sim/index.js';
-import { byConversation, writeConversations, type TurnRecord } from '../helpers/conversations.js';
+import {
+  byConversation,
+  expectTurnChains,
+  readConversationFile,
+  writeConversations,
+  type TurnRecord,
+} from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, sampleIdOfRid, spawnCli, writeConfig } from '../helpers/pipeline.js';
 
@@ -63,18 +59,6 @@ async function runCli(cfg: string): Promise<void> {
   expect(await run.exited, run.output().slice(-4_000)).toBe(0);
 }
 
-function sourceOf(file: string): Map<string, ChatMessage[]> {
-  const out = new Map<string, ChatMessage[]>();
-  for (const line of readFileSync(file, 'utf8').trim().split('\n')) {
-    const rec = JSON.parse(line) as { id: string; messages: unknown[] };
-    out.set(
-      rec.id,
-      rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
-    );
-  }
-  return out;
-}
-
 /**
  * Each conversation's records are turns 1..m in order (no gap, none twice), and each turn k ≥ 2's
  * prompt is the rendering of the history of the turns on disk before it (spliced: it starts with
@@ -83,34 +67,8 @@ function sourceOf(file: string): Map<string, ChatMessage[]> {
 async function expectChains(records: Rec[], file: string): Promise<Map<string, Rec[]>> {
   expect(duplicates(records.map((r) => r.id)), 'no turn written twice').toEqual([]);
   const tok = await loadTokenizer(bundledTokenizerPath());
-  const source = sourceOf(file);
   const convs = byConversation(records) as Map<string, Rec[]>;
-  for (const [id, turns] of convs) {
-    const messages = source.get(id) as ChatMessage[];
-    const shape = conversationTurns(messages);
-    if (typeof shape === 'string') throw new Error(shape);
-    expect(
-      turns.map((t) => t.turn),
-      id,
-    ).toEqual(turns.map((_, i) => i + 1));
-    for (const t of turns) {
-      if (t.turn === 1) continue;
-      const prev = turns[t.turn - 2] as Rec;
-      const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
-      const history = turnHistory(messages, shape, t.turn, answers);
-      if (t.spliced) {
-        expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length), t.id).toEqual([
-          ...prev.prompt_ids,
-          ...prev.output_ids,
-        ]);
-        expect(tok.decode(t.prompt_ids, { skipSpecialTokens: false }), t.id).toBe(
-          tok.applyChatTemplate(history, { addGenerationPrompt: true }),
-        );
-      } else {
-        expect(t.prompt_ids, `${t.id} rendered from the turns on disk`).toEqual(tok.encodePrompt(history));
-      }
-    }
-  }
+  expectTurnChains(tok, readConversationFile(file), convs);
   return convs;
 }
 

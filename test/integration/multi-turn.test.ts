@@ -11,14 +11,10 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import {
-  answerMessage,
   bundledTokenizerPath,
-  conversationTurns,
   loadConfig,
   loadTokenizer,
-  parseChatMessage,
   readHfDataset,
-  turnHistory,
   type ChatMessage,
   type ConfigInput,
   RunKeys,
@@ -27,7 +23,14 @@ import { renderMetrics } from '../../src/dashboard/metrics.js';
 import { parse } from 'yaml';
 
 import { useHarness } from '../helpers/fixture.js';
-import { byConversation, SOURCE_ANSWER, writeConversations, type TurnRecord } from '../helpers/conversations.js';
+import {
+  byConversation,
+  expectTurnChains,
+  readConversationFile,
+  SOURCE_ANSWER,
+  writeConversations,
+  type TurnRecord,
+} from '../helpers/conversations.js';
 import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
 
 const {
@@ -115,46 +118,8 @@ describe('turns: all', () => {
     expect([...convs.keys()].sort()).toEqual(['c-0', 'c-1', 'c-2', 'c-3', 'c-4', 'c-5', 'tools-1']);
 
     const tok = await loadTokenizer(bundledTokenizerPath());
-    const source = new Map<string, ChatMessage[]>();
-    for (const line of readFileSync(file, 'utf8').trim().split('\n')) {
-      const rec = JSON.parse(line) as { id: string; messages: unknown[] };
-      source.set(
-        rec.id,
-        rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
-      );
-    }
-    let spliced = 0;
-    for (const [id, turns] of convs) {
-      const messages = source.get(id) as ChatMessage[];
-      const shape = conversationTurns(messages);
-      if (typeof shape === 'string') throw new Error(shape);
-      const n = shape.starts.length;
-      expect(
-        turns.map((t) => t.turn),
-        id,
-      ).toEqual(Array.from({ length: n }, (_, k) => k + 1));
-      for (const t of turns) {
-        expect(t.id).toBe(`${id}#t${t.turn}`);
-        expect(t.turns).toBe(n);
-        expect(tok.decode(t.prompt_ids)).not.toContain(SOURCE_ANSWER);
-        const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
-        const history = turnHistory(messages, shape, t.turn, answers);
-        if (t.spliced) {
-          spliced += 1;
-          const prev = turns[t.turn - 2] as TurnRecord;
-          expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length)).toEqual([
-            ...prev.prompt_ids,
-            ...prev.output_ids,
-          ]);
-          // The splice is the template's rendering of the regenerated history, token for token.
-          expect(tok.decode(t.prompt_ids, { skipSpecialTokens: false })).toBe(
-            tok.applyChatTemplate(history, { addGenerationPrompt: true }),
-          );
-        } else {
-          expect(t.prompt_ids, `${t.id} rendered from the regenerated history`).toEqual(tok.encodePrompt(history));
-        }
-      }
-    }
+    const source = readConversationFile(file);
+    const spliced = expectTurnChains(tok, source, convs, { complete: true });
     // Qwen3's template continues exactly when an answer has no reasoning to strip: most turns ≥ 2 are spliced.
     expect(spliced).toBeGreaterThan(0);
 

@@ -9,17 +9,14 @@ import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
+import { loadTokenizer, readHfDataset, RunKeys } from '../../src/shared/index.js';
 import {
-  answerMessage,
-  conversationTurns,
-  loadTokenizer,
-  parseChatMessage,
-  readHfDataset,
-  turnHistory,
-  type ChatMessage,
-  RunKeys,
-} from '../../src/shared/index.js';
-import { byConversation, SOURCE_ANSWER, writeConversations, type TurnRecord } from '../helpers/conversations.js';
+  byConversation,
+  expectTurnChains,
+  readConversationFile,
+  writeConversations,
+  type TurnRecord,
+} from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
 import { modelDir, realSglang, skipReason } from '../helpers/real-sglang.js';
@@ -61,37 +58,10 @@ describe.skipIf(skip !== '')(
       expect(records).toHaveLength(12);
 
       const tok = await loadTokenizer(modelDir(realSglang().dir));
-      const source = new Map<string, ChatMessage[]>();
-      for (const line of readFileSync(file, 'utf8').trim().split('\n')) {
-        const rec = JSON.parse(line) as { id: string; messages: unknown[] };
-        source.set(
-          rec.id,
-          rec.messages.map((m, i) => parseChatMessage(m, `messages[${i}]`)),
-        );
-      }
       const convs = byConversation(records);
-      for (const [id, turns] of convs) {
-        const messages = source.get(id) as ChatMessage[];
-        const shape = conversationTurns(messages);
-        if (typeof shape === 'string') throw new Error(shape);
-        expect(turns.map((t) => t.turn)).toEqual([1, 2, 3]);
-        for (const t of turns) {
-          // The server tokenized nothing itself: it counted exactly the ids sent.
-          expect(t.prompt_tokens, t.id).toBe(t.prompt_ids.length);
-          expect(tok.decode(t.prompt_ids)).not.toContain(SOURCE_ANSWER);
-          const answers = turns.slice(0, t.turn - 1).map((p) => answerMessage(tok, p.output_ids));
-          const history = turnHistory(messages, shape, t.turn, answers);
-          if (t.spliced) {
-            const prev = turns[t.turn - 2] as TurnRecord;
-            expect(t.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length), t.id).toEqual([
-              ...prev.prompt_ids,
-              ...prev.output_ids,
-            ]);
-          } else {
-            expect(t.prompt_ids, t.id).toEqual(tok.encodePrompt(history));
-          }
-        }
-      }
+      // The server tokenized nothing itself: it counted exactly the ids sent.
+      for (const r of records) expect(r.prompt_tokens, r.id).toBe(r.prompt_ids.length);
+      expectTurnChains(tok, readConversationFile(file), convs, { complete: true, decodes: false });
       const keys = new RunKeys(redis.prefix, 'mt');
       const stats = await db.hgetall(keys.stats('mt'));
       expect(stats['conversationsComplete']).toBe('4');
