@@ -10,6 +10,10 @@
 #   trainer    .venv            scripts/requirements-trainer.txt    main + torch (pinned), for
 #                                                                   the reference trainer
 #                                                                   (`npm run setup:trainer`)
+#   trainers   .venv-trainers   scripts/requirements-trainers.txt   SpecForge 0.2.0 and
+#                                                                   speculators 0.9.0 (their
+#                                                                   data code, CPU torch), for
+#                                                                   the trainer loader tests
 #
 #   bash scripts/setup-python.sh [main|datasets3|trainer]...   (no argument: main and datasets3)
 #
@@ -29,6 +33,7 @@ declare -A ENVS=(
   [main]=".venv|scripts/requirements.txt|transformers datasets tokenizers jinja2 pyarrow"
   [datasets3]=".venv-datasets3|scripts/requirements-datasets3.txt|datasets pyarrow"
   [trainer]=".venv|scripts/requirements-trainer.txt|torch datasets pyarrow"
+  [trainers]=".venv-trainers|scripts/requirements-trainers.txt|torch datasets specforge.data.prompt_builder speculators.train.data"
 )
 
 # Builds one environment unless it is ready.
@@ -52,6 +57,11 @@ setup() {
   else
     want="$(sha256sum "$req" | cut -d' ' -f1)"
   fi
+  # A `<name>.nodeps.txt` beside the requirements file is installed after it with --no-deps; the
+  # stamp covers both.
+  if [ -f "${req%.txt}.nodeps.txt" ]; then
+    want="$(cat "$req" "${req%.txt}.nodeps.txt" | sha256sum | cut -d' ' -f1)"
+  fi
   imports="import ${modules// /, }"
   if [ -x "$py" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$imports" >/dev/null 2>&1; then
     return 0
@@ -61,6 +71,9 @@ setup() {
   rm -f "$stamp"
   "${PYTHON:-python3}" -m venv "$venv"
   "$py" -m pip install --quiet --disable-pip-version-check --no-input -r "$req"
+  if [ -f "${req%.txt}.nodeps.txt" ]; then
+    "$py" -m pip install --quiet --disable-pip-version-check --no-input --no-deps -r "${req%.txt}.nodeps.txt"
+  fi
   "$py" -c "$imports" >/dev/null
   printf '%s\n' "$want" >"$stamp"
   echo "setup-python: $venv ready in $((SECONDS - started)) s ($("$py" -c 'import datasets; print("datasets", datasets.__version__)' 2>/dev/null))" >&2

@@ -3,7 +3,10 @@
 //   parity tests;
 // - `datasets3`: .venv-datasets3 from scripts/requirements-datasets3.txt (`datasets` 3.6), for
 //   the tests that older training stacks can load what tokenmill writes.
-// A fresh clone has neither; the first test that needs one builds it (a minute or two each), and
+// - `trainers`: .venv-trainers from scripts/requirements-trainers.txt (+ `.nodeps.txt`): the
+//   trainers' own data code (SpecForge 0.2.0, speculators 0.9.0) on CPU torch, for the tests that
+//   those trainers load tokenmill's output as it is.
+// A fresh clone has none; the first test that needs one builds it (a minute or two each), and
 // setup-python.sh serializes concurrent builds on a lock file. If it cannot be built, the test
 // fails with pip's output.
 import { runCaptured, type CapturedRun } from '../../src/shared/util/process.js';
@@ -17,11 +20,12 @@ const SETUP_SCRIPT = path.join(REPO_ROOT, 'scripts', 'setup-python.sh');
 const PYTHON_SCRIPTS = path.join(REPO_ROOT, 'test', 'python');
 
 /** The Python environments setup-python.sh builds. */
-export type PythonEnvName = 'main' | 'datasets3';
+export type PythonEnvName = 'main' | 'datasets3' | 'trainers';
 
 const ENVS: Record<PythonEnvName, { venv: string; requirements: string }> = {
   main: { venv: '.venv', requirements: 'requirements.txt' },
   datasets3: { venv: '.venv-datasets3', requirements: 'requirements-datasets3.txt' },
+  trainers: { venv: '.venv-trainers', requirements: 'requirements-trainers.txt' },
 };
 
 function pythonOf(env: PythonEnvName): string {
@@ -64,9 +68,12 @@ function envIsCurrent(env: PythonEnvName): boolean {
   const python = pythonOf(env);
   const stamp = path.join(REPO_ROOT, ENVS[env].venv, '.requirements.sha256');
   if (!existsSync(python) || !existsSync(stamp)) return false;
-  const want = createHash('sha256')
-    .update(readFileSync(path.join(REPO_ROOT, 'scripts', ENVS[env].requirements)))
-    .digest('hex');
+  const requirements = path.join(REPO_ROOT, 'scripts', ENVS[env].requirements);
+  // setup-python.sh installs `<name>.nodeps.txt` after the requirements file; its stamp covers both.
+  const noDeps = requirements.replace(/\.txt$/, '.nodeps.txt');
+  const hash = createHash('sha256').update(readFileSync(requirements));
+  if (existsSync(noDeps)) hash.update(readFileSync(noDeps));
+  const want = hash.digest('hex');
   return readFileSync(stamp, 'utf8').trim() === want;
 }
 
