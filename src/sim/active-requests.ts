@@ -172,6 +172,7 @@ export class ActiveRequests {
 
   idsOf(a: Active, count: number): number[] {
     if (a.fullIds !== undefined) return a.fullIds.slice(0, count);
+    if (this.s.o.output === 'text') return this.fullIds(a).slice(0, count);
     return completionIds(a.plan, this.s.poolOrThrow(), this.s.o.seed, a.rid, a.promptIds.length, count);
   }
 
@@ -183,6 +184,7 @@ export class ActiveRequests {
       a.rid,
       a.promptIds.length,
       a.plan.outputTokens,
+      this.s.o.output,
     );
     return a.fullIds;
   }

@@ -19,7 +19,7 @@ export {
   realClock,
   VirtualClock,
 } from './load-model.js';
-export { DEFAULT_OUTPUT_LENGTH, type OutputLengthSpec } from './output-model.js';
+export { DEFAULT_OUTPUT_LENGTH, OUTPUT_MODES, type OutputLengthSpec, type OutputMode } from './output-model.js';
 export { Simulator, startSimulator } from './simulator.js';
 export {
   SIM_VERSIONS,

@@ -1,7 +1,7 @@
 /** The simulator's options, checked and with defaults applied. */
 import { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from '../shared/index.js';
 import { type FaultConfig, validateFaults } from './faults.js';
-import { DEFAULT_OUTPUT_LENGTH, type OutputLengthSpec } from './output-model.js';
+import { DEFAULT_OUTPUT_LENGTH, OUTPUT_MODES, type OutputLengthSpec, type OutputMode } from './output-model.js';
 import { SIM_VERSIONS, type SimVersion, type SimulatorOptions } from './types.js';
 
 export interface ResolvedOptions {
@@ -18,6 +18,8 @@ export interface ResolvedOptions {
   declineAboveBatch: number | undefined;
   declinePerRequest: number;
   outputLength: OutputLengthSpec;
+  /** How completions are written (output-model.ts); default `random`. */
+  output: OutputMode;
   tokenizerPath: string;
   modelPath: string;
   version: SimVersion;
@@ -53,6 +55,10 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
   if (!['lognormal', 'fixed', 'uniform'].includes(outputLength.distribution)) {
     throw new RangeError(`simulator option outputLength.distribution is invalid: ${String(outputLength.distribution)}`);
   }
+  const output = o.output ?? 'random';
+  if (!OUTPUT_MODES.includes(output)) {
+    throw new RangeError(`simulator option output must be one of ${OUTPUT_MODES.join(', ')}, got ${String(output)}`);
+  }
   return {
     host: o.host ?? '127.0.0.1',
     port,
@@ -69,6 +75,7 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
       o.declineAboveBatch === undefined ? undefined : positiveInt('declineAboveBatch', o.declineAboveBatch),
     declinePerRequest: positive('declinePerRequest', o.declinePerRequest ?? 0.01),
     outputLength,
+    output,
     tokenizerPath: o.tokenizerPath ?? bundledTokenizerPath(),
     modelPath: o.modelPath ?? BUNDLED_TOKENIZER_MODEL,
     apiKey: resolveApiKey(o.apiKey),

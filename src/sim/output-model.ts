@@ -1,8 +1,10 @@
 /**
- * What the simulated model "generates": a completion length drawn from a distribution and
- * ordinary token ids, both a pure function of (seed, rid, prompt length) so that a request
- * repeated with the same rid gets the same output.
+ * What the simulated model "generates": a completion length drawn from a distribution and its
+ * token ids, both a pure function of (seed, rid, prompt length) so that a request repeated with
+ * the same rid gets the same output. The ids are random ordinary tokens (`output: 'random'`) or
+ * the encoding of composed text (`output: 'text'`, output-text.ts), canonical as a real model's.
  */
+import { composeAnswer } from './output-text.js';
 
 export interface OutputLengthSpec {
   distribution: 'lognormal' | 'fixed' | 'uniform';
@@ -142,16 +144,30 @@ export function planOutput(input: OutputPlanInput): OutputPlan {
   return { outputTokens: natural, finishReason: { type: 'stop', matched: stopTokenId }, stopTokenId };
 }
 
+/**
+ * How the simulated model writes a completion: `random` ordinary token ids (words, punctuation,
+ * newlines drawn one id at a time: cheap, but no real model's ids, and their decoded text encodes
+ * to other ids), or `text`: composed prose, lists and code encoded once with the tokenizer,
+ * cut to the drawn length (canonical ids, as a real model mostly emits).
+ */
+export type OutputMode = 'random' | 'text';
+
+/** The output modes, for option checks. */
+export const OUTPUT_MODES: readonly OutputMode[] = ['random', 'text'];
+
 /** Ordinary token ids the simulated model writes with: words, punctuation, newlines. */
 export interface TokenPool {
   words: readonly number[];
   punctuation: readonly number[];
   newlines: readonly number[];
+  /** The tokenizer's encoding of text (no special tokens added), for `output: 'text'`. */
+  encode?: (text: string) => number[];
 }
 
 /**
  * The first `count` completion ids of a request. When `count` reaches the plan's length and
- * the plan ends on a stop token, that token is the last id.
+ * the plan ends on a stop token, that token is the last id. With `mode` `text` the ids are those
+ * of {@link textCompletionIds}, cut to `count`: a prefix of the full completion, whatever `count`.
  */
 export function completionIds(
   plan: OutputPlan,
@@ -160,8 +176,10 @@ export function completionIds(
   rid: string,
   promptTokens: number,
   count: number,
+  mode: OutputMode = 'random',
 ): number[] {
   const n = Math.max(0, Math.min(count, plan.outputTokens));
+  if (mode === 'text' && n > 0) return textCompletionIds(plan, pool, seed, rid, promptTokens).slice(0, n);
   const rng = requestRng(seed, rid, promptTokens, 'ids');
   const ids = new Array<number>(n);
   const pick = (list: readonly number[]): number => list[Math.floor(rng() * list.length)] ?? list[0] ?? 0;
@@ -175,12 +193,40 @@ export function completionIds(
   return ids;
 }
 
+/**
+ * The whole completion of a request in `text` mode: text composed from the request's PRNG
+ * ({@link composeAnswer}, at least as many words as the plan has tokens), encoded once with
+ * the pool's tokenizer, cut to the plan's length less the stop token, then the stop token when
+ * the plan ends on one. Text that encodes shorter than the plan (a tokenizer that joins words)
+ * is topped up with random word ids. Throws when the pool has no encoder.
+ */
+export function textCompletionIds(
+  plan: OutputPlan,
+  pool: TokenPool,
+  seed: number,
+  rid: string,
+  promptTokens: number,
+): number[] {
+  if (pool.encode === undefined)
+    throw new Error("simulator output 'text' needs a token pool with the tokenizer's encoder");
+  const n = plan.outputTokens;
+  if (n <= 0) return [];
+  const body = plan.stopTokenId === undefined ? n : n - 1;
+  const rng = requestRng(seed, rid, promptTokens, 'text');
+  const ids = body > 0 ? pool.encode(composeAnswer(rng, body)).slice(0, body) : [];
+  while (ids.length < body) ids.push(pool.words[Math.floor(rng() * pool.words.length)] ?? 0);
+  if (plan.stopTokenId !== undefined) ids.push(plan.stopTokenId);
+  return ids;
+}
+
 /** The parts of a tokenizer the token pool needs (ChatTokenizer has them). */
 export interface TokenPoolSource {
   readonly ordinaryTokenCount: number;
   ordinaryTokenId(index: number): number;
   tokenToId(token: string): number | undefined;
   isSpecialTokenId(id: number): boolean;
+  /** When given, the pool can write `text` completions. */
+  encode?(text: string): number[];
 }
 
 /** Common, neutral English words: completions read as (meaningless) plain text. */
@@ -220,9 +266,10 @@ export function buildTokenPool(source: TokenPoolSource): TokenPool {
   const words = lookup(COMMON_WORDS.flatMap((w) => [`Ġ${w}`, `▁${w}`]));
   const punctuation = lookup(PUNCTUATION_TOKENS);
   const newlines = lookup(NEWLINE_TOKENS);
-  if (words.length >= 50) return { words, punctuation, newlines };
+  const encode = source.encode === undefined ? {} : { encode: (text: string) => source.encode?.(text) ?? [] };
+  if (words.length >= 50) return { words, punctuation, newlines, ...encode };
   const spread = new Set<number>();
   const step = Math.max(1, Math.floor(source.ordinaryTokenCount / 50_000));
   for (let i = 0; i < source.ordinaryTokenCount; i += step) spread.add(source.ordinaryTokenId(i));
-  return { words: [...spread], punctuation: [], newlines: [] };
+  return { words: [...spread], punctuation: [], newlines: [], ...encode };
 }

@@ -1,5 +1,5 @@
 import type { FaultConfig } from './faults.js';
-import type { OutputLengthSpec } from './output-model.js';
+import type { OutputLengthSpec, OutputMode } from './output-model.js';
 
 export type { FaultConfig } from './faults.js';
 
@@ -37,6 +37,11 @@ export interface SimulatorOptions {
   declinePerRequest?: number;
   /** Completion length distribution; default lognormal, mean 2700, sigma 0.8. */
   outputLength?: OutputLengthSpec;
+  /**
+   * Default `random`: ordinary token ids drawn one by one. `text`: composed text encoded once
+   * with the tokenizer and cut to the drawn length (canonical ids, as a real model's).
+   */
+  output?: OutputMode;
   /** Tokenizer folder; default the bundled Qwen3 tokenizer. */
   tokenizerPath?: string;
   /** Reported as model_path and model id; default "Qwen/Qwen3-8B". */

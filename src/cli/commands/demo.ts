@@ -91,7 +91,14 @@ export function registerDemoCommand(program: Command): void {
     .option('--dashboard-port <port>', 'port of --dashboard (0: any free port)', '3000')
     .action(async (opts: DemoOptions) => {
       const outDir = resolve(opts.out);
-      const sim = await startSimulator({ port: 0, timeScale: Number(opts.timeScale), maxRunningRequests: 64, seed: 7 });
+      const sim = await startSimulator({
+        port: 0,
+        timeScale: Number(opts.timeScale),
+        maxRunningRequests: 64,
+        seed: 7,
+        // Canonical ids, as a real model writes: the exported text routes reproduce the rows.
+        output: 'text',
+      });
       try {
         // With the trainer environment (`npm run setup:trainer`), the demo ends with a short CPU training.
         const trainPython = demoTrainerPython(packageRoot);

@@ -1,6 +1,13 @@
 import { type Command, InvalidArgumentError, Option } from 'commander';
 
-import { SIM_VERSIONS, type SimVersion, type SimulatorOptions, startSimulator } from '../../sim/index.js';
+import {
+  OUTPUT_MODES,
+  SIM_VERSIONS,
+  type OutputMode,
+  type SimVersion,
+  type SimulatorOptions,
+  startSimulator,
+} from '../../sim/index.js';
 
 interface SimCommandOptions {
   port: number;
@@ -18,6 +25,7 @@ interface SimCommandOptions {
   outputSigma?: number;
   minOutputTokens?: number;
   maxOutputTokens?: number;
+  output: OutputMode;
   tokenizer?: string;
   modelPath: string;
   version: SimVersion;
@@ -79,6 +87,7 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
       ...(opts.minOutputTokens === undefined ? {} : { min: opts.minOutputTokens }),
       ...(opts.maxOutputTokens === undefined ? {} : { max: opts.maxOutputTokens }),
     },
+    output: opts.output,
     ...(opts.tokenizer === undefined ? {} : { tokenizerPath: opts.tokenizer }),
     modelPath: opts.modelPath,
     version: opts.version,
@@ -130,6 +139,14 @@ export function registerSimCommand(program: Command): void {
     .option('--output-sigma <x>', 'lognormal sigma (default 0.8)', numberArg('positive'))
     .option('--min-output-tokens <n>', 'shortest completion', numberArg('positive-int'))
     .option('--max-output-tokens <n>', 'longest completion (before max_new_tokens)', numberArg('positive-int'))
+    .addOption(
+      new Option(
+        '--output <mode>',
+        'what completions hold: text (composed text encoded once, canonical ids as a real model writes) or random (random ordinary ids)',
+      )
+        .choices([...OUTPUT_MODES])
+        .default('text'),
+    )
     .option(
       '--tokenizer <dir>',
       'tokenizer folder (tokenizer.json + tokenizer_config.json); default the bundled Qwen3 tokenizer',
