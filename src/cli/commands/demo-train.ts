@@ -25,21 +25,29 @@ export function demoTrainerPython(root: string): string | null {
   return probe.status === 0 ? python : null;
 }
 
-/** The demo config with a train section for the reference trainer (CPU, a short run). */
-export function withDemoTraining(config: ConfigInput, python: string | null): ConfigInput {
+/** Steps of the demo's training, and where `tokenmill train --resume` on its config continues to. */
+export const DEMO_TRAIN_STEPS = 60;
+export const DEMO_RESUME_STEPS = 2 * DEMO_TRAIN_STEPS;
+
+/**
+ * The demo config with a train section for the reference trainer under `root` (CPU, a short run);
+ * its paths are absolute, as the command runs from the config file's folder. Resuming goes on to
+ * {@link DEMO_RESUME_STEPS}, so that `train --resume` after the demo's finished training has steps left.
+ */
+export function withDemoTraining(config: ConfigInput, python: string | null, root: string): ConfigInput {
   if (python === null) return config;
   return {
     ...config,
     train: {
       command: [
         python,
-        'trainers/tiny_drafter.py',
+        path.join(root, 'trainers', 'tiny_drafter.py'),
         '--data',
         '{dataset}',
         '--output',
         '{output}',
         '--steps',
-        '60',
+        String(DEMO_TRAIN_STEPS),
         '--batch-size',
         '8',
         '--seq-len',
@@ -52,6 +60,7 @@ export function withDemoTraining(config: ConfigInput, python: string | null): Co
       gpus: 0,
       minFreeGpuMemMiB: 0,
       mode: 'from-scratch',
+      resumeArgs: ['--resume', '{checkpoint}', '--steps', String(DEMO_RESUME_STEPS)],
       preflightPollMs: 1_000,
       cancelGraceMs: 5_000,
     },

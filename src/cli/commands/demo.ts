@@ -1,13 +1,15 @@
 import { rm } from 'node:fs/promises';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
-import { AppError, loadConfig, runDir, type ConfigInput } from '../../shared/index.js';
+import { AppError, bundledTokenizerPath, loadConfig, type ConfigInput } from '../../shared/index.js';
 import { startSimulator } from '../../sim/index.js';
 import { DASHBOARD_USER, startDashboard, type Dashboard } from '../../dashboard/index.js';
 import { onceSignalled, openRunContextFor, type RunContext } from '../run-context.js';
-import { runPipeline } from './generation.js';
+import { printRunSummary, runPipelineStages } from './generation.js';
+import { throwIfFailed } from './postprocess.js';
 import { demoTrainerPython, finishDemoTraining, withDemoTraining } from './demo-train.js';
+import { demoConfigPath, demoNextCommands, formatDemoNext, writeDemoConfig } from './demo-config.js';
 
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
 const packageRoot = fileURLToPath(new URL('../../../', import.meta.url));
@@ -52,23 +54,31 @@ interface DemoOptions {
   dashboardPort: string;
 }
 
-/** The demo config: embedded Redis, the simulator at `endpoint`, the bundled tokenizer. */
-export function demoConfig(endpoint: string, outDir: string): ConfigInput {
+/**
+ * The demo config: embedded Redis, the simulator at `endpoint`, the bundled tokenizer, the sample
+ * datasets of the package at `root`. Every path is absolute, so the config means the same from
+ * any folder (the demo writes it into its run folder).
+ */
+export function demoConfig(endpoint: string, outDir: string, root: string = packageRoot): ConfigInput {
   return {
     run: 'demo',
     sglang: { endpoints: [endpoint], concurrency: 64, requestTimeoutMs: 120_000 },
-    datasets: DEMO_DATASETS.map((d) => ({
-      name: d.name,
-      ...(DEMO_SOURCES[d.name] === undefined
-        ? { prompts: `data/demo/${d.name}.jsonl` }
-        : { source: DEMO_SOURCES[d.name] }),
-      tokenBudget: d.tokenBudget,
-      budget: d.budget,
-      ...(d.turns === undefined ? {} : { turns: d.turns }),
-      maxNewTokens: 8192,
-      batchSize: 16,
-    })),
-    output: { dir: outDir },
+    tokenizer: { path: bundledTokenizerPath() },
+    datasets: DEMO_DATASETS.map((d) => {
+      const source = DEMO_SOURCES[d.name];
+      return {
+        name: d.name,
+        ...(source === undefined
+          ? { prompts: resolve(root, 'data', 'demo', `${d.name}.jsonl`) }
+          : { source: { ...source, path: resolve(root, source.path) } }),
+        tokenBudget: d.tokenBudget,
+        budget: d.budget,
+        ...(d.turns === undefined ? {} : { turns: d.turns }),
+        maxNewTokens: 8192,
+        batchSize: 16,
+      };
+    }),
+    output: { dir: resolve(outDir) },
     workers: { shutdownGraceMs: 5_000 },
   };
 }
@@ -91,6 +101,7 @@ export function registerDemoCommand(program: Command): void {
     .option('--dashboard-port <port>', 'port of --dashboard (0: any free port)', '3000')
     .action(async (opts: DemoOptions) => {
       const outDir = resolve(opts.out);
+      const json = opts.json === true;
       const sim = await startSimulator({
         port: 0,
         timeScale: Number(opts.timeScale),
@@ -102,27 +113,41 @@ export function registerDemoCommand(program: Command): void {
       try {
         // With the trainer environment (`npm run setup:trainer`), the demo ends with a short CPU training.
         const trainPython = demoTrainerPython(packageRoot);
-        const config = loadConfig({
-          object: withDemoTraining(demoConfig(sim.url, outDir), trainPython),
-          baseDir: packageRoot,
-        });
-        if (opts.fresh === true) await rm(runDir(config), { recursive: true, force: true });
-        process.stderr.write(`tokenmill demo: simulator at ${sim.url}, output in ${runDir(config)}\n`);
+        const input = withDemoTraining(demoConfig(sim.url, outDir), trainPython, packageRoot);
+        const dir = join(outDir, 'demo');
+        if (opts.fresh === true) await rm(dir, { recursive: true, force: true });
+        // The config file first, so that it is there even when the demo is stopped; the demo runs
+        // with what that file says, so every later `-c` command sees the same run.
+        const file = demoConfigPath(dir);
+        await writeDemoConfig(file, input, dir);
+        const config = loadConfig({ path: file });
+        process.stderr.write(`tokenmill demo: simulator at ${sim.url}, output in ${dir}, config ${file}\n`);
         const ctx = await openRunContextFor(config);
         let dashboard: Dashboard | undefined;
         try {
           if (opts.dashboard === true) dashboard = await demoDashboard(ctx, opts.dashboardPort);
-          // Generate, then tokenize and merge; prints the status table and the validation report.
-          const pipeline = await runPipeline(ctx, {
-            progressMs: 3_000,
-            ...(opts.json === undefined ? {} : { json: opts.json }),
+          // Generate, then tokenize and merge.
+          const { generation, postprocess } = await runPipelineStages(ctx, { progressMs: 3_000 });
+          const finished = generation === 'finished' && postprocess !== 'signalled';
+          const failed = postprocess !== undefined && postprocess !== 'signalled' && postprocess.status === 'failed';
+          // The status table and the validation report now; as JSON, one object after the train stage.
+          if (!json) await printRunSummary(ctx, postprocess === undefined ? {} : { postprocess });
+          // Stopped before the end (exit code 130 / 143 already set), or a failed round: no training.
+          const trained = finished && !failed ? await finishDemoTraining(ctx, trainPython, { json }) : true;
+          if (!trained) process.exitCode = 1;
+          const next = demoNextCommands(file, dir, {
+            trains: trainPython !== null,
+            ...(json ? {} : { cwd: process.cwd() }),
           });
-          // Stopped before the end (exit code 130 / 143 already set): no training on unfinished data.
-          if (pipeline === 'signalled') return;
-          if (
-            !(await finishDemoTraining(ctx, trainPython, { ...(opts.json === undefined ? {} : { json: opts.json }) }))
-          )
-            process.exitCode = 1;
+          if (json)
+            await printRunSummary(ctx, {
+              json,
+              ...(postprocess === undefined ? {} : { postprocess }),
+              extra: { config: file, next },
+            });
+          else process.stdout.write(`\n${formatDemoNext(file, next)}\n`);
+          if (postprocess !== undefined) throwIfFailed(postprocess);
+          if (!finished) return;
           if (dashboard !== undefined) {
             process.stderr.write(
               `tokenmill demo: finished; the dashboard stays open at ${dashboard.url} (user "${DASHBOARD_USER}", password ${dashboard.token}); Ctrl-C to stop\n`,

@@ -264,7 +264,7 @@ async function runPostprocessWorker(ctx: RunContext): Promise<void> {
  */
 export async function printRunSummary(
   ctx: RunContext,
-  options: { json?: boolean; postprocess?: RoundOutcome | 'signalled' },
+  options: { json?: boolean; postprocess?: RoundOutcome | 'signalled'; extra?: Record<string, unknown> },
 ): Promise<void> {
   const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
   const pp = options.postprocess === 'signalled' ? undefined : options.postprocess;
@@ -276,7 +276,7 @@ export async function printRunSummary(
             postprocess:
               pp.status === 'completed' ? pp.result : { status: 'failed', flowId: pp.flowId, reason: pp.reason },
           };
-    process.stdout.write(`${JSON.stringify({ ...status, ...postprocess })}\n`);
+    process.stdout.write(`${JSON.stringify({ ...status, ...postprocess, ...options.extra })}\n`);
     return;
   }
   process.stdout.write(`${formatRunStatus(status)}\n`);
@@ -293,6 +293,24 @@ export async function runPipeline(
   ctx: RunContext,
   options: { json?: boolean; crashAt?: SinkCrashPoint; progressMs?: number },
 ): Promise<'completed' | 'signalled'> {
+  const { generation, postprocess } = await runPipelineStages(ctx, options);
+  await printRunSummary(ctx, {
+    ...(options.json === undefined ? {} : { json: options.json }),
+    ...(postprocess === undefined ? {} : { postprocess }),
+  });
+  if (postprocess !== undefined) throwIfFailed(postprocess);
+  return generation === 'finished' && postprocess !== 'signalled' ? 'completed' : 'signalled';
+}
+
+/**
+ * {@link runPipeline} without its summary: generation, then the post-process round when it
+ * finished (undefined when it was stopped). Exported for `demo`, which prints its summary after
+ * its train stage.
+ */
+export async function runPipelineStages(
+  ctx: RunContext,
+  options: { crashAt?: SinkCrashPoint; progressMs?: number },
+): Promise<{ generation: 'finished' | 'signalled'; postprocess?: RoundOutcome | 'signalled' }> {
   const generation = await runGeneration(ctx, {
     produce: true,
     infer: true,
@@ -309,12 +327,7 @@ export async function runPipeline(
       'tokenmill: interrupted during post-processing; the round stays queued and the next `run` or `postprocess` joins it\n',
     );
   }
-  await printRunSummary(ctx, {
-    ...(options.json === undefined ? {} : { json: options.json }),
-    ...(postprocess === undefined ? {} : { postprocess }),
-  });
-  if (postprocess !== undefined) throwIfFailed(postprocess);
-  return generation === 'finished' && postprocess !== 'signalled' ? 'completed' : 'signalled';
+  return { generation, ...(postprocess === undefined ? {} : { postprocess }) };
 }
 
 function hiddenCrashOption(program: Command) {

@@ -9,6 +9,7 @@ import type { Config } from '../config/index.js';
 import { MERGE_QUEUE, type MergeJobResult } from '../queues/index.js';
 import type { RunKeys } from '../queues/index.js';
 import { formatInt } from '../util/index.js';
+import { trainPhaseDetail, type TrainStatus } from './train-status.js';
 
 /** What {@link readPhaseDetails} needs of each generation dataset's status. */
 interface GenerationCounts {
@@ -147,6 +148,19 @@ async function preparedSources(redis: Redis, keys: RunKeys, config: Pick<Config,
   if (sources === 0) return '';
   const [rows, kept, duplicates, tooLong, empty, malformed] = sums.map((x) => formatInt(x));
   return `${sources} source${sources === 1 ? '' : 's'}: ${rows} rows read, ${kept} kept, ${duplicates} duplicates, ${tooLong} too long, ${empty} empty, ${malformed} malformed`;
+}
+
+/**
+ * The train phase of the checklist: its state (`state`, as train jobs record it), and configured
+ * when the config has a train section or a train job ran; "not configured" only when neither.
+ */
+export function trainPhase<S extends string>(
+  state: S,
+  configured: boolean,
+  train: TrainStatus | null,
+): { name: 'train'; status: S; configured: boolean; detail: string } {
+  const detail = train !== null ? trainPhaseDetail(train) : configured ? '' : 'not configured';
+  return { name: 'train', status: state, configured: configured || train !== null, detail };
 }
 
 /** The merge job's result of round `flowId`, once it completed. */

@@ -6,9 +6,9 @@ import { estimateRateAndEta } from './eta.js';
 import { generateQueueName } from '../queues/index.js';
 import type { EndpointRequestStats } from '../sglang/index.js';
 import type { RunKeys } from '../queues/index.js';
-import { preparedCounts, readPhaseDetails, type PreparedCounts } from './phases.js';
+import { preparedCounts, readPhaseDetails, trainPhase, type PreparedCounts } from './phases.js';
 import { readStalls } from './stall-watchdog.js';
-import { readTrainStatus, trainPhaseDetail, type TrainStatus } from './train-status.js';
+import { readTrainStatus, type TrainStatus } from './train-status.js';
 import { readWorkers, sumEndpointRequests, type WorkerInfo } from './worker-registry.js';
 
 /** Status of a dataset or a phase, as `status --json` prints it. */
@@ -107,7 +107,10 @@ export const RATE_BUCKETS_KEPT = 30;
 /** Buckets the tokens/s figure and the ETA measure over at most (the last minute). */
 const RATE_WINDOW_BUCKETS = 6;
 
-type StatusConfig = Pick<Config, 'run' | 'datasets'> & { sglang?: Pick<Config['sglang'], 'endpoints'> };
+type StatusConfig = Pick<Config, 'run' | 'datasets'> & {
+  sglang?: Pick<Config['sglang'], 'endpoints'>;
+  train?: Config['train'];
+};
 
 /**
  * Reads a run's progress from Redis: per dataset records, tokens, budget, in flight, failed,
@@ -208,12 +211,7 @@ export async function readRunStatus(
       { name: 'generate', status: generate, configured: gen.length > 0, detail: details.generate },
       { name: 'tokenize', status: stateOf('tokenize', 'pending'), configured: true, detail: details.tokenize },
       { name: 'merge', status: stateOf('merge', 'pending'), configured: true, detail: details.merge },
-      {
-        name: 'train',
-        status: stateOf('train', 'pending'),
-        configured: train !== null,
-        detail: train === null ? 'not configured' : trainPhaseDetail(train),
-      },
+      trainPhase(stateOf('train', 'pending'), config.train !== undefined, train),
     ],
     datasets,
     endpoints,
