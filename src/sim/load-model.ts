@@ -7,6 +7,9 @@
  * T(1) = singleRequestTokensPerSec; each request advances T(B) / B tokens per second. Requests
  * beyond the slot limit wait in a FIFO queue.
  *
+ * Progress is counted in decode steps of work: one a token, unless a job says otherwise
+ * (speculative decoding: a verify step costs more than one step and emits several tokens).
+ *
  * Nothing ticks per token: whenever B changes, every decoding request's progress is brought
  * up to `now`, and one timer is armed for the next event (a prefill ending or a request
  * finishing). Simulated time runs `timeScale` times faster than the clock.
@@ -105,6 +108,13 @@ export interface LoadJob {
   cachedTokens: number;
   /** Tokens the request will decode before it finishes on its own. */
   outputTokens: number;
+  /**
+   * What decoding costs, in plain decode steps, when it is not one step a token (speculative
+   * decoding, speculative.ts); `tokensAfterWork` then says how many tokens are out after so
+   * many steps of work. Default: `outputTokens` steps, one token each.
+   */
+  decodeWork?: number;
+  tokensAfterWork?: (work: number) => number;
   /** Called when the request gets a slot (prefill starts). */
   onStart?: () => void;
   /** Called once when the request has decoded all of `outputTokens`. */
@@ -119,7 +129,25 @@ interface JobState {
   enqueuedAtMs: number;
   startedAtMs: number;
   prefillEndsAtMs: number;
+  /** Decode steps of work done (tokens, unless the job says otherwise). */
   generated: number;
+}
+
+/** Decode steps a job costs in all. */
+function workOf(job: LoadJob): number {
+  return job.decodeWork ?? job.outputTokens;
+}
+
+/** Tokens out after `work` decode steps of a job. */
+function tokensOf(job: LoadJob, work: number): number {
+  const tokens = job.tokensAfterWork === undefined ? Math.floor(work + 1e-9) : job.tokensAfterWork(work);
+  return Math.min(job.outputTokens, tokens);
+}
+
+/** Tokens decoded between two amounts of work: fractional for plain jobs, as the rate is. */
+function tokenDelta(job: LoadJob, fromWork: number, toWork: number): number {
+  if (job.tokensAfterWork === undefined) return toWork - fromWork;
+  return tokensOf(job, toWork) - tokensOf(job, fromWork);
 }
 
 export interface LoadSnapshot {
@@ -210,7 +238,7 @@ export class LoadModel {
     this.advance(this.clock.now());
     this.running.delete(id);
     if (state.phase === 'decode') this.decoding--;
-    const generatedTokens = Math.min(state.job.outputTokens, Math.floor(state.generated + 1e-9));
+    const generatedTokens = tokensOf(state.job, state.generated);
     this.step();
     return { phase: state.phase, generatedTokens };
   }
@@ -222,22 +250,32 @@ export class LoadModel {
     if (state.phase !== 'decode') return { phase: state.phase, generatedTokens: 0 };
     const elapsed = this.clock.now() - this.lastAdvanceMs;
     const generated = state.generated + this.perRequestRatePerMs() * elapsed;
-    return { phase: 'decode', generatedTokens: Math.min(state.job.outputTokens, Math.floor(generated + 1e-9)) };
+    return { phase: 'decode', generatedTokens: tokensOf(state.job, generated) };
   }
 
   snapshot(): LoadSnapshot {
     let tokensInUse = 0;
     const elapsed = this.clock.now() - this.lastAdvanceMs;
     const rate = this.perRequestRatePerMs();
+    // Tokens per decode step summed over the decoding requests (1 each without speculation).
+    let tokensPerStep = 0;
+    let speculative = false;
     for (const state of this.running.values()) {
       tokensInUse += state.job.promptTokens;
-      if (state.phase === 'decode') tokensInUse += Math.floor(state.generated + rate * elapsed);
+      if (state.phase !== 'decode') continue;
+      tokensInUse += tokensOf(state.job, state.generated + rate * elapsed);
+      if (state.job.tokensAfterWork === undefined) tokensPerStep += 1;
+      else {
+        speculative = true;
+        tokensPerStep += state.job.outputTokens / Math.max(workOf(state.job), 1e-9);
+      }
     }
+    const throughput = batchThroughput(this.decoding, this.config);
     return {
       running: this.running.size,
       queued: this.queue.length - this.queueHead,
       decoding: this.decoding,
-      throughputTokensPerSec: batchThroughput(this.decoding, this.config),
+      throughputTokensPerSec: speculative ? (throughput / this.decoding) * tokensPerStep : throughput,
       tokensInUse,
     };
   }
@@ -247,10 +285,12 @@ export class LoadModel {
    * `sglang:generation_tokens_total` is), so the rate shows at once when the batch changes.
    */
   decodedTokensTotal(): number {
-    return (
-      this.decodedTotal +
-      this.perRequestRatePerMs() * this.decoding * Math.max(0, this.clock.now() - this.lastAdvanceMs)
-    );
+    const work = this.perRequestRatePerMs() * Math.max(0, this.clock.now() - this.lastAdvanceMs);
+    let since = 0;
+    for (const state of this.running.values()) {
+      if (state.phase === 'decode') since += tokenDelta(state.job, state.generated, state.generated + work);
+    }
+    return this.decodedTotal + since;
   }
 
   /** Time-weighted mean of running requests since the last reset (wall ms window). */
@@ -315,11 +355,12 @@ export class LoadModel {
   private advance(now: number): void {
     const elapsed = now - this.lastAdvanceMs;
     if (elapsed > 0 && this.decoding > 0) {
-      const rate = this.perRequestRatePerMs();
+      const work = this.perRequestRatePerMs() * elapsed;
       for (const state of this.running.values()) {
-        if (state.phase === 'decode') state.generated += rate * elapsed;
+        if (state.phase !== 'decode') continue;
+        this.decodedTotal += tokenDelta(state.job, state.generated, state.generated + work);
+        state.generated += work;
       }
-      this.decodedTotal += rate * elapsed * this.decoding;
     }
     this.lastAdvanceMs = Math.max(this.lastAdvanceMs, now);
     this.occupancyIntegral += this.running.size * Math.max(0, now - this.occupancyLastMs);
@@ -344,10 +385,10 @@ export class LoadModel {
           changed = true;
         }
         if (state.phase === 'decode') {
-          const remaining = state.job.outputTokens - state.generated;
+          const remaining = workOf(state.job) - state.generated;
           if (remaining <= 1e-9 || (rate > 0 && remaining / rate <= EVENT_SLACK_MS)) {
-            this.decodedTotal += Math.max(0, remaining);
-            state.generated = state.job.outputTokens;
+            this.decodedTotal += Math.max(0, tokenDelta(state.job, state.generated, workOf(state.job)));
+            state.generated = workOf(state.job);
             this.running.delete(state.job.id);
             this.decoding--;
             finished.push(state);
@@ -383,7 +424,7 @@ export class LoadModel {
     const rate = this.perRequestRatePerMs();
     for (const state of this.running.values()) {
       if (state.phase === 'prefill') nextAt = Math.min(nextAt, state.prefillEndsAtMs);
-      else if (rate > 0) nextAt = Math.min(nextAt, now + (state.job.outputTokens - state.generated) / rate);
+      else if (rate > 0) nextAt = Math.min(nextAt, now + (workOf(state.job) - state.generated) / rate);
     }
     if (nextAt === Infinity) return;
     const delayMs = Math.max(0, nextAt - now);

@@ -1,0 +1,351 @@
+/**
+ * Speculative decoding as SGLang 0.5.23 runs it with `--speculative-algorithm EAGLE3
+ * --speculative-eagle-topk 1`: after the prefill's token, a request decodes in verify steps.
+ * Each step the drafter proposes `numSteps` tokens (`numDraftTokens - 1`), the target model
+ * accepts a prefix of them and adds one token of its own (the bonus), so a step emits
+ * accepted + 1 tokens. What is generated does not change (greedy verification): only how many
+ * tokens each step emits, and so how long the request takes.
+ *
+ * Draft k (1-based) is accepted, given drafts < k were, with probability `acceptance[k - 1]`.
+ * The draws are a pure function of (seed, rid). A step that would run past the completion's
+ * end (its stop token or `max_new_tokens`) is cut there; as in SGLang, its accepted drafts are
+ * still counted in `spec_num_correct_drafts`. So, for a request that ran to its end:
+ *   completion_tokens = 1 + spec_num_correct_drafts + spec_verify_ct − cut,
+ * where 1 is the prefill's token and cut (≥ 0, only the last step) is what the last step
+ * accepted but did not emit. A request aborted while decoding ends on a step boundary (cut 0).
+ */
+import { hashString, mulberry32, type Rng } from './output-model.js';
+
+export const SPECULATIVE_ALGORITHMS = ['EAGLE3'] as const;
+export type SpeculativeAlgorithm = (typeof SPECULATIVE_ALGORITHMS)[number];
+
+/** How good the drafter is: per-position rates, or the accept length they should give. */
+export interface AcceptanceSpec {
+  /**
+   * Per draft position k = 1..numSteps: the probability that draft k is accepted given that
+   * drafts < k were (e.g. [0.8, 0.6, 0.4]); exactly `numSteps` entries in [0, 1].
+   */
+  acceptance?: number[];
+  /**
+   * The mean accept length to reach (tokens per verify step, bonus included), in
+   * [1, numSteps + 1]: every position then gets the same rate p, 1 + p + … + p^numSteps = it.
+   */
+  meanAcceptLength?: number;
+}
+
+/** `speculative` of the simulator's options: SGLang's `--speculative-*` flags and the drafter. */
+export interface SpeculativeOptions extends AcceptanceSpec {
+  /** `--speculative-algorithm`; default and only value `EAGLE3`. */
+  algorithm?: SpeculativeAlgorithm;
+  /** `--speculative-draft-model-path`, reported in /server_info. */
+  draftModelPath: string;
+  /** `--speculative-num-steps`: drafts per verify step; default 3. */
+  numSteps?: number;
+  /** `--speculative-eagle-topk`; default and only value 1 (a chain of drafts). */
+  eagleTopk?: number;
+  /**
+   * `--speculative-num-draft-tokens`; default numSteps + 1. With topk 1 SGLang sets it to
+   * numSteps + 1 whatever is given (with a warning), and so does the simulator.
+   */
+  numDraftTokens?: number;
+  /**
+   * Overrides of `acceptance` / `meanAcceptLength` by the dataset a request's rid names
+   * ({@link datasetOfRid}); requests of other datasets use the top-level ones.
+   */
+  perDataset?: Record<string, AcceptanceSpec>;
+  /**
+   * What drafting and verifying one step costs beyond a plain decode step, as a share of it:
+   * a verify step costs (1 + draftOverhead) decode steps. Default 0.25.
+   */
+  draftOverhead?: number;
+}
+
+/** {@link SpeculativeOptions} checked, with defaults applied. */
+export interface ResolvedSpeculative {
+  algorithm: SpeculativeAlgorithm;
+  draftModelPath: string;
+  numSteps: number;
+  eagleTopk: number;
+  numDraftTokens: number;
+  /** The numDraftTokens given when it was not numSteps + 1 (and so was set to it). */
+  numDraftTokensGiven: number | undefined;
+  acceptance: readonly number[];
+  perDataset: ReadonlyMap<string, readonly number[]>;
+  draftOverhead: number;
+}
+
+export const DEFAULT_NUM_STEPS = 3;
+export const DEFAULT_DRAFT_OVERHEAD = 0.25;
+/** The per-position rate when neither `acceptance` nor `meanAcceptLength` is given. */
+export const DEFAULT_ACCEPTANCE_RATE = 0.7;
+
+/** Expected tokens per verify step (bonus included) for per-position conditional rates. */
+export function expectedAcceptLength(rates: readonly number[]): number {
+  let length = 1;
+  let reach = 1;
+  for (const p of rates) {
+    reach *= p;
+    length += reach;
+  }
+  return length;
+}
+
+/** The one rate p, the same at every position, for which 1 + p + … + p^numSteps = meanAcceptLength. */
+export function ratesForMeanAcceptLength(meanAcceptLength: number, numSteps: number): number[] {
+  let low = 0;
+  let high = 1;
+  for (let i = 0; i < 60; i++) {
+    const mid = (low + high) / 2;
+    if (expectedAcceptLength(new Array<number>(numSteps).fill(mid)) < meanAcceptLength) low = mid;
+    else high = mid;
+  }
+  return new Array<number>(numSteps).fill((low + high) / 2);
+}
+
+function resolveAcceptance(spec: AcceptanceSpec, numSteps: number, where: string): number[] {
+  const { acceptance, meanAcceptLength } = spec;
+  if (acceptance !== undefined && meanAcceptLength !== undefined) {
+    throw new RangeError(`simulator option ${where}: give acceptance or meanAcceptLength, not both`);
+  }
+  if (acceptance !== undefined) {
+    if (!Array.isArray(acceptance) || acceptance.length !== numSteps) {
+      throw new RangeError(
+        `simulator option ${where}.acceptance must have numSteps (${numSteps}) entries, got ${JSON.stringify(acceptance)}`,
+      );
+    }
+    acceptance.forEach((p, i) => {
+      if (typeof p !== 'number' || !(p >= 0 && p <= 1)) {
+        throw new RangeError(`simulator option ${where}.acceptance[${i}] must be in [0, 1], got ${String(p)}`);
+      }
+    });
+    return [...acceptance];
+  }
+  if (meanAcceptLength !== undefined) {
+    if (typeof meanAcceptLength !== 'number' || !(meanAcceptLength >= 1 && meanAcceptLength <= numSteps + 1)) {
+      throw new RangeError(
+        `simulator option ${where}.meanAcceptLength must be in [1, numSteps + 1 = ${numSteps + 1}], got ${String(meanAcceptLength)}`,
+      );
+    }
+    return ratesForMeanAcceptLength(meanAcceptLength, numSteps);
+  }
+  return new Array<number>(numSteps).fill(DEFAULT_ACCEPTANCE_RATE);
+}
+
+/** Checks `speculative` and applies its defaults; RangeError naming the option when it is wrong. */
+export function resolveSpeculative(o: SpeculativeOptions): ResolvedSpeculative {
+  const algorithm = o.algorithm ?? 'EAGLE3';
+  if (!SPECULATIVE_ALGORITHMS.includes(algorithm)) {
+    throw new RangeError(
+      `simulator option speculative.algorithm must be one of ${SPECULATIVE_ALGORITHMS.join(', ')}, got ${String(algorithm)}`,
+    );
+  }
+  if (typeof o.draftModelPath !== 'string' || o.draftModelPath === '') {
+    throw new RangeError('simulator option speculative.draftModelPath must be a non-empty string');
+  }
+  const numSteps = o.numSteps ?? DEFAULT_NUM_STEPS;
+  if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 32) {
+    throw new RangeError(
+      `simulator option speculative.numSteps must be an integer in [1, 32], got ${String(numSteps)}`,
+    );
+  }
+  const eagleTopk = o.eagleTopk ?? 1;
+  if (eagleTopk !== 1) {
+    throw new RangeError(
+      `simulator option speculative.eagleTopk: only 1 (a chain of drafts) is simulated, got ${String(eagleTopk)}`,
+    );
+  }
+  const given = o.numDraftTokens;
+  if (given !== undefined && (!Number.isInteger(given) || given < 2)) {
+    throw new RangeError(`simulator option speculative.numDraftTokens must be an integer ≥ 2, got ${String(given)}`);
+  }
+  const draftOverhead = o.draftOverhead ?? DEFAULT_DRAFT_OVERHEAD;
+  if (typeof draftOverhead !== 'number' || !Number.isFinite(draftOverhead) || draftOverhead < 0) {
+    throw new RangeError(`simulator option speculative.draftOverhead must be ≥ 0, got ${String(draftOverhead)}`);
+  }
+  const perDataset = new Map<string, readonly number[]>();
+  for (const [name, spec] of Object.entries(o.perDataset ?? {})) {
+    perDataset.set(name, resolveAcceptance(spec, numSteps, `speculative.perDataset.${name}`));
+  }
+  return {
+    algorithm,
+    draftModelPath: o.draftModelPath,
+    numSteps,
+    eagleTopk,
+    numDraftTokens: numSteps + 1,
+    numDraftTokensGiven: given !== undefined && given !== numSteps + 1 ? given : undefined,
+    acceptance: resolveAcceptance(o, numSteps, 'speculative'),
+    perDataset,
+    draftOverhead,
+  };
+}
+
+/**
+ * The dataset a request id names: `eval:<dataset>:<rest>` (tokenmill's evaluation) gives
+ * `<dataset>`; `<dataset>/<sample>#<tag>` (tokenmill's generation stage) gives what is before
+ * the first `/`. Any other rid names none.
+ */
+export function datasetOfRid(rid: string): string | undefined {
+  const evalMatch = /^eval:([^:]+):/.exec(rid);
+  if (evalMatch !== null) return evalMatch[1];
+  const slash = rid.indexOf('/');
+  return slash > 0 ? rid.slice(0, slash) : undefined;
+}
+
+/** The acceptance rates a request gets: its dataset's override, else the simulator's. */
+export function acceptanceFor(spec: ResolvedSpeculative, rid: string): readonly number[] {
+  const dataset = datasetOfRid(rid);
+  return (dataset === undefined ? undefined : spec.perDataset.get(dataset)) ?? spec.acceptance;
+}
+
+/** One request's verify steps, decided before it decodes. */
+export interface SpecPlan {
+  /** Completion tokens, the prefill's token included. */
+  outputTokens: number;
+  /** Drafts accepted at each verify step (0..numSteps), the last step's in full. */
+  accepted: readonly number[];
+  /** `emittedBefore[i]`: tokens the first i steps emitted (length steps + 1; the last is outputTokens − 1). */
+  emittedBefore: readonly number[];
+}
+
+/** The draws of one request: a pure function of (seed, rid). */
+export function specRng(seed: number, rid: string): Rng {
+  return mulberry32(hashString(`${seed}\u0000${rid}\u0000speculative`));
+}
+
+/** Splits a completion of `outputTokens` into the prefill's token and verify steps. */
+export function planSpeculation(rates: readonly number[], outputTokens: number, rng: Rng): SpecPlan {
+  const accepted: number[] = [];
+  const emittedBefore: number[] = [0];
+  let remaining = Math.max(0, outputTokens - 1);
+  let emitted = 0;
+  while (remaining > 0) {
+    let a = 0;
+    while (a < rates.length && rng() < (rates[a] ?? 0)) a++;
+    const e = Math.min(a + 1, remaining);
+    accepted.push(a);
+    emitted += e;
+    emittedBefore.push(emitted);
+    remaining -= e;
+  }
+  return { outputTokens: Math.max(0, outputTokens), accepted, emittedBefore };
+}
+
+/**
+ * What the request costs the load model, in plain decode steps: the prefill's token 1 (as it
+ * costs without speculation), each verify step 1 + draftOverhead.
+ */
+export function specWork(plan: SpecPlan, draftOverhead: number): number {
+  if (plan.outputTokens === 0) return 0;
+  return 1 + plan.accepted.length * (1 + draftOverhead);
+}
+
+/** Tokens emitted once `work` decode steps of the request are done: they come a step at a time. */
+export function tokensAfterWork(plan: SpecPlan, draftOverhead: number, work: number): number {
+  if (plan.outputTokens === 0 || work < 1 - 1e-9) return 0;
+  const steps = Math.min(plan.accepted.length, Math.floor((work - 1) / (1 + draftOverhead) + 1e-9));
+  return 1 + (plan.emittedBefore[steps] ?? 0);
+}
+
+/** SGLang's per-request counters after `tokens` completion tokens. */
+export interface SpecCounts {
+  verifyCt: number;
+  correctDrafts: number;
+  /** Entry k: verify steps that accepted exactly k drafts (as `update_spec_correct_drafts_histogram`). */
+  histogram: number[];
+}
+
+/** The counters once `tokens` completion tokens are out: the steps whose tokens all are. */
+export function specCounts(plan: SpecPlan, tokens: number): SpecCounts {
+  // The largest k with 1 + emittedBefore[k] ≤ tokens.
+  let low = 0;
+  let high = plan.accepted.length;
+  if (tokens < 1) high = 0;
+  while (low < high) {
+    const mid = Math.ceil((low + high) / 2);
+    if (1 + (plan.emittedBefore[mid] ?? Infinity) <= tokens) low = mid;
+    else high = mid - 1;
+  }
+  const histogram: number[] = [];
+  let correctDrafts = 0;
+  for (let i = 0; i < low; i++) {
+    const a = plan.accepted[i] ?? 0;
+    correctDrafts += a;
+    while (histogram.length <= a) histogram.push(0);
+    histogram[a] = (histogram[a] ?? 0) + 1;
+  }
+  return { verifyCt: low, correctDrafts, histogram };
+}
+
+/**
+ * The `meta_info` fields of a finished request (`TokenizerManager._calculate_spec_decoding_metrics`),
+ * or undefined without a verify step (SGLang then adds none).
+ */
+export function specMetaInfo(
+  counts: SpecCounts,
+  numDraftTokens: number,
+  completionTokens: number,
+): Record<string, unknown> | undefined {
+  if (counts.verifyCt <= 0) return undefined;
+  const proposed = counts.verifyCt * (numDraftTokens - 1);
+  return {
+    spec_accept_rate: counts.correctDrafts / proposed,
+    spec_accept_length: completionTokens / counts.verifyCt,
+    spec_num_correct_drafts: counts.correctDrafts,
+    spec_num_proposed_drafts: proposed,
+    spec_verify_ct: counts.verifyCt,
+    spec_correct_drafts_histogram: counts.histogram,
+  };
+}
+
+/** One simulator's speculative decoding: plans per request, and the totals behind /server_info. */
+export class Speculation {
+  /** Tokens emitted by verify steps and verify steps, over requests ended (avg_spec_accept_length). */
+  private acceptTokens = 0;
+  private forwardCt = 0;
+
+  constructor(
+    readonly spec: ResolvedSpeculative,
+    private readonly seed: number,
+  ) {}
+
+  plan(rid: string, outputTokens: number): SpecPlan {
+    return planSpeculation(acceptanceFor(this.spec, rid), outputTokens, specRng(this.seed, rid));
+  }
+
+  /** What the load model needs of a speculative request. */
+  loadJob(plan: SpecPlan): { decodeWork: number; tokensAfterWork: (work: number) => number } {
+    const overhead = this.spec.draftOverhead;
+    return { decodeWork: specWork(plan, overhead), tokensAfterWork: (work) => tokensAfterWork(plan, overhead, work) };
+  }
+
+  /** The `meta_info` fields of a request that ended with `completionTokens` out; counts it in the totals. */
+  finish(plan: SpecPlan, completionTokens: number): Record<string, unknown> | undefined {
+    const counts = specCounts(plan, completionTokens);
+    if (counts.verifyCt > 0) {
+      this.forwardCt += counts.verifyCt;
+      this.acceptTokens += completionTokens - 1;
+    }
+    return specMetaInfo(counts, this.spec.numDraftTokens, completionTokens);
+  }
+
+  /** Mean tokens per verify step so far, as the scheduler's `avg_spec_accept_length`; undefined before any. */
+  averageAcceptLength(): number | undefined {
+    return this.forwardCt > 0 ? this.acceptTokens / this.forwardCt : undefined;
+  }
+}
+
+/**
+ * Parses a command-line acceptance value: rates separated by commas (`0.8,0.6,0.4`), or one
+ * number: ≥ 1 a mean accept length (`2.4`), below 1 the rate of a single step (`0.7`).
+ * Throws RangeError on anything else.
+ */
+export function parseAcceptanceArg(value: string): AcceptanceSpec {
+  const parts = value.split(',').map((p) => p.trim());
+  const numbers = parts.map(Number);
+  if (parts.some((p) => p === '') || numbers.some((n) => !Number.isFinite(n))) {
+    throw new RangeError(`expected a mean accept length (2.4) or per-position rates (0.8,0.6,0.4), got "${value}"`);
+  }
+  const [only] = numbers;
+  if (numbers.length === 1 && only !== undefined && only >= 1) return { meanAcceptLength: only };
+  return { acceptance: numbers };
+}
