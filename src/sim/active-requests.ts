@@ -6,6 +6,7 @@ import { type FinishReason, type OutputPlan, completionIds, planOutput } from '.
 import { nativeError, openAiError } from './http-util.js';
 import type { GenerateItem, SamplingSpec } from './request-parsing.js';
 import { type ItemOutput, chatBody, runningAbortReason } from './responses.js';
+import type { SpecPlan } from './speculative.js';
 import type { SimState } from './state.js';
 
 export type Outcome =
@@ -26,6 +27,8 @@ export interface Active {
   /** Held by the hang fault: never scheduled. */
   hung: boolean;
   fullIds: number[] | undefined;
+  /** Its verify steps, when the simulator decodes speculatively. */
+  spec?: SpecPlan | undefined;
   settled: boolean;
   resolve: (outcome: Outcome) => void;
   done: Promise<Outcome>;
@@ -125,11 +128,13 @@ export class ActiveRequests {
     this.s.promptTokensTotal += a.promptIds.length;
     this.s.cachedTokensTotal += a.cachedTokens;
     this.s.requestsTotal++;
+    a.spec = this.s.speculation?.plan(a.rid, a.plan.outputTokens);
     this.s.load.submit({
       id: a.rid,
       promptTokens: a.promptIds.length,
       cachedTokens: a.cachedTokens,
       outputTokens: a.plan.outputTokens,
+      ...(a.spec === undefined ? {} : this.s.speculation?.loadJob(a.spec)),
       onStart: () => this.s.queueTime.observe((performance.now() - a.receivedPerfMs) / 1000),
       onFinish: ({ generatedTokens }) => this.settle(a, { kind: 'completed', generated: generatedTokens }),
     });
@@ -141,6 +146,7 @@ export class ActiveRequests {
     a.settled = true;
     if (this.active.get(a.rid) === a) this.active.delete(a.rid);
     this.s.counters.outputTokensTotal += outcome.generated;
+    if (a.spec !== undefined) this.s.speculation?.record(a.spec, outcome.generated);
     this.s.generationTokensTotal += outcome.generated;
     if (outcome.kind === 'completed') {
       this.s.counters.completed++;
@@ -210,6 +216,7 @@ export class ActiveRequests {
       cachedTokens: a.cachedTokens,
       text: this.textOf(a, ids, finish),
       e2eLatencyS: (performance.now() - a.receivedPerfMs) / 1000,
+      ...(a.spec === undefined ? {} : { spec: this.s.speculation?.metaInfo(a.spec, ids.length) }),
     };
   }
 

@@ -22,6 +22,18 @@ export {
 export { DEFAULT_OUTPUT_LENGTH, OUTPUT_MODES, type OutputLengthSpec, type OutputMode } from './output-model.js';
 export { Simulator, startSimulator } from './simulator.js';
 export {
+  type AcceptanceSpec,
+  DEFAULT_DRAFT_OVERHEAD,
+  DEFAULT_NUM_STEPS,
+  datasetOfRid,
+  expectedAcceptLength,
+  parseAcceptanceArg,
+  ratesForMeanAcceptLength,
+  SPECULATIVE_ALGORITHMS,
+  type SpeculativeAlgorithm,
+  type SpeculativeOptions,
+} from './speculative.js';
+export {
   SIM_VERSIONS,
   type SimRequestRecord,
   type SimStats,

@@ -14,6 +14,7 @@ import {
 import { renderMetrics } from './metrics.js';
 import { SimValueError, parseChat } from './request-parsing.js';
 import { WEIGHT_VERSION } from './responses.js';
+import { speculativeLaunchArgs, speculativeServerInfo } from './speculative.js';
 import type { SimState } from './state.js';
 
 export class InfoRoutes {
@@ -60,6 +61,8 @@ export class InfoRoutes {
   serverInfo(): Record<string, unknown> {
     const snap = this.s.load.snapshot();
     const maxTotal = this.s.maxTotalNumTokens();
+    // Over the requests ended so far (SGLang's scheduler counts each verify step as it runs).
+    const avgAcceptLength = this.s.speculation?.averageAcceptLength();
     return {
       model_path: this.s.o.modelPath,
       tokenizer_path: this.s.o.tokenizerPath,
@@ -94,6 +97,8 @@ export class InfoRoutes {
       api_key: null,
       weight_version: WEIGHT_VERSION,
       preferred_sampling_params: null,
+      ...speculativeServerInfo(this.s.o.speculative),
+      launch_command: this.launchCommand(),
       max_total_num_tokens: maxTotal,
       max_req_input_len: this.s.o.contextLength - 1,
       internal_states: [
@@ -105,10 +110,22 @@ export class InfoRoutes {
           num_waiting_reqs: snap.queued,
           token_usage: snap.tokensInUse / maxTotal,
           memory_usage: { weight: 15.27, kvcache: 64.0, token_capacity: maxTotal, graph: 1.5 },
+          ...(avgAcceptLength === undefined ? {} : { avg_spec_accept_length: avgAcceptLength }),
         },
       ],
       version: this.s.o.version,
     };
+  }
+
+  /** The command line such a server would have been started with (SGLang joins its argv with spaces). */
+  private launchCommand(): string {
+    const o = this.s.o;
+    const args = ['--model-path', o.modelPath, '--host', o.host, '--port', String(this.s.boundPort)];
+    args.push('--context-length', String(o.contextLength), '--max-running-requests', String(o.maxRunningRequests));
+    if (o.maxQueuedRequests !== undefined) args.push('--max-queued-requests', String(o.maxQueuedRequests));
+    if (o.apiKey !== undefined) args.push('--api-key', '<redacted>');
+    args.push('--random-seed', String(o.seed), '--enable-metrics', ...speculativeLaunchArgs(o.speculative));
+    return args.join(' ');
   }
 
   getLoad(): unknown[] {

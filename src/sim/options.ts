@@ -2,6 +2,7 @@
 import { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from '../shared/index.js';
 import { type FaultConfig, validateFaults } from './faults.js';
 import { DEFAULT_OUTPUT_LENGTH, OUTPUT_MODES, type OutputLengthSpec, type OutputMode } from './output-model.js';
+import { type ResolvedSpeculative, resolveSpeculative } from './speculative.js';
 import { SIM_VERSIONS, type SimVersion, type SimulatorOptions } from './types.js';
 
 export interface ResolvedOptions {
@@ -26,6 +27,8 @@ export interface ResolvedOptions {
   /** When set, every route but /health*, /metrics and /_sim/* needs `Authorization: Bearer <apiKey>`. */
   apiKey: string | undefined;
   faults: Partial<FaultConfig>;
+  /** Speculative decoding (EAGLE3), or undefined without it. */
+  speculative: ResolvedSpeculative | undefined;
 }
 
 function positive(name: string, value: number): number {
@@ -81,6 +84,7 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     apiKey: resolveApiKey(o.apiKey),
     version,
     faults: validateFaults(o.faults ?? {}),
+    speculative: o.speculative === undefined ? undefined : resolveSpeculative(o.speculative),
   };
 }
 

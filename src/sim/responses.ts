@@ -16,6 +16,8 @@ export interface ItemOutput {
   text: string;
   /** Seconds since the request arrived (only reported once finished). */
   e2eLatencyS: number;
+  /** The `spec_*` fields of a finished request decoded speculatively with ≥ 1 verify step. */
+  spec?: Record<string, unknown> | undefined;
 }
 
 /**
@@ -42,6 +44,7 @@ function metaInfo(version: SimVersion, out: ItemOutput, finished: boolean): Reco
   meta.cached_tokens = out.cachedTokens;
   if (finished) {
     meta.e2e_latency = out.e2eLatencyS;
+    if (out.spec !== undefined) Object.assign(meta, out.spec);
     if (version === '0.5.4') meta.response_sent_to_client_ts = Date.now() / 1000;
   }
   return meta;

@@ -318,14 +318,17 @@ export class Speculation {
     return { decodeWork: specWork(plan, overhead), tokensAfterWork: (work) => tokensAfterWork(plan, overhead, work) };
   }
 
-  /** The `meta_info` fields of a request that ended with `completionTokens` out; counts it in the totals. */
-  finish(plan: SpecPlan, completionTokens: number): Record<string, unknown> | undefined {
+  /** The `meta_info` fields of a request that ended with `completionTokens` out. */
+  metaInfo(plan: SpecPlan, completionTokens: number): Record<string, unknown> | undefined {
+    return specMetaInfo(specCounts(plan, completionTokens), this.spec.numDraftTokens, completionTokens);
+  }
+
+  /** Counts a request that ended with `completionTokens` out in the totals (once per request). */
+  record(plan: SpecPlan, completionTokens: number): void {
     const counts = specCounts(plan, completionTokens);
-    if (counts.verifyCt > 0) {
-      this.forwardCt += counts.verifyCt;
-      this.acceptTokens += completionTokens - 1;
-    }
-    return specMetaInfo(counts, this.spec.numDraftTokens, completionTokens);
+    if (counts.verifyCt === 0) return;
+    this.forwardCt += counts.verifyCt;
+    this.acceptTokens += completionTokens - 1;
   }
 
   /** Mean tokens per verify step so far, as the scheduler's `avg_spec_accept_length`; undefined before any. */
@@ -348,4 +351,32 @@ export function parseAcceptanceArg(value: string): AcceptanceSpec {
   const [only] = numbers;
   if (numbers.length === 1 && only !== undefined && only >= 1) return { meanAcceptLength: only };
   return { acceptance: numbers };
+}
+
+/** The `speculative_*` keys of /server_info (SGLang's server args): null without speculation. */
+export function speculativeServerInfo(spec: ResolvedSpeculative | undefined): Record<string, unknown> {
+  return {
+    speculative_algorithm: spec?.algorithm ?? null,
+    speculative_draft_model_path: spec?.draftModelPath ?? null,
+    speculative_num_steps: spec?.numSteps ?? null,
+    speculative_eagle_topk: spec?.eagleTopk ?? null,
+    speculative_num_draft_tokens: spec?.numDraftTokens ?? null,
+  };
+}
+
+/** SGLang's `--speculative-*` arguments that start such a server, for `launch_command`. */
+export function speculativeLaunchArgs(spec: ResolvedSpeculative | undefined): string[] {
+  if (spec === undefined) return [];
+  return [
+    '--speculative-algorithm',
+    spec.algorithm,
+    '--speculative-draft-model-path',
+    spec.draftModelPath,
+    '--speculative-num-steps',
+    String(spec.numSteps),
+    '--speculative-eagle-topk',
+    String(spec.eagleTopk),
+    '--speculative-num-draft-tokens',
+    String(spec.numDraftTokens),
+  ];
 }

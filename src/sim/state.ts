@@ -11,6 +11,7 @@ import { LatencyHistogram } from './metrics.js';
 import { type TokenPool, buildTokenPool } from './output-model.js';
 import type { ResolvedOptions } from './options.js';
 import { PrefixCache } from './prefix-cache.js';
+import { Speculation } from './speculative.js';
 import { type ChatTemplateMessage, SimValueError, type parseChat } from './request-parsing.js';
 import type { SimRequestRecord, SimStats } from './types.js';
 
@@ -49,6 +50,8 @@ function emptyCounters(): Counters {
 export class SimState {
   readonly load: LoadModel;
   readonly faults: FaultInjector;
+  /** Speculative decoding (EAGLE3), when the simulator runs with it. */
+  readonly speculation: Speculation | undefined;
   readonly prefixCache = new PrefixCache();
   tokenizer: ChatTokenizer | undefined;
   pool: TokenPool | undefined;
@@ -83,6 +86,15 @@ export class SimState {
       realClock,
     );
     this.faults = new FaultInjector(o.seed, o.faults);
+    const spec = o.speculative;
+    this.speculation = spec === undefined ? undefined : new Speculation(spec, o.seed);
+    if (spec?.numDraftTokensGiven !== undefined) {
+      // SGLang's words (server_args), then what it did.
+      log.warn(
+        { given: spec.numDraftTokensGiven, numDraftTokens: spec.numDraftTokens },
+        'speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1',
+      );
+    }
   }
 
   get tok(): ChatTokenizer {

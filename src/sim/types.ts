@@ -1,5 +1,6 @@
 import type { FaultConfig } from './faults.js';
 import type { OutputLengthSpec, OutputMode } from './output-model.js';
+import type { SpeculativeOptions } from './speculative.js';
 
 export type { FaultConfig } from './faults.js';
 
@@ -54,6 +55,12 @@ export interface SimulatorOptions {
    */
   apiKey?: string;
   faults?: Partial<FaultConfig>;
+  /**
+   * Speculative decoding as SGLang's `--speculative-algorithm EAGLE3` (speculative.ts,
+   * docs/simulator.md): completions come in verify steps, `meta_info` carries the `spec_*`
+   * counters, /server_info the `speculative_*` settings. Default: none.
+   */
+  speculative?: SpeculativeOptions;
 }
 
 export interface SimRequestRecord {
