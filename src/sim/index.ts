@@ -31,6 +31,8 @@ export {
   ratesForMeanAcceptLength,
   SPECULATIVE_ALGORITHMS,
   type SpeculativeAlgorithm,
+  type SpeculativeFlags,
+  speculativeFromFlags,
   type SpeculativeOptions,
 } from './speculative.js';
 export {

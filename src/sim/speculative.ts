@@ -380,3 +380,50 @@ export function speculativeLaunchArgs(spec: ResolvedSpeculative | undefined): st
     String(spec.numDraftTokens),
   ];
 }
+
+/** The `tokenmill sim --speculative-*` flags, as commander hands them over. */
+export interface SpeculativeFlags {
+  speculativeAlgorithm?: string;
+  speculativeDraftModelPath?: string;
+  speculativeNumSteps?: number;
+  speculativeEagleTopk?: number;
+  speculativeNumDraftTokens?: number;
+  speculativeAcceptance?: string;
+  /** `<dataset>=<acceptance>`, repeated. */
+  speculativeDataset?: string[];
+  speculativeDraftOverhead?: number;
+}
+
+/**
+ * `speculative` from the command line: undefined without `--speculative-algorithm`. RangeError
+ * (naming the flag) when a flag is wrong or given without the algorithm.
+ */
+export function speculativeFromFlags(f: SpeculativeFlags): SpeculativeOptions | undefined {
+  if (f.speculativeAlgorithm === undefined) {
+    const stray = Object.entries(f).find(([, v]) => v !== undefined);
+    if (stray !== undefined) {
+      const flag = stray[0].replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+      throw new RangeError(`--${flag} needs --speculative-algorithm EAGLE3`);
+    }
+    return undefined;
+  }
+  if (f.speculativeDraftModelPath === undefined) {
+    throw new RangeError('--speculative-algorithm needs --speculative-draft-model-path');
+  }
+  const perDataset: Record<string, AcceptanceSpec> = {};
+  for (const entry of f.speculativeDataset ?? []) {
+    const eq = entry.indexOf('=');
+    if (eq <= 0) throw new RangeError(`--speculative-dataset expects <dataset>=<acceptance>, got "${entry}"`);
+    perDataset[entry.slice(0, eq)] = parseAcceptanceArg(entry.slice(eq + 1));
+  }
+  return {
+    algorithm: f.speculativeAlgorithm as SpeculativeAlgorithm,
+    draftModelPath: f.speculativeDraftModelPath,
+    ...(f.speculativeNumSteps === undefined ? {} : { numSteps: f.speculativeNumSteps }),
+    ...(f.speculativeEagleTopk === undefined ? {} : { eagleTopk: f.speculativeEagleTopk }),
+    ...(f.speculativeNumDraftTokens === undefined ? {} : { numDraftTokens: f.speculativeNumDraftTokens }),
+    ...(f.speculativeAcceptance === undefined ? {} : parseAcceptanceArg(f.speculativeAcceptance)),
+    ...(Object.keys(perDataset).length === 0 ? {} : { perDataset }),
+    ...(f.speculativeDraftOverhead === undefined ? {} : { draftOverhead: f.speculativeDraftOverhead }),
+  };
+}

@@ -6,10 +6,13 @@ import {
   type OutputMode,
   type SimVersion,
   type SimulatorOptions,
+  SPECULATIVE_ALGORITHMS,
+  type SpeculativeFlags,
+  speculativeFromFlags,
   startSimulator,
 } from '../../sim/index.js';
 
-interface SimCommandOptions {
+interface SimCommandOptions extends SpeculativeFlags {
   port: number;
   host: string;
   maxRunning: number;
@@ -39,7 +42,7 @@ interface SimCommandOptions {
   apiKey?: string;
 }
 
-function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-int') {
+function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-int' | 'nonneg') {
   return (value: string): number => {
     const n = Number(value);
     const ok =
@@ -48,15 +51,18 @@ function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-
         ? Number.isInteger(n)
         : kind === 'nonneg-int'
           ? Number.isInteger(n) && n >= 0
-          : kind === 'positive-int'
-            ? Number.isInteger(n) && n > 0
-            : kind === 'positive'
-              ? n > 0
-              : n >= 0 && n <= 1);
+          : kind === 'nonneg'
+            ? n >= 0
+            : kind === 'positive-int'
+              ? Number.isInteger(n) && n > 0
+              : kind === 'positive'
+                ? n > 0
+                : n >= 0 && n <= 1);
     if (!ok) {
       const what = {
         int: 'an integer',
         'nonneg-int': 'a non-negative integer',
+        nonneg: 'a non-negative number',
         'positive-int': 'a positive integer',
         positive: 'a positive number',
         rate: 'a number in [0, 1]',
@@ -67,9 +73,20 @@ function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-
   };
 }
 
-/** Simulator options from the command line. Exported for tests. */
+/** Simulator options from the command line (RangeError for a wrong `--speculative-*` flag). Exported for tests. */
 export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
+  const speculative = speculativeFromFlags({
+    speculativeAlgorithm: opts.speculativeAlgorithm,
+    speculativeDraftModelPath: opts.speculativeDraftModelPath,
+    speculativeNumSteps: opts.speculativeNumSteps,
+    speculativeEagleTopk: opts.speculativeEagleTopk,
+    speculativeNumDraftTokens: opts.speculativeNumDraftTokens,
+    speculativeAcceptance: opts.speculativeAcceptance,
+    speculativeDataset: opts.speculativeDataset,
+    speculativeDraftOverhead: opts.speculativeDraftOverhead,
+  });
   return {
+    ...(speculative === undefined ? {} : { speculative }),
     host: opts.host,
     port: opts.port,
     seed: opts.seed,
@@ -177,6 +194,34 @@ export function registerSimCommand(program: Command): void {
     .option(
       '--api-key <key>',
       "require `Authorization: Bearer <key>` as SGLang's --api-key does (health and metrics stay open)",
+    )
+    .addOption(
+      new Option(
+        '--speculative-algorithm <name>',
+        'decode speculatively as SGLang does with this algorithm (meta_info gets spec_* counters)',
+      ).choices([...SPECULATIVE_ALGORITHMS]),
+    )
+    .option('--speculative-draft-model-path <path>', 'the drafter, reported in /server_info')
+    .option('--speculative-num-steps <n>', 'drafts per verify step (default 3)', numberArg('positive-int'))
+    .option('--speculative-eagle-topk <n>', 'draft tree width; only 1 is simulated', numberArg('positive-int'))
+    .option(
+      '--speculative-num-draft-tokens <n>',
+      'set to num-steps + 1 with topk 1, as SGLang does',
+      numberArg('positive-int'),
+    )
+    .option(
+      '--speculative-acceptance <x>',
+      'the drafter: per-position acceptance rates (0.8,0.6,0.4) or a mean accept length (2.4); default 0.7 each',
+    )
+    .option(
+      '--speculative-dataset <name=x>',
+      'acceptance for requests whose rid names this dataset (eval:<name>:… or <name>/…); repeatable',
+      (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
+    )
+    .option(
+      '--speculative-draft-overhead <x>',
+      'cost of drafting and verifying a step beyond a plain decode step (default 0.25)',
+      numberArg('nonneg'),
     )
     .action(async (opts: SimCommandOptions, cmd: Command) => {
       let sim: Awaited<ReturnType<typeof startSimulator>>;
