@@ -1,3 +1,4 @@
+export * from './eval/index.js';
 export { InferenceWorker } from './inference/index.js';
 export {
   createTokenizeContext,

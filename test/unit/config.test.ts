@@ -197,6 +197,33 @@ describe('loadConfig: valid configs', () => {
     const c = loadConfig({ text: 'datasets: [{ name: conv, conversations: c.jsonl }]', baseDir: tmp });
     expect(c.datasets[0]?.tokenBudget).toBeUndefined();
   });
+
+  it('eval: omitted by default; its defaults, resolved prompt file and trimmed URLs when given', () => {
+    expect(loadConfig({ path: join(fixtures, 'minimal.yaml') }).eval).toBeUndefined();
+    const c = loadConfig({
+      text: `${minimalDataset}eval: { endpoints: ['http://127.0.0.1:30001/'], baseline: ['http://127.0.0.1:30002'], prompts: p.jsonl }\n`,
+      baseDir: '/srv/cfg',
+    });
+    expect(c.eval).toEqual({
+      endpoints: ['http://127.0.0.1:30001'],
+      baseline: ['http://127.0.0.1:30002'],
+      prompts: '/srv/cfg/p.jsonl',
+      maxPromptsPerDataset: 200,
+      concurrency: 16,
+      maxNewTokens: 512,
+      sampling: { temperature: 0 },
+      maxAcceptDrop: 0.1,
+      requestTimeoutMs: 600_000,
+    });
+  });
+
+  it('eval: minSpeedup needs a baseline; sampling: dataset needs the held-out prompts', () => {
+    const err = yamlError(
+      `${minimalDataset}eval:\n  endpoints: ['http://127.0.0.1:30001']\n  minSpeedup: 1.1\n  prompts: p.jsonl\n  sampling: dataset\n`,
+    );
+    expect(issueAt(err, 'eval.minSpeedup').message).toMatch(/needs "baseline"/);
+    expect(issueAt(err, 'eval.sampling').message).toMatch(/"dataset" takes each dataset's sampling/);
+  });
 });
 
 describe('loadConfig: errors name their path, say what was expected and what was got, and give the line', () => {
@@ -493,6 +520,7 @@ describe('JSON Schema and reference', () => {
       [
         'dashboard',
         'datasets',
+        'eval',
         'output',
         'postprocess',
         'prepare',

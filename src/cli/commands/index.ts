@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { registerConfigCommand } from './config.js';
 import { registerDashboardCommand } from './dashboard.js';
 import { registerDemoCommand } from './demo.js';
+import { registerEvalCommand } from './eval.js';
 import { registerExportCommand } from './export.js';
 import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
@@ -20,6 +21,7 @@ export function registerCommands(program: Command): void {
   registerExportCommand(program);
   registerStatusCommands(program);
   registerTrainCommand(program);
+  registerEvalCommand(program);
   registerDemoCommand(program);
   registerDashboardCommand(program);
 }

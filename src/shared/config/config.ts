@@ -14,6 +14,7 @@ import { z } from 'zod';
 import { type ConfigEnv, configEnvProblems, readConfigEnv } from './env.js';
 import { configIssues, type PathSegment } from './issues.js';
 import { DatasetsConfigSchema } from './dataset.js';
+import { EvalConfigSchema } from './eval.js';
 import { RedisConfigSchema } from './redis.js';
 import { filePath, name, positiveInt } from './schema-util.js';
 import { SglangConfigSchema } from './sglang.js';
@@ -152,6 +153,9 @@ export const ConfigSchema = z.strictObject({
     .prefault({})
     .describe("Inference workers and the producer's queue window."),
   train: TrainConfigSchema.optional().describe('Training started after the merge. Omitted = no train stage.'),
+  eval: EvalConfigSchema.optional().describe(
+    '`tokenmill eval`: acceptance length and speed-up of a trained drafter, served by SGLang. Omitted = `tokenmill eval` refuses to run.',
+  ),
   dashboard: z
     .strictObject({
       token: z
@@ -350,6 +354,18 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
           ? join(outputDir, parsed.run, 'train-dataset')
           : abs(parsed.postprocess.target),
     },
+    ...(parsed.eval === undefined
+      ? {}
+      : {
+          eval: {
+            ...parsed.eval,
+            endpoints: parsed.eval.endpoints.map((u) => u.replace(/\/+$/, '')),
+            ...(parsed.eval.baseline === undefined
+              ? {}
+              : { baseline: parsed.eval.baseline.map((u) => u.replace(/\/+$/, '')) }),
+            ...(parsed.eval.prompts === undefined ? {} : { prompts: abs(parsed.eval.prompts) }),
+          },
+        }),
     ...(parsed.train?.python?.includes('/') === true
       ? { train: { ...parsed.train, python: abs(parsed.train.python) } }
       : {}),

@@ -1,4 +1,5 @@
 // The train stage: GPU workers that run the configured trainer on the merged dataset.
+export { listAttempts, listCheckpoints, trainDir } from './attempts.js';
 export { parseGpuList } from './gpus.js';
 export {
   cancelTrainJobs,

@@ -1,0 +1,75 @@
+/** The evaluation report as a table for people (`tokenmill eval` without `--json`). */
+import type { EvalReport, EvalSection } from './report.js';
+
+const num = (x: number | null | undefined, digits: number): string =>
+  x === null || x === undefined ? '-' : x.toFixed(digits);
+
+const signed = (x: number | null | undefined, digits: number): string =>
+  x === null || x === undefined ? '-' : `${x >= 0 ? '+' : ''}${x.toFixed(digits)}`;
+
+/** `0:120 1:48 2:31 3:12`: verify steps by drafts accepted. */
+export function formatHistogram(h: readonly number[] | undefined): string {
+  if (h === undefined || h.length === 0) return '-';
+  return h.map((n, k) => `${k}:${n}`).join(' ');
+}
+
+function row(name: string, s: EvalSection, withDelta: boolean): string[] {
+  const failures = s.drafter.failures + (s.baseline?.failures ?? 0);
+  const cells = [
+    name,
+    String(s.prompts),
+    num(s.drafter.acceptLength, 2),
+    num(s.drafter.acceptRate, 3),
+    num(s.drafter.tokensPerSec, 1),
+    num(s.baseline?.tokensPerSec, 1),
+    s.speedup === null ? '-' : `${s.speedup.toFixed(2)}x`,
+  ];
+  if (withDelta) cells.push(signed(s.delta?.acceptLength, 2), signed(s.delta?.speedup, 2));
+  cells.push(String(failures));
+  return cells;
+}
+
+/** Columns padded to their widest cell; the first left-aligned, the others right-aligned. */
+function table(rows: readonly string[][]): string[] {
+  const widths: number[] = [];
+  for (const r of rows) r.forEach((c, i) => (widths[i] = Math.max(widths[i] ?? 0, c.length)));
+  return rows.map((r) =>
+    r
+      .map((c, i) => (i === 0 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0)))
+      .join('  ')
+      .trimEnd(),
+  );
+}
+
+/** The report as lines: what was measured against what, the table, the histogram, warnings and failed checks. */
+export function formatReport(r: EvalReport): string {
+  const lines: string[] = [];
+  lines.push(`eval: ${r.attempt === null ? 'checkpoint' : `attempt ${r.attempt}, drafter`} ${r.drafter}`);
+  for (const e of r.endpoints)
+    lines.push(
+      `  drafter   ${e.url}: ${e.algorithm}${e.numSteps === null ? '' : `, ${e.numSteps} steps`}${e.eagleTopk === null ? '' : `, topk ${e.eagleTopk}`}${e.numDraftTokens === null ? '' : `, ${e.numDraftTokens} draft tokens`} (SGLang ${e.version ?? '?'})`,
+    );
+  for (const b of r.baseline ?? []) lines.push(`  baseline  ${b.url}: no speculation (SGLang ${b.version ?? '?'})`);
+  if (r.baseline === null) lines.push('  baseline  none (eval.baseline): no speed-up measured');
+  lines.push(
+    `  settings  concurrency ${r.settings.concurrency}, max_new_tokens ${r.settings.maxNewTokens}, sampling ${typeof r.settings.sampling === 'string' ? r.settings.sampling : JSON.stringify(r.settings.sampling)}`,
+  );
+  if (r.previous !== null)
+    lines.push(
+      `  compared with ${r.previous.attempt === null ? r.previous.file : `attempt ${r.previous.attempt}`}${r.previous.comparable ? '' : ' (other settings: not comparable)'}`,
+    );
+  lines.push('');
+  const withDelta = r.previous !== null;
+  const head = ['dataset', 'prompts', 'accept len', 'accept rate', 'drafter tok/s', 'baseline tok/s', 'speed-up'];
+  if (withDelta) head.push('Δ accept len', 'Δ speed-up');
+  head.push('failed');
+  const rows = [head, ...r.datasets.map((d) => row(d.dataset, d, withDelta))];
+  if (r.datasets.length !== 1) rows.push(row('overall', r.overall, withDelta));
+  lines.push(...table(rows));
+  lines.push('');
+  lines.push(`verify steps by drafts accepted (overall): ${formatHistogram(r.overall.drafter.histogram)}`);
+  for (const s of r.skipped) lines.push(`skipped ${s.dataset}: ${s.reason}`);
+  for (const w of r.warnings) lines.push(`WARNING: ${w}`);
+  for (const f of r.failed) lines.push(`FAILED: ${f.message}`);
+  return `${lines.join('\n')}\n`;
+}

@@ -1,0 +1,56 @@
+// Evaluation of a trained drafter: acceptance length and real speed-up, measured on SGLang servers.
+export {
+  attemptName,
+  chooseDrafter,
+  type DrafterChoice,
+  drafterIn,
+  evalReportPath,
+  finalOutputDir,
+  previousReport,
+} from './drafter.js';
+export { formatHistogram, formatReport } from './format.js';
+export { type EvalPhase, evalRid, type PhaseOptions, runPhase } from './phase.js';
+export { type EvalPrompt, type EvalPromptSet, heldOutPromptsPath, loadPromptSets, type PromptSets } from './prompts.js';
+export {
+  type BaselineEndpointInfo,
+  buildReport,
+  type DatasetEval,
+  type DatasetTotals,
+  deltaOf,
+  type DrafterEndpointInfo,
+  EVAL_REPORT_VERSION,
+  type EvalDelta,
+  type EvalFailure,
+  type EvalReport,
+  type EvalSection,
+  type EvalSettings,
+  type EvalThresholds,
+  incomparable,
+  parseReport,
+  type ReportContext,
+} from './report.js';
+export {
+  type CheckedServers,
+  checkServers,
+  evalConfigOf,
+  type EvalRunConfig,
+  type EvalRunOptions,
+  runEval,
+  settingsOf,
+  writeEvalReport,
+} from './run.js';
+export { DEFAULT_RETRY, EvalError, type RetryPolicy, withConnectRetries } from './servers.js';
+export {
+  addAnswer,
+  addFailure,
+  addHistogram,
+  type AnswerStats,
+  emptyTotals,
+  type PhaseStats,
+  phaseStats,
+  type PhaseTotals,
+  type SpecAnswerStats,
+  specStatsOf,
+  speedupOf,
+  sumTotals,
+} from './stats.js';
