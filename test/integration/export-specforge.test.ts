@@ -322,7 +322,7 @@ describe('export --format specforge | jsonl', () => {
     // In process (the messages are what the CLI prints after "tokenmill: "), to keep the file fast.
     const exportCmd = (...args: string[]): Promise<string> => inProcess(['export', ...args]);
     await expect(exportCmd('-c', configPath, '--format', 'parquet')).rejects.toThrow(
-      'unknown --format "parquet": expected one of specforge, jsonl',
+      'unknown --format "parquet": expected one of specforge, jsonl, speculators',
     );
     await expect(exportCmd('-c', configPath, '--format', 'specforge', '--dataset', 'B9')).rejects.toThrow(
       `--dataset "B9" is not in the config's datasets (${DATASET})`,
