@@ -23,7 +23,11 @@ export function formatPrepareOutcome(o: DatasetPrepareOutcome): string {
       : 'unchanged since the last prepare (sources and settings the same), kept';
   const format = `${o.format}${o.detectedFrom === undefined ? '' : `, detected from ${o.detectedFrom}`}`;
   const notes = o.notes === undefined ? '' : `; ${o.notes.join('; ')}`;
-  return `${o.dataset}: ${what} ${shown(o.prompts)} (${formatPrepareCounts(o.counts)}; ${format}${notes}); report ${shown(o.report)}`;
+  const held =
+    o.evalHeldOut === undefined || o.evalPrompts === undefined
+      ? ''
+      : `; ${formatInt(o.evalHeldOut)} held out for eval in ${shown(o.evalPrompts)}`;
+  return `${o.dataset}: ${what} ${shown(o.prompts)} (${formatPrepareCounts(o.counts)}${held}; ${format}${notes}); report ${shown(o.report)}`;
 }
 
 export function printProgress(dataset: string, counts: Readonly<PrepareCounts>): void {

@@ -44,6 +44,8 @@ export interface PassContext {
   file: string;
   /** The file's duplicate index (built once per version of the file). */
   index: PromptFileIndex;
+  /** Ids of the dataset's eval split (`evalHoldout`): never enqueued, not counted as prompts. */
+  heldOut?: ReadonlySet<string>;
   tokenizer: ChatTokenizer;
   contextLength: number | undefined;
   runDir: string;
@@ -61,8 +63,10 @@ export interface PassResult {
   enqueued: number;
   /** The pass read the whole file (not cut short by a stop or the budget). */
   complete: boolean;
-  /** Valid, distinct prompts in the file. */
+  /** Valid, distinct prompts in the file (the eval split's left out). */
   valid: number;
+  /** Lines of the eval split's ids passed over. */
+  heldOut: number;
   rejected: number;
   /** Valid prompts already committed or failed when the pass reached them. */
   accounted: number;
@@ -87,7 +91,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
   const { redis, keys, ds, file } = ctx;
   await mkdir(join(ctx.runDir, ds.name), { recursive: true });
   const rejectsFile = await open(join(ctx.runDir, ds.name, 'rejects.jsonl'), 'w');
-  const result: PassResult = { enqueued: 0, complete: false, valid: 0, rejected: 0, accounted: 0 };
+  const result: PassResult = { enqueued: 0, complete: false, valid: 0, rejected: 0, accounted: 0, heldOut: 0 };
   let candidates: Candidate[] = [];
   let batch: Sample[] = [];
   /** Digests of the samples in `batch` whose id the file gives (id, digest, …), written once it is enqueued. */
@@ -196,6 +200,11 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
         }
         const [id, line] =
           scanned.kind === 'unique' ? [scanned.id, scanned.line] : [scanned.record.id, scanned.record.line];
+        // Held out for evaluation: never sent, whatever its line says now.
+        if (ctx.heldOut?.has(id) === true) {
+          result.heldOut += 1;
+          continue;
+        }
         candidates.push({ scanned, id, line });
         if (candidates.length >= SCAN_CHUNK && !(await flushCandidates())) return result;
       }
@@ -216,6 +225,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
         enqueued: result.enqueued,
         rejected: result.rejected,
         accounted: result.accounted,
+        heldOut: result.heldOut,
       },
       'pass over the prompts done',
     );

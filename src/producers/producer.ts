@@ -1,5 +1,6 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
+import { resolveEvalHoldout } from './eval-holdout.js';
 import { runPass } from './producer-pass.js';
 import {
   AppError,
@@ -165,6 +166,7 @@ export class Producer {
     const contextLength = await this.options.contextLength;
     this.contextLengthSeen = contextLength;
     let index: PromptFileIndex | undefined;
+    let heldOut: ReadonlySet<string> | undefined;
     while (!this.stopping) {
       if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
       const state = await this.redis.hmget(keys.producer(ds.name), 'epoch', 'line', 'retryGen');
@@ -178,6 +180,18 @@ export class Producer {
           { lines: index.lines, suspects: index.suspects.size, ms: Date.now() - startedAt },
           'prompt file indexed for repeated ids',
         );
+        // The eval split: made before the first pass, then read back (and checked against the
+        // file whenever it changed); its ids are never enqueued.
+        heldOut = (
+          await resolveEvalHoldout({
+            ds,
+            promptsFile: file,
+            runDir: this.options.runDir,
+            index,
+            run: { redis: this.options.redis, keys },
+            log,
+          })
+        )?.ids;
       }
       // What proves, after the pass, that every sample it enqueued is accounted for (see
       // below): nothing else queued at its start, and the accounted count before it.
@@ -189,6 +203,7 @@ export class Producer {
         ds,
         file,
         index,
+        ...(heldOut === undefined ? {} : { heldOut }),
         tokenizer,
         contextLength,
         runDir: this.options.runDir,

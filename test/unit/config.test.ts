@@ -432,6 +432,30 @@ describe('loadConfig: errors name their path, say what was expected and what was
     });
   });
 
+  it('takes evalHoldout as an integer >= 1 or a fraction in (0, 1), and names the path of anything else', () => {
+    const withHoldout = (v: string): string => `${minimalDataset}    evalHoldout: ${v}\n`;
+    expect(loadConfig({ text: withHoldout('25'), baseDir: tmp }).datasets[0]?.evalHoldout).toBe(25);
+    expect(loadConfig({ text: withHoldout('0.05'), baseDir: tmp }).datasets[0]?.evalHoldout).toBe(0.05);
+    expect(loadConfig({ text: minimalDataset, baseDir: tmp }).datasets[0]?.evalHoldout).toBeUndefined();
+    const expected =
+      'expected an integer >= 1 (that many prompts) or a fraction between 0 and 1, exclusive (that share of the prompts)';
+    for (const [value, got] of [
+      ['0', '0'],
+      ['1.5', '1.5'],
+      ['-1', '-1'],
+      ['ten', '"ten"'],
+      ['"0.1"', '"0.1"'],
+    ] as const) {
+      const text = withHoldout(value);
+      const err = yamlError(text);
+      expect(err.issues, value).toEqual([
+        { path: 'datasets[0].evalHoldout', message: `${expected}, got ${got}`, line: lineOf(text, 'evalHoldout') },
+      ]);
+    }
+    const conv = yamlError('datasets:\n  - name: c\n    conversations: c.jsonl\n    evalHoldout: 3\n');
+    expect(issueAt(conv, 'datasets[0].evalHoldout').message).toContain('expected only with "prompts" or "source"');
+  });
+
   it('reports missing required keys', () => {
     const err = yamlError('run: x\n');
     expect(err.issues).toEqual([{ path: 'datasets', message: 'missing: expected a list of datasets', line: 1 }]);

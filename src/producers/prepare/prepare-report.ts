@@ -61,6 +61,8 @@ export interface PrepareReport {
   dedupeAcross: boolean;
   counts: PrepareCounts;
   examples: Partial<Record<ExampleKind, PrepareExample[]>>;
+  /** With `evalHoldout`: prompts of the file held out of generation (in `eval-prompts.jsonl` beside this report). */
+  evalHeldOut?: number;
   /** How long the preparing took (ms); of the run that wrote the file when `unchanged`. */
   ms: number;
 }

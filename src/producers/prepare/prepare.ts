@@ -19,6 +19,7 @@ import {
   type PromptSource,
   type RunKeys,
 } from '../../shared/index.js';
+import { resolveEvalHoldout } from '../eval-holdout.js';
 import { keptHashesOf, prepareDataset, type KeptBy } from './prepare-dataset.js';
 import {
   fingerprintInputs,
@@ -48,6 +49,9 @@ export interface DatasetPrepareOutcome {
   format: string;
   detectedFrom?: string;
   notes?: string[];
+  /** With `evalHoldout`: prompts of the file held out of generation, and the file that holds them. */
+  evalHeldOut?: number;
+  evalPrompts?: string;
 }
 
 export interface PrepareSourcesOptions {
@@ -129,8 +133,9 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
       const needKept = dedupeAcross && i < lastToPrepare;
       const outcome =
         p.unchanged && p.stored !== undefined
-          ? await keepUnchanged(p, p.stored, config, run)
+          ? await keepUnchanged(p, p.stored, config, run, log)
           : await prepareOne(p, config, {
+              log,
               run,
               keptBefore,
               recordKept: needKept,
@@ -190,11 +195,13 @@ async function keepUnchanged(
   stored: StoredFingerprint,
   config: Config,
   run: PrepareSourcesOptions['run'],
+  log: Logger,
 ): Promise<OutcomeWithKept> {
   if (run !== undefined) {
     await checkRunPrompts({ ...run, config }, p.ds.name, p.ds.prompts, stored.prompts.sha256);
     await recordPrepared(run.redis, run.keys, p.ds.name, stored.prompts.sha256, stored.counts);
   }
+  const holdout = await evalHoldoutOf(p.ds, config, run, log);
   return {
     dataset: p.ds.name,
     outcome: 'unchanged',
@@ -204,13 +211,32 @@ async function keepUnchanged(
     counts: stored.counts,
     ms: stored.ms,
     ...describeOpened(p.opened),
+    ...holdout,
   };
+}
+
+/** The dataset's eval split (`evalHoldout`), made now from its new prompt file or read back. */
+async function evalHoldoutOf(
+  ds: SourcedDataset,
+  config: Config,
+  run: PrepareSourcesOptions['run'],
+  log: Logger,
+): Promise<Pick<DatasetPrepareOutcome, 'evalHeldOut' | 'evalPrompts'>> {
+  const holdout = await resolveEvalHoldout({
+    ds,
+    promptsFile: ds.prompts,
+    runDir: runDir(config),
+    log,
+    ...(run === undefined ? {} : { run }),
+  });
+  return holdout === undefined ? {} : { evalHeldOut: holdout.count, evalPrompts: holdout.file };
 }
 
 async function prepareOne(
   p: Planned,
   config: Config,
   ctx: {
+    log: Logger;
     run: PrepareSourcesOptions['run'];
     keptBefore: readonly KeptBy[];
     recordKept: boolean;
@@ -247,6 +273,7 @@ async function prepareOne(
     ms,
     inputs: p.inputs,
   });
+  const holdout = await evalHoldoutOf(ds, config, run, ctx.log);
   const reportFile = prepareReportPath(config, ds.name);
   const report: PrepareReport = {
     dataset: ds.name,
@@ -266,6 +293,7 @@ async function prepareOne(
     dedupeAcross: config.prepare.dedupeAcross,
     counts: result.counts,
     examples: result.examples,
+    ...(holdout.evalHeldOut === undefined ? {} : { evalHeldOut: holdout.evalHeldOut }),
     ms,
   };
   await writeFileAtomic(reportFile, `${JSON.stringify(report, null, 2)}\n`);
@@ -279,6 +307,7 @@ async function prepareOne(
     counts: result.counts,
     ms,
     ...describeOpened(opened),
+    ...holdout,
     kept: result.kept,
   };
 }

@@ -9,6 +9,10 @@ import { PromptSourceSchema } from './source.js';
  */
 export const DEFAULT_BUDGET_MARGIN_SD = 2;
 
+/** What `datasets[].evalHoldout` takes. */
+const EVAL_HOLDOUT_EXPECTED =
+  'expected an integer >= 1 (that many prompts) or a fraction between 0 and 1, exclusive (that share of the prompts)';
+
 /** SGLang sampling parameters; keys not listed here are passed through to SGLang unchanged. */
 export const SamplingParamsSchema = z
   .strictObject({
@@ -103,6 +107,16 @@ export const DatasetConfigSchema = z
       .describe(
         "`last`: one request per record, answering its last user turn (earlier assistant turns are sent as the source wrote them). `all`: a conversation of N turns becomes N requests in order; turn k's prompt is the chat template's rendering of the history with the source's system, user and tool messages and, in place of each earlier assistant message, the answer regenerated for it (the source's assistant content is never sent). See docs/multi-turn.md.",
       ),
+    evalHoldout: z
+      .number({ error: EVAL_HOLDOUT_EXPECTED })
+      .superRefine((x, ctx) => {
+        if (!(Number.isInteger(x) && x >= 1) && !(x > 0 && x < 1))
+          ctx.addIssue({ code: 'custom', message: `${EVAL_HOLDOUT_EXPECTED}, got ${x}` });
+      })
+      .optional()
+      .describe(
+        'Prompts held out of generation for evaluating the trained drafter: an integer N (that many) or a fraction 0 < x < 1 (round(x × prompts), half up, at least 1). Chosen by SHA-256 of the dataset name and the prompt id (the smallest keys), never by position; a conversation (`turns: all`) or a prompt with all its samples is held out whole. Written before generation to `<output.dir>/<run>/<dataset>/eval-prompts.jsonl` (the lines verbatim) with an `eval-prompts.json` manifest, and fixed once written: a resumed run keeps it, `run --fresh` splits again. See docs/prepare.md.',
+      ),
     chatTemplateKwargs: z
       .record(z.string(), z.unknown(), { error: 'expected a mapping of template variables' })
       .optional()
@@ -132,6 +146,14 @@ export const DatasetConfigSchema = z
         ctx.addIssue({
           code: 'custom',
           message: 'expected exactly one of "prompts", "source" or "conversations", got none',
+        });
+      }
+      if (hasConversations && !hasPrompts && has(d.evalHoldout)) {
+        ctx.addIssue({
+          code: 'custom',
+          path: ['evalHoldout'],
+          message:
+            'expected only with "prompts" or "source": a dataset of "conversations" is not generated, so nothing is held out of it',
         });
       }
       if (hasPrompts && !hasConversations && d.tokenBudget === undefined) {

@@ -109,6 +109,10 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
           : `; later turns: ${formatInt(c.spliced)} of ${formatInt(c.laterTurns)} spliced token for token, ${formatInt(c.laterTurns - c.spliced)} rendered from the decoded history`),
     );
   }
+  for (const d of status.datasets) {
+    if (d.evalHeldOut !== undefined)
+      lines.push(`${d.name}: ${formatInt(d.evalHeldOut)} held out for eval (eval-prompts.jsonl; never generated)`);
+  }
   const warnings = runStatusWarnings(status, nowMs);
   if (warnings.length > 0) lines.push('', ...warnings);
   return lines.join('\n');

@@ -41,6 +41,8 @@ export interface DatasetStatus {
   rejected: number;
   /** `turns: all`: conversations by how far they got (each turn is one of `records`); absent otherwise. */
   conversations?: ConversationCounts;
+  /** With `evalHoldout`: prompts of the dataset held out of generation (its eval split); absent otherwise. */
+  evalHeldOut?: number;
   /** What `tokenmill prepare` made of the dataset's source; null without a source or before it ran. */
   prepared?: PreparedCounts | null;
   /** Committed output tokens per second over the last minute. */
@@ -173,6 +175,7 @@ export async function readRunStatus(
       skipped,
       rejected: Number(stats.rejected ?? 0),
       ...(conversations === undefined ? {} : { conversations }),
+      ...(stats.evalHeldOut === undefined ? {} : { evalHeldOut: Number(stats.evalHeldOut) }),
       prepared: preparedCounts(stats),
       tokensPerSec,
       // A paused dataset has no ETA: nothing moves until `resume`.
