@@ -3,7 +3,8 @@
  * scrape from the same Redis state as `status`: per dataset tokens, budget, records, failed,
  * skipped, in flight and queue depths by state; per endpoint health, in flight, a request
  * latency histogram and errors by status (summed over the live inference workers' heartbeats,
- * so those counters restart when a worker does — Prometheus' rate() treats that as a reset).
+ * so those counters restart when a worker does — Prometheus' rate() treats that as a reset);
+ * per train step that declares `hiddenStates`, the estimate of what it writes.
  */
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
@@ -140,6 +141,21 @@ export async function renderMetrics(
     for (const [status, n] of Object.entries(e.errors)) epErrors.inc({ ...l, status }, n);
   }
   registry.registerMetric(latencyHistogram(s) as unknown as Metric);
+
+  const hiddenStates = gauge(
+    'tokenmill_train_step_hidden_states_bytes',
+    'Estimated bytes of the hidden states a train step writes (tokens × (hidden size × layers × bytes per element + per-token overhead)), made before the step starts; absent for steps that declare no hiddenStates.',
+    ['run', 'step'],
+  );
+  const hiddenStatesNeeded = gauge(
+    'tokenmill_train_step_hidden_states_needed_bytes',
+    "Free bytes the step's output file system needs before it starts: the estimate + its margin + minFreeDiskGiB.",
+    ['run', 'step'],
+  );
+  for (const h of s.train?.hiddenStates ?? []) {
+    hiddenStates.set({ ...run, step: h.step }, h.bytes);
+    hiddenStatesNeeded.set({ ...run, step: h.step }, h.neededBytes);
+  }
 
   const workers = gauge('tokenmill_workers', 'Live processes of the run by role (from their heartbeats).', [
     'run',

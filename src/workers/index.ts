@@ -18,6 +18,7 @@ export {
 } from './postprocess/index.js';
 export {
   cancelTrainJobs,
+  describeHiddenStatesAtQueue,
   parseGpuList,
   queueTrainJob,
   roundTrainJobId,

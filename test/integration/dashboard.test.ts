@@ -6,7 +6,16 @@ import { Queue, Worker } from 'bullmq';
 import { chromium } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startDashboard, type Dashboard } from '../../src/dashboard/server.js';
-import { RunKeys, generateQueueName, loadConfig, type Config, type RunStatus } from '../../src/shared/index.js';
+import {
+  RunKeys,
+  TrainKeys,
+  generateQueueName,
+  loadConfig,
+  type Config,
+  type RunStatus,
+} from '../../src/shared/index.js';
+import { judgeHiddenStates } from '../../src/workers/train/hidden-states.js';
+import { recordHiddenStates, writeStatus } from '../../src/workers/train/train-jobs.js';
 import { useHarness } from '../helpers/fixture.js';
 import { spawnCli, waitFor, writeConfig } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
@@ -290,6 +299,58 @@ describe('dashboard: API', () => {
 
     await alpha.resume();
     expect(await alpha.isPaused()).toBe(false);
+  });
+});
+
+describe('dashboard: train steps', () => {
+  it('lists the hidden-state estimate of a train step in /api/status (which the page renders), the page and /metrics', async () => {
+    const conn = redis.connection('client');
+    const jobId = 'dash-train-1-extract';
+    await writeStatus(conn, keys, jobId, { state: 'waiting', waiting: 'hidden states ≈ 80.1 GB, …' }, 'pending', true);
+    const { entry } = judgeHiddenStates(
+      {
+        step: 'extract',
+        stepIndex: 0,
+        steps: 2,
+        where: 'train.steps[0].hiddenStates',
+        tokens: 3_473_408,
+        tokensFrom: 'merge index',
+        dataset: '/data/dash/train-dataset',
+        hiddenSize: 2880,
+        layers: 4,
+        dtype: 'bfloat16',
+        bytesPerElement: 2,
+        overheadBytesPerToken: 16,
+        margin: 0.05,
+        configFile: '/models/gpt-oss-120b/config.json',
+        bytes: 80_082_894_848,
+      },
+      { path: '/data', totalBytes: 2e12, freeBytes: 60e9 },
+      { minFreeDiskGiB: 0, reusableBytes: 0, chain: 'dash-train-1', jobId },
+    );
+    await recordHiddenStates(conn, keys, entry);
+    try {
+      const status = (await (await get('/api/status', bearer)).json()) as RunStatus;
+      expect(status.phases.find((p) => p.name === 'train')?.detail).toBe('waiting — hidden states ≈ 80.1 GB, …');
+      expect(status.train?.hiddenStates).toMatchObject([
+        {
+          step: 'extract',
+          bytes: 80_082_894_848,
+          verdict: 'waiting',
+          text: 'hidden states ≈ 80.1 GB (3,473,408 tokens × (2,880 hidden × 4 layers × 2 B bfloat16 + 16 B)); /data: 60.0 GB free of 2.0 TB — waiting for 84.1 GB free',
+        },
+      ]);
+      // The page lists them under the pipeline's phases, from that field.
+      expect(await (await get('/', bearer)).text()).toContain('<ul id="train-steps"');
+      const app = await (await get('/app.js', bearer)).text();
+      expect(app).toContain("$('#train-steps')");
+      expect(app).toContain('h.text');
+      const metrics = await (await get('/metrics', bearer)).text();
+      expect(metrics).toContain('tokenmill_train_step_hidden_states_bytes{run="dash",step="extract"} 80082894848');
+    } finally {
+      await conn.del(new TrainKeys(keys).status(), new TrainKeys(keys).hiddenStates());
+      await conn.hdel(keys.phases(), 'train');
+    }
   });
 });
 

@@ -163,6 +163,41 @@ describe('loadConfig: valid configs', () => {
     expect(c.tokenizer.kind).toBe('auto');
   });
 
+  it("a train step's hiddenStates defaults: 4 layers (EAGLE-3), bfloat16, 16 B a token, a 5 % margin", () => {
+    const c = loadConfig({
+      object: {
+        datasets: [{ name: 'a', conversations: 'a.jsonl' }],
+        train: {
+          mode: 'from-scratch',
+          steps: [{ name: 'extract', command: ['x'], hiddenStates: { model: 'models/qwen3-8b' } }],
+        },
+      },
+      baseDir: tmp,
+    });
+    expect(c.train?.steps?.[0]).toEqual({
+      name: 'extract',
+      command: ['x'],
+      minFreeDiskGiB: 0,
+      hiddenStates: { model: 'models/qwen3-8b', layers: 4, dtype: 'bfloat16', overheadBytesPerToken: 16, margin: 0.05 },
+    });
+    const bad = () =>
+      loadConfig({
+        object: {
+          datasets: [{ name: 'a', conversations: 'a.jsonl' }],
+          train: {
+            mode: 'from-scratch',
+            steps: [
+              { name: 'a', command: ['x'] },
+              { name: 'b', command: ['x'], hiddenStates: { model: '', dtype: 'int8' } },
+            ],
+          },
+        },
+        baseDir: tmp,
+      });
+    expect(bad).toThrow(/train\.steps\[1\]\.hiddenStates\.model: expected the target model folder/);
+    expect(bad).toThrow(/train\.steps\[1\]\.hiddenStates\.dtype: expected one of "bfloat16", "float16", "float32"/);
+  });
+
   it('bundledTokenizerPath() is a folder with tokenizer.json and tokenizer_config.json', () => {
     const dir = bundledTokenizerPath();
     expect(existsSync(join(dir, 'tokenizer.json'))).toBe(true);

@@ -3,6 +3,7 @@ import { AppError, formatTrainProgress, type TrainResult, type TrainStatus } fro
 import { parseGpuList } from '../../workers/index.js';
 import {
   cancelTrainJobs,
+  describeHiddenStatesAtQueue,
   queueTrainJob,
   trainPayloadOf,
   waitForTrainJob,
@@ -135,6 +136,7 @@ export function registerTrainCommand(program: Command): void {
         process.stderr.write(
           `tokenmill: train job ${jobId} queued: ${payload.mode} (${chosenBy})${payload.checkpoint === undefined ? '' : ` from ${payload.checkpoint}`}\n`,
         );
+        for (const line of await describeHiddenStatesAtQueue(payload)) process.stderr.write(`tokenmill: ${line}\n`);
         const gpus = opts.gpus === undefined ? undefined : parseGpuList(opts.gpus);
         const outcome = await runTrainJob(ctx, jobId, {
           worker: opts.worker !== false,

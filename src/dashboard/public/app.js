@@ -61,6 +61,20 @@ function renderPhases(phases) {
   );
 }
 
+// The train steps that write hidden states: each one's estimate, its inputs and the disk.
+function renderTrainSteps(train) {
+  const steps = (train && train.hiddenStates) || [];
+  $('#train-steps').replaceChildren(
+    ...steps.map((h) =>
+      el(
+        'li',
+        { 'data-step': h.step, 'data-verdict': h.verdict, 'data-bytes': String(h.bytes) },
+        `train step ${h.step} (${h.stepIndex + 1}/${h.steps}): ${h.text}`,
+      ),
+    ),
+  );
+}
+
 function bar(d) {
   if (d.tokenBudget === null) return el('span', {}, fmt(d.outputTokens));
   const pct = d.tokenBudget === 0 ? 100 : Math.min(100, (100 * d.outputTokens) / d.tokenBudget);
@@ -213,6 +227,7 @@ function render(update) {
   $('#run').textContent = status.run;
   document.title = `tokenmill · ${status.run}`;
   renderPhases(status.phases);
+  renderTrainSteps(status.train);
   renderDatasets(status.datasets);
   renderEndpoints(status);
   renderWorkers(status.workers || [], update.readAtMs);

@@ -36,4 +36,12 @@ export {
   SglangConfigSchema,
 } from './sglang.js';
 export { PrepareConfigSchema, type PromptSource, PromptSourceSchema } from './source.js';
-export { type TrainConfig, TrainConfigSchema, type TrainStep, TrainStepSchema } from './train.js';
+export {
+  HIDDEN_STATE_DTYPES,
+  type HiddenStatesConfig,
+  HiddenStatesSchema,
+  type TrainConfig,
+  TrainConfigSchema,
+  type TrainStep,
+  TrainStepSchema,
+} from './train.js';

@@ -32,6 +32,41 @@ const trainCommand = () =>
     })
     .min(1, { error: 'expected a command and its arguments' });
 
+/** Element types of stored hidden states, and their bytes. */
+export const HIDDEN_STATE_DTYPES = { bfloat16: 2, float16: 2, float32: 4 } as const;
+
+/** What a hidden-state extraction step writes (`train.steps[].hiddenStates`), sized before it starts. */
+export const HiddenStatesSchema = z.strictObject({
+  model: z
+    .string({ error: 'expected the target model folder (or its config.json)' })
+    .min(1, { error: 'expected the target model folder (or its config.json), not an empty string' })
+    .describe(
+      "The target model's folder, or its `config.json` (relative to the config file): its `hidden_size` (`text_config.hidden_size` for a multimodal model) is the width of one stored vector; `num_hidden_layers` bounds `layers`. Read by the train worker before the step starts.",
+    ),
+  layers: positiveInt()
+    .default(4)
+    .describe(
+      'Hidden-state vectors stored per token. EAGLE-3 stores 4: three auxiliary layers and the last one (SpecForge: `aux_hidden_state` [seq, 3·H] + `hidden_state` [seq, H]; speculators: `hidden_states` [seq, 3 + 1, H]).',
+    ),
+  dtype: z
+    .enum(['bfloat16', 'float16', 'float32'], { error: 'expected one of "bfloat16", "float16", "float32"' })
+    .default('bfloat16')
+    .describe('Element type of the stored hidden states: bfloat16 and float16 take 2 bytes, float32 4.'),
+  overheadBytesPerToken: nonNegativeInt()
+    .default(16)
+    .describe('Bytes stored per token besides the hidden states: the token id and the loss mask (int64 + int64 = 16).'),
+  margin: z
+    .number({ error: 'expected a fraction >= 0 (0.05 = 5 %)' })
+    .min(0, { error: 'expected a fraction >= 0 (0.05 = 5 %)' })
+    .default(0.05)
+    .describe(
+      'Added to the estimate before it is compared with the file system (0.05 = 5 %): file headers, and samples a little longer than counted.',
+    ),
+});
+
+/** A step's `hiddenStates`. */
+export type HiddenStatesConfig = z.infer<typeof HiddenStatesSchema>;
+
 /** One step of a chain of GPU steps (`train.steps`). */
 export const TrainStepSchema = z.strictObject({
   name: name().describe('Step name, unique in the chain: names its folder `<attempt>/<name>/` and its job.'),
@@ -49,6 +84,9 @@ export const TrainStepSchema = z.strictObject({
     .describe(
       "Free disk space (GiB) the run folder's file system needs before the step starts (hidden states can take terabytes); until then it waits.",
     ),
+  hiddenStates: HiddenStatesSchema.optional().describe(
+    "The hidden states the step writes (an extraction step: SpecForge's offline capture, speculators' `generate-offline-data`). Before the step starts, the worker estimates their size from the training dataset's tokens and the model's `hidden_size`; a file system smaller than that fails the step at once, one with too little free space makes it wait (on top of `minFreeDiskGiB`). See docs/train.md.",
+  ),
 });
 
 /** A step of `train.steps`. */

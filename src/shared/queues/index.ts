@@ -42,6 +42,8 @@ export { isDatasetPaused, pauseDataset, resumeDataset } from './dataset-pause.js
 export { type RetryFailedOutcome, retryFailedPrompts } from './failed-prompts.js';
 export { endpointKey, RunKeys } from './run-keys.js';
 export {
+  type HiddenStatesPayload,
+  HiddenStatesPayloadSchema,
   TRAIN_MAX_STALLED_COUNT,
   trainJobOptions,
   TrainKeys,
@@ -53,6 +55,8 @@ export {
   TrainProgressSchema,
   type TrainResult,
   TrainResultSchema,
+  type TrainHiddenStates,
+  TrainHiddenStatesSchema,
   type TrainStepPayload,
   TrainStepPayloadSchema,
 } from './train-queue.js';

@@ -11,6 +11,16 @@ import type { RunKeys } from './run-keys.js';
 export const TrainModeSchema = z.enum(['from-scratch', 'resume']);
 export type TrainMode = z.infer<typeof TrainModeSchema>;
 
+/** A step's `hiddenStates` as its job sees it: the model path is absolute. */
+export const HiddenStatesPayloadSchema = z.object({
+  model: z.string().min(1),
+  layers: z.number().int().positive(),
+  dtype: z.enum(['bfloat16', 'float16', 'float32']),
+  overheadBytesPerToken: z.number().int().nonnegative(),
+  margin: z.number().nonnegative(),
+});
+export type HiddenStatesPayload = z.infer<typeof HiddenStatesPayloadSchema>;
+
 /** One step of a chain as its job sees it. */
 export const TrainStepPayloadSchema = z.object({
   name: z.string().min(1),
@@ -18,6 +28,7 @@ export const TrainStepPayloadSchema = z.object({
   gpus: z.number().int().nonnegative(),
   minFreeGpuMemMiB: z.number().int().nonnegative(),
   minFreeDiskGiB: z.number().nonnegative(),
+  hiddenStates: HiddenStatesPayloadSchema.optional(),
 });
 export type TrainStepPayload = z.infer<typeof TrainStepPayloadSchema>;
 
@@ -55,8 +66,54 @@ export const TrainPayloadSchema = z.object({
   steps: z.array(TrainStepPayloadSchema).min(1).optional(),
   /** This job's step in `steps` (a chain's jobs only). */
   stepIndex: z.number().int().nonnegative().optional(),
+  /** The job id of the chain's last step: names the chain (a chain's jobs only). */
+  chain: z.string().min(1).optional(),
+  /** What this step writes, sized before it starts (a chain's jobs only). */
+  hiddenStates: HiddenStatesPayloadSchema.optional(),
 });
 export type TrainPayload = z.infer<typeof TrainPayloadSchema>;
+
+/**
+ * A chain step's hidden-state estimate as the train worker last made it (before the step
+ * starts): bytes = tokens × (hiddenSize × layers × bytesPerElement + overheadBytesPerToken),
+ * checked against the file system of the step's output folder.
+ */
+export const TrainHiddenStatesSchema = z.object({
+  /** The chain (see {@link TrainPayloadSchema}'s `chain`), the step's job and its place in the chain. */
+  chain: z.string(),
+  jobId: z.string(),
+  step: z.string(),
+  stepIndex: z.number().int().nonnegative(),
+  steps: z.number().int().positive(),
+  bytes: z.number().nonnegative(),
+  /** Tokens of the training dataset, and where they were read (its merge index, or its shards). */
+  tokens: z.number().int().nonnegative(),
+  tokensFrom: z.enum(['merge index', 'shard scan']),
+  dataset: z.string(),
+  hiddenSize: z.number().int().positive(),
+  layers: z.number().int().positive(),
+  dtype: z.string(),
+  bytesPerElement: z.number().int().positive(),
+  overheadBytesPerToken: z.number().int().nonnegative(),
+  margin: z.number().nonnegative(),
+  /** Free bytes the step waits for: bytes × (1 + margin) + the step's minFreeDiskGiB. */
+  neededBytes: z.number().nonnegative(),
+  /** The model's config.json the hidden size was read from. */
+  configFile: z.string(),
+  /** The file system of the step's output folder; `reusableBytes`: what the folder holds already. */
+  disk: z
+    .object({
+      path: z.string(),
+      totalBytes: z.number().nonnegative(),
+      freeBytes: z.number().nonnegative(),
+      reusableBytes: z.number().nonnegative(),
+    })
+    .nullable(),
+  /** `fits`: the step started; `waiting`: too little free space; `refused`: the file system is too small. */
+  verdict: z.enum(['fits', 'waiting', 'refused']),
+  at: z.string(),
+});
+export type TrainHiddenStates = z.infer<typeof TrainHiddenStatesSchema>;
 
 /** Progress parsed from the command's output. */
 export const TrainProgressSchema = z.object({
@@ -111,6 +168,11 @@ export class TrainKeys {
   /** Hash: the current (latest) train job's state and progress; see `train-status.ts`. */
   status(): string {
     return `${this.keys.base}:train`;
+  }
+
+  /** Hash: step name → JSON {@link TrainHiddenStates} of the latest chain's steps that declare `hiddenStates`. */
+  hiddenStates(): string {
+    return `${this.keys.base}:train:hidden-states`;
   }
 
   /** String: JSON fingerprint of the last successful train run's environment. */

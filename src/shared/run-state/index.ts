@@ -37,9 +37,12 @@ export {
   type RunStatus,
 } from './status.js';
 export {
+  describeHiddenStates,
+  formatBytes,
   formatTrainProgress,
   formatTrainStatus,
   type GpuMemorySeen,
+  hiddenStatesFormula,
   readTrainStatus,
   trainPhaseDetail,
   type TrainState,

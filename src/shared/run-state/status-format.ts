@@ -39,6 +39,7 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     `phases: ${status.phases.map((p) => `${p.configured ? mark[p.status] : '[-]'} ${p.name}`).join('  ')}`,
   ];
   for (const p of status.phases) if (p.detail !== '' && p.configured) lines.push(`  ${p.name}: ${p.detail}`);
+  for (const h of status.train?.hiddenStates ?? []) lines.push(`  train step ${h.step}: ${h.text}`);
   if (status.endpoints.reported > 0) lines.push(`endpoints: ${describeEndpointHealth(status.endpoints)}`);
   for (const e of status.endpointRequests) {
     if (e.requests === 0 && e.inFlight === 0) continue;

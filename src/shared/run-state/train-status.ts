@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
-import type { RunKeys } from '../queues/index.js';
-import { TrainKeys } from '../queues/index.js';
-import { formatDuration } from '../util/index.js';
+import type { RunKeys, TrainHiddenStates } from '../queues/index.js';
+import { TrainHiddenStatesSchema, TrainKeys } from '../queues/index.js';
+import { formatDuration, formatInt } from '../util/index.js';
 
 /** State of the run's latest train job, as train workers record it. */
 export type TrainState = 'queued' | 'waiting' | 'running' | 'completed' | 'failed' | 'cancelled' | 'skipped';
@@ -43,7 +43,55 @@ export interface TrainStatus {
   fingerprint: Record<string, unknown> | null;
   /** Differences from the last successful run's fingerprint (`what: before → now`). */
   envChanges: string[];
+  /** The hidden-state estimates of the chain's steps that declare `hiddenStates`, in step order, each with its line. */
+  hiddenStates: (TrainHiddenStates & { text: string })[];
   updatedAt: string | null;
+}
+
+/** Bytes in decimal units, as disks are sold: `950 B`, `80.0 GB`, `1.8 TB`. */
+export function formatBytes(n: number): string {
+  const units = ['B', 'kB', 'MB', 'GB', 'TB', 'PB', 'EB'];
+  let v = n;
+  let u = 0;
+  while (v >= 1000 && u < units.length - 1) {
+    v /= 1000;
+    u++;
+  }
+  return u === 0 ? `${Math.round(v)} B` : `${v < 100 ? v.toFixed(1) : v.toFixed(0)} ${units[u]}`;
+}
+
+/** The estimate's formula with its inputs: `3,473,408 tokens × (2,880 hidden × 4 layers × 2 B bfloat16 + 16 B)`. */
+export function hiddenStatesFormula(
+  e: Pick<
+    TrainHiddenStates,
+    'tokens' | 'hiddenSize' | 'layers' | 'bytesPerElement' | 'dtype' | 'overheadBytesPerToken'
+  >,
+): string {
+  return `${formatInt(e.tokens)} tokens × (${formatInt(e.hiddenSize)} hidden × ${e.layers} layers × ${e.bytesPerElement} B ${e.dtype} + ${e.overheadBytesPerToken} B)`;
+}
+
+/** A step's estimate in one line: `hidden states ≈ 80.0 GB (formula); /data: 900 GB free of 2.0 TB — waiting for 84.0 GB free`. */
+export function describeHiddenStates(e: TrainHiddenStates): string {
+  const disk =
+    e.disk === null
+      ? ''
+      : `; ${e.disk.path}: ${formatBytes(e.disk.freeBytes)} free of ${formatBytes(e.disk.totalBytes)}`;
+  const verdict =
+    e.verdict === 'fits'
+      ? 'fits'
+      : e.verdict === 'waiting'
+        ? `waiting for ${formatBytes(e.neededBytes)} free`
+        : `refused: needs ${formatBytes(e.neededBytes)}`;
+  return `hidden states ≈ ${formatBytes(e.bytes)} (${hiddenStatesFormula(e)})${disk} — ${verdict}`;
+}
+
+function hiddenStatesOf(h: Record<string, string>): (TrainHiddenStates & { text: string })[] {
+  const out: (TrainHiddenStates & { text: string })[] = [];
+  for (const v of Object.values(h)) {
+    const parsed = TrainHiddenStatesSchema.safeParse(json<unknown>(v, null));
+    if (parsed.success) out.push({ ...parsed.data, text: describeHiddenStates(parsed.data) });
+  }
+  return out.sort((a, b) => a.stepIndex - b.stepIndex);
 }
 
 function num(v: string | undefined): number | null {
@@ -67,7 +115,8 @@ function json<T>(v: string | undefined, fallback: T): T {
 
 /** Reads the run's train status; null when no train job was ever queued. */
 export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<TrainStatus | null> {
-  const h = await redis.hgetall(new TrainKeys(keys).status());
+  const tk = new TrainKeys(keys);
+  const [h, hidden] = await Promise.all([redis.hgetall(tk.status()), redis.hgetall(tk.hiddenStates())]);
   if (h.jobId === undefined) return null;
   return {
     jobId: h.jobId,
@@ -92,6 +141,7 @@ export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<Trai
     preflight: json<GpuMemorySeen[]>(h.preflight, []),
     fingerprint: json<Record<string, unknown> | null>(h.fingerprint, null),
     envChanges: json<string[]>(h.envChanges, []),
+    hiddenStates: hiddenStatesOf(hidden),
     updatedAt: str(h.updatedAt),
   };
 }
@@ -123,6 +173,7 @@ export function formatTrainStatus(t: TrainStatus | null): string[] {
   if (t.reason !== null && (t.state === 'failed' || t.state === 'cancelled' || t.state === 'skipped'))
     lines.push(`  ${t.state === 'skipped' ? 'skipped' : 'reason'}: ${t.reason}`);
   if (t.envChanges.length > 0) lines.push(`  environment changed: ${t.envChanges.join('; ')}`);
+  for (const e of t.hiddenStates) lines.push(`  step ${e.step}: ${e.text}`);
   return lines;
 }
 

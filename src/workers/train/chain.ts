@@ -27,8 +27,11 @@ export function stepJobId(baseId: string, payload: TrainPayload, index: number):
   return index === steps.length - 1 ? baseId : `${baseId}-${steps[index]?.name ?? index}`;
 }
 
-/** The payload of step `index`: the chain's payload with the step's command, GPUs and limits. */
-export function stepPayload(payload: TrainPayload, index: number): TrainPayload {
+/**
+ * The payload of step `index` of the chain whose last step has id `chain`: the chain's payload
+ * with the step's command, GPUs, limits and hidden states.
+ */
+export function stepPayload(payload: TrainPayload, index: number, chain?: string): TrainPayload {
   const step = payload.steps?.[index];
   if (step === undefined) throw new AppError(`train: no step ${index} in the chain`);
   return parsePayload(
@@ -39,7 +42,9 @@ export function stepPayload(payload: TrainPayload, index: number): TrainPayload 
       gpus: step.gpus,
       minFreeGpuMemMiB: step.minFreeGpuMemMiB,
       minFreeDiskGiB: step.minFreeDiskGiB,
+      ...(step.hiddenStates === undefined ? {} : { hiddenStates: step.hiddenStates }),
       stepIndex: index,
+      ...(chain === undefined ? {} : { chain }),
     },
     'train',
   );
@@ -66,7 +71,7 @@ export function trainFlow(payload: TrainPayload, baseId: string, child?: FlowJob
     const job: FlowJob = {
       name: `train ${payload.steps[i]?.name ?? i}`,
       queueName: TRAIN_QUEUE,
-      data: stepPayload(payload, i),
+      data: stepPayload(payload, i, baseId),
       opts: { ...trainJobOptions, jobId: stepJobId(baseId, payload, i) },
       ...(below === undefined ? {} : { children: [failing(below)] }),
     };

@@ -1,6 +1,7 @@
 // The train stage: GPU workers that run the configured trainer on the merged dataset.
 export { listAttempts, listCheckpoints, trainDir } from './attempts.js';
 export { parseGpuList } from './gpus.js';
+export { describeHiddenStatesAtQueue } from './hidden-states.js';
 export {
   cancelTrainJobs,
   queueTrainJob,

@@ -10,14 +10,16 @@ import {
   type Logger,
   type TrainPayload,
   type TrainProgress,
+  type TrainHiddenStates,
   type TrainResult,
   type TrainState,
 } from '../../shared/index.js';
-import { createAttempt, listCheckpoints, resolveResumeCheckpoint } from './attempts.js';
+import { createAttempt, listCheckpoints, resolveResumeCheckpoint, trainDir } from './attempts.js';
 import { doneInfo, freeDiskGiB, markStepDone, placeChainStep, withStepOutputs, type ChainStepPlace } from './chain.js';
 import { buildArgv } from './command.js';
 import { collectFingerprint, fingerprintChanges, type EnvFingerprint } from './fingerprint.js';
 import type { GpuInfo, GpuProbe } from './gpus.js';
+import { checkHiddenStates } from './hidden-states.js';
 import { preflight } from './preflight.js';
 import { ProgressTracker, isCudaOom } from './progress.js';
 import { groupAlive, runCommand, signalGroup } from './run-command.js';
@@ -50,6 +52,8 @@ export interface TrainDeps {
   /** Appends a line to the job's log in Bull Board (the caller bounds it). */
   jobLog(line: string): void;
   reportProgress(p: TrainProgress): Promise<void>;
+  /** Records a chain step's hidden-state estimate (shown by `status`, the page and /metrics). */
+  recordHiddenStates(entry: TrainHiddenStates): Promise<void>;
   /** The return value of the job's child: a round's merge, or a chain's previous step. */
   childResult(): Promise<unknown>;
   /** Aborted when the worker stops (SIGTERM): the command is stopped too. */
@@ -79,7 +83,8 @@ function describeSeen(seen: readonly GpuInfo[], assigned: readonly GpuInfo[], ne
 }
 
 /**
- * Runs one train job: worker-death check, GPU preflight (wait when memory is short),
+ * Runs one train job: worker-death check, the hidden states a chain step writes sized against
+ * its disk (refuse what can never fit, wait for free space), GPU preflight (wait when memory is short),
  * environment fingerprint (refuse a change unless allowed), a new attempt folder, then the
  * command in its own process group, watched (progress, OOM, cancel) until it exits.
  */
@@ -176,6 +181,19 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
         },
       };
     }
+  }
+
+  // Hidden states the step writes: sized first, so a step that can never fit fails at once.
+  if (p.hiddenStates !== undefined) {
+    const hs = await checkHiddenStates(p, place?.output ?? trainDir(p.runDir), deps.jobId);
+    await deps.recordHiddenStates(hs.entry);
+    if (hs.verdict === 'refused') throw new AppError(hs.reason);
+    if (hs.verdict === 'waiting') {
+      await deps.setStatus({ state: 'waiting', waiting: hs.reason, worker: deps.workerId, mode }, 'pending');
+      return { kind: 'wait', reason: hs.reason };
+    }
+    deps.jobLog(hs.reason);
+    log.info({ hiddenStates: hs.entry }, 'hidden states sized: they fit');
   }
 
   // 2. Preflight: enough GPUs with enough free memory, or wait.

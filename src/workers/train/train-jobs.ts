@@ -1,3 +1,4 @@
+import path from 'node:path';
 import { FlowProducer, Job, Queue, type FlowJob } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
@@ -13,6 +14,7 @@ import {
   type RunKeys,
   type TrainMode,
   type TrainPayload,
+  type TrainHiddenStates,
   type TrainResult,
   type TrainStatus,
 } from '../../shared/index.js';
@@ -56,6 +58,14 @@ export function trainPayloadOf(config: Config, runDir: string, choice: TrainChoi
               gpus: s.gpus ?? t.gpus,
               minFreeGpuMemMiB: s.minFreeGpuMemMiB ?? t.minFreeGpuMemMiB,
               minFreeDiskGiB: s.minFreeDiskGiB,
+              ...(s.hiddenStates === undefined
+                ? {}
+                : {
+                    hiddenStates: {
+                      ...s.hiddenStates,
+                      model: path.resolve(config.source.baseDir, s.hiddenStates.model),
+                    },
+                  }),
             })),
           }),
       cwd: config.source.baseDir,
@@ -112,6 +122,26 @@ export async function writeStatus(
   await m.exec();
 }
 
+/** Records a chain step's hidden-state estimate in the run's hash of them. */
+export async function recordHiddenStates(redis: Redis, keys: RunKeys, entry: TrainHiddenStates): Promise<void> {
+  await redis.hset(new TrainKeys(keys).hiddenStates(), entry.step, JSON.stringify(entry));
+}
+
+/** Drops the hidden-state estimates of chains other than `chain` (null: of every chain). */
+export async function keepHiddenStatesOf(redis: Redis, keys: RunKeys, chain: string | null): Promise<void> {
+  const key = new TrainKeys(keys).hiddenStates();
+  const stale = Object.entries(await redis.hgetall(key))
+    .filter(([, v]) => {
+      try {
+        return (JSON.parse(v) as { chain?: unknown }).chain !== chain;
+      } catch {
+        return true;
+      }
+    })
+    .map(([k]) => k);
+  if (stale.length > 0) await redis.hdel(key, ...stale);
+}
+
 /** Queues a train job for `tokenmill train` (`<run>-train-<n>`); its status starts as `queued`. */
 export async function queueTrainJob(redis: Redis, keys: RunKeys, payload: TrainPayload): Promise<string> {
   const flows = new FlowProducer({ connection: redis, prefix: keys.bullPrefix });
@@ -119,6 +149,7 @@ export async function queueTrainJob(redis: Redis, keys: RunKeys, payload: TrainP
     const n = await redis.incr(new TrainKeys(keys).counter());
     const jobId = `${payload.run}-train-${n}`;
     await writeStatus(redis, keys, jobId, { state: 'queued', mode: payload.mode }, 'pending', true);
+    await keepHiddenStatesOf(redis, keys, payload.steps === undefined ? null : jobId);
     await flows.add(trainFlow(parsePayload(TrainPayloadSchema, payload, 'train'), jobId));
     return jobId;
   } finally {

@@ -17,7 +17,7 @@ import {
 import type { EnvFingerprint } from './fingerprint.js';
 import { probeGpus, type GpuProbe } from './gpus.js';
 import { isCancel, processTrain, type PreviousRun } from './processor.js';
-import { writeStatus } from './train-jobs.js';
+import { keepHiddenStatesOf, recordHiddenStates, writeStatus } from './train-jobs.js';
 
 /** Lines of a job's output copied into its Bull Board log; the rest is in train.log. */
 export const JOB_LOG_MAX_LINES = 2_000;
@@ -87,7 +87,11 @@ export class TrainWorker {
     const log = this.log.child({ queue: job.queueName, jobId });
     // A job seen for the first time takes over the run's train status.
     const owner = await redis.hget(tk.status(), 'jobId');
-    if (owner !== jobId) await writeStatus(redis, this.options.keys, jobId, { state: 'queued' }, undefined, true);
+    if (owner !== jobId) {
+      await writeStatus(redis, this.options.keys, jobId, { state: 'queued' }, undefined, true);
+      const chain = (job.data as { chain?: unknown }).chain;
+      await keepHiddenStatesOf(redis, this.options.keys, typeof chain === 'string' ? chain : null);
+    }
     let logged = 0;
     let logChain: Promise<unknown> = Promise.resolve();
     const payload = job.data as { preflightPollMs?: number };
@@ -116,6 +120,7 @@ export class TrainWorker {
               : line;
           logChain = logChain.then(() => job.log(text)).catch(() => undefined);
         },
+        recordHiddenStates: (entry) => recordHiddenStates(redis, this.options.keys, entry),
         reportProgress: (p) => job.updateProgress(p),
         childResult: async () => Object.values(await job.getChildrenValues())[0],
         shutdown: this.shutdown.signal,
