@@ -128,6 +128,12 @@ describe('tokenmill eval', () => {
     const code = await cli.exited;
     expect(code, cli.output()).toBe(0);
     const report = JSON.parse(cli.stdout()) as EvalReport;
+    // One warm-up request per slot in flight before the clock starts, left out of the figures.
+    const rids = strong.stats().requests.map((r) => r.rid);
+    expect(rids.filter((r) => r.startsWith('eval:ds:warmup-')).sort()).toEqual(
+      Array.from({ length: 8 }, (_, j) => `eval:ds:warmup-${j}:drafter`).sort(),
+    );
+    expect(rids.filter((r) => /^eval:ds:eval-prompts-\d+:drafter$/.test(r))).toHaveLength(PROMPTS);
     const own = await acceptLengthFromServer(configOf(file));
 
     const ds = report.datasets[0];

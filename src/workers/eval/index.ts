@@ -9,7 +9,7 @@ export {
   previousReport,
 } from './drafter.js';
 export { formatHistogram, formatReport } from './format.js';
-export { type EvalPhase, evalRid, type PhaseOptions, runPhase } from './phase.js';
+export { type EvalPhase, evalRid, type PhaseOptions, runPhase, WARMUP_NEW_TOKENS } from './phase.js';
 export { type EvalPrompt, type EvalPromptSet, heldOutPromptsPath, loadPromptSets, type PromptSets } from './prompts.js';
 export {
   type BaselineEndpointInfo,

@@ -38,7 +38,16 @@ export interface PhaseOptions {
   signal?: AbortSignal;
   /** Told each answer as it arrives (rid, endpoint, the answer). */
   onAnswer?: (rid: string, endpoint: string, answer: GenerateResult) => void;
+  /**
+   * Sent before the clock starts, as many at once as the phase keeps in flight (rids
+   * `eval:<dataset>:warmup-<j>:<phase>`), and not counted: the connections are opened and the
+   * servers past their first requests, so the first phase is not the slower for being first.
+   */
+  warmup?: { inputIds: number[]; maxNewTokens: number };
 }
+
+/** Tokens of each warm-up request. */
+export const WARMUP_NEW_TOKENS = 16;
 
 /** Errors that end the phase rather than count as one failed request. */
 function isFatal(e: unknown): boolean {
@@ -63,6 +72,42 @@ export async function runPhase(o: PhaseOptions): Promise<PhaseTotals> {
   let fatal: unknown;
   let next = 0;
   const prompts = o.set.prompts;
+  const inFlight = Math.max(1, Math.min(o.concurrency, prompts.length));
+  if (o.warmup !== undefined) {
+    const w = o.warmup;
+    await Promise.all(
+      Array.from({ length: inFlight }, async (_, j) => {
+        const client = o.clients[j % o.clients.length];
+        if (client === undefined) return;
+        const rid = `eval:${o.set.dataset}:warmup-${j}:${o.phase}`;
+        try {
+          await withConnectRetries(
+            client.endpoint,
+            'POST /generate',
+            () =>
+              client.generate({
+                inputIds: w.inputIds,
+                maxNewTokens: w.maxNewTokens,
+                samplingParams: o.set.sampling,
+                rid,
+                signal: stop.signal,
+              }),
+            o.retry ?? DEFAULT_RETRY,
+            stop.signal,
+          );
+        } catch (e: unknown) {
+          if (isFatal(e)) {
+            fatal ??= e;
+            stop.abort(e);
+          } else log.warn({ rid, endpoint: client.endpoint, err: errorMessage(e) }, 'warm-up request failed');
+        }
+      }),
+    );
+    if (fatal !== undefined) {
+      o.signal?.removeEventListener('abort', onOuterAbort);
+      throw fatal;
+    }
+  }
   const started = performance.now();
   const worker = async (): Promise<void> => {
     while (fatal === undefined && !stop.signal.aborted) {
@@ -119,7 +164,7 @@ export async function runPhase(o: PhaseOptions): Promise<PhaseTotals> {
     }
   };
   try {
-    await Promise.all(Array.from({ length: Math.max(1, Math.min(o.concurrency, prompts.length)) }, () => worker()));
+    await Promise.all(Array.from({ length: inFlight }, () => worker()));
   } finally {
     o.signal?.removeEventListener('abort', onOuterAbort);
   }

@@ -14,7 +14,7 @@ import {
 } from '../../shared/index.js';
 import type { DrafterChoice } from './drafter.js';
 import { evalReportPath, previousReport } from './drafter.js';
-import { type EvalPhase, runPhase } from './phase.js';
+import { type EvalPhase, runPhase, WARMUP_NEW_TOKENS } from './phase.js';
 import { loadPromptSets } from './prompts.js';
 import {
   buildReport,
@@ -146,6 +146,8 @@ export async function runEval(o: EvalRunOptions): Promise<EvalReport> {
     throw new EvalError(
       `eval: no prompts to evaluate on: ${skipped.map((s) => `${s.dataset}: ${s.reason}`).join('; ') || 'no dataset'}; set eval.prompts, or datasets[].evalHoldout and run the pipeline`,
     );
+  const [warmupIds] = await tokenizer.encodePrompts([[{ role: 'user', content: 'Warm-up: say hello.' }]]);
+  const warmup = Array.isArray(warmupIds) ? { inputIds: warmupIds, maxNewTokens: WARMUP_NEW_TOKENS } : undefined;
   const perEndpoint = (n: number): number => Math.max(1, Math.ceil(e.concurrency / n));
   const drafterClients = clientsFor(e.endpoints, config, perEndpoint(e.endpoints.length));
   const baselineClients =
@@ -160,6 +162,7 @@ export async function runEval(o: EvalRunOptions): Promise<EvalReport> {
           clients,
           set,
           concurrency: e.concurrency,
+          ...(warmup === undefined ? {} : { warmup }),
           ...(o.retry === undefined ? {} : { retry: o.retry }),
           ...(o.signal === undefined ? {} : { signal: o.signal }),
           ...(o.onAnswer === undefined
