@@ -1,0 +1,193 @@
+// After `tokenmill demo`, every command works on its run with the config it leaves beside its
+// output (`<out>/demo/tokenmill.yaml`): one demo as a real child process (`--json`), then the
+// commands it prints, run as printed, each as a child process: `status` sees the demo's counters
+// in the demo's embedded Redis, `export` writes the merged dataset's rows and the SpecForge
+// conversations, `train --resume` continues the demo's training. The demo's `--json` phases say
+// what ran: train completed, with its attempt, when the trainer environment exists.
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+
+import { beforeAll, describe, expect, it } from 'vitest';
+import { demoTrainerPython } from '../../src/cli/commands/demo-train.js';
+import { EXPORT_FORMATS } from '../../src/cli/commands/export.js';
+import { useHarness } from '../helpers/fixture.js';
+import { repoRoot, spawnCli } from '../helpers/pipeline.js';
+
+interface Phase {
+  name: string;
+  status: string;
+  configured: boolean;
+  detail: string;
+}
+
+interface DatasetCounts {
+  name: string;
+  records: number;
+  outputTokens: number;
+  skipped: number;
+  failed: number;
+  status: string;
+}
+
+interface Next {
+  status: string;
+  postprocess: string;
+  export: { jsonl: string; specforge: string; speculators: string };
+  train: string | null;
+}
+
+interface DemoJson {
+  phases: Phase[];
+  datasets: DatasetCounts[];
+  train: { state: string; attempt: string | null } | null;
+  postprocess: { status: string; report: { rows: number } | null };
+  config: string;
+  next: Next;
+}
+
+/** The arguments of a printed `tokenmill …` command line (words split as a shell does; '…' quoted). */
+function argsOf(command: string): string[] {
+  const words: string[] = [];
+  let word: string | null = null;
+  for (let i = 0; i < command.length; i += 1) {
+    const ch = command[i] ?? '';
+    if (ch === "'") {
+      const end = command.indexOf("'", i + 1);
+      word = (word ?? '') + command.slice(i + 1, end);
+      i = end;
+    } else if (ch === '\\') {
+      word = (word ?? '') + (command[i + 1] ?? '');
+      i += 1;
+    } else if (ch === ' ') {
+      if (word !== null) words.push(word);
+      word = null;
+    } else word = (word ?? '') + ch;
+  }
+  if (word !== null) words.push(word);
+  expect(words[0], command).toBe('tokenmill');
+  return words.slice(1);
+}
+
+/** Runs a printed command as a child process; its exit code and output. */
+async function runPrinted(
+  command: string,
+  extra: string[] = [],
+): Promise<{ code: number | string; out: string; stdout: string }> {
+  const child = spawnCli([...argsOf(command), ...extra]);
+  const code = await child.exited;
+  return { code, out: child.output(), stdout: child.stdout() };
+}
+
+function lines(file: string): string[] {
+  return readFileSync(file, 'utf8')
+    .split('\n')
+    .filter((l) => l.trim() !== '');
+}
+
+const { tmp } = useHarness({ tmp: 'tm-demo-config-', cli: true });
+const trains = demoTrainerPython(repoRoot) !== null;
+let demo: DemoJson;
+let yamlPath: string;
+
+describe('tokenmill demo leaves a config every command works with', () => {
+  beforeAll(async () => {
+    const child = spawnCli(['demo', '--out', tmp.dir, '--json']);
+    const code = await child.exited;
+    expect(code, child.output().slice(-4_000)).toBe(0);
+    const out = child.stdout().trim().split('\n');
+    expect(out, 'one JSON object on stdout').toHaveLength(1);
+    demo = JSON.parse(out[0] ?? '') as DemoJson;
+    yamlPath = path.join(tmp.dir, 'demo', 'tokenmill.yaml');
+  }, 300_000);
+
+  it('names its config and the commands on it; the phases say what ran', () => {
+    expect(demo.config).toBe(yamlPath);
+    expect(existsSync(yamlPath)).toBe(true);
+    const text = readFileSync(yamlPath, 'utf8');
+    expect(text).toMatch(/^# The config `tokenmill demo` ran with/);
+    expect(text).toContain(`#   ${demo.next.status}\n`);
+    expect(text).toMatch(/# http:\/\/127\.0\.0\.1:\d+ was the demo's built-in SGLang simulator/);
+    expect(text).toMatch(/#   tokenmill sim --port \d+ /);
+
+    expect(demo.next.status).toBe(`tokenmill status -c ${yamlPath}`);
+    expect(demo.next.export.jsonl).toBe(
+      `tokenmill export -c ${yamlPath} --format jsonl --out ${path.join(tmp.dir, 'demo', 'export', 'rows.jsonl')}`,
+    );
+    expect(demo.next.export.specforge).toContain(`-c ${yamlPath} --format specforge --out `);
+    expect(demo.next.export.speculators).toContain(`-c ${yamlPath} --format speculators --out `);
+
+    for (const name of ['prepare', 'generate', 'tokenize', 'merge'])
+      expect(demo.phases.find((p) => p.name === name)?.status, name).toBe('completed');
+    const train = demo.phases.find((p) => p.name === 'train');
+    if (trains) {
+      expect(demo.next.train).toBe(`tokenmill train -c ${yamlPath} --resume`);
+      expect(train).toMatchObject({ status: 'completed', configured: true });
+      expect(train?.detail).toMatch(/^attempt 0001, completed/);
+      expect(demo.train).toMatchObject({ state: 'completed', attempt: '0001' });
+    } else {
+      expect(demo.next.train).toBeNull();
+      expect(train).toMatchObject({ status: 'pending', configured: false, detail: 'not configured' });
+    }
+  });
+
+  it('status -c sees the counters of the demo in its embedded Redis', async () => {
+    const printed = await runPrinted(demo.next.status);
+    expect(printed.code, printed.out.slice(-2_000)).toBe(0);
+    expect(printed.stdout).toContain('B1_glaive');
+
+    const status = await runPrinted(demo.next.status, ['--json']);
+    expect(status.code, status.out.slice(-2_000)).toBe(0);
+    const after = JSON.parse(status.stdout.trim()) as DemoJson;
+    const counts = (d: DatasetCounts): DatasetCounts => ({
+      name: d.name,
+      records: d.records,
+      outputTokens: d.outputTokens,
+      skipped: d.skipped,
+      failed: d.failed,
+      status: d.status,
+    });
+    expect(after.datasets.map(counts)).toEqual(demo.datasets.map(counts));
+    expect(after.datasets.reduce((a, d) => a + d.records, 0)).toBeGreaterThan(0);
+    expect(after.phases.map((p) => [p.name, p.status])).toEqual(demo.phases.map((p) => [p.name, p.status]));
+  }, 60_000);
+
+  it('export -c --format jsonl writes the merged dataset’s rows; --format specforge its conversations', async () => {
+    const rows = demo.postprocess.report?.rows ?? 0;
+    expect(rows).toBeGreaterThan(0);
+    const jsonl = await runPrinted(demo.next.export.jsonl);
+    expect(jsonl.code, jsonl.out.slice(-2_000)).toBe(0);
+    const rowsFile = argsOf(demo.next.export.jsonl).at(-1) ?? '';
+    expect(lines(rowsFile)).toHaveLength(rows);
+
+    const specforge = await runPrinted(demo.next.export.specforge);
+    expect(specforge.code, specforge.out.slice(-2_000)).toBe(0);
+    const conversations = lines(argsOf(demo.next.export.specforge).at(-1) ?? '');
+    expect(conversations.length).toBeGreaterThan(0);
+    for (const l of conversations) expect(() => JSON.parse(l) as unknown).not.toThrow();
+
+    if ((EXPORT_FORMATS as readonly string[]).includes('speculators')) {
+      const speculators = await runPrinted(demo.next.export.speculators);
+      expect(speculators.code, speculators.out.slice(-2_000)).toBe(0);
+      expect(existsSync(path.join(argsOf(demo.next.export.speculators).at(-1) ?? '', 'dataset_info.json'))).toBe(true);
+    }
+  }, 120_000);
+
+  it('postprocess -c runs on the demo run (nothing new to merge)', async () => {
+    const printed = await runPrinted(demo.next.postprocess);
+    expect(printed.code, printed.out.slice(-2_000)).toBe(0);
+  }, 60_000);
+
+  it.runIf(trains)(
+    'train -c --resume continues the demo’s training from its checkpoint',
+    async () => {
+      const printed = await runPrinted(demo.next.train ?? '');
+      expect(printed.code, printed.out.slice(-3_000)).toBe(0);
+      expect(printed.out).toMatch(/train: completed, attempt 0002 \(resume from .*step-000060\.pt\)/);
+      const status = await runPrinted(demo.next.status, ['--json']);
+      const after = JSON.parse(status.stdout.trim()) as DemoJson;
+      expect(after.train).toMatchObject({ state: 'completed', attempt: '0002' });
+      expect(after.phases.find((p) => p.name === 'train')?.status).toBe('completed');
+    },
+    120_000,
+  );
+});
