@@ -22,6 +22,7 @@ import { producerMemoryConversations } from './producer-memory-conversations.js'
 import { redisMemory } from './redis-memory.js';
 import { requestOverhead } from './request-overhead.js';
 import { seedsWorkload } from './seeds-workload.js';
+import { simSpeculative } from './sim-speculative.js';
 import { throughputCeiling } from './throughput-ceiling.js';
 import { tokenizeThroughput } from './tokenize-throughput.js';
 
@@ -41,6 +42,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'seeds-workload': () => seedsWorkload(),
   'long-completions': () => longCompletions(),
   'multi-turn-cache': () => multiTurnCache(),
+  'sim-speculative': () => simSpeculative(),
 };
 
 /** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */
