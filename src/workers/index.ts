@@ -1,6 +1,7 @@
 export * from './eval/index.js';
 export { InferenceWorker } from './inference/index.js';
 export {
+  conversationRow,
   createTokenizeContext,
   ensurePostprocessRound,
   type GenerationRecord,
@@ -14,6 +15,8 @@ export {
   type RoundInfo,
   type RoundOutcome,
   type TokenizeContext,
+  turnFields,
+  type TurnFields,
   waitForRound,
 } from './postprocess/index.js';
 export {

@@ -5,8 +5,9 @@
 // the exported conversation (apply_chat_template + SpecForge's mask rule, test/python/
 // export_parity.py). The records are what a model writes after the generation prompt: the
 // encoded answer (with its <think> block) and <|im_end|>; a few are what a model sometimes
-// does instead (no <think> block, stopping on <|endoftext|>), and each such row must come out
-// as the one explained difference it is. Truncated, aborted and empty generations and a repeated
+// does instead (no <think> block, stopping on <|endoftext|>, a non-canonical token split), and
+// each such row must come out as the one explained difference it is. Each line's `text` must be
+// its row's tokens, and the export must count exactly the rows whose text encodes to other ids. Truncated, aborted and empty generations and a repeated
 // record must be left out, as tokenize leaves them out.
 import { readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
@@ -22,8 +23,9 @@ import {
 } from '../../src/shared/index.js';
 import { generationCorpus, Rng } from '../fixtures/conversations/corpus.js';
 import { REASONING } from '../fixtures/conversations/fragments.js';
-import { AtomicJsonlWriter } from '../../src/cli/export/file.js';
 import { exportSpecForgeDataset } from '../../src/cli/export/specforge.js';
+import { SpecForgeOutput } from '../../src/cli/export/specforge-files.js';
+import type { SpecForgeRunResult } from '../../src/cli/export/specforge-run.js';
 import { createTokenizeContext } from '../../src/workers/postprocess/tokenize.js';
 import { buildProgram } from '../../src/cli/main.js';
 import { useHarness } from '../helpers/fixture.js';
@@ -40,8 +42,12 @@ interface PyResult {
   prompt_has_assistant?: boolean;
   input_ids_equal?: boolean;
   mask_equal_after_prompt?: boolean;
-  kind: 'identical' | 'empty-think' | 'stop-without-end-of-turn' | 'unexplained' | 'no-row';
+  kind: 'identical' | 'empty-think' | 'stop-without-end-of-turn' | 'non-canonical' | 'unexplained' | 'no-row';
   detail: string;
+  /** The line's `text` is the row's ids decoded (special tokens kept). */
+  text_is_row?: boolean;
+  /** Encoding the line's `text` gives the row's ids. */
+  text_reencodes?: boolean;
 }
 
 interface PyReport {
@@ -121,11 +127,16 @@ function buildRun(tok: ChatTokenizer, promptsFile: string, generationsDir: strin
     let outputIds: number[];
     let finish: Record<string, unknown> = { type: 'stop', matched: imEnd };
     // About 1 % of the rows: what a model sometimes does, and what the rendering cannot give back.
-    if (i === 37 || i === 211) {
+    if (i === 37) {
       answer = c.answer; // thinking mode, but no <think> block
       expected.set(id, 'empty-think');
     }
     outputIds = [...tok.encode(answer), imEnd];
+    if (i === 211) {
+      // A non-canonical split the server produced: " the" as " t" + "he", which encoding the text merges.
+      outputIds = [...tok.encode(answer), ...tok.encode(' t'), ...tok.encode('he'), imEnd];
+      expected.set(id, 'non-canonical');
+    }
     if (i === 123) {
       outputIds = [...tok.encode(answer), endOfText];
       finish = { type: 'stop', matched: endOfText };
@@ -196,18 +207,9 @@ describe('export --format specforge | jsonl', () => {
     const sfOut = path.join(tmp.dir, 'export', 'sf.jsonl');
     const sf = await cli(['export', '-c', configPath, '--format', 'specforge', '--out', sfOut, '--json']);
     expect(sf.code, sf.out).toBe(0);
-    const sfResult = JSON.parse(sf.out.split('\n').find((l) => l.startsWith('{"format"')) ?? 'null') as {
-      exported: number;
-      datasets: {
-        lines: number;
-        exported: number;
-        droppedTruncated: number;
-        droppedAborted: number;
-        droppedEmpty: number;
-        duplicates: number;
-        stopWithoutEndOfTurn: number;
-      }[];
-    };
+    const sfResult = JSON.parse(
+      sf.out.split('\n').find((l) => l.startsWith('{"format"')) ?? 'null',
+    ) as SpecForgeRunResult;
     const leftOut = built.leftOut.size;
     expect(sfResult.exported).toBe(PROMPTS - leftOut);
     expect(sfResult.datasets[0]).toMatchObject({
@@ -217,7 +219,38 @@ describe('export --format specforge | jsonl', () => {
       droppedEmpty: 1,
       duplicates: 1,
       stopWithoutEndOfTurn: 1,
+      byKind: { 'last-turn': { rows: PROMPTS - leftOut, reencodeDiffers: 1 }, 'all-turns': { rows: 0 } },
     });
+    // The settings SpecForge reads the file with: one file (no whole-conversation rows), Qwen3's template.
+    expect(sfResult.chatTemplate).toMatchObject({ name: 'qwen3-instruct', fitting: ['qwen3-instruct'] });
+    expect(sfResult.files).toEqual([
+      expect.objectContaining({
+        kind: 'last-turn',
+        file: sfOut,
+        rows: PROMPTS - leftOut,
+        reencodeDiffers: 1,
+        sidecar: `${sfOut}.specforge.yaml`,
+        data: {
+          train_data_path: sfOut,
+          chat_template: 'qwen3-instruct',
+          is_preformatted: true,
+          train_only_last_turn: true,
+          max_length: sfResult.files[0]?.longest,
+        },
+      }),
+    ]);
+    expect(sfResult.reencodeDiffers).toBe(1);
+    expect(sfResult.datasets[0]?.reencodeExamples).toEqual(
+      [...built.expected].filter(([, k]) => k === 'non-canonical').map(([id]) => id),
+    );
+    const sidecar = readFileSync(`${sfOut}.specforge.yaml`, 'utf8');
+    expect(sidecar).toContain('1 row re-encodes differently (non-canonical token splits the server produced)');
+    expect(sidecar).toContain('train_only_last_turn: true');
+    const text = await inProcess(['export', '-c', configPath, '--format', 'specforge', '--out', sfOut]);
+    expect(text).toContain(`${sfOut}: ${PROMPTS - leftOut} rows, train_only_last_turn: true, max_length: `);
+    expect(text).toContain(
+      "1 row re-encodes differently (non-canonical token splits the server produced); for those, SpecForge's conversation loader cannot reproduce the ids — use `export --format jsonl` as `data.prompts_path` (exact)",
+    );
     const lines = readFileSync(sfOut, 'utf8')
       .trim()
       .split('\n')
@@ -233,28 +266,28 @@ describe('export --format specforge | jsonl', () => {
 
     // The prompt index in 11 partitions (a prompt file too big for one) gives the same lines.
     const partOut = path.join(tmp.dir, 'export', 'partitioned.jsonl');
-    const writer = await AtomicJsonlWriter.open(partOut);
+    const writer = await SpecForgeOutput.open(partOut);
     const partStats = await exportSpecForgeDataset({
       dataset: DATASET,
       promptsFile: path.join(tmp.dir, 'prompts.jsonl'),
       generationsDir: path.join(tmp.dir, 'out', run, DATASET, 'generations'),
       ctx: createTokenizeContext(await loadTokenizer(bundledTokenizerPath())),
-      writer,
+      sink: writer,
       partitionMaxLines: 37,
     });
-    await writer.commit();
+    await writer.commit([partStats], undefined);
     expect(partStats).toMatchObject({ lines: PROMPTS + 1, exported: PROMPTS - leftOut, duplicates: 1 });
     const sorted = (file: string): string[] => readFileSync(file, 'utf8').trim().split('\n').sort();
     expect(sorted(partOut)).toEqual(sorted(sfOut));
 
     // With postprocess.keepTruncated, the truncated and aborted generations are rows, so they are exported too.
-    const truncWriter = await AtomicJsonlWriter.open(path.join(tmp.dir, 'export', 'with-truncated.jsonl'));
+    const truncWriter = await SpecForgeOutput.open(path.join(tmp.dir, 'export', 'with-truncated.jsonl'));
     const truncStats = await exportSpecForgeDataset({
       dataset: DATASET,
       promptsFile: path.join(tmp.dir, 'prompts.jsonl'),
       generationsDir: path.join(tmp.dir, 'out', run, DATASET, 'generations'),
       ctx: createTokenizeContext(await loadTokenizer(bundledTokenizerPath()), { keepTruncated: true }),
-      writer: truncWriter,
+      sink: truncWriter,
     });
     await truncWriter.abort();
     expect(truncStats).toMatchObject({
@@ -312,6 +345,11 @@ describe('export --format specforge | jsonl', () => {
     );
     expect(rate).toBeGreaterThanOrEqual(0.99);
     expect(Object.fromEntries(differing.map((r) => [r.id, r.kind]))).toEqual(Object.fromEntries(built.expected));
+    // Each line's text is its row's tokens; the rows whose text does not encode back are the ones the export counted.
+    expect(py.results.filter((r) => r.text_is_row !== true).map((r) => r.id)).toEqual([]);
+    expect(py.results.filter((r) => r.text_reencodes !== true).map((r) => r.id)).toEqual(
+      sfResult.datasets[0]?.reencodeExamples,
+    );
     // Where the ids agree, so does the mask on what the model generated (the prompt's own
     // history is never supervised in a generation row, while SpecForge's rule supervises it).
     expect(identical.filter((r) => r.mask_equal_after_prompt !== true).map((r) => r.id)).toEqual([]);

@@ -6,7 +6,7 @@ Reads one JSON object on stdin:
 and writes one JSON object on stdout:
     {"versions": {...}, "target_rows": int, "jsonl_equal": int, "jsonl_rows": int,
      "results": [{"id", "dataset", "prompt_tokens", "input_ids_equal", "mask_equal_after_prompt",
-                  "prompt_has_assistant", "kind", "detail"}]}
+                  "prompt_has_assistant", "kind", "detail", "text_is_row", "text_reencodes"}]}
 
 For each exported line, the conversation is rendered and tokenized by transformers
 (apply_chat_template(conversations, tokenize=True)), and its loss mask computed with SpecForge's
@@ -19,6 +19,8 @@ datasets.load_from_disk). A difference is classified:
                  last assistant header, the row does not, and removing it gives the row;
   "stop-without-end-of-turn": the row ends with another end token than the template's, and the
                  rendering ends with the template's turn end instead;
+  "non-canonical": the row's ids are not the encoding of their own text (a token split the server
+                 produced), and the rendering is that encoding;
   "unexplained": anything else (detail: where and what).
 """
 
@@ -62,6 +64,9 @@ def mask_of(tok, text):
 
 def classify(tok, conv, row_ids, py_text):
     row_text = tok.decode(row_ids, skip_special_tokens=False)
+    reencoded = tok(row_text, add_special_tokens=False)["input_ids"]
+    if reencoded != row_ids and row_text == py_text:
+        return "non-canonical", ""
     last_header = py_text.rfind(HEADER)
     if last_header >= 0 and py_text.startswith(EMPTY_THINK, last_header + len(HEADER)):
         cut = last_header + len(HEADER)
@@ -104,6 +109,9 @@ def main():
             conv = ex["conversations"]
             row = rows.get((ex["dataset"], ex["id"]))
             out = {"id": ex["id"], "dataset": ex["dataset"]}
+            if row is not None:
+                out["text_is_row"] = ex.get("text") == tok.decode(row["input_ids"], skip_special_tokens=False)
+                out["text_reencodes"] = tok(ex.get("text", ""), add_special_tokens=False)["input_ids"] == row["input_ids"]
             if row is None:
                 out.update(kind="no-row", detail="the training dataset has no row of this sample")
                 results.append(out)

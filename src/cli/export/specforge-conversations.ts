@@ -1,28 +1,45 @@
 /**
  * The turn records of conversations regenerated turn by turn (`turns: all`), gathered per
- * conversation for the SpecForge export: one line per conversation, its whole regenerated
- * history, rather than one per turn.
+ * conversation for the SpecForge export, and written as the training rows the tokenize step
+ * makes of them (tokenize-conversation-rows.ts):
+ *
+ * - with `postprocess.rows: conversation`, a conversation whose last turn is there with every
+ *   earlier output spliced into its prompt (`history_outputs`) is **one** `all-turns` line: the
+ *   whole regenerated conversation, every assistant turn supervised
+ *   (`train_only_last_turn: false`);
+ * - every other conversation (or all, with `rows: per-turn`) is one `last-turn` line per turn:
+ *   its history as context, its own answer supervised (`train_only_last_turn: true`).
  */
-import type { GenerationRecord } from '../../workers/index.js';
+import { conversationTurns, errorMessage, turnHistory, type ChatMessage, type Logger } from '../../shared/index.js';
+import { conversationRow, recordToRow, turnFields, type GenerationRecord } from '../../workers/index.js';
+import type { TokenizeContext, TurnFields } from '../../workers/index.js';
+import type { PromptIndex } from './prompt-index.js';
+import {
+  answerText,
+  emitRow,
+  noteProblem,
+  promptMatches,
+  turnAnswerText,
+  type SpecForgeExportStats,
+  type SpecForgeSink,
+} from './specforge-rows.js';
 
 /** Which conversation and turn a record is, and its prompt line's id (the conversation id less a `#s<j>` sample suffix). */
-export interface TurnKey {
-  conversationId: string;
-  turn: number;
+export interface TurnKey extends TurnFields {
   promptId: string;
 }
 
 /** The conversation keys of a generation line, or undefined for a record that is not a turn. */
 export function turnOf(text: string): TurnKey | undefined {
   if (!text.includes('"conversation_id"')) return undefined;
-  const v = JSON.parse(text) as { conversation_id?: unknown; turn?: unknown };
-  if (typeof v.conversation_id !== 'string' || typeof v.turn !== 'number') return undefined;
-  return { conversationId: v.conversation_id, turn: v.turn, promptId: v.conversation_id.replace(/#s\d+$/, '') };
+  const t = turnFields(JSON.parse(text));
+  if (t === undefined) return undefined;
+  return { ...t, promptId: t.conversationId.replace(/#s\d+$/, '') };
 }
 
 /** One gathered turn. */
 export interface GatheredTurn {
-  turn: number;
+  key: TurnKey;
   record: GenerationRecord;
   file: string;
   line: number;
@@ -38,6 +55,102 @@ export class ConversationTurns {
       c = { promptId: key.promptId, turns: [] };
       this.byConversation.set(key.conversationId, c);
     }
-    c.turns.push({ turn: key.turn, record, file, line });
+    c.turns.push({ key, record, file, line });
+  }
+}
+
+/** What {@link exportConversations} needs besides the gathered turns. */
+export interface ConversationExport {
+  dataset: string;
+  ctx: TokenizeContext;
+  sink: SpecForgeSink;
+  /** `postprocess.rows`. */
+  rows: 'per-turn' | 'conversation';
+  index: PromptIndex;
+  stats: SpecForgeExportStats;
+  log: Logger;
+}
+
+/**
+ * Writes the lines of the gathered conversations (see the module comment). Turns must run 1,
+ * 2, … (the turns after a gap are left out, counted as invalid); turn 1's prompt must still
+ * render from the prompt line (else the line changed since generation and the conversation is
+ * left out). A turn that the tokenize step drops (truncated without `keepTruncated`) makes no line.
+ */
+export async function exportConversations(gathered: ConversationTurns, o: ConversationExport): Promise<void> {
+  const { ctx, stats } = o;
+  const note = (t: GatheredTurn, reason: string): void => noteProblem(stats, o.log, t.file, t.line, reason);
+  for (const [id, c] of gathered.byConversation) {
+    const sorted = c.turns.sort((a, b) => a.key.turn - b.key.turn);
+    const first = sorted[0] as GatheredTurn;
+    const gap = sorted.findIndex((t, i) => t.key.turn !== i + 1);
+    if (gap >= 0) {
+      stats.invalid += 1;
+      note(first, `conversation ${id}: turn ${gap + 1} is missing from the generation files`);
+    }
+    const turns = gap >= 0 ? sorted.slice(0, gap) : sorted;
+    if (turns.length === 0) continue;
+    const prompt = await o.index.get(c.promptId);
+    if (prompt === undefined || 'error' in prompt) {
+      if (prompt === undefined) stats.promptMissing += 1;
+      else stats.promptChanged += 1;
+      note(first, `conversation ${id}: no usable line of ${o.index.file} has id ${c.promptId}`);
+      continue;
+    }
+    const shape = conversationTurns(prompt.messages);
+    let matches = false;
+    try {
+      matches =
+        typeof shape !== 'string' &&
+        promptMatches(ctx, turnHistory(prompt.messages, shape, 1, []), first.record.prompt_ids);
+    } catch (e: unknown) {
+      note(first, `conversation ${id}: its prompt cannot be rendered: ${errorMessage(e)}`);
+    }
+    if (typeof shape === 'string' || !matches) {
+      stats.promptChanged += 1;
+      note(first, `conversation ${id}: its line in ${o.index.file} does not render to turn 1's prompt_ids`);
+      continue;
+    }
+    // As the history was sent: an answer's trailing end-of-turn token is the template's to write,
+    // whatever the finish reason (SGLang reports `length` for an end token that is the last one allowed).
+    const answers: ChatMessage[] = turns.map((t) => ({ role: 'assistant', content: turnAnswerText(ctx, t.record) }));
+    const messagesOf = (k: number, last: ChatMessage): ChatMessage[] => [
+      ...turnHistory(prompt.messages, shape, k, answers.slice(0, k - 1)),
+      last,
+    ];
+
+    const last = turns[turns.length - 1] as GatheredTurn;
+    const whole =
+      o.rows === 'conversation' &&
+      gap < 0 &&
+      last.key.turn === last.key.turns &&
+      last.key.historyOutputs?.length === last.key.turn - 1
+        ? conversationRow(last.record, last.key, ctx, o.dataset)
+        : undefined;
+    if (whole !== undefined) {
+      stats.inConversationRows += turns.length - 1;
+      await emitRow(o.sink, ctx, stats, 'all-turns', whole, messagesOf(turns.length, answers.at(-1) as ChatMessage));
+      continue;
+    }
+    for (const t of turns) {
+      const outcome = recordToRow(t.record, ctx, o.dataset);
+      if (outcome.status === 'dropped') {
+        if (outcome.reason === 'truncated') stats.droppedTruncated += 1;
+        else if (outcome.reason === 'aborted') stats.droppedAborted += 1;
+        else stats.droppedEmpty += 1;
+        continue;
+      }
+      const k = t.key.turn;
+      await emitRow(
+        o.sink,
+        ctx,
+        stats,
+        'last-turn',
+        outcome.row,
+        messagesOf(k, { role: 'assistant', content: answerText(ctx, t.record) }),
+      );
+      if (outcome.row.finish_reason === 'length' || outcome.row.finish_reason === 'abort') stats.keptTruncated += 1;
+      else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
+    }
   }
 }

@@ -1,157 +1,55 @@
 /**
- * `export --format specforge`: a run's generations as SpecForge's conversation JSONL, so that a
- * trainer using SpecForge's own loader (or any chat-template pipeline) can read them:
+ * `export --format specforge`: a run's generations as SpecForge 0.2.0 data, one line per
+ * training row the tokenize step makes of them:
  *
- *   {"id": "<sample id>", "dataset": "<name>", "conversations": [<prompt messages>…,
- *     {"role": "assistant", "content": "<the generated answer, decoded>"}]}
+ *   {"id": "<row id>", "dataset": "<name>", "text": "<the row's ids decoded, special tokens kept>",
+ *    "conversations": [<prompt messages>…, {"role": "assistant", "content": "<the answer, decoded>"}]}
  *
- * - One line per generation that the tokenize step keeps as a row ({@link recordToRow}: stop,
- *   or length and abort with `postprocess.keepTruncated`; never an empty output), the first
- *   record of a sample id only, as tokenize does.
- * - The prompt messages are those of the prompt file's line with the record's sample id, as the
- *   producer read them (ShareGPT `{from, value}` normalized to `{role, content}`; a
- *   `conversations` prompt cut after its last user turn). The file is checked against the
- *   record: the messages rendered with the generation prompt must give the record's
- *   `prompt_ids`; a record whose prompt line is gone or changed is left out and counted.
- * - The answer is `decode(output_ids)` with special tokens kept, less the token generation
- *   stopped on ({@link answerText}; the chat template writes the turn end itself). A
- *   `<think>…</think>` block stays in `content`, as generated: Qwen3's template splits it off
- *   into the reasoning block itself (the rendering is the same as with `reasoning_content`),
- *   SpecForge's `ThinkingParser` appends `content` after the generation prompt and reads no
- *   `reasoning_content`, and templates without reasoning support render it verbatim — in each
- *   case the generated ids come back.
- *
- * Rendering an exported line with the chat template gives the row's `input_ids`, except where
- * the template writes what the model did not: a generation that stopped on another token than
- * the template's end-of-turn token (the template closes the turn with its own), a truncated
- * one kept with `keepTruncated` (the template closes it too), and Qwen3's empty `<think>\n\n</think>\n\n` block for an answer generated
- * in thinking mode without one. test/integration/export-specforge.test.ts measures it.
+ * - `text` is exactly what the target saw and produced: SpecForge's preformatted mode
+ *   (`data.is_preformatted: true`) encodes it as it is, inserts no system prompt, renders no
+ *   template, and finds the supervised spans by its template's assistant header and end-of-turn
+ *   token (specforge-templates.ts picks the template whose spans are the row's mask). A row whose
+ *   text does not encode back to its ids (a non-canonical token split the server produced) is
+ *   counted: SpecForge cannot reproduce it from text, `export --format jsonl` as its
+ *   `data.prompts_path` can.
+ * - `conversations` is for readers that render messages: the prompt's messages as the producer
+ *   read them (ShareGPT `{from, value}` normalized), checked against the record (rendered with
+ *   the generation prompt they must give its `prompt_ids`; a record whose prompt line is gone or
+ *   changed is left out and counted), and the answer `decode(output_ids)` less the token it
+ *   stopped on ({@link answerText}), a `<think>…</think>` block kept in `content`. Rendering it
+ *   with a chat template gives the row's ids except where the template writes what the model
+ *   did not (a default system prompt, Qwen3's empty think block, its own turn end after a
+ *   generation that stopped on another token or was cut off): test/integration/export-specforge.test.ts.
+ * - Rows come as tokenize makes them ({@link recordToRow}): stop, or length and abort with
+ *   `postprocess.keepTruncated`, never an empty output, the first record of a sample id only.
+ *   Datasets regenerated turn by turn are written per row too: one `all-turns` line per
+ *   conversation made into one row, else one `last-turn` line per turn
+ *   (specforge-conversations.ts). The two kinds go to two files (specforge-files.ts).
  */
-import path from 'node:path';
-
-import {
-  conversationTurns,
-  errorMessage,
-  fastPromptId,
-  turnHistory,
-  logger as componentLogger,
-  type ChatMessage,
-  type Logger,
-} from '../../shared/index.js';
-import type { AtomicJsonlWriter } from './file.js';
+import { errorMessage, fastPromptId, logger as componentLogger, type Logger } from '../../shared/index.js';
 import { PromptIndex, countLines, partitionOf, partitionsFor } from './prompt-index.js';
-import { ConversationTurns, turnOf, type GatheredTurn } from './specforge-conversations.js';
+import { ConversationTurns, exportConversations, turnOf } from './specforge-conversations.js';
+import {
+  answerText,
+  emitRow,
+  emptyStats,
+  noteProblem,
+  promptMatches,
+  type SpecForgeExportStats,
+  type SpecForgeSink,
+} from './specforge-rows.js';
 import { listGenerationFiles, parseGenerationRecord, recordToRow, type GenerationRecord } from '../../workers/index.js';
 import type { TokenizeContext } from '../../workers/index.js';
 import { jsonLines } from '../../workers/index.js';
 
-/** One line of the SpecForge export. */
-export interface SpecForgeLine {
-  id: string;
-  dataset: string;
-  conversations: ChatMessage[];
-}
-
-/** At most this many problem examples are kept per dataset. */
-const MAX_EXAMPLES = 10;
-
-/** What the export of one dataset did. */
-export interface SpecForgeExportStats {
-  dataset: string;
-  /** Generation files read. */
-  files: number;
-  /** Non-blank generation lines read (once per partition counted once). */
-  lines: number;
-  /** Lines written. */
-  exported: number;
-  /** Of `exported`: truncated and aborted generations (kept because of `postprocess.keepTruncated`). */
-  keptTruncated: number;
-  /** Of `exported`: stopped on something else than the template's end-of-turn token. */
-  stopWithoutEndOfTurn: number;
-  droppedTruncated: number;
-  droppedAborted: number;
-  droppedEmpty: number;
-  /** Records of a sample id seen before (the first wins). */
-  duplicates: number;
-  /** Lines that are no valid generation record. */
-  invalid: number;
-  /** Records whose sample id has no line in the prompt file. */
-  promptMissing: number;
-  /** Records whose prompt line no longer renders to their `prompt_ids`, or no longer parses. */
-  promptChanged: number;
-  /** The first problems, `file:line: reason`. */
-  examples: string[];
-}
-
-function emptyStats(dataset: string): SpecForgeExportStats {
-  return {
-    dataset,
-    files: 0,
-    lines: 0,
-    exported: 0,
-    keptTruncated: 0,
-    stopWithoutEndOfTurn: 0,
-    droppedTruncated: 0,
-    droppedAborted: 0,
-    droppedEmpty: 0,
-    duplicates: 0,
-    invalid: 0,
-    promptMissing: 0,
-    promptChanged: 0,
-    examples: [],
-  };
-}
-
-function sameIds(a: readonly number[], b: readonly number[]): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
-/**
- * Whether `messages`, rendered with the generation prompt, are the prompt the record was
- * generated from: the decoded `prompt_ids` equal the rendered text (cheap), or else encoding the
- * rendered text gives the same ids (for tokenizers whose decoding is not the exact inverse).
- */
-export function promptMatches(
-  ctx: TokenizeContext,
-  messages: readonly ChatMessage[],
-  promptIds: readonly number[],
-): boolean {
-  const text = ctx.tokenizer.applyChatTemplate(messages, {
-    addGenerationPrompt: true,
-    ...(ctx.templateKwargs === undefined ? {} : { templateKwargs: ctx.templateKwargs }),
-  });
-  if (ctx.tokenizer.decode(promptIds) === text) return true;
-  return sameIds(ctx.tokenizer.encode(text), promptIds);
-}
-
-/**
- * The generated answer as text: the output less the token it stopped on, special tokens kept.
- * That token is dropped when generation stopped (`finish_reason` stop) and the output ends with
- * an end-of-turn token of the tokenizer, or with the special token SGLang says it matched (e.g.
- * Qwen's `<|endoftext|>`): in a conversation the template writes its own turn end there.
- */
-export function answerText(ctx: TokenizeContext, record: GenerationRecord): string {
-  const out = record.output_ids;
-  const last = out[out.length - 1];
-  const finish = record.finish_reason;
-  const stoppedOn =
-    finish.type === 'stop' &&
-    last !== undefined &&
-    (ctx.tokenizer.endOfTurnTokenIds.includes(last) ||
-      (finish.matched === last && ctx.tokenizer.isSpecialTokenId(last)));
-  return ctx.tokenizer.decode(stoppedOn ? out.slice(0, -1) : out);
-}
-
-/** A turn's answer as its conversation's history carried it: {@link answerText}, less any trailing end-of-turn token. */
-function turnAnswerText(ctx: TokenizeContext, record: GenerationRecord): string {
-  const out = record.output_ids;
-  const last = out[out.length - 1];
-  if (last !== undefined && ctx.tokenizer.endOfTurnTokenIds.includes(last))
-    return ctx.tokenizer.decode(out.slice(0, -1));
-  return answerText(ctx, record);
-}
+export {
+  answerText,
+  promptMatches,
+  type SpecForgeExportStats,
+  type SpecForgeLine,
+  type SpecForgeRowKind,
+  type SpecForgeSink,
+} from './specforge-rows.js';
 
 export interface ExportSpecForgeOptions {
   dataset: string;
@@ -160,19 +58,22 @@ export interface ExportSpecForgeOptions {
   /** `<run>/<dataset>/generations`. */
   generationsDir: string;
   ctx: TokenizeContext;
-  writer: AtomicJsonlWriter;
-  /** `datasets[].turns`: with `all`, one line per conversation (see specforge-conversations.ts). */
+  /** Where the lines go, by row kind. */
+  sink: SpecForgeSink;
+  /** `datasets[].turns`: with `all`, turns are gathered per conversation (see specforge-conversations.ts). */
   turns?: 'last' | 'all';
+  /** `postprocess.rows` (default `conversation`), for `turns: all`. */
+  rows?: 'per-turn' | 'conversation';
   /** Prompt lines indexed at once (default {@link PARTITION_MAX_LINES}); tests pass a small one. */
   partitionMaxLines?: number;
   logger?: Logger;
 }
 
 /**
- * Writes the SpecForge lines of one dataset's kept generations to `opts.writer` (see the module
- * comment). The prompt file is indexed one partition of sample ids at a time, and the
- * generation files are read once per partition: lines come out partition by partition, in
- * generation-file order within each.
+ * Writes the SpecForge lines of one dataset's rows to `opts.sink` (see the module comment). The
+ * prompt file is indexed one partition of sample ids at a time, and the generation files are
+ * read once per partition: lines come out partition by partition, in generation-file order
+ * within each (a partition's conversations after its other records).
  */
 export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Promise<SpecForgeExportStats> {
   const stats = emptyStats(opts.dataset);
@@ -182,11 +83,7 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
   if (files.length === 0) return stats;
   const partitions = partitionsFor(await countLines(opts.promptsFile), opts.partitionMaxLines);
   const vocabSize = opts.ctx.tokenizer.vocabSize;
-  const note = (file: string, line: number, reason: string): void => {
-    if (stats.examples.length >= MAX_EXAMPLES) return;
-    stats.examples.push(`${path.basename(file)}:${line}: ${reason}`);
-    log.debug({ file, line, reason }, 'generation left out of the export');
-  };
+  const note = (file: string, line: number, reason: string): void => noteProblem(stats, log, file, line, reason);
   for (let p = 0; p < partitions; p++) {
     const index = await PromptIndex.build(opts.promptsFile, p, partitions, { turns: opts.turns ?? 'last' });
     const seen = new Set<string>();
@@ -219,7 +116,15 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
           else await exportRecord(record, file, line, opts, index, stats, note);
         }
       }
-      await exportConversations(conversations, opts, index, stats, note);
+      await exportConversations(conversations, {
+        dataset: opts.dataset,
+        ctx: opts.ctx,
+        sink: opts.sink,
+        rows: opts.rows ?? 'conversation',
+        index,
+        stats,
+        log,
+      });
     } finally {
       await index.close();
     }
@@ -270,83 +175,10 @@ async function exportRecord(
     );
     return;
   }
-  const out: SpecForgeLine = {
-    id: record.id,
-    dataset: opts.dataset,
-    conversations: [...prompt.messages, { role: 'assistant', content: answerText(opts.ctx, record) }],
-  };
-  await opts.writer.write(out);
-  stats.exported += 1;
+  await emitRow(opts.sink, opts.ctx, stats, 'last-turn', outcome.row, [
+    ...prompt.messages,
+    { role: 'assistant', content: answerText(opts.ctx, record) },
+  ]);
   if (outcome.row.finish_reason === 'length' || outcome.row.finish_reason === 'abort') stats.keptTruncated += 1;
   else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
-}
-
-/**
- * One line per conversation regenerated turn by turn: its history up to its last kept turn, the
- * source's system, user and tool messages with each turn's regenerated answer, as it was sent.
- * Turns must run 1, 2, … without a gap; turn 1's prompt must still render from the prompt line
- * (else the line changed since generation). A last turn that the tokenize step drops (truncated
- * without `keepTruncated`) is left off; earlier turns stay, as they were the history sent.
- */
-async function exportConversations(
-  gathered: ConversationTurns,
-  opts: ExportSpecForgeOptions,
-  index: PromptIndex,
-  stats: SpecForgeExportStats,
-  note: (file: string, line: number, reason: string) => void,
-): Promise<void> {
-  for (const [id, c] of gathered.byConversation) {
-    const turns = c.turns.sort((a, b) => a.turn - b.turn);
-    const first = turns[0] as GatheredTurn;
-    const gap = turns.findIndex((t, i) => t.turn !== i + 1);
-    if (gap >= 0) {
-      stats.invalid += 1;
-      note(first.file, first.line, `conversation ${id}: turn ${gap + 1} is missing from the generation files`);
-      continue;
-    }
-    const prompt = await index.get(c.promptId);
-    if (prompt === undefined || 'error' in prompt) {
-      if (prompt === undefined) stats.promptMissing += 1;
-      else stats.promptChanged += 1;
-      note(first.file, first.line, `conversation ${id}: no usable line of ${index.file} has id ${c.promptId}`);
-      continue;
-    }
-    const shape = conversationTurns(prompt.messages);
-    const turn1 = typeof shape === 'string' ? undefined : turnHistory(prompt.messages, shape, 1, []);
-    let matches = false;
-    try {
-      matches = turn1 !== undefined && promptMatches(opts.ctx, turn1, first.record.prompt_ids);
-    } catch {
-      matches = false;
-    }
-    if (typeof shape === 'string' || !matches) {
-      stats.promptChanged += 1;
-      note(
-        first.file,
-        first.line,
-        `conversation ${id}: its line in ${index.file} does not render to turn 1's prompt_ids`,
-      );
-      continue;
-    }
-    const last = turns[turns.length - 1] as GatheredTurn;
-    const lastRow = recordToRow(last.record, opts.ctx, opts.dataset);
-    const kept = lastRow.status === 'dropped' ? turns.slice(0, -1) : turns;
-    if (kept.length === 0) {
-      stats.droppedTruncated += 1;
-      continue;
-    }
-    // As the history was sent: an answer's trailing end-of-turn token is the template's to write,
-    // whatever the finish reason (SGLang reports `length` for an end token that is the last one allowed).
-    const answers: ChatMessage[] = kept.map((t) => ({
-      role: 'assistant',
-      content: turnAnswerText(opts.ctx, t.record),
-    }));
-    const history = turnHistory(prompt.messages, shape, kept.length, answers.slice(0, -1));
-    await opts.writer.write({
-      id,
-      dataset: opts.dataset,
-      conversations: [...history, answers[answers.length - 1] as ChatMessage],
-    });
-    stats.exported += 1;
-  }
 }
