@@ -30,6 +30,7 @@ export const FINGERPRINT_PACKAGES = [
   'flash_attn',
   'sglang',
   'specforge',
+  'speculators',
   'triton',
   'numpy',
   'pyarrow',
