@@ -66,7 +66,8 @@ describe('chatTemplateKwargs', () => {
     const out = path.join(dir, 'sf.jsonl');
     const sf = spawnCli(['export', '-c', cfg, '--format', 'specforge', '--out', out, '--dataset', 'p', 'c', '--json']);
     expect(await sf.exited, sf.output()).toBe(0);
+    // One line per row: p's three prompts and each of c's turns (postprocess.rows: per-turn).
     const lines = readFileSync(out, 'utf8').trim().split('\n');
-    expect(lines).toHaveLength(3 + 2);
+    expect(lines).toHaveLength(3 + readGenerations(runDir, 'c').length);
   }, 180_000);
 });

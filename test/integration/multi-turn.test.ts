@@ -219,20 +219,30 @@ describe('turns: all', () => {
     for await (const r of perTurn.rows()) perTurnIds.push(String(r.id));
     expect(perTurnIds.sort()).toEqual([...ids].sort());
 
-    // export --format specforge: one line per conversation, its whole regenerated history; its
-    // rendering without the last answer is the last turn's prompt.
+    // export --format specforge: one line per row, its text the row's tokens. A whole-conversation
+    // row (in sf.all-turns.jsonl) holds the whole regenerated history, a turn's row (in sf.jsonl) its
+    // history up to that turn; either rendered without its last answer is its last turn's prompt.
     const sfOut = path.join(dir, 'sf.jsonl');
     const sf = spawnCli(['export', '-c', cfg, '--format', 'specforge', '--out', sfOut]);
     expect(await sf.exited, sf.output()).toBe(0);
-    const lines = readFileSync(sfOut, 'utf8')
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l) as { id: string; conversations: ChatMessage[] });
-    expect(lines.map((l) => l.id).sort()).toEqual([...convs.keys()].sort());
-    for (const l of lines) {
-      const turns = convs.get(l.id) as TurnRecord[];
+    const read = (file: string): { id: string; text: string; conversations: ChatMessage[] }[] =>
+      readFileSync(file, 'utf8')
+        .trim()
+        .split('\n')
+        .filter((l) => l !== '')
+        .map((l) => JSON.parse(l) as { id: string; text: string; conversations: ChatMessage[] });
+    const perTurnLines = read(sfOut);
+    const wholeLines = read(path.join(dir, 'sf.all-turns.jsonl'));
+    expect(wholeLines).toHaveLength(wholeRows);
+    expect([...perTurnLines, ...wholeLines].map((l) => l.id).sort()).toEqual(expectedIds.sort());
+    const turnById = new Map([...convs.values()].flat().map((t) => [t.id, t]));
+    for (const l of [...perTurnLines, ...wholeLines]) {
+      expect(l.text, l.id).toBe(tok.decode(rows.get(l.id)?.ids ?? [], { skipSpecialTokens: false }));
+      const turns = convs.get(l.id) ?? [turnById.get(l.id) as TurnRecord];
       const last = turns[turns.length - 1] as TurnRecord;
-      expect(l.conversations.filter((m) => m.role === 'assistant')).toHaveLength(turns.length);
+      expect(l.conversations.filter((m) => m.role === 'assistant')).toHaveLength(
+        convs.has(l.id) ? turns.length : last.turn,
+      );
       expect(JSON.stringify(l.conversations)).not.toContain(SOURCE_ANSWER);
       const history = l.conversations.slice(0, -1);
       if (!last.spliced) expect(tok.encodePrompt(history), l.id).toEqual(last.prompt_ids);
