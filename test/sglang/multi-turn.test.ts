@@ -4,7 +4,7 @@
 // previous turn's ids where the template continues exactly, and the server counts the prompt we
 // sent (its prompt_tokens); the rows come out per conversation or per turn, and the export is
 // one line per conversation. A random model never stops: answers are kept truncated.
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
@@ -79,8 +79,15 @@ describe.skipIf(skip !== '')(
       const sfOut = path.join(tmp.dir, 'sf.jsonl');
       const sf = spawnCli(['export', '-c', cfg, '--format', 'specforge', '--out', sfOut]);
       expect(await sf.exited, sf.output()).toBe(0);
-      const lines = readFileSync(sfOut, 'utf8').trim().split('\n');
-      expect(lines).toHaveLength(4);
+      // One line per row: whole-conversation rows in sf.all-turns.jsonl, turns' rows in sf.jsonl.
+      const idsIn = (f: string): string[] =>
+        existsSync(f)
+          ? readFileSync(f, 'utf8')
+              .split('\n')
+              .filter((l) => l.trim() !== '')
+              .map((l) => (JSON.parse(l) as { id: string }).id)
+          : [];
+      expect([...idsIn(sfOut), ...idsIn(path.join(tmp.dir, 'sf.all-turns.jsonl'))].sort()).toEqual(expected.sort());
     }, 600_000);
   },
 );
