@@ -452,6 +452,13 @@ describe('SpecForge 0.2 recipes', () => {
       expect(capture[4]).toBe(m.local('/opt/SpecForge/scripts/prepare_hidden_states.py'));
       expect(flag(capture, '--data-path')).toBe(flag(exp, '--out'));
       expect(chain.steps[1]?.minFreeDiskGiB, 'the capture step waits for disk space').toBeGreaterThan(0);
+      expect(chain.steps[1]?.hiddenStates?.model, 'the capture step is sized before it starts').toBe(
+        '/models/Qwen3-8B',
+      );
+      // The export's sidecar settings: the text the target saw, SpecForge's Qwen3 template that adds
+      // no system prompt to preformatted text and supervises no empty think block.
+      expect(capture).toContain('--is-preformatted');
+      expect(flag(capture, '--chat-template')).toBe('qwen3-instruct');
       expect(train.slice(0, 3)).toEqual(['specforge', 'train', '-c']);
 
       const overrides = [...overridesOf(train)].map(([k, v]) => `${k}=${v}`);
@@ -574,6 +581,9 @@ describe('speculators 0.9 recipes', () => {
       expect(capture.slice(0, 2)).toEqual(['speculators', 'generate-offline-data']);
       expect(offline.steps[1]?.gpus, 'generate-offline-data asks a vLLM server: no local GPU').toBe(0);
       expect(offline.steps[1]?.minFreeDiskGiB, 'the capture step waits for disk space').toBeGreaterThan(0);
+      expect(offline.steps[1]?.hiddenStates?.model, 'the capture step is sized before it starts').toBe(
+        '/models/Qwen3-8B',
+      );
 
       const [cli, off, on] = await trainers<[SpeculatorsCli, SpeculatorsTrain, SpeculatorsTrain]>([
         { op: 'speculators-cli', argv: capture.slice(1) },
