@@ -24,6 +24,7 @@ import type { SpecForgeRunResult } from '../../src/cli/export/specforge-run.js';
 import { bundledTokenizerPath, loadTokenizer } from '../../src/shared/index.js';
 import { createTokenizeContext } from '../../src/workers/index.js';
 import { useHarness } from '../helpers/fixture.js';
+import { sharedDemo } from '../helpers/shared-demo.js';
 import { spawnCli } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
@@ -100,10 +101,9 @@ async function cli(
 
 describe('SpecForge 0.2.0 reads the demo export as tokenmill made it', () => {
   it('pre-tokenized: 100 %; preformatted with the sidecar: >= 99 %, every difference counted by the export', async () => {
-    const demo = await cli(['demo', '--out', tmp.dir, '--fresh', '--json'], 600_000);
-    expect(demo.code, demo.out.slice(-4_000)).toBe(0);
+    const demo = await sharedDemo();
     // The config the demo leaves beside its run, for the commands that follow it.
-    const config = path.join(tmp.dir, 'demo', 'tokenmill.yaml');
+    const config = demo.config;
     expect(existsSync(config)).toBe(true);
     const exportDir = path.join(tmp.dir, 'export');
 
@@ -144,7 +144,7 @@ describe('SpecForge 0.2.0 reads the demo export as tokenmill made it', () => {
       [],
       {
         tokenizer_dir: bundledTokenizerPath(),
-        target: path.join(tmp.dir, 'demo', 'train-dataset'),
+        target: path.join(demo.runDir, 'train-dataset'),
         rows: rowsOut,
         cache_dir: path.join(tmp.dir, 'hf-cache'),
         files: result.files.map((f) => ({ file: f.file, data: f.data })),

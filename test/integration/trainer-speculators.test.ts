@@ -28,6 +28,7 @@ import {
 } from '../../src/shared/index.js';
 import { exportSpeculators, torchSaveIntDict, type SpeculatorsExportStats } from '../../src/cli/export/index.js';
 import { useHarness } from '../helpers/fixture.js';
+import { sharedDemo } from '../helpers/shared-demo.js';
 import { spawnCli } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 
@@ -56,10 +57,9 @@ function work(name: string): string {
 }
 
 beforeAll(async () => {
-  const demo = await cli(['demo', '--out', tmp.dir, '--fresh', '--json']);
-  expect(demo.code, demo.out.slice(-4_000)).toBe(0);
-  configPath = path.join(tmp.dir, 'demo', 'tokenmill.yaml');
-  target = path.join(tmp.dir, 'demo', 'train-dataset');
+  const demo = await sharedDemo();
+  configPath = demo.config;
+  target = path.join(demo.runDir, 'train-dataset');
   expect(existsSync(configPath), 'the demo writes its config').toBe(true);
   exportDir = path.join(tmp.dir, 'speculators-data');
   jsonlPath = path.join(tmp.dir, 'rows.jsonl');
