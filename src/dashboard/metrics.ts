@@ -4,7 +4,9 @@
  * skipped, in flight and queue depths by state; per endpoint health, in flight, a request
  * latency histogram and errors by status (summed over the live inference workers' heartbeats,
  * so those counters restart when a worker does — Prometheus' rate() treats that as a reset);
- * per train step that declares `hiddenStates`, the estimate of what it writes.
+ * per train step that declares `hiddenStates`, the estimate of what it writes; per evaluated
+ * attempt and dataset (and `overall`), the drafter's acceptance length, speed-up and both phases'
+ * output tokens per second.
  */
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
@@ -155,6 +157,41 @@ export async function renderMetrics(
   for (const h of s.train?.hiddenStates ?? []) {
     hiddenStates.set({ ...run, step: h.step }, h.bytes);
     hiddenStatesNeeded.set({ ...run, step: h.step }, h.neededBytes);
+  }
+
+  const acceptLength = gauge(
+    'tokenmill_eval_accept_length',
+    'The drafter\'s acceptance length (output tokens per verify step, the bonus token included) on the dataset\'s held-out prompts, per evaluated attempt; dataset="overall" for all of them.',
+    ['run', 'attempt', 'dataset'],
+  );
+  const speedup = gauge(
+    'tokenmill_eval_speedup',
+    'Output tokens per second with the drafter over those of the target alone (the baseline), per evaluated attempt and dataset; absent without a baseline.',
+    ['run', 'attempt', 'dataset'],
+  );
+  const evalRate = gauge(
+    'tokenmill_eval_tokens_per_second',
+    'Output tokens per second of an eval phase (phase="drafter": the target with the drafter; "baseline": the target alone), per evaluated attempt and dataset.',
+    ['run', 'attempt', 'dataset', 'phase'],
+  );
+  for (const a of s.eval?.attempts ?? []) {
+    const sections = [
+      ...a.datasets,
+      {
+        dataset: 'overall',
+        acceptLength: a.acceptLength,
+        speedup: a.speedup,
+        drafterTokensPerSec: a.drafterTokensPerSec,
+        baselineTokensPerSec: a.baselineTokensPerSec,
+      },
+    ];
+    for (const d of sections) {
+      const l = { ...run, attempt: a.attempt, dataset: d.dataset };
+      if (d.acceptLength !== null) acceptLength.set(l, d.acceptLength);
+      if (d.speedup !== null) speedup.set(l, d.speedup);
+      if (d.drafterTokensPerSec !== null) evalRate.set({ ...l, phase: 'drafter' }, d.drafterTokensPerSec);
+      if (d.baselineTokensPerSec !== null) evalRate.set({ ...l, phase: 'baseline' }, d.baselineTokensPerSec);
+    }
   }
 
   const workers = gauge('tokenmill_workers', 'Live processes of the run by role (from their heartbeats).', [

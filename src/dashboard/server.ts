@@ -13,6 +13,7 @@ import express, { type Request, type Response } from 'express';
 import type { Redis } from 'ioredis';
 import {
   AppError,
+  EVAL_QUEUE,
   MERGE_QUEUE,
   TOKENIZE_QUEUE,
   TRAIN_QUEUE,
@@ -60,9 +61,12 @@ export interface Dashboard {
   stop(): Promise<void>;
 }
 
-/** The queues Bull Board shows: one per generation dataset, then tokenize and merge, then train when configured. */
-export function dashboardQueueNames(config: Pick<Config, 'datasets'> & { train?: unknown }): string[] {
-  const train = config.train === undefined ? [] : [TRAIN_QUEUE];
+/**
+ * The queues Bull Board shows: one per generation dataset, then tokenize and merge, then train
+ * when configured, and eval when both train and eval are (the eval step after each training).
+ */
+export function dashboardQueueNames(config: Pick<Config, 'datasets'> & { train?: unknown; eval?: unknown }): string[] {
+  const train = config.train === undefined ? [] : config.eval === undefined ? [TRAIN_QUEUE] : [TRAIN_QUEUE, EVAL_QUEUE];
   return [
     ...config.datasets.filter((d) => d.prompts !== undefined).map((d) => generateQueueName(d.name)),
     TOKENIZE_QUEUE,

@@ -23,6 +23,7 @@ export {
   cancelTrainJobs,
   describeHiddenStatesAtQueue,
   parseGpuList,
+  probeGpus,
   queueTrainJob,
   roundTrainJobId,
   type TrainOutcomeSeen,

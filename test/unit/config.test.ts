@@ -259,6 +259,35 @@ describe('loadConfig: valid configs', () => {
     expect(issueAt(err, 'eval.minSpeedup').message).toMatch(/needs "baseline"/);
     expect(issueAt(err, 'eval.sampling').message).toMatch(/"dataset" takes each dataset's sampling/);
   });
+
+  it('eval.server: its defaults; exactly one of endpoints / server; no baseline beside it', () => {
+    const c = loadConfig({
+      text: `${minimalDataset}eval:\n  server: { command: [sglang, '{checkpoint}', '{port}'], baselineCommand: [sglang, '{port}'] }\n  minSpeedup: 1.1\n`,
+      baseDir: '/srv/cfg',
+    });
+    expect(c.eval?.endpoints).toBeUndefined();
+    expect(c.eval?.server).toEqual({
+      command: ['sglang', '{checkpoint}', '{port}'],
+      baselineCommand: ['sglang', '{port}'],
+      port: 30000,
+      baselinePort: 30001,
+      gpus: 1,
+      minFreeGpuMemMiB: 0,
+      healthTimeoutMs: 600_000,
+      stopGraceMs: 10_000,
+    });
+    expect(issueAt(yamlError(`${minimalDataset}eval: { maxNewTokens: 64 }\n`), 'eval').message).toBe(
+      'expected exactly one of "endpoints" (servers you started) or "server" (servers the eval step starts), got neither',
+    );
+    const both = yamlError(
+      `${minimalDataset}eval:\n  endpoints: ['http://127.0.0.1:30001']\n  baseline: ['http://127.0.0.1:30002']\n  server: { command: [s] }\n`,
+    );
+    expect(issueAt(both, 'eval').message).toMatch(/got both$/);
+    expect(issueAt(both, 'eval.baseline').message).toMatch(/server.baselineCommand starts the baseline/);
+    const noBaseline = yamlError(`${minimalDataset}eval:\n  server: { command: [s], port: 0 }\n  minSpeedup: 1.1\n`);
+    expect(issueAt(noBaseline, 'eval.minSpeedup').message).toMatch(/needs "baseline" \(or server.baselineCommand\)/);
+    expect(issueAt(noBaseline, 'eval.server.port').message).toBe('expected a TCP port (1-65535), got 0');
+  });
 });
 
 describe('loadConfig: errors name their path, say what was expected and what was got, and give the line', () => {

@@ -1,15 +1,19 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { createServer } from 'node:net';
 import path from 'node:path';
 import { formatRunStatus, readRunStatus, type ConfigInput } from '../../shared/index.js';
-import { formatTrainResult, runTrainJob, trainStatusLine } from './train.js';
+import { formatEvalOutcome, formatTrainResult, runTrainJob, trainStatusLine } from './train.js';
 import type { RunContext } from '../run-context.js';
 import { roundTrainJobId } from '../../workers/index.js';
 
 /**
  * The demo's train stage: when the reference trainer's Python environment exists
  * (`npm run setup:trainer`: torch and datasets in .venv), the demo ends with a short CPU training
- * of trainers/tiny_drafter.py on the merged demo dataset; otherwise it says how to enable it.
+ * of trainers/tiny_drafter.py on the merged demo dataset, then the eval step on it: two
+ * simulators (`tokenmill sim`, one decoding speculatively with the attempt's drafter, one the
+ * target alone) started by `eval.server`, measured on each dataset's held-out prompts. Without
+ * the environment it says how to enable it.
  */
 
 /** The interpreter of the trainer environment under `root`, or null when it is not set up. */
@@ -67,9 +71,96 @@ export function withDemoTraining(config: ConfigInput, python: string | null, roo
   };
 }
 
+/** Prompts of each demo dataset held out of generation for the eval step. */
+export const DEMO_EVAL_HOLDOUT = 4;
+
 /**
- * After the demo's merge: runs the round's train job in this process and prints its result and
- * the phases, or one line saying how to enable training. Returns false when training failed.
+ * The demo's simulated drafter: the mean acceptance length (tokens per verify step) of the
+ * speculative simulator, per dataset where it differs from {@link DEMO_DRAFT_ACCEPT_LENGTH}.
+ */
+export const DEMO_DRAFT_ACCEPT_LENGTH = 2.6;
+export const DEMO_DRAFT_PER_DATASET: Readonly<Record<string, number>> = {
+  B2_magicoder: 3.1,
+  B4_openmath: 2.9,
+  B6_writing: 2.2,
+};
+
+/**
+ * This CLI as a command line (`node [--import <tsx>] <its script>`), with every path absolute so
+ * that it runs from any folder.
+ */
+export function cliCommand(): string[] {
+  const execArgv: string[] = [];
+  for (let i = 0; i < process.execArgv.length; i++) {
+    const a = process.execArgv[i] ?? '';
+    const next = process.execArgv[i + 1];
+    // `--import tsx` (the CLI run from source) resolved from here, not from the server's folder.
+    if ((a === '--import' || a === '--loader') && next !== undefined && !next.startsWith('-')) {
+      execArgv.push(a, next.startsWith('.') || next.startsWith('/') ? next : import.meta.resolve(next));
+      i++;
+    } else execArgv.push(a);
+  }
+  return [process.execPath, ...execArgv, path.resolve(process.argv[1] ?? '')];
+}
+
+/** A TCP port of 127.0.0.1 free now. */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const address = probe.address();
+      const port = typeof address === 'object' && address !== null ? address.port : 0;
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * The demo config with datasets' held-out prompts and, with training, an eval section whose
+ * `eval.server` starts two simulators of this CLI on `ports` for each attempt: one decoding
+ * speculatively with the attempt's drafter ({@link DEMO_DRAFT_ACCEPT_LENGTH}), one the target alone.
+ */
+export function withDemoEval(
+  config: ConfigInput,
+  options: { timeScale: number; ports: [number, number]; cli: readonly string[] },
+): ConfigInput {
+  const datasets = (config.datasets ?? []).map((d) => ({ ...d, evalHoldout: DEMO_EVAL_HOLDOUT }));
+  if (config.train === undefined) return { ...config, datasets };
+  const sim = [...options.cli, 'sim', '--port', '{port}', '--time-scale', String(options.timeScale), '--seed', '7'];
+  return {
+    ...config,
+    datasets,
+    eval: {
+      server: {
+        command: [
+          ...sim,
+          '--speculative-algorithm',
+          'EAGLE3',
+          '--speculative-draft-model-path',
+          '{checkpoint}',
+          '--speculative-acceptance',
+          String(DEMO_DRAFT_ACCEPT_LENGTH),
+          ...Object.entries(DEMO_DRAFT_PER_DATASET).flatMap(([name, x]) => ['--speculative-dataset', `${name}=${x}`]),
+        ],
+        baselineCommand: sim,
+        port: options.ports[0],
+        baselinePort: options.ports[1],
+        gpus: 0,
+        healthTimeoutMs: 60_000,
+        stopGraceMs: 5_000,
+      },
+      maxPromptsPerDataset: DEMO_EVAL_HOLDOUT,
+      concurrency: 8,
+      maxNewTokens: 128,
+    },
+  };
+}
+
+/**
+ * After the demo's merge: runs the round's train job and the eval after it in this process and
+ * prints the training's result, the eval table and the phases, or one line saying how to enable
+ * training. Returns false when training or its eval failed.
  */
 export async function finishDemoTraining(
   ctx: RunContext,
@@ -90,16 +181,18 @@ export async function finishDemoTraining(
   process.stderr.write(`tokenmill demo: training trainers/tiny_drafter.py on the CPU (${python})\n`);
   const outcome = await runTrainJob(ctx, roundTrainJobId(flowId), { worker: true, quiet: true });
   if (outcome === 'signalled') return true;
-  if (outcome.status === 'failed') {
-    say(`\ntrain: failed — ${outcome.reason}`);
+  const { train, eval: evaluation } = outcome;
+  if (train.status === 'failed') {
+    say(`\ntrain: failed — ${train.reason}`);
     return false;
   }
-  say(`\n${formatTrainResult(outcome.result)}`);
+  say(`\n${formatTrainResult(train.result)}`);
+  if (evaluation !== null) say(`\n${formatEvalOutcome(evaluation).trimEnd()}`);
   const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
   const phases = formatRunStatus(status)
     .split('\n')
     .find((l) => l.startsWith('phases:'));
-  if (phases !== undefined) say(phases);
+  if (phases !== undefined) say(`\n${phases}`);
   if (status.train !== undefined && status.train !== null) say(trainStatusLine(status.train));
-  return true;
+  return evaluation?.status !== 'failed';
 }

@@ -3,11 +3,14 @@ import type { Command } from 'commander';
 import { CancelledError, loadConfig, runDir, type Config } from '../../shared/index.js';
 import {
   chooseDrafter,
-  evalConfigOf,
+  EvalError,
+  evalSectionOf,
   formatReport,
-  runEval,
+  measureDrafter,
+  probeGpus,
   writeEvalReport,
   type EvalReport,
+  type EvalRunConfig,
   type RetryPolicy,
 } from '../../workers/index.js';
 import { armStopDeadline, exitInterrupted, onceSignalled } from '../run-context.js';
@@ -31,30 +34,38 @@ export interface EvalCommandResult {
   files: string[];
 }
 
+/** The run's tokenizer checked against the servers measured (their /model_info, /tokenize), as `run` does. */
+export function evalTokenizer(config: EvalRunConfig): ReturnType<typeof loadRunTokenizer> {
+  return loadRunTokenizer({
+    ...config,
+    sglang: { ...config.sglang, endpoints: [...config.eval.endpoints, ...(config.eval.baseline ?? [])] },
+  });
+}
+
 /**
- * `tokenmill eval` without printing: the drafter chosen, measured, compared and written. Exported
- * for tests. Throws an AppError of one line for a refusal or an endpoint that stays down.
+ * `tokenmill eval` without printing: the drafter chosen, measured (on the servers `eval.server`
+ * starts, when set), compared and written. Exported for tests. Throws an AppError of one line for
+ * a refusal, an endpoint that stays down or a server that does not start.
  */
 export async function evalCommand(
   config: Config,
   opts: { attempt?: string; checkpoint?: string; out?: string },
   extra: { retry?: RetryPolicy; signal?: AbortSignal; onProgress?: (line: string) => void } = {},
 ): Promise<EvalCommandResult> {
-  const ec = evalConfigOf(config);
+  const ec = evalSectionOf(config);
   const dir = runDir(config);
   const drafter = await chooseDrafter(config, dir, { attempt: opts.attempt, checkpoint: opts.checkpoint });
-  const report = await runEval({
-    config: ec,
-    runDir: dir,
-    drafter,
-    // The tokenizer checked against the servers measured (their /model_info, /tokenize), as `run` does.
-    loadTokenizer: () =>
-      loadRunTokenizer({
-        ...config,
-        sglang: { ...config.sglang, endpoints: [...ec.eval.endpoints, ...(ec.eval.baseline ?? [])] },
-      }),
+  const measured = await measureDrafter(ec, dir, drafter, {
+    loadTokenizer: evalTokenizer,
+    probeGpus: () => probeGpus(),
+    logDir: drafter.attemptDir ?? path.join(dir, 'eval'),
     ...extra,
   });
+  if (measured.kind === 'wait')
+    throw new EvalError(
+      `eval: ${measured.reason}; tokenmill eval does not wait for GPUs (the eval step of the train worker does)`,
+    );
+  const report = measured.report;
   const files = await writeEvalReport(report, drafter, opts.out === undefined ? undefined : path.resolve(opts.out));
   return { report, files };
 }

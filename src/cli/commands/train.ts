@@ -1,16 +1,28 @@
 import type { Command } from 'commander';
-import { AppError, formatTrainProgress, type TrainResult, type TrainStatus } from '../../shared/index.js';
+import {
+  AppError,
+  formatTrainProgress,
+  type EvalJobStatus,
+  type TrainResult,
+  type TrainStatus,
+} from '../../shared/index.js';
 import { parseGpuList } from '../../workers/index.js';
 import {
   cancelTrainJobs,
   describeHiddenStatesAtQueue,
+  evalJobAfter,
+  EvalWorker,
+  formatReport,
   queueTrainJob,
   trainPayloadOf,
+  waitForEvalJob,
   waitForTrainJob,
+  type EvalOutcomeSeen,
   type TrainOutcomeSeen,
 } from '../../workers/index.js';
 import { TrainWorker } from '../../workers/index.js';
 import { armStopDeadline, exitInterrupted, onceSignalled, openRunContext, type RunContext } from '../run-context.js';
+import { EVAL_CHECK_FAILED_EXIT, evalTokenizer } from './eval.js';
 
 interface TrainOptions {
   config: string;
@@ -48,46 +60,100 @@ export function formatTrainResult(r: TrainResult): string {
   return lines.join('\n');
 }
 
+/** An eval job's state change as one line for people. */
+export function evalStatusLine(s: EvalJobStatus): string {
+  const at = s.attempt === null ? '' : ` attempt ${s.attempt}`;
+  if (s.state === 'waiting') return `eval${at}: waiting — ${s.waiting ?? ''}`;
+  if (s.state === 'running') return `eval${at}: ${s.detail ?? 'running'}`;
+  return `eval${at}: ${s.state}${s.reason === null ? '' : ` — ${s.reason}`}`;
+}
+
+/** A training and the eval that followed it (null when none follows: no `eval` section, or the training failed). */
+export interface TrainJobOutcome {
+  train: TrainOutcomeSeen;
+  eval: EvalOutcomeSeen | null;
+}
+
+/** The train worker and the eval worker beside it, as `worker --role train` runs them. */
+export async function startTrainWorkers(
+  ctx: RunContext,
+  gpus: readonly number[] | undefined,
+): Promise<{ stop(): Promise<void> }> {
+  const common = {
+    redisUrl: ctx.redisUrl,
+    keys: ctx.keys,
+    ...(gpus === undefined ? {} : { gpus }),
+    lockDurationMs: ctx.config.workers.lockDurationMs,
+    stalledIntervalMs: ctx.config.workers.stalledIntervalMs,
+  };
+  const train = new TrainWorker(common);
+  const evaluation = new EvalWorker({ ...common, config: ctx.config, loadTokenizer: evalTokenizer });
+  await train.start();
+  await evaluation.start();
+  return {
+    async stop() {
+      // Both stop their commands and servers; neither waits for the other.
+      await Promise.all([train.stop(), evaluation.stop()]);
+    },
+  };
+}
+
 /**
- * Waits for train job `jobId`, printing each status change to stderr; with `worker`, serves the
- * train queue in this process meanwhile (it takes the job only if this machine can). Returns
- * the outcome, or 'signalled'. Exported for `demo`.
+ * Waits for train job `jobId`, then for the eval job after it (when one follows and the training
+ * completed), printing each status change to stderr; with `worker`, serves the train and eval
+ * queues in this process meanwhile (a job is taken only if this machine can). Returns the
+ * outcomes, or 'signalled'. Exported for `demo`.
  */
 export async function runTrainJob(
   ctx: RunContext,
   jobId: string,
   options: { worker: boolean; gpus?: readonly number[]; quiet?: boolean },
-): Promise<TrainOutcomeSeen | 'signalled'> {
-  let worker: TrainWorker | undefined;
-  if (options.worker) {
-    worker = new TrainWorker({
-      redisUrl: ctx.redisUrl,
-      keys: ctx.keys,
-      ...(options.gpus === undefined ? {} : { gpus: options.gpus }),
-      lockDurationMs: ctx.config.workers.lockDurationMs,
-      stalledIntervalMs: ctx.config.workers.stalledIntervalMs,
-    });
-    await worker.start();
-  }
+): Promise<TrainJobOutcome | 'signalled'> {
+  const workers = options.worker ? await startTrainWorkers(ctx, options.gpus) : undefined;
   const abort = new AbortController();
+  const say = (line: string): void => {
+    if (options.quiet !== true) process.stderr.write(`tokenmill: ${line}\n`);
+  };
+  const signalled = onceSignalled().then(() => 'signalled' as const);
+  const stopWaiting = async (waiting: Promise<unknown>): Promise<'signalled'> => {
+    // A stop is bounded even when Redis is gone: the longer grace (the command's, the servers', the workers') + 30 s.
+    armStopDeadline(
+      Math.max(
+        ctx.config.workers.shutdownGraceMs,
+        ctx.config.train?.cancelGraceMs ?? 0,
+        ctx.config.eval?.server?.stopGraceMs ?? 0,
+      ) + 30_000,
+    );
+    abort.abort();
+    await waiting.catch(() => undefined);
+    return 'signalled';
+  };
   try {
     const waiting = waitForTrainJob(ctx.redis, ctx.keys, jobId, {
       signal: abort.signal,
-      onStatus: (s) => {
-        if (options.quiet !== true) process.stderr.write(`tokenmill: ${trainStatusLine(s)}\n`);
-      },
+      onStatus: (s) => say(trainStatusLine(s)),
     });
-    const outcome = await Promise.race([waiting, onceSignalled().then(() => 'signalled' as const)]);
-    if (outcome === 'signalled') {
-      // A stop is bounded even when Redis is gone: the longer grace (the command's, the workers') + 30 s.
-      armStopDeadline(Math.max(ctx.config.workers.shutdownGraceMs, ctx.config.train?.cancelGraceMs ?? 0) + 30_000);
-      abort.abort();
-      await waiting.catch(() => undefined);
-    }
-    return outcome;
+    const train = await Promise.race([waiting, signalled]);
+    if (train === 'signalled') return await stopWaiting(waiting);
+    const evalJob = train.status === 'completed' ? await evalJobAfter(ctx.redis, ctx.keys, jobId) : null;
+    if (evalJob === null) return { train, eval: null };
+    const evaluating = waitForEvalJob(ctx.redis, ctx.keys, evalJob, {
+      signal: abort.signal,
+      onStatus: (s) => say(evalStatusLine(s)),
+    });
+    const evaluation = await Promise.race([evaluating, signalled]);
+    if (evaluation === 'signalled') return await stopWaiting(evaluating);
+    return { train, eval: evaluation };
   } finally {
-    await worker?.stop();
+    await workers?.stop();
   }
+}
+
+/** The eval after a training for people: its table, or why it failed (with the table when it measured). */
+export function formatEvalOutcome(e: EvalOutcomeSeen): string {
+  if (e.status === 'completed' && e.result.status === 'skipped') return `eval: skipped — ${e.result.reason ?? ''}\n`;
+  const table = e.report === null ? '' : formatReport(e.report);
+  return e.status === 'failed' ? `${table}eval: failed — ${e.reason}\n` : table;
 }
 
 /** `train`: queue a training on what has been merged and wait for it; or cancel one. */
@@ -149,30 +215,34 @@ export function registerTrainCommand(program: Command): void {
           exitInterrupted();
           return;
         }
-        if (outcome.status === 'failed') throw new AppError(`train job ${jobId} failed: ${outcome.reason}`);
+        const { train, eval: evaluation } = outcome;
+        if (train.status === 'failed') throw new AppError(`train job ${jobId} failed: ${train.reason}`);
         process.stdout.write(
-          opts.json === true ? `${JSON.stringify(outcome.result)}\n` : `${formatTrainResult(outcome.result)}\n`,
+          opts.json === true
+            ? `${JSON.stringify(evaluation === null ? train.result : { ...train.result, eval: evaluation.report })}\n`
+            : `${formatTrainResult(train.result)}\n${evaluation === null ? '' : `\n${formatEvalOutcome(evaluation)}`}`,
         );
+        if (evaluation?.status === 'failed') {
+          // Below eval.minAcceptLength / minSpeedup: the report says why; anything else is an error.
+          if (evaluation.report !== null && !evaluation.report.ok) process.exitCode = EVAL_CHECK_FAILED_EXIT;
+          else
+            throw new AppError(
+              `train job ${jobId} completed (attempt ${train.result.attempt ?? '?'}), but its eval failed: ${evaluation.reason}`,
+            );
+        }
       } finally {
         await ctx.close();
       }
     });
 }
 
-/** `worker --role train [--gpus 0,1]`: serves the run's train queue until a signal. */
+/** `worker --role train [--gpus 0,1]`: serves the run's train and eval queues until a signal. */
 export async function runTrainWorker(ctx: RunContext, gpus?: string): Promise<void> {
   const allowed = gpus === undefined ? undefined : parseGpuList(gpus);
-  const worker = new TrainWorker({
-    redisUrl: ctx.redisUrl,
-    keys: ctx.keys,
-    ...(allowed === undefined ? {} : { gpus: allowed }),
-    lockDurationMs: ctx.config.workers.lockDurationMs,
-    stalledIntervalMs: ctx.config.workers.stalledIntervalMs,
-  });
   const signal = onceSignalled();
-  await worker.start();
+  const worker = await startTrainWorkers(ctx, allowed);
   process.stderr.write(
-    `tokenmill: train worker ready (queue train, GPUs ${allowed === undefined ? 'all' : allowed.join(',')}); stop it with SIGTERM\n`,
+    `tokenmill: train worker ready (queues train and eval, GPUs ${allowed === undefined ? 'all' : allowed.join(',')}); stop it with SIGTERM\n`,
   );
   try {
     await signal;

@@ -359,7 +359,9 @@ function resolveConfig(parsed: ParsedConfig, source: ConfigSource): Config {
       : {
           eval: {
             ...parsed.eval,
-            endpoints: parsed.eval.endpoints.map((u) => u.replace(/\/+$/, '')),
+            ...(parsed.eval.endpoints === undefined
+              ? {}
+              : { endpoints: parsed.eval.endpoints.map((u) => u.replace(/\/+$/, '')) }),
             ...(parsed.eval.baseline === undefined
               ? {}
               : { baseline: parsed.eval.baseline.map((u) => u.replace(/\/+$/, '')) }),

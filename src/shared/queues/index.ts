@@ -39,6 +39,19 @@ export {
   TRAIN_QUEUE,
 } from './catalog.js';
 export { isDatasetPaused, pauseDataset, resumeDataset } from './dataset-pause.js';
+export {
+  EVAL_QUEUE,
+  evalJobId,
+  evalJobOptions,
+  type EvalJobPayload,
+  EvalJobPayloadSchema,
+  type EvalJobResult,
+  EvalJobResultSchema,
+  EvalKeys,
+  type EvalStepPayload,
+  EvalStepPayloadSchema,
+  withEvalParent,
+} from './eval-queue.js';
 export { type RetryFailedOutcome, retryFailedPrompts } from './failed-prompts.js';
 export { endpointKey, RunKeys } from './run-keys.js';
 export {

@@ -1,5 +1,6 @@
 import type { DefaultJobOptions } from 'bullmq';
 import { z } from 'zod';
+import { EvalStepPayloadSchema } from './eval-queue.js';
 import type { RunKeys } from './run-keys.js';
 
 /**
@@ -70,6 +71,11 @@ export const TrainPayloadSchema = z.object({
   chain: z.string().min(1).optional(),
   /** What this step writes, sized before it starts (a chain's jobs only). */
   hiddenStates: HiddenStatesPayloadSchema.optional(),
+  /**
+   * With an `eval` section: the eval step after the training, queued as the train job's parent
+   * (a chain's: its last step's). Only in the payload the flow is made from, not in the jobs'.
+   */
+  evaluate: EvalStepPayloadSchema.optional(),
 });
 export type TrainPayload = z.infer<typeof TrainPayloadSchema>;
 

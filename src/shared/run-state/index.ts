@@ -13,6 +13,20 @@ export {
   removeEndpointHealth,
   writeEndpointHealth,
 } from './endpoint-health.js';
+export {
+  describeEvalSection,
+  type EvalAttemptPoint,
+  type EvalJobState,
+  type EvalJobStatus,
+  evalPhaseDetail,
+  evalPointOf,
+  type EvalReportView,
+  type EvalSectionView,
+  type EvalStatus,
+  formatEvalStatus,
+  parseEvalReportView,
+  readEvalStatus,
+} from './eval-status.js';
 export { PREPARE_STATS_FIELDS } from './phases.js';
 export {
   type DatasetWatch,

@@ -1,6 +1,7 @@
 /** `status` and the progress line as people read them: the table, endpoint health, ETA ranges, warnings. */
 import { formatDuration, formatInt } from '../util/index.js';
 import { describeEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
+import { formatEvalStatus } from './eval-status.js';
 import type { ProgressStatus, RunStatus } from './status.js';
 
 /**
@@ -114,6 +115,8 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     if (d.evalHeldOut !== undefined)
       lines.push(`${d.name}: ${formatInt(d.evalHeldOut)} held out for eval (eval-prompts.jsonl; never generated)`);
   }
+  const evaluation = formatEvalStatus(status.eval);
+  if (evaluation.length > 0) lines.push('', ...evaluation);
   const warnings = runStatusWarnings(status, nowMs);
   if (warnings.length > 0) lines.push('', ...warnings);
   return lines.join('\n');

@@ -1,6 +1,7 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
-import type { Config } from '../config/index.js';
+import { runDir, type Config } from '../config/index.js';
+import { evalPhaseDetail, readEvalStatus, type EvalStatus } from './eval-status.js';
 import { readEndpointHealth, type EndpointHealthSummary } from './endpoint-health.js';
 import { estimateRateAndEta } from './eta.js';
 import { generateQueueName } from '../queues/index.js';
@@ -77,9 +78,9 @@ export interface ConversationCounts {
 }
 
 export interface PhaseStatus {
-  name: 'prepare' | 'generate' | 'tokenize' | 'merge' | 'train';
+  name: 'prepare' | 'generate' | 'tokenize' | 'merge' | 'train' | 'eval';
   status: ProgressStatus;
-  /** False for a stage this version or config does not run (train). */
+  /** False for a stage this version or config does not run (train, eval). */
   configured: boolean;
   /** The numbers that prove the phase's state ("1,200 prompts read, 3 rejected"); '' when none yet. */
   detail: string;
@@ -100,6 +101,11 @@ export interface RunStatus {
   workers: WorkerInfo[];
   /** The run's latest train job: state, attempt, progress, why it waits, environment fingerprint; null before any. */
   train?: TrainStatus | null;
+  /**
+   * The drafter's evaluations: the latest eval job, each attempt's figures, the latest attempt's
+   * eval.json (`report`); null before any.
+   */
+  eval?: EvalStatus | null;
 }
 
 /** Width of the commit-rate buckets written by commit-sample-9.lua. */
@@ -112,6 +118,9 @@ const RATE_WINDOW_BUCKETS = 6;
 type StatusConfig = Pick<Config, 'run' | 'datasets'> & {
   sglang?: Pick<Config['sglang'], 'endpoints'>;
   train?: Config['train'];
+  eval?: unknown;
+  /** Where the run folder is, for the attempts' eval.json files (omitted: the reports in Redis only). */
+  output?: Pick<Config['output'], 'dir'>;
 };
 
 /**
@@ -202,6 +211,12 @@ export async function readRunStatus(
   const details = await readPhaseDetails(redis, keys, config, gen);
   const requests = sumEndpointRequests(workers);
   const train = await readTrainStatus(redis, keys);
+  const evaluation = await readEvalStatus(
+    redis,
+    keys,
+    config.output === undefined ? null : runDir({ run: config.run, output: config.output }),
+  );
+  const latest = evaluation?.report;
   return {
     run: config.run,
     phases: [
@@ -215,6 +230,15 @@ export async function readRunStatus(
       { name: 'tokenize', status: stateOf('tokenize', 'pending'), configured: true, detail: details.tokenize },
       { name: 'merge', status: stateOf('merge', 'pending'), configured: true, detail: details.merge },
       trainPhase(stateOf('train', 'pending'), config.train !== undefined, train),
+      {
+        name: 'eval',
+        status: stateOf(
+          'eval',
+          latest === null || latest === undefined ? 'pending' : latest.ok ? 'completed' : 'failed',
+        ),
+        configured: config.eval !== undefined || evaluation !== null,
+        detail: evalPhaseDetail(evaluation),
+      },
     ],
     datasets,
     endpoints,
@@ -223,6 +247,7 @@ export async function readRunStatus(
     ),
     workers,
     train,
+    eval: evaluation,
   };
 }
 

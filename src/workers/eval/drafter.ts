@@ -2,7 +2,8 @@
  * Which drafter an evaluation is of, and where its report goes: `--checkpoint PATH`, or an
  * attempt's final output (`--attempt N`, default the latest attempt). An attempt's final output
  * is its `checkpoints/` folder, or with `train.steps` the last step's `output/` folder; the drafter
- * is that folder when it holds a model (`config.json`), else its newest checkpoint folder.
+ * is that folder when it holds a model (`config.json`), else its newest checkpoint folder, else
+ * (a trainer that saves one file per checkpoint) its newest checkpoint file.
  */
 import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
@@ -43,13 +44,16 @@ export function finalOutputDir(config: Pick<Config, 'train'>, attemptDir: string
   return last === undefined ? path.join(attemptDir, 'checkpoints') : path.join(attemptDir, last.name, 'output');
 }
 
-/** The drafter in a final output folder: the folder itself when it holds `config.json`, else its newest checkpoint folder. */
+/**
+ * The drafter in a final output folder: the folder itself when it holds `config.json`, else its
+ * newest checkpoint folder, else its newest checkpoint file (`step-000060.pt`).
+ */
 export async function drafterIn(outputDir: string): Promise<string | undefined> {
   if (await exists(path.join(outputDir, 'config.json'))) return outputDir;
   const entries = await listCheckpoints(outputDir);
   const dirs: string[] = [];
   for (const e of entries) if (await isDir(e)) dirs.push(e);
-  return dirs.at(-1);
+  return dirs.at(-1) ?? entries.filter((e) => /\d/.test(path.basename(e))).at(-1);
 }
 
 /**
@@ -83,7 +87,7 @@ export async function chooseDrafter(
   const drafter = await drafterIn(out);
   if (drafter === undefined)
     throw new AppError(
-      `eval: attempt ${name} left no drafter in ${out} (no config.json there, no checkpoint folder in it); give --checkpoint <drafter folder>`,
+      `eval: attempt ${name} left no drafter in ${out} (no config.json there, no checkpoint in it); give --checkpoint <drafter folder>`,
     );
   return { path: drafter, attempt: name, attemptDir, what: `attempt ${name}'s final output` };
 }

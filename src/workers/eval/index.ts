@@ -8,7 +8,26 @@ export {
   finalOutputDir,
   previousReport,
 } from './drafter.js';
+export {
+  evalJobAfter,
+  type EvalOutcomeSeen,
+  recordedReport,
+  recordEvalReport,
+  waitForEvalJob,
+  writeEvalStatus,
+} from './eval-jobs.js';
 export { formatHistogram, formatReport } from './format.js';
+export { EvalCancelledError, type EvalJobDeps, type EvalOutcome, EvalVerdictError, processEvalJob } from './job.js';
+export {
+  type EvalServerSettings,
+  launchEvalServers,
+  type LaunchedServers,
+  type LaunchOptions,
+  type LaunchOutcome,
+  serverArgv,
+  type ServerValues,
+} from './launch.js';
+export { measureDrafter, type MeasureOptions, type MeasureOutcome } from './measure.js';
 export { type EvalPhase, evalRid, type PhaseOptions, runPhase, WARMUP_NEW_TOKENS } from './phase.js';
 export { type EvalPrompt, type EvalPromptSet, heldOutPromptsPath, loadPromptSets, type PromptSets } from './prompts.js';
 export {
@@ -32,14 +51,26 @@ export {
 export {
   type CheckedServers,
   checkServers,
+  type EvalConfigured,
   evalConfigOf,
+  evalSectionOf,
   type EvalRunConfig,
   type EvalRunOptions,
   runEval,
   settingsOf,
+  withEndpoints,
   writeEvalReport,
 } from './run.js';
+export {
+  commandLine,
+  portFree,
+  type ServerRole,
+  type ServerSpec,
+  startServer,
+  type StartedServer,
+} from './server-process.js';
 export { DEFAULT_RETRY, EvalError, type RetryPolicy, withConnectRetries } from './servers.js';
+export { EvalWorker, type EvalWorkerOptions } from './worker.js';
 export {
   addAnswer,
   addFailure,

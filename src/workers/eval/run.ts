@@ -34,15 +34,38 @@ import {
 } from './servers.js';
 
 /** A config with its `eval` section. */
-export type EvalRunConfig = Config & { eval: NonNullable<Config['eval']> };
+export type EvalConfigured = Config & { eval: NonNullable<Config['eval']> };
 
-/** The config's `eval` section, or an EvalError saying it is missing. */
-export function evalConfigOf(config: Config): EvalRunConfig {
+/** A config with its `eval` section and the endpoints to measure on (given, or started by `eval.server`). */
+export type EvalRunConfig = EvalConfigured & { eval: { endpoints: string[] } };
+
+/** The config with its `eval` section, or an EvalError saying it is missing. */
+export function evalSectionOf(config: Config): EvalConfigured {
   if (config.eval === undefined)
     throw new EvalError(
-      `eval: the config${config.source.file === undefined ? '' : ` ${config.source.file}`} has no eval section: set eval.endpoints (SGLang servers with the drafter) and, to measure the speed-up, eval.baseline`,
+      `eval: the config${config.source.file === undefined ? '' : ` ${config.source.file}`} has no eval section: set eval.endpoints (SGLang servers with the drafter) and, to measure the speed-up, eval.baseline; or eval.server to have them started`,
     );
-  return config as EvalRunConfig;
+  return config as EvalConfigured;
+}
+
+/** The config's `eval` section with its endpoints, or an EvalError saying what is missing. */
+export function evalConfigOf(config: Config): EvalRunConfig {
+  const c = evalSectionOf(config);
+  if (c.eval.endpoints === undefined)
+    throw new EvalError('eval: eval.server starts the endpoints: they are known only once the servers run');
+  return c as EvalRunConfig;
+}
+
+/** The config measuring on `endpoints` and `baseline` (the servers `eval.server` started). */
+export function withEndpoints(
+  config: EvalConfigured,
+  endpoints: readonly string[],
+  baseline: readonly string[] | undefined,
+): EvalRunConfig {
+  const e: EvalRunConfig['eval'] = { ...config.eval, endpoints: [...endpoints] };
+  delete e.baseline;
+  if (baseline !== undefined) e.baseline = [...baseline];
+  return { ...config, eval: e };
 }
 
 /** What the servers said, once every refusal check passed. */

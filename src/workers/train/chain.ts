@@ -8,6 +8,7 @@ import {
   TrainPayloadSchema,
   parsePayload,
   trainJobOptions,
+  withEvalParent,
   type TrainPayload,
 } from '../../shared/index.js';
 import { createAttempt, describeAttempts, trainDir } from './attempts.js';
@@ -51,11 +52,19 @@ export function stepPayload(payload: TrainPayload, index: number, chain?: string
 }
 
 /**
- * The train jobs for `payload` as a flow whose root has id `baseId`: one job, or for a chain
- * the last step over the one before … over the first, over `child` (a round's merge) if given.
- * Every child fails its parent when it fails.
+ * The train jobs for `payload` as a flow: one job, or for a chain the last step over the one
+ * before … over the first, over `child` (a round's merge) if given; the train job (the chain's
+ * last step) has id `baseId`. With `payload.evaluate`, the root is the eval job above it
+ * (`eval ◀ train`), which starts once the attempt completed. Every child fails its parent when
+ * it fails.
  */
 export function trainFlow(payload: TrainPayload, baseId: string, child?: FlowJob): FlowJob {
+  const { evaluate, ...train } = payload;
+  const flow = trainJobsFlow(parsePayload(TrainPayloadSchema, train, 'train'), baseId, child);
+  return evaluate === undefined ? flow : withEvalParent(flow, evaluate);
+}
+
+function trainJobsFlow(payload: TrainPayload, baseId: string, child?: FlowJob): FlowJob {
   const failing = (f: FlowJob): FlowJob => ({ ...f, opts: { ...f.opts, failParentOnFailure: true } });
   if (payload.steps === undefined) {
     return {

@@ -1,6 +1,8 @@
 // The train stage: GPU workers that run the configured trainer on the merged dataset.
 export { listAttempts, listCheckpoints, trainDir } from './attempts.js';
-export { parseGpuList } from './gpus.js';
+export { type GpuInfo, type GpuProbe, parseGpuList, probeGpus } from './gpus.js';
+export { preflight, type PreflightVerdict } from './preflight.js';
+export { groupAlive, runCommand, type RunningCommand, signalGroup } from './run-command.js';
 export { describeHiddenStatesAtQueue } from './hidden-states.js';
 export {
   cancelTrainJobs,

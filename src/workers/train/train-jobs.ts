@@ -4,6 +4,8 @@ import type { Redis } from 'ioredis';
 import {
   AppError,
   CancelledError,
+  EVAL_QUEUE,
+  EvalKeys,
   TRAIN_QUEUE,
   TrainKeys,
   TrainPayloadSchema,
@@ -78,6 +80,18 @@ export function trainPayloadOf(config: Config, runDir: string, choice: TrainChoi
       cancelGraceMs: t.cancelGraceMs,
       preflightPollMs: t.preflightPollMs,
       origin: choice.origin,
+      // The eval step after the training, with the eval section as it is now.
+      ...(config.eval === undefined
+        ? {}
+        : {
+            evaluate: {
+              run: config.run,
+              runDir,
+              eval: config.eval,
+              cwd: config.source.baseDir,
+              preflightPollMs: t.preflightPollMs,
+            },
+          }),
     },
     'train',
   );
@@ -215,7 +229,9 @@ export interface CancelledJob {
 /**
  * Cancels the run's unfinished train jobs: a queued or delayed one is removed; a running one
  * (or one still waiting for its merge) is flagged, and its worker stops the command's process
- * group (SIGTERM, then SIGKILL after `train.cancelGraceMs`).
+ * group (SIGTERM, then SIGKILL after `train.cancelGraceMs`). Eval jobs: one still waiting for its
+ * training fails with it; a queued or delayed one is removed; a running one is flagged, and its
+ * worker stops the measurement and the servers it started.
  */
 export async function cancelTrainJobs(redis: Redis, keys: RunKeys): Promise<CancelledJob[]> {
   const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
@@ -238,6 +254,39 @@ export async function cancelTrainJobs(redis: Redis, keys: RunKeys): Promise<Canc
             { state: 'cancelled', reason: 'cancelled by `tokenmill train --cancel` before it started' },
             'failed',
           );
+          out.push({ jobId, state, action: 'removed' });
+          continue;
+        } catch {
+          // taken by a worker meanwhile: the flag stops it
+        }
+      }
+      out.push({ jobId, state, action: 'signalled' });
+    }
+    out.push(...(await cancelEvalJobs(redis, keys)));
+    return out;
+  } finally {
+    await queue.close();
+  }
+}
+
+async function cancelEvalJobs(redis: Redis, keys: RunKeys): Promise<CancelledJob[]> {
+  const queue = new Queue(EVAL_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  const out: CancelledJob[] = [];
+  try {
+    for (const job of await queue.getJobs(['active', 'waiting', 'delayed', 'prioritized'])) {
+      const jobId = job.id;
+      if (jobId === undefined) continue;
+      const state = await job.getState();
+      await redis.set(new EvalKeys(keys).cancel(jobId), '1', 'EX', 7 * 24 * 3600);
+      if (state !== 'active') {
+        try {
+          await job.remove();
+          const status = new EvalKeys(keys).status();
+          if ((await redis.hget(status, 'jobId')) === jobId)
+            await redis.hset(status, {
+              state: 'cancelled',
+              reason: 'cancelled by `tokenmill train --cancel` before it started',
+            });
           out.push({ jobId, state, action: 'removed' });
           continue;
         } catch {

@@ -1,0 +1,126 @@
+/**
+ * Eval jobs seen from Redis: the run's eval status (the latest eval job's state), the reports
+ * recorded per attempt (what `status`, the pipeline page and /metrics read), and waiting for an
+ * eval job to finish (`tokenmill train`, the demo).
+ */
+import { Job, Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import {
+  AppError,
+  CancelledError,
+  EVAL_QUEUE,
+  EvalJobResultSchema,
+  EvalKeys,
+  evalJobId,
+  readEvalStatus,
+  type EvalJobResult,
+  type EvalJobStatus,
+  type RunKeys,
+} from '../../shared/index.js';
+import { parseReport, type EvalReport } from './report.js';
+
+/**
+ * Writes fields of the run's eval status for job `jobId` (and the `eval` phase). With `reset`,
+ * the status is started afresh for that job; otherwise a job that no longer owns it writes nothing.
+ */
+export async function writeEvalStatus(
+  redis: Redis,
+  keys: RunKeys,
+  jobId: string,
+  fields: Record<string, string | number>,
+  phase?: 'pending' | 'in_progress' | 'completed' | 'failed',
+  reset = false,
+): Promise<void> {
+  const key = new EvalKeys(keys).status();
+  if (!reset && (await redis.hget(key, 'jobId')) !== jobId) return;
+  const m = redis.multi();
+  if (reset) m.del(key);
+  m.hset(key, { ...fields, jobId, updatedAt: new Date().toISOString() });
+  if (phase !== undefined) m.hset(keys.phases(), 'eval', phase);
+  await m.exec();
+}
+
+/** Records an attempt's report (its eval.json) in Redis, where the status and the dashboard read it. */
+export async function recordEvalReport(redis: Redis, keys: RunKeys, report: EvalReport): Promise<void> {
+  if (report.attempt === null) return;
+  await redis.hset(new EvalKeys(keys).reports(), report.attempt, JSON.stringify(report));
+}
+
+/** The report recorded for `attempt`, if any. */
+export async function recordedReport(redis: Redis, keys: RunKeys, attempt: string): Promise<EvalReport | null> {
+  const text = await redis.hget(new EvalKeys(keys).reports(), attempt);
+  if (text === null) return null;
+  const r = parseReport(text, `the recorded report of attempt ${attempt}`);
+  return typeof r === 'string' ? null : r;
+}
+
+/** The eval job that follows train job `trainJobId`, or null when none does (no `eval` section when it was queued). */
+export async function evalJobAfter(redis: Redis, keys: RunKeys, trainJobId: string): Promise<string | null> {
+  const queue = new Queue(EVAL_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  try {
+    const id = evalJobId(trainJobId);
+    return (await queue.getJobState(id)) === 'unknown' ? null : id;
+  } finally {
+    await queue.close();
+  }
+}
+
+/** How an eval job ended, with the report of its attempt when there is one. */
+export type EvalOutcomeSeen =
+  | { status: 'completed'; result: EvalJobResult; report: EvalReport | null }
+  | { status: 'failed'; reason: string; report: EvalReport | null };
+
+/**
+ * Waits for eval job `jobId` to finish, calling `onStatus` whenever its state changes. The eval
+ * job's own waits are bounded (server health, requests, connection retries); this one ends with
+ * the job, or with `signal`.
+ */
+export async function waitForEvalJob(
+  redis: Redis,
+  keys: RunKeys,
+  jobId: string,
+  opts: { pollMs?: number; signal?: AbortSignal; onStatus?: (s: EvalJobStatus) => void } = {},
+): Promise<EvalOutcomeSeen> {
+  const queue = new Queue(EVAL_QUEUE, { connection: redis, prefix: keys.bullPrefix });
+  let lastSeen = '';
+  const ownStatus = async (): Promise<EvalJobStatus | null> => {
+    const job = (await readEvalStatus(redis, keys, null))?.job ?? null;
+    return job !== null && job.jobId === jobId ? job : null;
+  };
+  try {
+    for (;;) {
+      if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for eval job ${jobId}`);
+      const status = await ownStatus();
+      if (status !== null && opts.onStatus !== undefined) {
+        const key = JSON.stringify([status.state, status.detail, status.waiting, status.attempt]);
+        if (key !== lastSeen) {
+          lastSeen = key;
+          opts.onStatus(status);
+        }
+      }
+      const state = await queue.getJobState(jobId);
+      if (state === 'unknown') throw new AppError(`eval job ${jobId} is not in Redis (removed, or another Redis?)`);
+      if (state === 'completed' || state === 'failed') {
+        const job = await Job.fromId(queue, jobId);
+        const reportOf = async (attempt: string | null | undefined): Promise<EvalReport | null> =>
+          attempt === null || attempt === undefined ? null : recordedReport(redis, keys, attempt);
+        if (state === 'completed') {
+          const result = EvalJobResultSchema.parse(job?.returnvalue);
+          return {
+            status: 'completed',
+            result,
+            report: result.report === null ? null : await reportOf(result.attempt),
+          };
+        }
+        return {
+          status: 'failed',
+          reason: job?.failedReason || 'failed',
+          report: await reportOf((await ownStatus())?.attempt),
+        };
+      }
+      await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
+    }
+  } finally {
+    await queue.close();
+  }
+}
