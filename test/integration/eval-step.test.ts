@@ -24,21 +24,10 @@ import {
   type RunStatus,
 } from '../../src/shared/index.js';
 import { EvalWorker, portFree, waitForEvalJob, type EvalReport } from '../../src/workers/index.js';
-import { repoRoot, writePrompts } from '../helpers/pipeline.js';
+import { writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
+import { simCommand } from '../helpers/sim-command.js';
 import { alive, fakeTrainer, startTrainHarness, type TrainHarness } from '../helpers/train.js';
-
-/** `tokenmill sim …` as a command line that runs from any folder. */
-export function simCommand(...args: string[]): string[] {
-  return [
-    process.execPath,
-    '--import',
-    import.meta.resolve('tsx'),
-    path.join(repoRoot, 'src/cli/main.ts'),
-    'sim',
-    ...args,
-  ];
-}
 
 const SIM = [
   '--port',

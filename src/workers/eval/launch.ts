@@ -129,23 +129,32 @@ export async function launchEvalServers(
   const specs = roles.map(specOf);
   if (s.baselineCommand !== undefined && s.port === s.baselinePort)
     throw new AppError(`eval.server: port and baselinePort are both ${s.port}; the two servers need a port each`);
+  // One failing stops the others' start at once (they are stopped, not waited for).
+  const abort = new AbortController();
+  const onOuter = (): void => abort.abort();
+  o.signal?.addEventListener('abort', onOuter, { once: true });
+  if (o.signal?.aborted === true) abort.abort();
+  let first: unknown;
   const settled = await Promise.allSettled(
     specs.map((spec) =>
       startServer(spec, {
-        ...(o.signal === undefined ? {} : { signal: o.signal }),
+        signal: abort.signal,
         ...(o.onLine === undefined ? {} : { onLine: (line: string) => o.onLine?.(spec.role, line) }),
         ...(o.pollMs === undefined ? {} : { pollMs: o.pollMs }),
+      }).catch((e: unknown) => {
+        first ??= e;
+        abort.abort();
+        throw e;
       }),
     ),
-  );
+  ).finally(() => o.signal?.removeEventListener('abort', onOuter));
   const servers = settled.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   const stop = async (): Promise<void> => {
     await Promise.all(servers.map((x) => x.stop()));
   };
-  const failed = settled.find((r) => r.status === 'rejected');
-  if (failed !== undefined) {
+  if (settled.some((r) => r.status === 'rejected')) {
     await stop();
-    throw failed.reason;
+    throw first;
   }
   const url = (role: ServerRole): string | undefined => servers.find((x) => x.role === role)?.url;
   const baseline = url('baseline');
