@@ -3,7 +3,10 @@
 // commands it prints, run as printed, each as a child process: `status` sees the demo's counters
 // in the demo's embedded Redis, `export` writes the merged dataset's rows and the SpecForge
 // conversations, `train --resume` continues the demo's training. The demo's `--json` phases say
-// what ran: train completed, with its attempt, when the trainer environment exists.
+// what ran: train completed, with its attempt, when the trainer environment exists, and the eval
+// step after it, on two simulators its eval.server starts: the demo ends with the eval table, and
+// `train --resume` on its config trains a second attempt whose table is compared with the first;
+// `eval -c` measures the latest attempt again with the same servers.
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 
@@ -36,7 +39,17 @@ interface Next {
   train: string | null;
 }
 
+interface EvalSectionJson {
+  prompts: number;
+  drafter: { acceptLength: number | null };
+  speedup: number | null;
+}
+
 interface DemoJson {
+  eval: {
+    report: { attempt: string; datasets: (EvalSectionJson & { dataset: string })[]; overall: EvalSectionJson } | null;
+    attempts: { attempt: string; acceptLength: number | null }[];
+  } | null;
   phases: Phase[];
   datasets: DatasetCounts[];
   train: { state: string; attempt: string | null } | null;
@@ -87,6 +100,7 @@ function lines(file: string): string[] {
 const { tmp } = useHarness({ tmp: 'tm-demo-config-', cli: true });
 const trains = demoTrainerPython(repoRoot) !== null;
 let demo: DemoJson;
+let demoOutput: string;
 let yamlPath: string;
 
 describe('tokenmill demo leaves a config every command works with', () => {
@@ -97,6 +111,7 @@ describe('tokenmill demo leaves a config every command works with', () => {
     const out = child.stdout().trim().split('\n');
     expect(out, 'one JSON object on stdout').toHaveLength(1);
     demo = JSON.parse(out[0] ?? '') as DemoJson;
+    demoOutput = child.output();
     yamlPath = path.join(tmp.dir, 'demo', 'tokenmill.yaml');
   }, 300_000);
 
@@ -128,6 +143,30 @@ describe('tokenmill demo leaves a config every command works with', () => {
       expect(demo.next.train).toBeNull();
       expect(train).toMatchObject({ status: 'pending', configured: false, detail: 'not configured' });
     }
+  });
+
+  it.runIf(trains)('ends with the eval of the attempt: its table, the eval phase and the report in --json', () => {
+    const phase = demo.phases.find((p) => p.name === 'eval');
+    expect(phase).toMatchObject({ status: 'completed', configured: true });
+    expect(phase?.detail).toMatch(/^attempt 0001: accept len \d\.\d\d, speed-up \d\.\d\dx$/);
+    const report = demo.eval?.report;
+    expect(report?.attempt).toBe('0001');
+    expect(report?.datasets.map((d) => d.dataset)).toEqual(demo.datasets.map((d) => d.name));
+    for (const d of report?.datasets ?? []) {
+      expect(d.prompts, d.dataset).toBe(4);
+      // The simulated drafter: 2.2 to 3.1 tokens per verify step by dataset, faster than the target alone.
+      expect(d.drafter.acceptLength, d.dataset).toBeGreaterThan(2);
+      expect(d.speedup, d.dataset).toBeGreaterThan(1);
+    }
+    expect(demo.eval?.attempts.map((a) => a.attempt)).toEqual(['0001']);
+    // With --json the tables go to stderr: the eval table per dataset, then overall.
+    expect(demoOutput).toMatch(/^eval: attempt 0001, drafter .*\/train\/0001\/checkpoints\/step-000060\.pt$/m);
+    expect(demoOutput).toMatch(
+      /^dataset +prompts +accept len +accept rate +drafter tok\/s +baseline tok\/s +speed-up +failed$/m,
+    );
+    expect(demoOutput).toMatch(/^B2_magicoder +4 +\d\.\d\d +0\.\d{3} +[\d.]+ +[\d.]+ +\d\.\d\dx +0$/m);
+    expect(demoOutput).toMatch(/^overall +32 +\d\.\d\d /m);
+    expect(demo.next.eval).toBe(`tokenmill eval -c ${yamlPath}`);
   });
 
   it('status -c sees the counters of the demo in its embedded Redis', async () => {
@@ -183,11 +222,30 @@ describe('tokenmill demo leaves a config every command works with', () => {
       const printed = await runPrinted(demo.next.train ?? '');
       expect(printed.code, printed.out.slice(-3_000)).toBe(0);
       expect(printed.out).toMatch(/train: completed, attempt 0002 \(resume from .*step-000060\.pt\)/);
+      // The eval step after it, compared with attempt 0001: the same simulated drafter, so the
+      // acceptance length is the same (the draws are a function of the seed and the request).
+      expect(printed.stdout).toMatch(/^eval: attempt 0002, drafter .*step-000120\.pt$/m);
+      expect(printed.stdout).toContain('  compared with attempt 0001\n');
+      expect(printed.stdout).toMatch(
+        /^overall +32 +\d\.\d\d +0\.\d{3} +[\d.]+ +[\d.]+ +\d\.\d\dx +\+0\.00 +[+-]\d\.\d\d +0$/m,
+      );
       const status = await runPrinted(demo.next.status, ['--json']);
       const after = JSON.parse(status.stdout.trim()) as DemoJson;
       expect(after.train).toMatchObject({ state: 'completed', attempt: '0002' });
       expect(after.phases.find((p) => p.name === 'train')?.status).toBe('completed');
+      expect(after.eval?.attempts.map((a) => a.attempt)).toEqual(['0001', '0002']);
+      const text = await runPrinted(demo.next.status);
+      expect(text.stdout).toContain('eval of attempt 0002: passed (measured ');
+      expect(text.stdout).toMatch(
+        /^ {2}overall +accept len \d\.\d\d \(\+0\.00\), speed-up \d\.\d\dx \([+-]\d\.\d\d\)$/m,
+      );
+
+      // `eval -c` as printed: the latest attempt again, on servers its eval.server starts.
+      const again = await runPrinted(demo.next.eval ?? '');
+      expect(again.code, again.out.slice(-3_000)).toBe(0);
+      expect(again.stdout).toMatch(/^eval: attempt 0002, drafter /m);
+      expect(again.out).toContain('tokenmill: eval: servers stopped');
     },
-    120_000,
+    180_000,
   );
 });

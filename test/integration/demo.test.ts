@@ -6,8 +6,9 @@ import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 import { DEMO_DATASETS } from '../../src/cli/commands/demo.js';
+import { demoTrainerPython } from '../../src/cli/commands/demo-train.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli } from '../helpers/pipeline.js';
+import { readGenerations, repoRoot, spawnCli } from '../helpers/pipeline.js';
 
 /** "Within a few percent". */
 const MAX_OVER = 0.03;
@@ -41,6 +42,10 @@ describe('tokenmill demo', () => {
     for (const phase of ['prepare', 'generate', 'tokenize', 'merge']) {
       expect(status.phases.find((p) => p.name === phase)?.status, phase).toBe('completed');
     }
+    // With the trainer environment, the training and the eval step after it ran too.
+    if (demoTrainerPython(repoRoot) !== null)
+      for (const phase of ['train', 'eval'])
+        expect(status.phases.find((p) => p.name === phase)?.status, phase).toBe('completed');
     expect(status.datasets.map((d) => d.name)).toEqual(DEMO_DATASETS.map((d) => d.name));
     let byBudget = 0;
     for (const d of status.datasets) {

@@ -7,7 +7,12 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { demoConfig } from '../../src/cli/commands/demo.js';
-import { DEMO_RESUME_STEPS, withDemoTraining } from '../../src/cli/commands/demo-train.js';
+import {
+  DEMO_EVAL_HOLDOUT,
+  DEMO_RESUME_STEPS,
+  withDemoEval,
+  withDemoTraining,
+} from '../../src/cli/commands/demo-train.js';
 import {
   demoConfigPath,
   demoNextCommands,
@@ -29,7 +34,10 @@ function comparable(config: Config): Config {
 describe('the demo config file', () => {
   it('round-trips through loadConfig from its own folder, with the trainer section', async () => {
     const outDir = join(tmp, 'out');
-    const input = withDemoTraining(demoConfig('http://127.0.0.1:41234', outDir), '/opt/venv/bin/python', repoRoot);
+    const input = withDemoEval(
+      withDemoTraining(demoConfig('http://127.0.0.1:41234', outDir), '/opt/venv/bin/python', repoRoot),
+      { timeScale: 25, ports: [41301, 41302], cli: ['/usr/bin/node', '/opt/tokenmill/bin/tokenmill.js'] },
+    );
     const dir = join(outDir, 'demo');
     const file = demoConfigPath(dir);
     await writeDemoConfig(file, input, dir);
@@ -53,9 +61,26 @@ describe('the demo config file', () => {
     expect(fromFile.redis.url).toBeUndefined();
     expect(fromFile.train?.command?.[1]).toBe(join(repoRoot, 'trainers', 'tiny_drafter.py'));
     expect(fromFile.train?.resumeArgs).toEqual(['--resume', '{checkpoint}', '--steps', String(DEMO_RESUME_STEPS)]);
+    // The eval step: held-out prompts per dataset, two simulators of this CLI started for each attempt.
+    expect(fromFile.datasets.every((d) => d.evalHoldout === DEMO_EVAL_HOLDOUT)).toBe(true);
+    const server = fromFile.eval?.server;
+    expect(server?.command.slice(0, 5)).toEqual([
+      '/usr/bin/node',
+      '/opt/tokenmill/bin/tokenmill.js',
+      'sim',
+      '--port',
+      '{port}',
+    ]);
+    expect(server?.command).toEqual(expect.arrayContaining(['--speculative-draft-model-path', '{checkpoint}']));
+    expect(server?.baselineCommand).not.toContain('--speculative-algorithm');
+    expect([server?.port, server?.baselinePort, server?.gpus]).toEqual([41301, 41302, 0]);
 
     const text = readFileSync(file, 'utf8');
     expect(text.startsWith('# The config `tokenmill demo` ran with')).toBe(true);
+    expect(text).toContain(`#   tokenmill eval -c ${file}`);
+    expect(text).toContain(
+      '# After each training, the eval step (and `tokenmill eval` on this file) starts two simulators',
+    );
     expect(text).toContain(`#   tokenmill status -c ${file}\n`);
     expect(text).toContain(`#   tokenmill train -c ${file} --resume`);
     expect(text).toContain("# http://127.0.0.1:41234 was the demo's built-in SGLang simulator");
@@ -93,7 +118,9 @@ describe('the demo config file', () => {
       `  ${next.export.specforge}`,
       `  ${next.export.speculators}`,
       `  ${next.train ?? ''}`,
+      `  ${next.eval ?? ''}`,
     ]);
+    expect(next.eval).toBe('tokenmill eval -c out/demo/tokenmill.yaml');
 
     const elsewhere = demoNextCommands('/data/my runs/demo/tokenmill.yaml', '/data/my runs/demo', {
       trains: false,

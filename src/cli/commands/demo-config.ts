@@ -24,6 +24,8 @@ export interface DemoNextCommands {
   export: { jsonl: string; specforge: string; speculators: string };
   /** Null when the demo has no train stage (no trainer environment). */
   train: string | null;
+  /** Evaluates the latest attempt again (its eval.server starts the simulators); null without a train stage. */
+  eval: string | null;
 }
 
 /** One shell word: left as it is when it holds nothing a shell reads specially, else single-quoted. */
@@ -57,6 +59,7 @@ export function demoNextCommands(
       speculators: exportTo('speculators', 'speculators'),
     },
     train: options.trains ? `tokenmill train ${c} --resume` : null,
+    eval: options.trains ? `tokenmill eval ${c}` : null,
   };
 }
 
@@ -70,6 +73,7 @@ export function formatDemoNext(file: string, next: DemoNextCommands): string {
     `  ${next.export.speculators}`,
   ];
   if (next.train !== null) lines.push(`  ${next.train}`);
+  if (next.eval !== null) lines.push(`  ${next.eval}`);
   return lines.join('\n');
 }
 
@@ -116,10 +120,18 @@ export function demoConfigYaml(config: ConfigInput, file: string, runDir: string
           `   ${next.train}      # continues the newest checkpoint (train.resumeArgs: up to step ${resumeSteps(config)})`,
           `   tokenmill train -c ${shellWord(file)} --from-scratch`,
         ]),
+    ...(next.eval === null ? [] : [`   ${next.eval}      # the latest attempt again`]),
   ]
     .map((l) => l.trimEnd())
     .join('\n');
   if (isMap(doc.contents)) {
+    const evalKey = doc.contents.items.find((p) => isScalar(p.key) && p.key.value === 'eval');
+    if (evalKey !== undefined && isScalar(evalKey.key))
+      evalKey.key.commentBefore = [
+        ' After each training, the eval step (and `tokenmill eval` on this file) starts two simulators',
+        " with eval.server: one decoding speculatively with the attempt's drafter ({checkpoint}), one",
+        " the target alone; it measures each dataset's held-out prompts on both and stops them.",
+      ].join('\n');
     const sglang = doc.contents.items.find((p) => isScalar(p.key) && p.key.value === 'sglang');
     if (sglang !== undefined && isScalar(sglang.key)) {
       sglang.key.commentBefore = [

@@ -5,7 +5,7 @@ import path from 'node:path';
 import { formatRunStatus, readRunStatus, type ConfigInput } from '../../shared/index.js';
 import { formatEvalOutcome, formatTrainResult, runTrainJob, trainStatusLine } from './train.js';
 import type { RunContext } from '../run-context.js';
-import { roundTrainJobId } from '../../workers/index.js';
+import { formatReport, recordedReport, roundTrainJobId, type EvalOutcomeSeen } from '../../workers/index.js';
 
 /**
  * The demo's train stage: when the reference trainer's Python environment exists
@@ -69,6 +69,18 @@ export function withDemoTraining(config: ConfigInput, python: string | null, roo
       cancelGraceMs: 5_000,
     },
   };
+}
+
+/**
+ * The eval table of the demo's end: the new attempt's; with no new attempt (a rerun that merged
+ * nothing new), the latest attempt's, as measured then.
+ */
+async function demoEvalText(ctx: RunContext, e: EvalOutcomeSeen, latest: string | null | undefined): Promise<string> {
+  if (e.status !== 'completed' || e.result.status !== 'skipped' || latest === null || latest === undefined)
+    return formatEvalOutcome(e);
+  const report = await recordedReport(ctx.redis, ctx.keys, latest);
+  if (report === null) return formatEvalOutcome(e);
+  return `${formatEvalOutcome(e)}the latest evaluation, of attempt ${latest}:\n${formatReport(report)}`;
 }
 
 /** Prompts of each demo dataset held out of generation for the eval step. */
@@ -187,8 +199,8 @@ export async function finishDemoTraining(
     return false;
   }
   say(`\n${formatTrainResult(train.result)}`);
-  if (evaluation !== null) say(`\n${formatEvalOutcome(evaluation).trimEnd()}`);
   const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
+  if (evaluation !== null) say(`\n${(await demoEvalText(ctx, evaluation, status.eval?.report?.attempt)).trimEnd()}`);
   const phases = formatRunStatus(status)
     .split('\n')
     .find((l) => l.startsWith('phases:'));

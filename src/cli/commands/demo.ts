@@ -8,7 +8,14 @@ import { DASHBOARD_USER, startDashboard, type Dashboard } from '../../dashboard/
 import { onceSignalled, openRunContextFor, type RunContext } from '../run-context.js';
 import { printRunSummary, runPipelineStages } from './generation.js';
 import { throwIfFailed } from './postprocess.js';
-import { demoTrainerPython, finishDemoTraining, withDemoTraining } from './demo-train.js';
+import {
+  cliCommand,
+  demoTrainerPython,
+  finishDemoTraining,
+  freePort,
+  withDemoEval,
+  withDemoTraining,
+} from './demo-train.js';
 import { demoConfigPath, demoNextCommands, formatDemoNext, writeDemoConfig } from './demo-config.js';
 
 /** The package root (where `data/demo` lives), from src/cli/commands or dist/cli/commands. */
@@ -111,9 +118,16 @@ export function registerDemoCommand(program: Command): void {
         output: 'text',
       });
       try {
-        // With the trainer environment (`npm run setup:trainer`), the demo ends with a short CPU training.
+        // With the trainer environment (`npm run setup:trainer`), the demo ends with a short CPU
+        // training and its eval on two simulators that the eval step starts on free ports.
         const trainPython = demoTrainerPython(packageRoot);
-        const input = withDemoTraining(demoConfig(sim.url, outDir), trainPython, packageRoot);
+        const ports: [number, number] = [await freePort(), await freePort()];
+        while (ports[1] === ports[0]) ports[1] = await freePort();
+        const input = withDemoEval(withDemoTraining(demoConfig(sim.url, outDir), trainPython, packageRoot), {
+          timeScale: Number(opts.timeScale),
+          ports,
+          cli: cliCommand(),
+        });
         const dir = join(outDir, 'demo');
         if (opts.fresh === true) await rm(dir, { recursive: true, force: true });
         // The config file first, so that it is there even when the demo is stopped; the demo runs

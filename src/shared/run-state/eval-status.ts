@@ -190,8 +190,12 @@ export async function readEvalStatus(redis: Redis, keys: RunKeys, runDir: string
 
 const fixed = (x: number | null | undefined, digits: number): string =>
   x === null || x === undefined ? '-' : x.toFixed(digits);
-const signed = (x: number | null | undefined, digits: number): string =>
-  x === null || x === undefined ? '' : `${x >= 0 ? '+' : ''}${x.toFixed(digits)}`;
+/** `+0.12`, `-0.05`; a change that rounds to zero is `+0.00`, never `-0.00`. */
+const signed = (x: number | null | undefined, digits: number): string => {
+  if (x === null || x === undefined) return '';
+  const v = Number(x.toFixed(digits));
+  return `${v < 0 ? '-' : '+'}${Math.abs(v).toFixed(digits)}`;
+};
 
 /** `accept len 2.61 (+0.12), speed-up 1.85x (+0.05)` of a section. */
 export function describeEvalSection(s: EvalSectionView): string {

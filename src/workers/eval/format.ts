@@ -4,8 +4,12 @@ import type { EvalReport, EvalSection } from './report.js';
 const num = (x: number | null | undefined, digits: number): string =>
   x === null || x === undefined ? '-' : x.toFixed(digits);
 
-const signed = (x: number | null | undefined, digits: number): string =>
-  x === null || x === undefined ? '-' : `${x >= 0 ? '+' : ''}${x.toFixed(digits)}`;
+/** `+0.12`, `-0.05`; a change that rounds to zero is `+0.00`, never `-0.00`. */
+const signed = (x: number | null | undefined, digits: number): string => {
+  if (x === null || x === undefined) return '-';
+  const v = Number(x.toFixed(digits));
+  return `${v < 0 ? '-' : '+'}${Math.abs(v).toFixed(digits)}`;
+};
 
 /** `0:120 1:48 2:31 3:12`: verify steps by drafts accepted. */
 export function formatHistogram(h: readonly number[] | undefined): string {

@@ -89,7 +89,7 @@ export async function processEvalJob(data: unknown, deps: EvalJobDeps): Promise<
   if (child === undefined) return skipped(`the training ${p.trainJob} left no result (removed or cancelled)`);
   if (child.status !== 'completed' || typeof child.attempt !== 'string')
     return skipped(
-      `training ${p.trainJob} made no new attempt${typeof child.reason === 'string' ? ` (${child.reason})` : ''}`,
+      `training ${p.trainJob} made no new attempt${typeof child.reason === 'string' ? `: ${child.reason}` : ''}`,
     );
   const config = { ...deps.config, eval: p.eval } as EvalConfigured;
   const drafter = await chooseDrafter(config, p.runDir, { attempt: child.attempt });

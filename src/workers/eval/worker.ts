@@ -85,7 +85,7 @@ export class EvalWorker {
     const log = this.log.child({ queue: job.queueName, jobId });
     const ek = new EvalKeys(keys);
     if ((await redis.hget(ek.status(), 'jobId')) !== jobId)
-      await writeEvalStatus(redis, keys, jobId, { state: 'queued' }, 'pending', true);
+      await writeEvalStatus(redis, keys, jobId, { state: 'queued' }, undefined, true);
     let logged = 0;
     let logChain: Promise<unknown> = Promise.resolve();
     const payload = job.data as { preflightPollMs?: number };
