@@ -49,7 +49,7 @@ describe('CLI: status, pause, resume, retry-failed', () => {
     const out = await cli(['status', '-c', configPath, '--json']);
     const status = JSON.parse(out.trim().split('\n').at(-1) ?? '{}') as RunStatus;
     expect(status.run).toBe('cli');
-    expect(status.phases.map((p) => p.name)).toEqual(['prepare', 'generate', 'tokenize', 'merge', 'train']);
+    expect(status.phases.map((p) => p.name)).toEqual(['prepare', 'generate', 'tokenize', 'merge', 'train', 'eval']);
     expect(status.phases.find((p) => p.name === 'generate')?.status).toBe('completed');
     const alpha = status.datasets.find((d) => d.name === 'alpha');
     const beta = status.datasets.find((d) => d.name === 'beta');

@@ -2,7 +2,9 @@
 // lists every dataset and updates without a reload; pausing one from the page stops the
 // simulator receiving its requests within a second while the others go on; resume; a failed
 // prompt shows in Bull Board's failed tab with its reason, and Bull Board's Retry gets it
-// committed. A screenshot of the page is kept under test-artifacts/.
+// committed. The drafter's evaluations: a chart of the acceptance length per attempt (SVG drawn
+// by the page from /api data) and the latest report's warnings and failed checks. A screenshot of
+// the page is kept under test-artifacts/.
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium, type Browser, type Page } from 'playwright-core';
@@ -11,7 +13,8 @@ import { startGeneration, type GenerationHandle } from '../../src/cli/pipeline.j
 import { openRunContextFor, type RunContext } from '../../src/cli/run-context.js';
 import { startDashboard, type Dashboard } from '../../src/dashboard/server.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { loadConfig, type Config } from '../../src/shared/index.js';
+import { EvalKeys, loadConfig, type Config } from '../../src/shared/index.js';
+import { writeEvalStatus } from '../../src/workers/index.js';
 import { useHarness, type TempDir } from '../helpers/fixture.js';
 import { repoRoot, waitFor, writePrompts } from '../helpers/pipeline.js';
 import { INJECTED_500_MESSAGE, startPromptFaultProxy, type PromptFaultProxy } from '../helpers/prompt-fault-proxy.js';
@@ -129,6 +132,7 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
       'tokenize',
       'merge',
       'train',
+      'eval',
     ]);
     expect(await page.locator('a#queues-link').getAttribute('href')).toBe('queues');
 
@@ -181,6 +185,110 @@ describe.skipIf(!existsSync(CHROMIUM))('the pipeline page in a browser, during a
 
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
+  }, 30_000);
+
+  it("draws each attempt's acceptance length and shows the latest report's warnings and failed check", async () => {
+    const section = (
+      acceptLength: number,
+      speedup: number,
+      delta: { acceptLength: number; speedup: number } | null,
+    ) => ({
+      prompts: 4,
+      drafter: {
+        acceptLength,
+        acceptRate: (acceptLength - 1) / 3,
+        tokensPerSec: 300 * speedup,
+        failures: 0,
+        requests: 4,
+      },
+      baseline: { tokensPerSec: 300, failures: 0, requests: 4 },
+      speedup,
+      delta:
+        delta === null
+          ? null
+          : { ...delta, acceptLengthChange: delta.acceptLength / (acceptLength - delta.acceptLength) },
+    });
+    const report = (attempt: string, acceptLength: number, speedup: number, previous: number | null) => {
+      const delta = previous === null ? null : { acceptLength: acceptLength - previous, speedup: speedup - 2 };
+      const slower = speedup < 1;
+      return {
+        version: 1,
+        run: 'browser',
+        attempt,
+        drafter: `/out/browser/train/${attempt}/checkpoints/step-20`,
+        measuredAt: `2026-01-0${Number(attempt)}T10:00:00.000Z`,
+        durationSec: 3,
+        endpoints: [],
+        baseline: [],
+        settings: {
+          concurrency: 4,
+          maxNewTokens: 64,
+          sampling: { temperature: 0 },
+          maxPromptsPerDataset: 4,
+          prompts: 'held-out',
+        },
+        datasets: [{ dataset: 'alpha', promptFile: 'eval-prompts.jsonl', ...section(acceptLength, speedup, delta) }],
+        overall: section(acceptLength, speedup, delta),
+        skipped: [],
+        previous: previous === null ? null : { attempt: '0001', file: 'eval.json', measuredAt: null, comparable: true },
+        warnings: slower
+          ? [
+              `dataset alpha: the drafter makes decoding slower: ${(300 * speedup).toFixed(1)} vs 300.0 tok/s (speed-up ${speedup.toFixed(2)}x)`,
+            ]
+          : [],
+        failed: slower
+          ? [
+              {
+                check: 'minSpeedup',
+                value: speedup,
+                threshold: 1.1,
+                message: `speed-up ${speedup.toFixed(2)}x is below eval.minSpeedup 1.1`,
+              },
+            ]
+          : [],
+        ok: !slower,
+      };
+    };
+    await ctx.redis.hset(new EvalKeys(ctx.keys).reports(), {
+      '0001': JSON.stringify(report('0001', 2.9, 2.1, null)),
+      '0002': JSON.stringify(report('0002', 1.4, 0.8, 2.9)),
+    });
+    await writeEvalStatus(
+      ctx.redis,
+      ctx.keys,
+      'browser-train-2-eval',
+      { state: 'failed', attempt: '0002', reason: 'below eval.minSpeedup' },
+      'failed',
+      true,
+    );
+
+    await page.goto(dashboard.url);
+    const points = page.locator('#eval-chart circle');
+    await waitFor(async () => (await points.count()) === 2, 'two points on the eval chart', 10_000, 100);
+    expect(
+      await points.evaluateAll((c) =>
+        c.map((x) => [x.getAttribute('data-attempt'), x.getAttribute('data-accept-length'), x.getAttribute('data-ok')]),
+      ),
+    ).toEqual([
+      ['0001', '2.9', 'true'],
+      ['0002', '1.4', 'false'],
+    ]);
+    // Drawn to scale: the better attempt's point is higher (smaller y).
+    const ys = await points.evaluateAll((c) => c.map((x) => Number(x.getAttribute('cy'))));
+    expect(ys[0]).toBeLessThan(ys[1] ?? 0);
+    expect(await page.locator('#eval-chart polyline').count()).toBe(1);
+    expect(await page.locator('#eval-warnings li').allTextContents()).toEqual([
+      'FAILED: speed-up 0.80x is below eval.minSpeedup 1.1',
+      'WARNING: dataset alpha: the drafter makes decoding slower: 240.0 vs 300.0 tok/s (speed-up 0.80x)',
+    ]);
+    expect(await page.locator('#eval-summary').textContent()).toMatch(
+      /^attempt 0002: FAILED · accept len 1\.40 · speed-up 0\.80x · compared with attempt 0001/,
+    );
+    const row = page.locator('#eval-datasets tr[data-dataset="alpha"] td');
+    expect(await row.allTextContents()).toEqual(['alpha', '1.40', '-1.50', '0.80x', '-1.20']);
+    expect(await page.locator('#phases li[data-phase="eval"]').getAttribute('data-status')).toBe('failed');
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await page.locator('section#eval').screenshot({ path: join(ARTIFACTS, 'dashboard-eval.png') });
   }, 30_000);
 
   it("shows the failed prompt in Bull Board's failed tab with its reason; Retry there gets it committed", async () => {

@@ -75,6 +75,113 @@ function renderTrainSteps(train) {
   );
 }
 
+const fixed = (x, digits) => (x === null || x === undefined ? '-' : x.toFixed(digits));
+const signed = (x, digits) => {
+  if (x === null || x === undefined) return '';
+  const v = Number(x.toFixed(digits));
+  return `${v < 0 ? '-' : '+'}${Math.abs(v).toFixed(digits)}`;
+};
+const svgEl = (tag, attrs, text) => {
+  const e = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = text;
+  return e;
+};
+
+// Acceptance length (overall) of each evaluated attempt, oldest first: plain SVG, 1 at the bottom.
+function renderEvalChart(attempts) {
+  const svg = $('#eval-chart');
+  const pts = attempts.filter((a) => a.acceptLength !== null);
+  if (pts.length === 0) {
+    svg.replaceChildren();
+    return;
+  }
+  const [w, h, left, right, top, bottom] = [480, 160, 34, 14, 16, 22];
+  const max = Math.max(2, ...pts.map((a) => a.acceptLength));
+  const top1 = Math.ceil(max + 0.25);
+  const x = (i) => (pts.length === 1 ? (left + w - right) / 2 : left + (i * (w - left - right)) / (pts.length - 1));
+  const y = (v) => h - bottom - ((v - 1) / (top1 - 1)) * (h - top - bottom);
+  const children = [];
+  for (let v = 1; v <= top1; v++) {
+    children.push(svgEl('line', { x1: left, x2: w - right, y1: y(v), y2: y(v) }));
+    children.push(svgEl('text', { x: 4, y: y(v) + 3 }, String(v)));
+  }
+  children.push(svgEl('polyline', { points: pts.map((a, i) => `${x(i)},${y(a.acceptLength)}`).join(' ') }));
+  pts.forEach((a, i) => {
+    const c = svgEl('circle', {
+      cx: x(i),
+      cy: y(a.acceptLength),
+      r: 4,
+      'data-attempt': a.attempt,
+      'data-accept-length': a.acceptLength,
+      'data-ok': String(a.ok),
+    });
+    c.append(
+      svgEl(
+        'title',
+        {},
+        `attempt ${a.attempt}: accept len ${fixed(a.acceptLength, 2)}, speed-up ${fixed(a.speedup, 2)}x`,
+      ),
+    );
+    children.push(c);
+    children.push(svgEl('text', { x: x(i) - 8, y: y(a.acceptLength) - 8 }, fixed(a.acceptLength, 2)));
+    children.push(svgEl('text', { x: x(i) - 12, y: h - 6 }, a.attempt));
+  });
+  svg.replaceChildren(...children);
+}
+
+// The eval step's verdicts: the latest job, the chart, the latest report's warnings and figures.
+function renderEval(e) {
+  const attempts = (e && e.attempts) || [];
+  const r = e && e.report;
+  const job = e && e.job;
+  const jobText = job
+    ? `eval ${job.state}${job.attempt ? ` (attempt ${job.attempt})` : ''}${
+        job.state === 'waiting'
+          ? ` — ${job.waiting || ''}`
+          : job.reason
+            ? ` — ${job.reason}`
+            : job.detail
+              ? ` — ${job.detail}`
+              : ''
+      }`
+    : '';
+  const reportText = r
+    ? `attempt ${r.attempt}: ${r.ok ? 'passed' : 'FAILED'} · accept len ${fixed(r.overall.drafter.acceptLength, 2)} · speed-up ${
+        r.overall.speedup === null ? '-' : `${r.overall.speedup.toFixed(2)}x`
+      }${r.previous ? ` · compared with attempt ${r.previous.attempt}` : ''}`
+    : '';
+  $('#eval-summary').textContent =
+    [reportText, jobText].filter((t) => t !== '').join(' · ') ||
+    'no evaluation yet (with an eval section, the eval step runs after each training)';
+  const warnings = r ? r.warnings.map((w) => ['warning', `WARNING: ${w}`]) : [];
+  const failed = r ? r.failed.map((f) => ['failed', `FAILED: ${f.message}`]) : [];
+  $('#eval-warnings').replaceChildren(
+    ...[...failed, ...warnings].map(([kind, text]) => el('li', { 'data-kind': kind }, text)),
+  );
+  renderEvalChart(attempts);
+  $('#eval-legend').textContent =
+    attempts.length === 0
+      ? ''
+      : `acceptance length (tokens per verify step) of each attempt's drafter, overall; ${attempts.length} attempt${attempts.length === 1 ? '' : 's'} evaluated`;
+  const rows = r
+    ? [...r.datasets.map((d) => [d.dataset, d]), ...(r.datasets.length === 1 ? [] : [['overall', r.overall]])]
+    : [];
+  $('#eval-datasets tbody').replaceChildren(
+    ...rows.map(([name, s]) =>
+      el(
+        'tr',
+        { 'data-dataset': name },
+        el('td', {}, name),
+        el('td', { 'data-field': 'acceptLength' }, fixed(s.drafter.acceptLength, 2)),
+        el('td', {}, signed(s.delta && s.delta.acceptLength, 2)),
+        el('td', { 'data-field': 'speedup' }, s.speedup === null ? '-' : `${s.speedup.toFixed(2)}x`),
+        el('td', {}, signed(s.delta && s.delta.speedup, 2)),
+      ),
+    ),
+  );
+}
+
 function bar(d) {
   if (d.tokenBudget === null) return el('span', {}, fmt(d.outputTokens));
   const pct = d.tokenBudget === 0 ? 100 : Math.min(100, (100 * d.outputTokens) / d.tokenBudget);
@@ -228,6 +335,7 @@ function render(update) {
   document.title = `tokenmill · ${status.run}`;
   renderPhases(status.phases);
   renderTrainSteps(status.train);
+  renderEval(status.eval);
   renderDatasets(status.datasets);
   renderEndpoints(status);
   renderWorkers(status.workers || [], update.readAtMs);
