@@ -37,6 +37,7 @@ interface Next {
   postprocess: string;
   export: { jsonl: string; specforge: string; speculators: string };
   train: string | null;
+  eval: string | null;
 }
 
 interface EvalSectionJson {

@@ -9,7 +9,7 @@ import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { Job, Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { evalTokenizer } from '../../src/cli/commands/eval.js';
+import { EVAL_CHECK_FAILED_EXIT, evalTokenizer } from '../../src/cli/commands/eval.js';
 import { freePort } from '../../src/cli/commands/demo-train.js';
 import { renderMetrics } from '../../src/dashboard/metrics.js';
 import { startDashboard } from '../../src/dashboard/server.js';
@@ -24,7 +24,7 @@ import {
   type RunStatus,
 } from '../../src/shared/index.js';
 import { EvalWorker, portFree, waitForEvalJob, type EvalReport } from '../../src/workers/index.js';
-import { writePrompts } from '../helpers/pipeline.js';
+import { killCliChildren, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 import { simCommand } from '../helpers/sim-command.js';
 import { alive, fakeTrainer, startTrainHarness, type TrainHarness } from '../helpers/train.js';
@@ -49,34 +49,42 @@ let strong: Config;
 let weak: Config;
 let evalWorker: EvalWorker;
 
+/** The eval section of the tests: the two simulators, started for each attempt on `ports`. */
+function evalWith(
+  speculative: string[],
+  extra: Partial<NonNullable<ConfigInput['eval']>> = {},
+): NonNullable<ConfigInput['eval']> {
+  return {
+    server: {
+      command: simCommand(
+        ...SIM,
+        '--speculative-algorithm',
+        'EAGLE3',
+        '--speculative-draft-model-path',
+        '{checkpoint}',
+        ...speculative,
+      ),
+      baselineCommand: simCommand(...SIM),
+      port: ports[0],
+      baselinePort: ports[1],
+      gpus: 1,
+      minFreeGpuMemMiB: 20_000,
+      healthTimeoutMs: 60_000,
+      stopGraceMs: 5_000,
+    },
+    concurrency: 4,
+    maxNewTokens: 128,
+    ...extra,
+  };
+}
+
+const TRAIN = { command: fakeTrainer('--steps', '4', '--save-every', '2'), gpus: 0, mode: 'from-scratch' } as const;
+const DATASETS = [{ name: 'ds', prompts: 'prompts.jsonl', tokenBudget: 1_000_000 }];
+
 function configWith(speculative: string[], extra: Partial<NonNullable<ConfigInput['eval']>> = {}): Config {
   return h.config(
-    { command: fakeTrainer('--steps', '4', '--save-every', '2'), gpus: 0, mode: 'from-scratch' },
-    {
-      datasets: [{ name: 'ds', prompts: 'prompts.jsonl', tokenBudget: 1_000_000 }],
-      eval: {
-        server: {
-          command: simCommand(
-            ...SIM,
-            '--speculative-algorithm',
-            'EAGLE3',
-            '--speculative-draft-model-path',
-            '{checkpoint}',
-            ...speculative,
-          ),
-          baselineCommand: simCommand(...SIM),
-          port: ports[0],
-          baselinePort: ports[1],
-          gpus: 1,
-          minFreeGpuMemMiB: 20_000,
-          healthTimeoutMs: 60_000,
-          stopGraceMs: 5_000,
-        },
-        concurrency: 4,
-        maxNewTokens: 128,
-        ...extra,
-      },
-    },
+    { ...TRAIN, command: [...TRAIN.command] },
+    { datasets: DATASETS, eval: evalWith(speculative, extra) },
   );
 }
 
@@ -129,6 +137,7 @@ beforeAll(async () => {
 }, 60_000);
 
 afterAll(async () => {
+  await killCliChildren();
   await evalWorker?.stop();
   await h?.close();
 });
@@ -286,6 +295,36 @@ describe('eval ◀ train', () => {
       ['0003', false],
     ]);
   }, 240_000);
+
+  it('`tokenmill train` waits for the eval after its training, prints its table, and exits 3 below minSpeedup', async () => {
+    const file = writeConfig(
+      h.root,
+      {
+        run: 'r1',
+        redis: { url: h.redis.url, prefix: h.redis.prefix },
+        datasets: DATASETS,
+        output: { dir: path.join(h.root, 'out') },
+        postprocess: { target: path.join(h.root, 'dataset') },
+        workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000 },
+        train: { ...TRAIN, command: [...TRAIN.command], preflightPollMs: 300 },
+        eval: evalWith(['--speculative-acceptance', '1.2', '--speculative-draft-overhead', '1'], { minSpeedup: 1 }),
+      },
+      'weak.yaml',
+    );
+    const cli = spawnCli(['train', '-c', file, '--from-scratch']);
+    expect(await cli.exited, cli.output().slice(-3_000)).toBe(EVAL_CHECK_FAILED_EXIT);
+    const out = cli.stdout();
+    expect(out).toMatch(/^train: completed, attempt 0004 \(from-scratch\) on CPU$/m);
+    expect(out).toMatch(/^eval: attempt 0004, drafter .*\/train\/0004\/checkpoints\/step-4$/m);
+    expect(out).toContain('  compared with attempt 0003\n');
+    expect(out).toMatch(/^ds +6 +1\.\d\d +0\.\d{3} +[\d.]+ +[\d.]+ +0\.\d\dx +[+-]\d\.\d\d +[+-]\d\.\d\d +0$/m);
+    expect(out).toMatch(/^WARNING: dataset ds: the drafter makes decoding slower: /m);
+    expect(out).toMatch(
+      /^eval: failed — eval attempt 0004: speed-up 0\.\d\dx .* is below eval\.minSpeedup 1 \(report /m,
+    );
+    // Its progress on stderr: the training, then the eval step's servers and phases.
+    expect(cli.output()).toMatch(/tokenmill: eval attempt 0004: ds: drafter, 6 prompts, 4 in flight/);
+  }, 180_000);
 
   it('stops its servers when the worker is told to stop, and hands the job back', async () => {
     // A slow simulated GPU: the measurement is still running when the worker stops.
