@@ -145,7 +145,7 @@ describe('fingerprint and command', () => {
 });
 
 describe('Bull Board', () => {
-  it('shows the train queue when train is configured', () => {
+  it('shows the train queue when train is configured, and the eval queue with eval too', () => {
     const datasets = [{ name: 'a', prompts: '/a.jsonl' }] as Parameters<typeof dashboardQueueNames>[0]['datasets'];
     expect(dashboardQueueNames({ datasets })).toEqual(['generate-a', 'tokenize', 'merge']);
     expect(dashboardQueueNames({ datasets, train: { command: ['t'] } })).toEqual([
@@ -154,5 +154,13 @@ describe('Bull Board', () => {
       'merge',
       'train',
     ]);
+    expect(dashboardQueueNames({ datasets, train: { command: ['t'] }, eval: { server: {} } })).toEqual([
+      'generate-a',
+      'tokenize',
+      'merge',
+      'train',
+      'eval',
+    ]);
+    expect(dashboardQueueNames({ datasets, eval: { server: {} } })).toEqual(['generate-a', 'tokenize', 'merge']);
   });
 });
