@@ -5,7 +5,9 @@
 // step writes the attempt's eval.json, and status (text and --json), /metrics and the dashboard's
 // /api data show it; a second attempt is compared with the first; a weak drafter warns and fails
 // the eval job on eval.minSpeedup while its training stays completed.
+import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import path from 'node:path';
 import { Job, Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -16,6 +18,7 @@ import { startDashboard } from '../../src/dashboard/server.js';
 import {
   EVAL_QUEUE,
   TRAIN_QUEUE,
+  TrainKeys,
   evalJobId,
   formatRunStatus,
   readRunStatus,
@@ -23,7 +26,7 @@ import {
   type ConfigInput,
   type RunStatus,
 } from '../../src/shared/index.js';
-import { EvalWorker, portFree, waitForEvalJob, type EvalReport } from '../../src/workers/index.js';
+import { EvalWorker, portFree, waitForEvalJob, writeEvalStatus, type EvalReport } from '../../src/workers/index.js';
 import { killCliChildren, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 import { simCommand } from '../helpers/sim-command.js';
@@ -324,6 +327,27 @@ describe('eval ◀ train', () => {
     );
     // Its progress on stderr: the training, then the eval step's servers and phases.
     expect(cli.output()).toMatch(/tokenmill: eval attempt 0004: ds: drafter, 6 prompts, 4 in flight/);
+  }, 180_000);
+
+  it('kills the servers a dead worker left behind on this machine before it measures again', async () => {
+    // A server group the eval job recorded, as if its worker had been SIGKILLed while measuring.
+    const leftover = spawn('sleep', ['600'], { detached: true, stdio: 'ignore' });
+    leftover.unref();
+    const pgid = leftover.pid ?? 0;
+    const next = `r1-train-${Number(await h.redis.connection().get(new TrainKeys(h.keys).counter())) + 1}`;
+    await writeEvalStatus(
+      h.redis.connection(),
+      h.keys,
+      evalJobId(next),
+      { state: 'running', host: hostname(), servers: `drafter http://127.0.0.1:${ports[0]} pid ${pgid}` },
+      'in_progress',
+      true,
+    );
+    expect(alive(pgid)).toBe(true);
+    const { jobId, evaluated } = await trainAndEvaluate(strong);
+    expect(jobId).toBe(next);
+    expect(evaluated.status).toBe('completed');
+    expect(alive(pgid)).toBe(false);
   }, 180_000);
 
   it('stops its servers when the worker is told to stop, and hands the job back', async () => {

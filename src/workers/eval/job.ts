@@ -4,6 +4,7 @@
  * configured), writes `<attempt>/eval.json`, records the report for the status, and fails when
  * the verdict is below `eval.minAcceptLength` / `eval.minSpeedup`. The training stays completed.
  */
+import { hostname } from 'node:os';
 import path from 'node:path';
 import {
   AppError,
@@ -100,6 +101,7 @@ export async function processEvalJob(data: unknown, deps: EvalJobDeps): Promise<
       attempt: drafter.attempt ?? '',
       drafter: drafter.path,
       worker: deps.workerId,
+      host: hostname(),
       detail: 'starting',
       waiting: '',
       reason: '',

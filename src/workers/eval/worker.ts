@@ -15,7 +15,7 @@ import {
   type Logger,
   type RunKeys,
 } from '../../shared/index.js';
-import { probeGpus, type GpuProbe } from '../train/index.js';
+import { groupAlive, probeGpus, signalGroup, type GpuProbe } from '../train/index.js';
 import { recordEvalReport, writeEvalStatus } from './eval-jobs.js';
 import { EvalCancelledError, processEvalJob } from './job.js';
 import type { EvalRunConfig } from './run.js';
@@ -84,8 +84,17 @@ export class EvalWorker {
     const jobId = job.id ?? '';
     const log = this.log.child({ queue: job.queueName, jobId });
     const ek = new EvalKeys(keys);
-    if ((await redis.hget(ek.status(), 'jobId')) !== jobId)
-      await writeEvalStatus(redis, keys, jobId, { state: 'queued' }, undefined, true);
+    const before = await redis.hgetall(ek.status());
+    if (before.jobId !== jobId) await writeEvalStatus(redis, keys, jobId, { state: 'queued' }, undefined, true);
+    else if (before.host === hostname()) {
+      // A worker that died while measuring left its servers behind: they hold the GPUs and ports.
+      for (const pid of (before.servers ?? '').split('\n').map((l) => Number(/pid (\d+)$/.exec(l)?.[1]))) {
+        if (Number.isInteger(pid) && pid > 1 && groupAlive(pid)) {
+          signalGroup(pid, 'SIGKILL');
+          log.warn({ pgid: pid }, 'killed an eval server left by a train worker that died');
+        }
+      }
+    }
     let logged = 0;
     let logChain: Promise<unknown> = Promise.resolve();
     const payload = job.data as { preflightPollMs?: number };
