@@ -10,6 +10,7 @@ export default tseslint.config(
       'node_modules/**',
       '.venv/**',
       '.venv-datasets3/**',
+      '.venv-trainers/**',
       'out/**',
       '.tmp/**',
       'bin/**',
