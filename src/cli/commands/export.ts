@@ -57,18 +57,24 @@ export function chooseDatasets(config: Config, names: readonly string[] | undefi
   return names.map((n) => known.get(n)).filter((d) => d !== undefined);
 }
 
-async function exportJsonl(
-  config: Config,
-  chosen: Config['datasets'],
-  names: readonly string[] | undefined,
-  out: string,
-): Promise<ExportResult> {
+/** The training dataset folder (`postprocess.target`), or an EnvironmentError saying how to make it. */
+async function trainingDataset(config: Config): Promise<string> {
   const target = config.postprocess.target;
   if (!(await exists(path.join(target, 'state.json')))) {
     throw new EnvironmentError(
       `no training dataset at ${target} (postprocess.target): run \`tokenmill postprocess -c <config>\` first`,
     );
   }
+  return target;
+}
+
+async function exportJsonl(
+  config: Config,
+  chosen: Config['datasets'],
+  names: readonly string[] | undefined,
+  out: string,
+): Promise<ExportResult> {
+  const target = await trainingDataset(config);
   const writer = await AtomicJsonlWriter.open(out);
   let stats: RowsExportStats;
   try {
@@ -92,12 +98,7 @@ async function exportSpeculatorsFolder(
   names: readonly string[] | undefined,
   out: string,
 ): Promise<ExportResult> {
-  const target = config.postprocess.target;
-  if (!(await exists(path.join(target, 'state.json')))) {
-    throw new EnvironmentError(
-      `no training dataset at ${target} (postprocess.target): run \`tokenmill postprocess -c <config>\` first`,
-    );
-  }
+  const target = await trainingDataset(config);
   const stats = await exportSpeculators({
     target,
     out,

@@ -17,6 +17,7 @@ import {
   type EvalJobStatus,
   type RunKeys,
 } from '../../shared/index.js';
+import { writeJobStatus, type JobPhase } from '../train/index.js';
 import { parseReport, type EvalReport } from './report.js';
 
 /**
@@ -28,16 +29,10 @@ export async function writeEvalStatus(
   keys: RunKeys,
   jobId: string,
   fields: Record<string, string | number>,
-  phase?: 'pending' | 'in_progress' | 'completed' | 'failed',
+  phase?: JobPhase,
   reset = false,
 ): Promise<void> {
-  const key = new EvalKeys(keys).status();
-  if (!reset && (await redis.hget(key, 'jobId')) !== jobId) return;
-  const m = redis.multi();
-  if (reset) m.del(key);
-  m.hset(key, { ...fields, jobId, updatedAt: new Date().toISOString() });
-  if (phase !== undefined) m.hset(keys.phases(), 'eval', phase);
-  await m.exec();
+  await writeJobStatus(redis, keys, { key: new EvalKeys(keys).status(), phase: 'eval' }, jobId, fields, phase, reset);
 }
 
 /** Records an attempt's report (its eval.json) in Redis, where the status and the dashboard read it. */

@@ -211,21 +211,16 @@ function judge(
   return { warnings, failed };
 }
 
-/** What {@link buildReport} needs besides the totals. */
-export interface ReportContext {
-  run: string;
-  attempt: string | null;
-  drafter: string;
-  measuredAt: string;
-  durationSec: number;
-  endpoints: DrafterEndpointInfo[];
-  baseline: BaselineEndpointInfo[] | null;
-  settings: EvalSettings;
+/** What {@link buildReport} needs besides the totals: the report's own header fields, and more. */
+export type ReportContext = Pick<
+  EvalReport,
+  'run' | 'attempt' | 'drafter' | 'measuredAt' | 'durationSec' | 'endpoints' | 'baseline' | 'settings'
+> & {
   skipped: { dataset: string; reason: string }[];
   /** The previous report and where it was read, when there is one. */
   previous?: { report: EvalReport; file: string } | undefined;
   thresholds: EvalThresholds;
-}
+};
 
 /** The report of measured totals: figures, deltas against the previous report, warnings, checks. */
 export function buildReport(totals: readonly DatasetTotals[], ctx: ReportContext): EvalReport {

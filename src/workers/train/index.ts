@@ -6,11 +6,13 @@ export { groupAlive, runCommand, type RunningCommand, signalGroup } from './run-
 export { describeHiddenStatesAtQueue } from './hidden-states.js';
 export {
   cancelTrainJobs,
+  type JobPhase,
   queueTrainJob,
   roundTrainJobId,
   type TrainOutcomeSeen,
   trainPayloadOf,
   waitForTrainJob,
   withTrainParent,
+  writeJobStatus,
 } from './train-jobs.js';
 export { TrainWorker } from './worker.js';

@@ -124,15 +124,34 @@ export async function writeStatus(
   keys: RunKeys,
   jobId: string,
   fields: Record<string, string | number>,
-  phase?: 'pending' | 'in_progress' | 'completed' | 'failed',
+  phase?: JobPhase,
   reset = false,
 ): Promise<void> {
-  const key = new TrainKeys(keys).status();
-  if (!reset && (await redis.hget(key, 'jobId')) !== jobId) return;
+  await writeJobStatus(redis, keys, { key: new TrainKeys(keys).status(), phase: 'train' }, jobId, fields, phase, reset);
+}
+
+/** A phase's state, as the phases hash holds it. */
+export type JobPhase = 'pending' | 'in_progress' | 'completed' | 'failed';
+
+/**
+ * Writes fields of a stage's status hash (`status.key`) for job `jobId`, and that stage's entry
+ * (`status.phase`) in the run's phases hash: the train and the eval status alike. With `reset`,
+ * the status is started afresh for that job; otherwise a job that no longer owns it writes nothing.
+ */
+export async function writeJobStatus(
+  redis: Redis,
+  keys: RunKeys,
+  status: { key: string; phase: string },
+  jobId: string,
+  fields: Record<string, string | number>,
+  phase?: JobPhase,
+  reset = false,
+): Promise<void> {
+  if (!reset && (await redis.hget(status.key, 'jobId')) !== jobId) return;
   const m = redis.multi();
-  if (reset) m.del(key);
-  m.hset(key, { ...fields, jobId, updatedAt: new Date().toISOString() });
-  if (phase !== undefined) m.hset(keys.phases(), 'train', phase);
+  if (reset) m.del(status.key);
+  m.hset(status.key, { ...fields, jobId, updatedAt: new Date().toISOString() });
+  if (phase !== undefined) m.hset(keys.phases(), status.phase, phase);
   await m.exec();
 }
 
