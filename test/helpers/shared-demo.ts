@@ -27,7 +27,10 @@ export interface SharedDemo {
 const RUN_TIMEOUT_MS = 15 * 60_000;
 const POLL_MS = 1_000;
 
-/** What the demo runs: the commit, and any change to it in the folders the demo reads. */
+/**
+ * What the demo runs: the checkout (its config names files inside it, such as the bundled
+ * tokenizer), the commit, and any change to it in the folders the demo reads.
+ */
 function codeKey(): string {
   const git = (args: string[]): string =>
     spawnSync('git', args, { cwd: repoRoot, encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 }).stdout ?? '';
@@ -40,6 +43,7 @@ function codeKey(): string {
     )
     .join('\n');
   return createHash('sha256')
+    .update(`${repoRoot}\0`)
     .update(git(['rev-parse', 'HEAD']))
     .update(git(['diff', 'HEAD', '--', ...folders]))
     .update(untracked)

@@ -179,9 +179,16 @@ describe('generation: budgets and exactly-once accounting', () => {
   });
   it('budget: strict in the config reaches the worker: in-flight requests are aborted at the budget and kept as abort records', async () => {
     await sim?.stop();
-    sim = await startSim({ timeScale: 50, maxRunningRequests: 32, seed: 5 });
+    // Every completion runs to max_new_tokens, so the budget is met in the first wave, while
+    // every request of it is still decoding: at least one abort is certain, not a matter of timing.
+    sim = await startSim({
+      timeScale: 10,
+      maxRunningRequests: 32,
+      seed: 5,
+      outputLength: { distribution: 'fixed', mean: 4096 },
+    });
     writePrompts(tmp.dir, 'strict', 400);
-    const budget = 120_000;
+    const budget = 40_000;
     const cfg = config('strict', sim.url, [
       {
         name: 'strict',
@@ -199,10 +206,14 @@ describe('generation: budgets and exactly-once accounting', () => {
       expect(duplicates(records.map((r) => r.id))).toEqual([]);
       expect(records.reduce((a, r) => a + r.completion_tokens, 0)).toBe(tokens);
       // What was in flight at the stop ends early, with its partial output kept.
-      expect(records.filter((r) => r.finish_reason.type === 'abort').length).toBeGreaterThan(0);
+      const aborted = records.filter((r) => r.finish_reason.type === 'abort');
+      // The whole first wave, stopped part-way (none reaches its 4096 tokens).
+      expect(aborted.length).toBeGreaterThan(0);
+      expect(aborted.length).toBe(records.length);
+      expect(aborted.every((r) => r.completion_tokens > 0 && r.completion_tokens < 4096)).toBe(true);
       expect(tokens).toBeGreaterThanOrEqual(budget);
       // Past the budget: what the server produced during the stop's round trip (wall time, so
-      // timeScale times more here than against a real server), not the rest of 32 requests.
+      // timeScale times more here than against a real server), not the rest of their completions.
       expect(tokens).toBeLessThan(budget * 1.1);
     } finally {
       await ctx.close();

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { createWriteStream } from 'node:fs';
+import { createWriteStream, readdirSync, readFileSync } from 'node:fs';
 
 /** How a training command ended. */
 export interface CommandExit {
@@ -43,9 +43,40 @@ export function signalGroup(pgid: number, signal: NodeJS.Signals | 0): boolean {
   }
 }
 
-/** Whether any process of the group is alive (signal 0). */
+/**
+ * Whether any process of the group is alive. Signal 0 also answers for a killed process whose
+ * new parent has not reaped it yet (a zombie; in a container whose first process reaps nothing,
+ * never), so on Linux the group's members are read from /proc and zombies do not count.
+ */
 export function groupAlive(pgid: number): boolean {
-  return signalGroup(pgid, 0);
+  if (!signalGroup(pgid, 0)) return false;
+  let names: string[];
+  try {
+    names = readdirSync('/proc');
+  } catch {
+    return true;
+  }
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (Number(fields[2]) === pgid && fields[0] !== 'Z') return true;
+  }
+  return false;
+}
+
+/** How long a killed group is waited for: SIGKILL is delivered at once, the exit takes a moment. */
+const KILL_WAIT_MS = 5_000;
+
+async function waitGroupGone(pgid: number, ms: number): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline && groupAlive(pgid)) await new Promise((r) => setTimeout(r, 100));
 }
 
 function lineSplitter(onLine: (line: string) => void): { push(chunk: Buffer): void; end(): void } {
@@ -104,12 +135,14 @@ export function runCommand(o: RunCommandOptions): RunningCommand {
       if (pgid === undefined) return;
       stopped = true;
       if (!signalGroup(pgid, 'SIGTERM')) return;
-      const deadline = Date.now() + graceMs;
       // The leader's exit is not enough: wait for the whole group.
-      while (Date.now() < deadline && groupAlive(pgid)) await new Promise((r) => setTimeout(r, 100));
+      await waitGroupGone(pgid, graceMs);
       if (groupAlive(pgid)) {
         killed = true;
         signalGroup(pgid, 'SIGKILL');
+        // Resolves once the group is gone, not merely signalled (bounded: a process stuck in
+        // the kernel may outlive it).
+        await waitGroupGone(pgid, KILL_WAIT_MS);
       }
     },
   };
