@@ -198,17 +198,19 @@ describe.skipIf(skip !== '')(
     });
 
     it('tokenmill pause stops the dataset mid-run (requests in flight finish, nothing new is sent); resume sends the rest once', async () => {
-      const input = configInput('pause', 60, { maxNewTokens: 8, batchSize: 4 }, { concurrency: 4 });
+      // 120 prompts of 48 tokens each (the model never stops early): the run lasts several times the
+      // seconds the `pause` command takes to start, so the pause lands mid-run on a loaded machine too.
+      const input = configInput('pause', 120, { maxNewTokens: 48, batchSize: 4 }, { concurrency: 4 });
       const cfgPath = writeConfig(tmp.dir, input, 'pause.yaml');
       const cfg = loadConfig({ baseDir: tmp.dir, object: input });
       const ctx = await openRunContextFor(cfg);
       const handle = await startGeneration(ctx, { produce: true, infer: true });
       const records = async (): Promise<number> => Number((await ctx.redis.hget(ctx.keys.stats('ds'), 'records')) ?? 0);
       try {
-        await waitFor(async () => (await records()) >= 8, 'the dataset generating', 120_000, 100);
+        await waitFor(async () => (await records()) >= 4, 'the dataset generating', 120_000, 100);
         const pause = spawnCli(['pause', '-c', cfgPath, 'ds']);
         expect(await pause.exited, pause.output()).toBe(0);
-        // In-flight requests finish (8 tokens each: well within 5 s here), then the count holds.
+        // In-flight requests finish (48 tokens each: well within 15 s here), then the count holds.
         await waitFor(
           async () => (await ctx.redis.zcount(ctx.keys.inflight('ds'), Date.now(), '+inf')) === 0,
           'requests in flight to finish',
@@ -218,7 +220,7 @@ describe.skipIf(skip !== '')(
         const paused = await records();
         await new Promise((r) => setTimeout(r, 3_000));
         expect(await records(), 'records committed while paused').toBe(paused);
-        expect(paused).toBeLessThan(60);
+        expect(paused).toBeLessThan(120);
         expect((await readRunStatus(ctx.redis, ctx.keys, cfg)).datasets[0]?.status).toBe('paused');
         const resume = spawnCli(['resume', '-c', cfgPath, 'ds']);
         expect(await resume.exited, resume.output()).toBe(0);
@@ -227,7 +229,7 @@ describe.skipIf(skip !== '')(
         await handle.stop();
       }
       try {
-        await expectExactlyOnce(ctx, 60);
+        await expectExactlyOnce(ctx, 120);
         expect((await readRunStatus(ctx.redis, ctx.keys, cfg)).datasets[0]?.status).toBe('completed');
       } finally {
         await ctx.close();
