@@ -74,6 +74,16 @@ export async function renderMetrics(
     'Conversations of a dataset regenerated turn by turn (turns: all), by state: complete, partial (started, not finished), ended (ended early).',
     ['run', 'dataset', 'state'],
   );
+  const dsEnded = gauge(
+    'tokenmill_dataset_conversations_ended',
+    'Conversations of a dataset (turns: all) ended early, by cause: context (a turn outgrew the context), failed (a turn failed at the server), error (the chat template, tokenizer or data), history-lost.',
+    ['run', 'dataset', 'cause'],
+  );
+  const dsStopped = gauge(
+    'tokenmill_dataset_stopped',
+    '1 while the producer has stopped the dataset (status failed) after passes that made no progress; `status` says why.',
+    ['run', 'dataset'],
+  );
   const jobs = gauge('tokenmill_queue_jobs', 'Jobs of a queue of the run by state.', ['run', 'queue', 'state']);
   for (const d of s.datasets) {
     const l = { ...run, dataset: d.name };
@@ -91,7 +101,9 @@ export async function renderMetrics(
       dsConversations.set({ ...l, state: 'complete' }, d.conversations.complete);
       dsConversations.set({ ...l, state: 'partial' }, d.conversations.partial);
       dsConversations.set({ ...l, state: 'ended' }, d.conversations.ended);
+      for (const [cause, n] of Object.entries(d.conversations.endedBy)) dsEnded.set({ ...l, cause }, n);
     }
+    dsStopped.set(l, d.status === 'failed' ? 1 : 0);
     if (config.datasets.find((c) => c.name === d.name)?.prompts === undefined) continue;
     for (const state of JOB_STATES) jobs.set({ ...run, queue: generateQueueName(d.name), state }, d.jobs[state] ?? 0);
   }

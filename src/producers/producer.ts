@@ -44,6 +44,12 @@ export interface ProducerOptions {
 }
 
 const PRODUCER_LOCK_TTL_MS = 30_000;
+/**
+ * Passes in a row that sent samples and saw none of them committed, failed or finished before a
+ * dataset is stopped (`status: failed`, with the cause): a pass without progress is never
+ * repeated for ever (docs/design.md, invariant 12).
+ */
+export const MAX_PASSES_WITHOUT_PROGRESS = 3;
 /** The first of a wait's polls; each next one waits twice as long, up to `pollMs`. */
 const FIRST_POLL_MS = 2;
 
@@ -161,12 +167,13 @@ export class Producer {
   private async feed(ds: DatasetConfig, file: string, queue: Queue): Promise<void> {
     const { keys } = this.options;
     const log = this.log.child({ dataset: ds.name });
-    await this.redis.hset(keys.stats(ds.name), 'status', 'in_progress');
+    await this.redis.multi().hset(keys.stats(ds.name), 'status', 'in_progress').hdel(keys.stats(ds.name), 'failedReason', 'failedAtMs').exec();
     const tokenizer = await this.options.tokenizer;
     const contextLength = await this.options.contextLength;
     this.contextLengthSeen = contextLength;
     let index: PromptFileIndex | undefined;
     let heldOut: ReadonlySet<string> | undefined;
+    let passesWithoutProgress = 0;
     while (!this.stopping) {
       if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
       const state = await this.redis.hmget(keys.producer(ds.name), 'epoch', 'line', 'retryGen');
@@ -189,6 +196,8 @@ export class Producer {
             runDir: this.options.runDir,
             index,
             run: { redis: this.options.redis, keys },
+            // Prompts of any dataset with a held-out prompt's content are held out too.
+            datasets: this.options.datasets,
             log,
           })
         )?.ids;
@@ -197,6 +206,7 @@ export class Producer {
       // below): nothing else queued at its start, and the accounted count before it.
       const quietAtStart = fromLine === 0 && (await this.busyJobs(queue)) === 0;
       const accountedBefore = await this.accountedCount(ds);
+      const progressBefore = await this.progressMark(ds);
       const result = await runPass({
         redis: this.redis,
         keys,
@@ -228,6 +238,12 @@ export class Producer {
           (quietAtStart && (await this.accountedCount(ds)) - accountedBefore === result.enqueued);
         if (proven && (await this.finish(ds, queue, 'exhausted', retryGen, log))) return;
       }
+      // Samples were sent and not one of them came to an end (committed, failed, finished): the
+      // next pass would send them again, and again. After a few such passes the dataset stops.
+      passesWithoutProgress =
+        result.enqueued > 0 && (await this.progressMark(ds)) === progressBefore ? passesWithoutProgress + 1 : 0;
+      if (passesWithoutProgress >= MAX_PASSES_WITHOUT_PROGRESS)
+        return void (await this.stopWithoutProgress(ds, queue, passesWithoutProgress, result.enqueued, log));
       await this.redis.hset(keys.producer(ds.name), 'epoch', epoch + 1, 'line', 0);
     }
   }
@@ -242,6 +258,49 @@ export class Producer {
       this.redis.hlen(keys.failed(ds.name)),
     ]);
     return Number(records ?? 0) + failed;
+  }
+
+  /** What grows whenever a sample of the dataset comes to an end: records, failures, finished conversations. */
+  private async progressMark(ds: DatasetConfig): Promise<string> {
+    const { keys } = this.options;
+    const [records, failed, conversations] = await Promise.all([
+      this.redis.hget(keys.stats(ds.name), 'records'),
+      this.redis.hlen(keys.failed(ds.name)),
+      ds.turns === 'all' ? this.redis.hlen(keys.conversations(ds.name)) : Promise.resolve(0),
+    ]);
+    return `${records ?? 0}/${failed}/${conversations}`;
+  }
+
+  /**
+   * Stops a dataset whose last passes made no progress: its status becomes `failed`, with a
+   * reason naming the cause (the last failed batch job's error), shown by `status`, the
+   * pipeline page and `/metrics`. The next `run` (or `produce`) starts it again.
+   */
+  private async stopWithoutProgress(
+    ds: DatasetConfig,
+    queue: Queue,
+    passes: number,
+    enqueued: number,
+    log: Logger,
+  ): Promise<void> {
+    const [last] = await queue.getJobs(['failed'], 0, 0, false);
+    const cause =
+      last?.failedReason === undefined || last.failedReason === ''
+        ? 'no batch job failed: its samples were handed back or lost each time'
+        : `the last failed batch job (${String(last.id)}) says: ${last.failedReason.replace(/\s+/g, ' ').slice(0, 500)}`;
+    const reason =
+      `stopped: ${passes} passes over the prompts in a row sent samples (${enqueued} the last time) and none of them ` +
+      `was committed, failed or finished; ${cause}. Fix the cause, then run again (\`tokenmill retry-failed\` gives failed prompts back)`;
+    await this.redis.hset(
+      this.options.keys.stats(ds.name),
+      'status',
+      'failed',
+      'failedReason',
+      reason,
+      'failedAtMs',
+      Date.now(),
+    );
+    log.error({ dataset: ds.name, passes, enqueued }, `dataset ${ds.name} ${reason}`);
   }
 
   /** Jobs of the dataset queued or being processed. */
@@ -275,7 +334,7 @@ export class Producer {
     const payload: GenerateBatchPayload = encodeBatchPayload(
       {
         dataset: ds.name,
-        batchId: `${ds.name}:e${epoch}:${first.line}-${last.line}`,
+        batchId: batchIdOf(ds, epoch, first, last),
         sampling: ds.sampling,
         maxAttempts: this.options.maxAttempts,
         priorExpectedTokens: Math.ceil(ds.maxNewTokens / 2),
@@ -346,6 +405,25 @@ export class Producer {
     log.info({ reason }, 'dataset completed');
     return true;
   }
+}
+
+/**
+ * A batch's id, from the lines (and, with `samplesPerPrompt`, the sample numbers) of its first
+ * and last samples: the same batch always gets the same id, and two batches of one epoch never
+ * do — the samples of one prompt may fill several batches (`samplesPerPrompt` ≥ 2 × `batchSize`).
+ */
+export function batchIdOf(
+  ds: Pick<DatasetConfig, 'name' | 'samplesPerPrompt'>,
+  epoch: number,
+  first: Pick<Sample, 'id' | 'line'>,
+  last: Pick<Sample, 'id' | 'line'>,
+): string {
+  const at = (s: Pick<Sample, 'id' | 'line'>): string => {
+    if (ds.samplesPerPrompt <= 1) return String(s.line);
+    const m = /#s(\d+)$/.exec(s.id);
+    return m === null ? String(s.line) : `${s.line}.s${m[1]}`;
+  };
+  return `${ds.name}:e${epoch}:${at(first)}-${at(last)}`;
 }
 
 function delay(ms: number): Promise<void> {

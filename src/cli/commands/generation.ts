@@ -199,6 +199,7 @@ export function registerGenerationCommands(program: Command): void {
           ...(opts.json === undefined ? {} : { json: opts.json }),
         });
         if (outcome !== 'finished') return;
+        await failIfDatasetsStopped(ctx);
         // Generation is complete: queue the post-process round for the post-processing workers.
         const pp = await startPostprocess(ctx, { worker: false, wait: false });
         await pp.stop();
@@ -299,7 +300,19 @@ export async function runPipeline(
     ...(postprocess === undefined ? {} : { postprocess }),
   });
   if (postprocess !== undefined) throwIfFailed(postprocess);
+  if (generation === 'finished') await failIfDatasetsStopped(ctx);
   return generation === 'finished' && postprocess !== 'signalled' ? 'completed' : 'signalled';
+}
+
+/**
+ * A dataset the producer stopped for want of progress is work unfinished: the command says so
+ * and exits 1 (docs/design.md, invariant 11), after the other datasets were post-processed.
+ */
+async function failIfDatasetsStopped(ctx: RunContext): Promise<void> {
+  const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
+  const stopped = status.datasets.filter((d) => d.status === 'failed');
+  for (const d of stopped) process.stderr.write(`tokenmill: dataset ${d.name} ${d.failedReason ?? 'stopped'}\n`);
+  if (stopped.length > 0 && (process.exitCode === undefined || process.exitCode === 0)) process.exitCode = 1;
 }
 
 /**

@@ -12,6 +12,7 @@ import {
   type RunKeys,
   type RunStatus,
 } from '../../shared/index.js';
+import { reopenEndedConversations } from '../reopen-conversations.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
 import type { Redis } from 'ioredis';
 
@@ -149,6 +150,14 @@ export function registerStatusCommands(program: Command): void {
           process.stdout.write(
             `${name}: ${r.prompts} failed prompt(s) will be sent again (${r.jobs} failed job(s) retried)\n`,
           );
+          if (ctx.config.datasets.find((d) => d.name === name)?.turns === 'all') {
+            // Conversations that ended on a failed turn or an error resume at their next turn.
+            const c = await reopenEndedConversations(ctx.redis, ctx.keys, name, ctx.runDir);
+            process.stdout.write(
+              `${name}: ${c.reopened} conversation(s) that ended early will resume at their next turn` +
+                (c.kept === 0 ? '\n' : ` (${c.kept} that outgrew the context stay ended)\n`),
+            );
+          }
         }
       } finally {
         await ctx.close();

@@ -211,6 +211,14 @@ function conversationsNote(d) {
       { class: 'note', 'data-field': 'conversations' },
       `turns · conversations: ${fmt(c.complete)} complete, ${fmt(c.partial)} partial, ${fmt(c.ended)} ended early`,
     ),
+    // Why conversations ended early: the latest few, each with its reason.
+    ...(c.lastEnded || []).slice(0, 3).map((e) =>
+      el(
+        'div',
+        { class: 'note', 'data-field': 'conversation-ended', title: e.reason },
+        `ended: ${e.id}${e.turn === null ? '' : ` at turn ${e.turn}`}: ${e.reason}`,
+      ),
+    ),
   ];
 }
 
@@ -223,6 +231,7 @@ function renderDatasets(datasets) {
         'td',
         { class: `text status-${d.status}`, 'data-field': 'status' },
         d.status.replace('_', ' ') + (d.stalled ? ' (STALLED)' : ''),
+        ...(d.failedReason ? [el('div', { class: 'note', 'data-field': 'failed-reason' }, d.failedReason)] : []),
       ),
       el('td', { 'data-field': 'tokens' }, bar(d)),
       el('td', { 'data-field': 'records' }, fmt(d.records), ...conversationsNote(d)),

@@ -156,6 +156,16 @@ export const DatasetConfigSchema = z
             'expected only with "prompts" or "source": a dataset of "conversations" is not generated, so nothing is held out of it',
         });
       }
+      const variants: unknown = d.samplingVariants;
+      const perPrompt: unknown = d.samplesPerPrompt ?? 1;
+      if (Array.isArray(variants) && variants.length > 1 && perPrompt === 1) {
+        // Only sample 1 would ever be made: every entry but the first would be silently ignored.
+        ctx.addIssue({
+          code: 'custom',
+          path: ['samplingVariants'],
+          message: `has ${variants.length} entries, but samplesPerPrompt is 1, so only the first would be used: set samplesPerPrompt (e.g. ${variants.length}), or keep one entry and put it in "sampling"`,
+        });
+      }
       if (hasPrompts && !hasConversations && d.tokenBudget === undefined) {
         ctx.addIssue({
           code: 'custom',

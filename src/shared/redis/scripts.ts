@@ -41,6 +41,10 @@ export interface TokenmillScripts {
   commitSample(...keysAndArgs: (string | number)[]): Promise<[number, number, ...number[]]>;
   failSample(...keysAndArgs: (string | number)[]): Promise<number>;
   finishConversation(...keysAndArgs: (string | number)[]): Promise<number>;
+  /** 1 reopened, 0 its end record changed meanwhile. */
+  reopenConversation(...keysAndArgs: (string | number)[]): Promise<number>;
+  /** Output tokens after it, or -1 when the turn was committed meanwhile. */
+  discardAbortedTurn(...keysAndArgs: (string | number)[]): Promise<number>;
   skipSamples(...keysAndArgs: (string | number)[]): Promise<number>;
   spendAttempt(...keysAndArgs: (string | number)[]): Promise<number>;
   retryFailed(...keysAndArgs: (string | number)[]): Promise<number>;

@@ -110,10 +110,24 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
           ? ''
           : `; later turns: ${formatInt(c.spliced)} of ${formatInt(c.laterTurns)} spliced token for token, ${formatInt(c.laterTurns - c.spliced)} rendered from the decoded history`),
     );
+    if (c.ended > 0) {
+      const by = Object.entries(c.endedBy)
+        .sort((a, b) => b[1] - a[1])
+        .map(([cause, n]) => `${formatInt(n)} ${cause}`)
+        .join(', ');
+      lines.push(`${d.name}: ended early${by === '' ? '' : ` (${by})`}; the latest:`);
+      for (const e of c.lastEnded.slice(0, 3))
+        lines.push(`  ${e.id}${e.turn === null ? '' : ` at turn ${e.turn}`}: ${e.reason}`);
+    }
   }
+  for (const d of status.datasets)
+    if (d.failedReason !== undefined) lines.push(`! ${d.name} ${d.failedReason}`);
   for (const d of status.datasets) {
-    if (d.evalHeldOut !== undefined)
-      lines.push(`${d.name}: ${formatInt(d.evalHeldOut)} held out for eval (eval-prompts.jsonl; never generated)`);
+    const same = d.evalHeldOutSameContent ?? 0;
+    if (d.evalHeldOut !== undefined || same > 0)
+      lines.push(
+        `${d.name}: held out for eval: ${formatInt(d.evalHeldOut ?? 0)} by id (eval-prompts.jsonl), ${formatInt(same)} same content; never generated`,
+      );
   }
   const evaluation = formatEvalStatus(status.eval);
   if (evaluation.length > 0) lines.push('', ...evaluation);

@@ -44,6 +44,8 @@ export interface DatasetStatus {
   conversations?: ConversationCounts;
   /** With `evalHoldout`: prompts of the dataset held out of generation (its eval split); absent otherwise. */
   evalHeldOut?: number;
+  /** Prompts held out for having a held-out prompt's content (under another id or in another dataset); absent when none. */
+  evalHeldOutSameContent?: number;
   /** What `tokenmill prepare` made of the dataset's source; null without a source or before it ran. */
   prepared?: PreparedCounts | null;
   /** Committed output tokens per second over the last minute. */
@@ -60,6 +62,8 @@ export interface DatasetStatus {
    * nothing in flight and an endpoint healthy for longer than `workers.stallAfterMs`.
    */
   stalled: { sinceMs: number; reason: string } | null;
+  /** Why the producer stopped the dataset (status `failed`): passes that made no progress, and their cause. */
+  failedReason?: string;
 }
 
 /** Conversations of a dataset regenerated turn by turn. */
@@ -70,6 +74,10 @@ export interface ConversationCounts {
   ended: number;
   /** Started and not finished: in progress, or cut short by the budget or a stop (they resume at their next turn). */
   partial: number;
+  /** Ended early, by cause: `context`, `failed`, `error`, `history-lost`. */
+  endedBy: Record<string, number>;
+  /** The latest conversations ended early (newest first, at most 5): id, the turn it stopped at, why. */
+  lastEnded: { id: string; turn: number | null; reason: string }[];
   /** Turns committed (the dataset's records). */
   turns: number;
   /** Of the turns after the first: those whose prompt was spliced from the previous turn's ids (the rest were rendered from the decoded history). */
@@ -141,18 +149,19 @@ export async function readRunStatus(
     readWorkers(redis, keys, nowMs),
   ]);
   for (const ds of config.datasets) {
-    const [stats, inFlight, failed, skipped, rate, queue] = await Promise.all([
+    const [stats, inFlight, failed, skipped, rate, queue, lastEnded] = await Promise.all([
       redis.hgetall(keys.stats(ds.name)),
       redis.zcount(keys.inflight(ds.name), nowMs, '+inf'),
       redis.hlen(keys.failed(ds.name)),
       redis.scard(keys.skipped(ds.name)),
       redis.hgetall(keys.rate(ds.name)),
       ds.prompts === undefined ? Promise.resolve({ paused: false, jobs: {} }) : queueState(redis, keys, ds.name),
+      ds.turns === 'all' ? redis.lrange(`${keys.stats(ds.name)}:ended`, 0, 4) : Promise.resolve([]),
     ]);
     const paused = queue.paused;
     const records = Number(stats.records ?? 0);
     const outputTokens = Number(stats.outputTokens ?? 0);
-    const conversations = ds.turns === 'all' ? conversationCounts(stats, records) : undefined;
+    const conversations = ds.turns === 'all' ? conversationCounts(stats, records, lastEnded) : undefined;
     const tokenBudget = ds.tokenBudget ?? null;
     const completed =
       stats.status === 'completed' &&
@@ -172,6 +181,7 @@ export async function readRunStatus(
     if (ds.prompts === undefined) status = 'completed';
     else if (paused && !completed) status = 'paused';
     else if (completed) status = 'completed';
+    else if (stats.status === 'failed') status = 'failed';
     else if (stats.status === 'in_progress' || records > 0) status = 'in_progress';
     else status = 'pending';
     datasets.push({
@@ -185,6 +195,9 @@ export async function readRunStatus(
       rejected: Number(stats.rejected ?? 0),
       ...(conversations === undefined ? {} : { conversations }),
       ...(stats.evalHeldOut === undefined ? {} : { evalHeldOut: Number(stats.evalHeldOut) }),
+      ...(Number(stats.evalHeldOutSameContent ?? 0) > 0
+        ? { evalHeldOutSameContent: Number(stats.evalHeldOutSameContent) }
+        : {}),
       prepared: preparedCounts(stats),
       tokensPerSec,
       // A paused dataset has no ETA: nothing moves until `resume`.
@@ -193,6 +206,7 @@ export async function readRunStatus(
       paused,
       jobs: queue.jobs,
       stalled: stallOf(stalls.get(ds.name), status),
+      ...(status === 'failed' && stats.failedReason !== undefined ? { failedReason: stats.failedReason } : {}),
     });
   }
   const phaseState = await redis.hgetall(keys.phases());
@@ -200,7 +214,9 @@ export async function readRunStatus(
   const generate: ProgressStatus =
     gen.length === 0 || gen.every((d) => d.status === 'completed')
       ? 'completed'
-      : gen.some((d) => d.status === 'in_progress' || d.status === 'completed')
+      : gen.every((d) => d.status === 'completed' || d.status === 'failed')
+        ? 'failed'
+        : gen.some((d) => d.status === 'in_progress' || d.status === 'completed' || d.status === 'failed')
         ? 'in_progress'
         : gen.some((d) => d.status === 'paused')
           ? 'paused'
@@ -288,13 +304,34 @@ async function queueState(
   }
 }
 
-function conversationCounts(stats: Record<string, string>, records: number): ConversationCounts {
+function conversationCounts(
+  stats: Record<string, string>,
+  records: number,
+  lastEnded: readonly string[],
+): ConversationCounts {
   const complete = Number(stats.conversationsComplete ?? 0);
   const ended = Number(stats.conversationsEnded ?? 0);
   const started = Number(stats.conversationsStarted ?? 0);
+  const endedBy: Record<string, number> = {};
+  for (const [k, v] of Object.entries(stats)) if (k.startsWith('ended:')) endedBy[k.slice('ended:'.length)] = Number(v);
   return {
     complete,
     ended,
+    endedBy,
+    lastEnded: lastEnded.flatMap((raw) => {
+      try {
+        const e = JSON.parse(raw) as { id?: unknown; turn?: unknown; reason?: unknown };
+        return [
+          {
+            id: typeof e.id === 'string' ? e.id : '?',
+            turn: typeof e.turn === 'number' ? e.turn : null,
+            reason: typeof e.reason === 'string' ? e.reason : '',
+          },
+        ];
+      } catch {
+        return [];
+      }
+    }),
     partial: Math.max(0, started - complete - ended),
     turns: records,
     laterTurns: Math.max(0, records - started),

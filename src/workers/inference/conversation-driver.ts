@@ -11,10 +11,16 @@
  * that another process committed first is continued with that process's answer.
  *
  * A conversation ends early, keeping its finished turns, when a turn's prompt no longer fits the
- * context, when a turn fails (e.g. a 400 from the server), or when a committed turn's answer
- * cannot be read back; the budget or a stop only pauses it (it resumes at its next turn).
+ * context, when a turn fails (e.g. a 400 from the server), when a committed turn's answer
+ * cannot be read back, or when its own data makes an error (a chat template that raises for a
+ * later turn's history, a message that does not parse, an id the tokenizer cannot decode): one
+ * conversation's error is that conversation's end, never its batch's (docs/design.md,
+ * invariant 12). Only an error of the environment (a retryable one: Redis, a tokenizer server
+ * that is down) leaves the driver, so that the batch is tried again. The budget or a stop only
+ * pauses a conversation (it resumes at its next turn).
  */
 import {
+  AppError,
   answerMessage,
   conversationTurns,
   parseChatMessage,
@@ -54,6 +60,12 @@ export interface ConversationDeps {
   /** Records the conversation's end once and drops its history; `failedTurnId` folds that turn's failure record into it. */
   finish(dataset: string, conversationId: string, end: ConversationEnd, failedTurnId?: string): Promise<void>;
   submit(req: SampleRequest): Promise<SampleOutcome>;
+  /**
+   * Whether this delivery still holds its batch: false once its lock went to another worker
+   * (after a stall), which then drives the conversation from its committed turns. Asked before
+   * every turn after the first, so that the remaining turns are not generated twice.
+   */
+  stillHeld?(): Promise<boolean>;
 }
 
 /** What one conversation came to in this delivery. */
@@ -78,9 +90,21 @@ export async function driveConversation(
   deps: ConversationDeps,
 ): Promise<ConversationOutcome> {
   const { dataset } = base;
-  const messages: ChatMessage[] = (sample.messages ?? []).map((m, i) => parseChatMessage(m, `messages[${i}]`));
-  const turns = conversationTurns(messages);
-  if (typeof turns === 'string') throw new Error(`conversation ${sample.id} (line ${sample.line}): ${turns}`);
+  let messages: ChatMessage[];
+  let turns: ReturnType<typeof conversationTurns>;
+  try {
+    messages = (sample.messages ?? []).map((m, i) => parseChatMessage(m, `messages[${i}]`));
+    turns = conversationTurns(messages);
+  } catch (e: unknown) {
+    turns = errorMessage(e);
+    messages = [];
+  }
+  if (typeof turns === 'string') {
+    // The producer checked the line; a payload that disagrees ends its conversation, not the batch.
+    const end: ConversationEnd = { kind: 'ended', turnsDone: 0, turns: 0, turn: 1, reason: `error: ${turns}`, spliced: 0 };
+    await deps.finish(dataset, sample.id, end);
+    return { kind: 'finished', end, committed: 0, outputTokens: 0 };
+  }
   const total = turns.starts.length;
   const tok = await deps.tokenizer();
   // Which turns are committed first, then their history, one after the other: commit-sample-9.lua
@@ -129,11 +153,20 @@ export async function driveConversation(
       promptIds = sample.promptIds;
     } else {
       const prev = previous as NonNullable<typeof previous>;
-      const prompt = renderTurnPrompt(tok, {
-        history: hist,
-        previous: { ...prev, answer: answers[k - 2] as RegeneratedAnswer },
-        ...(opts.templateKwargs === undefined ? {} : { templateKwargs: opts.templateKwargs }),
-      });
+      let prompt: ReturnType<typeof renderTurnPrompt>;
+      try {
+        // With server-side tokenization, texts not seen yet are tokenized by the server first.
+        prompt = await tok.withServerTokens(() =>
+          renderTurnPrompt(tok, {
+            history: hist,
+            previous: { ...prev, answer: answers[k - 2] as RegeneratedAnswer },
+            ...(opts.templateKwargs === undefined ? {} : { templateKwargs: opts.templateKwargs }),
+          }),
+        );
+      } catch (e: unknown) {
+        if (isEnvironmentError(e)) throw e;
+        return finish({ kind: 'ended', turnsDone: k - 1, turn: k, reason: `error: turn ${k}: ${errorMessage(e)}` });
+      }
       promptIds = prompt.ids;
       text = prompt.text;
       thisSpliced = prompt.spliced;
@@ -156,6 +189,9 @@ export async function driveConversation(
       // no turn is started past its end.
       if (k > 1 && (await deps.finished?.(dataset, [sample.id]))?.[0] === true)
         return { kind: 'finished-elsewhere', committed, outputTokens };
+      // The batch was taken over by another worker: it goes on from the committed turns.
+      if (k > 1 && deps.stillHeld !== undefined && !(await deps.stillHeld()))
+        return { kind: 'handed-back', committed, outputTokens };
       const ctx = opts.contextLength;
       if (ctx !== undefined && promptIds.length >= ctx) {
         return finish({
@@ -210,8 +246,36 @@ export async function driveConversation(
       if (outputIds === undefined) outputIds = (await deps.history(dataset, sample.id)).get(k);
       if (outputIds === undefined) return finish({ kind: 'ended', turnsDone: k, turn: k + 1, reason: 'history-lost' });
     }
-    answers.push({ outputIds, message: answerMessage(tok, outputIds) });
+    let message: ChatMessage;
+    try {
+      const ids = outputIds;
+      message = await tok.withServerTokens(() => answerMessage(tok, ids));
+    } catch (e: unknown) {
+      if (isEnvironmentError(e)) throw e;
+      return finish({
+        kind: 'ended',
+        turnsDone: k,
+        turn: k + 1,
+        reason: `error: turn ${k}'s answer cannot be read back: ${errorMessage(e)}`,
+      });
+    }
+    answers.push({ outputIds, message });
     previous = { promptIds, history: hist, ...(text === undefined ? {} : { text }) };
   }
   return finish({ kind: 'complete', turnsDone: total });
+}
+
+/**
+ * An error of the environment, not of the conversation: a retryable {@link AppError} (Redis, a
+ * tokenizer server that is down, a timeout). It leaves the driver, and the batch is tried again.
+ */
+function isEnvironmentError(e: unknown): boolean {
+  return e instanceof AppError && e.retryable;
+}
+
+function errorMessage(e: unknown): string {
+  const m = e instanceof Error ? e.message : String(e);
+  // One line, bounded: it is shown in status and on the pipeline page.
+  const line = m.replace(/\s+/g, ' ').trim();
+  return line.length > 300 ? `${line.slice(0, 297)}...` : line;
 }

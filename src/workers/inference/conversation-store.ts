@@ -38,10 +38,17 @@ export function conversationStore(
         keys.failed(ds),
         keys.done(ds),
         id,
-        JSON.stringify({ ...end, ts: new Date().toISOString() }),
+        JSON.stringify({ id, ...end, ts: new Date().toISOString() }),
         end.kind,
         failedTurnId ?? '',
+        end.kind === 'ended' ? endCause(end.reason) : '',
       );
     },
   };
+}
+
+/** The cause of an early end, in one word: the reason's first word (`context: …`, `failed: …`, `error: …`, `history-lost`). */
+export function endCause(reason: string | undefined): string {
+  const m = /^([a-z-]+)/.exec(reason ?? '');
+  return m?.[1] ?? 'other';
 }

@@ -111,6 +111,11 @@ export class Dispatcher {
   private readonly strict: StrictBudget;
   /** Slots held for conversations between turns, and each turn's preferred endpoint first. */
   private readonly affinity = new EndpointAffinity();
+  /**
+   * Batches (their lock tokens) lost to another worker: a sample they submit later — a
+   * conversation's next turn — is handed back at once, so the new holder alone drives it.
+   */
+  private readonly withdrawn = new Set<string>();
 
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
@@ -229,7 +234,8 @@ export class Dispatcher {
 
   /** Hands a sample over; resolves once it is committed, failed, skipped or handed back. */
   submit(req: SampleRequest): Promise<SampleOutcome> {
-    if (this.stopping) return Promise.resolve({ kind: 'handed-back' });
+    if (this.stopping || (req.owner !== undefined && this.withdrawn.has(req.owner)))
+      return Promise.resolve({ kind: 'handed-back' });
     const outcome = this.queue.submit(req);
     this.schedulePump();
     return outcome;
@@ -603,8 +609,25 @@ export class Dispatcher {
       });
       running.settling = true;
       // Aborted by the strict budget: the partial output is committed as it is (finish_reason
-      // abort); one stopped before it produced anything is skipped by budget instead.
+      // abort); one stopped before it produced anything is skipped by budget instead. A
+      // conversation's turn is never committed cut off: its tokens are counted, and the turn is
+      // generated again, whole, when the conversation resumes (discard-aborted-turn-5.lua).
       const budgetStopped = strict && this.strict.untrack(rid) && result.finishReason.type === 'abort';
+      if (budgetStopped && req.conversation !== undefined && result.completionTokens > 0) {
+        const { keys, redis } = this.options;
+        const total = await redis.discardAbortedTurn(
+          keys.done(req.dataset),
+          keys.stats(req.dataset),
+          keys.inflight(req.dataset),
+          leaseKey,
+          keys.skipped(req.dataset),
+          req.sample.id,
+          result.completionTokens,
+          rid,
+        );
+        this.queue.settle(task, total === -1 ? { kind: 'duplicate' } : { kind: 'skipped-budget' });
+        return;
+      }
       if (budgetStopped && result.completionTokens === 0) {
         await this.release(req.dataset, rid, leaseKey);
         await this.options.redis.skipSamples(
@@ -678,9 +701,11 @@ export class Dispatcher {
 
   /**
    * Takes back the samples of one batch that are still waiting (its job was taken over by
-   * another worker after a stall): they settle as handed back; those running finish.
+   * another worker after a stall): they settle as handed back; those running finish, and any
+   * sample the batch submits from now on (a conversation's next turn) is handed back too.
    */
   withdraw(owner: string): number {
+    this.withdrawn.add(owner);
     let n = 0;
     for (const t of this.queue.snapshot()) {
       if (t.req.owner === owner && this.queue.isWaiting(t)) {
@@ -690,5 +715,10 @@ export class Dispatcher {
     }
     if (n > 0) this.signalDemand();
     return n;
+  }
+
+  /** The batch `owner` has settled: nothing more comes from it. */
+  forget(owner: string): void {
+    this.withdrawn.delete(owner);
   }
 }

@@ -169,8 +169,18 @@ export class FailureHandler {
 
   private async fail(task: Task, reason: string, info: Omit<FailureInfo, 'reason'>): Promise<void> {
     const { req } = task;
-    await recordFailure(this.ctx.redis, this.ctx.keys, req, { ...info, reason });
+    const recorded = await recordFailure(this.ctx.redis, this.ctx.keys, req, { ...info, reason });
     if (task.crashes > 0) await this.ctx.redis.hdel(this.ctx.keys.crashes(req.dataset), req.sample.id);
+    if (!recorded) {
+      // Another delivery committed the sample first: its answer stands (a conversation goes on
+      // with it), nothing failed.
+      this.ctx.log.info(
+        { dataset: req.dataset, sampleId: req.sample.id, reason },
+        'sample committed by another delivery; this one failed',
+      );
+      this.ctx.queue.settle(task, { kind: 'duplicate' });
+      return;
+    }
     this.ctx.log.warn(
       { dataset: req.dataset, sampleId: req.sample.id, line: req.sample.line, reason },
       'sample failed',

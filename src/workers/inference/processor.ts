@@ -37,6 +37,8 @@ export interface GenerateBatchDeps {
   };
   /** The batch job's id: failure records name it, and only its retry claims them. */
   jobId?: string;
+  /** Whether this delivery still holds the batch (see {@link ConversationDeps.stillHeld}). */
+  stillHeld?(): Promise<boolean>;
   /** Told as samples settle (the caller throttles it). */
   progress?(p: BatchProgress): void;
   /** A line for the job's log: one per failed or retried prompt. */
@@ -171,7 +173,12 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
               sample,
               base,
               payload,
-              { ...conversations, isDone: deps.isDone, submit: deps.submit },
+              {
+                ...conversations,
+                isDone: deps.isDone,
+                submit: deps.submit,
+                ...(deps.stillHeld === undefined ? {} : { stillHeld: deps.stillHeld }),
+              },
               deps,
             );
       count(result, o);

@@ -246,14 +246,15 @@ export interface FailureInfo {
 
 /**
  * Records a sample as failed (fail-sample-6.lua), unless it was committed meanwhile. The record
- * names the batch job (`job`): a retry of that job, and only that job, claims it again.
+ * names the batch job (`job`): a retry of that job, and only that job, claims it again. Returns
+ * false when another delivery had committed the sample first (nothing was recorded).
  */
 export async function recordFailure(
   redis: ScriptedRedis,
   keys: RunKeys,
   req: SampleRequest,
   info: FailureInfo,
-): Promise<void> {
+): Promise<boolean> {
   const failure = JSON.stringify({
     reason: info.reason,
     status: info.status,
@@ -263,7 +264,7 @@ export async function recordFailure(
     ...(req.jobId === undefined ? {} : { job: req.jobId }),
     ts: new Date().toISOString(),
   });
-  await redis.failSample(
+  const recorded = await redis.failSample(
     keys.done(req.dataset),
     keys.failed(req.dataset),
     keys.inflight(req.dataset),
@@ -274,4 +275,5 @@ export async function recordFailure(
     failure,
     info.rid,
   );
+  return recorded === 1;
 }

@@ -274,6 +274,7 @@ export class InferenceWorker {
       .catch((e: unknown) => this.log.error({ err: e, dataset, jobId: job.id }, 'could not settle a batch'))
       .finally(() => {
         clearInterval(renew);
+        this.dispatcher?.forget(token);
         this.held.delete(held);
         this.settling.delete(settled);
       });
@@ -330,6 +331,9 @@ export class InferenceWorker {
           ? {}
           : { conversations: conversationStore(redis, keys, async () => await this.options.tokenizer!) }),
         jobId,
+        // The job's lock still ours: BullMQ's lock key holds the token of the worker that has the job.
+        stillHeld: async () =>
+          !held.lost && (await redis.get(`${job.queueQualifiedName}:${jobId}:lock`)) === token,
         progress: (p) => report.progress(p),
         log: (line) => report.line(line),
         logger: log,

@@ -14,6 +14,10 @@
     ARGV[2] end record (JSON)
     ARGV[3] 'complete' | 'ended'
     ARGV[4] the failed turn's sample id, or ''
+    ARGV[5] why it ended early, in one word (context | failed | error | history-lost), or ''
+
+  Beside the stats hash: `<KEYS[2]>:ended`, the last 20 end records of conversations ended early
+  (what `status` and the pipeline page show), and per cause a count `ended:<cause>` in the stats.
 
   Output: 1 when this call finished it, 0 when it was finished already.
 ]]
@@ -23,6 +27,11 @@ if first == 1 then
     redis.call('HINCRBY', KEYS[2], 'conversationsComplete', 1)
   else
     redis.call('HINCRBY', KEYS[2], 'conversationsEnded', 1)
+    if ARGV[5] ~= nil and ARGV[5] ~= '' then
+      redis.call('HINCRBY', KEYS[2], 'ended:' .. ARGV[5], 1)
+    end
+    redis.call('LPUSH', KEYS[2] .. ':ended', ARGV[2])
+    redis.call('LTRIM', KEYS[2] .. ':ended', 0, 19)
   end
 end
 if ARGV[4] ~= '' then redis.call('HDEL', KEYS[3], ARGV[4]) end
