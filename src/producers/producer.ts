@@ -167,7 +167,11 @@ export class Producer {
   private async feed(ds: DatasetConfig, file: string, queue: Queue): Promise<void> {
     const { keys } = this.options;
     const log = this.log.child({ dataset: ds.name });
-    await this.redis.multi().hset(keys.stats(ds.name), 'status', 'in_progress').hdel(keys.stats(ds.name), 'failedReason', 'failedAtMs').exec();
+    await this.redis
+      .multi()
+      .hset(keys.stats(ds.name), 'status', 'in_progress')
+      .hdel(keys.stats(ds.name), 'failedReason', 'failedAtMs')
+      .exec();
     const tokenizer = await this.options.tokenizer;
     const contextLength = await this.options.contextLength;
     this.contextLengthSeen = contextLength;

@@ -82,7 +82,14 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
       sglang: { endpoints: [sim.url], concurrency: 4 },
       tokenizer: { path: tokDir },
       datasets: [
-        { name: 'c', prompts: path.basename(file), turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 2 },
+        {
+          name: 'c',
+          prompts: path.basename(file),
+          turns: 'all',
+          tokenBudget: 1_000_000,
+          maxNewTokens: 32,
+          batchSize: 2,
+        },
       ],
       output: { dir: 'out' },
       postprocess: { keepTruncated: true },

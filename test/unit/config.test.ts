@@ -291,6 +291,21 @@ describe('loadConfig: valid configs', () => {
 });
 
 describe('loadConfig: errors name their path, say what was expected and what was got, and give the line', () => {
+  it('refuses samplingVariants of several entries with samplesPerPrompt 1 (all but the first would be ignored), with its line', () => {
+    const text =
+      'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: 10\n' +
+      '    samplingVariants: [{temperature: 0}, {temperature: 0.7}]\n';
+    const err = yamlError(text);
+    const issue = issueAt(err, 'datasets[0].samplingVariants');
+    expect(issue.message).toMatch(/has 2 entries, but samplesPerPrompt is 1, so only the first would be used/);
+    expect(issue.line).toBe(lineOf(text, 'samplingVariants'));
+    // One entry, or as many samples as entries, is fine.
+    expect(() =>
+      loadConfig({ text: text.replace('samplingVariants', 'samplesPerPrompt: 2\n    samplingVariants'), baseDir: tmp }),
+    ).not.toThrow();
+    expect(() => loadConfig({ text: text.replace(', {temperature: 0.7}', ''), baseDir: tmp })).not.toThrow();
+  });
+
   it('reports a negative budget at datasets[2].tokenBudget with its line', () => {
     const text = readFileSync(join(fixtures, 'invalid.yaml'), 'utf8');
     const err = configError(() => loadConfig({ path: join(fixtures, 'invalid.yaml') }));
