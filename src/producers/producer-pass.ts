@@ -280,8 +280,12 @@ export function sampleIdsOf(id: string, perPrompt: number): string[] {
 
 /** A prompt's open samples, each with its own id and, with `samplingVariants`, its own sampling settings. */
 function samplesOf(ds: DatasetConfig, sample: Sample, open: readonly string[]): Sample[] {
-  if (ds.samplesPerPrompt <= 1) return [sample];
   const variants = ds.samplingVariants;
+  if (ds.samplesPerPrompt <= 1) {
+    // One sample, under the prompt's own id: it is sample 1, with the first variant.
+    const first = variants?.[0];
+    return [first === undefined ? sample : { ...sample, sampling: first }];
+  }
   return open.map((id) => {
     const j = Number(id.slice(id.lastIndexOf('#s') + 2));
     const variant = variants?.[(j - 1) % variants.length];
