@@ -22,6 +22,13 @@ import { createTokenizeContext, recordToRow } from '../../src/workers/postproces
 import { useHarness } from '../helpers/fixture.js';
 import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
+import {
+  byConversation,
+  expectTurnChains,
+  readConversationFile,
+  writeConversations,
+  type TurnRecord,
+} from '../helpers/conversations.js';
 
 const MODEL = 'moonshotai/Kimi-K2.5';
 
@@ -169,6 +176,28 @@ describe('server-side tokenization', () => {
     );
     expect(() => checkTokenizerKindFits({ ...config, tokenizer: { kind: 'tiktoken' as const } })).not.toThrow();
   });
+
+  it("`turns: all` with tokenizer.kind server: every later turn rendered with the server's ids, as the local tokenizer would", async () => {
+    const run = 'server-turns';
+    const file = writeConversations(tmp.dir, run, 3, 3);
+    const c: ConfigInput = {
+      run,
+      redis: { url: redis.url, prefix: redis.prefix },
+      sglang: { endpoints: [sim.url], concurrency: 4, requestTimeoutMs: 30_000 },
+      tokenizer: { path: kimiDir, kind: 'server' },
+      datasets: [
+        { name: 'ds', prompts: `${run}.jsonl`, turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 2 },
+      ],
+      output: { dir: 'out' },
+      postprocess: { keepTruncated: true },
+    };
+    const p = spawnCli(['run', '-c', writeConfig(tmp.dir, c, `${run}.yaml`)]);
+    expect(await p.exited, p.output().slice(-3_000)).toBe(0);
+    const records = readGenerations(path.join(tmp.dir, 'out', run), 'ds') as unknown as TurnRecord[];
+    // Before, turn 2 of every conversation threw for the ids the server had not given yet.
+    expect(records).toHaveLength(9);
+    expectTurnChains(local, readConversationFile(file), byConversation(records), { complete: true });
+  }, 90_000);
 
   it('`tokenmill run` with tokenizer.kind server sends the ids the local tokenizer makes', async () => {
     const run = 'server-kind';
