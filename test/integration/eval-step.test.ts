@@ -27,6 +27,7 @@ import {
   type RunStatus,
 } from '../../src/shared/index.js';
 import { EvalWorker, portFree, waitForEvalJob, writeEvalStatus, type EvalReport } from '../../src/workers/index.js';
+import { recordedIdentity } from '../../src/workers/train/index.js';
 import { killCliChildren, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 import { simCommand } from '../helpers/sim-command.js';
@@ -339,7 +340,13 @@ describe('eval ◀ train', () => {
       h.redis.connection(),
       h.keys,
       evalJobId(next),
-      { state: 'running', host: hostname(), servers: `drafter http://127.0.0.1:${ports[0]} pid ${pgid}` },
+      {
+        state: 'running',
+        host: hostname(),
+        servers: `drafter http://127.0.0.1:${ports[0]} pid ${pgid}`,
+        // Recorded with its identity, as the eval job records its servers: killed only when it still matches.
+        serverGroups: recordedIdentity(pgid),
+      },
       'in_progress',
       true,
     );

@@ -16,7 +16,7 @@ import {
   type EvalJobResult,
   type Logger,
 } from '../../shared/index.js';
-import type { GpuProbe } from '../train/index.js';
+import { recordedIdentity, type GpuProbe } from '../train/index.js';
 import { chooseDrafter, evalReportPath } from './drafter.js';
 import { measureDrafter } from './measure.js';
 import type { EvalReport } from './report.js';
@@ -149,7 +149,14 @@ export async function processEvalJob(data: unknown, deps: EvalJobDeps): Promise<
       onServers: (servers) => {
         status = status
           .then(() =>
-            deps.setStatus({ servers: servers.map((s) => `${s.role} ${s.url} pid ${s.pid ?? '?'}`).join('\n') }),
+            deps.setStatus({
+              servers: servers.map((s) => `${s.role} ${s.url} pid ${s.pid ?? '?'}`).join('\n'),
+              // Who each pid is, so that a later worker kills only these processes (left-groups.ts).
+              serverGroups: servers
+                .map((s) => recordedIdentity(s.pid))
+                .filter((l) => l !== '')
+                .join('\n'),
+            }),
           )
           .catch(() => undefined);
       },

@@ -15,7 +15,7 @@ import {
   type Logger,
   type RunKeys,
 } from '../../shared/index.js';
-import { groupAlive, probeGpus, signalGroup, type GpuProbe } from '../train/index.js';
+import { groupAlive, killLeftGroup, parseIdentity, probeGpus, type GpuProbe } from '../train/index.js';
 import { recordEvalReport, writeEvalStatus } from './eval-jobs.js';
 import { EvalCancelledError, processEvalJob } from './job.js';
 import type { EvalRunConfig } from './run.js';
@@ -88,11 +88,18 @@ export class EvalWorker {
     if (before.jobId !== jobId) await writeEvalStatus(redis, keys, jobId, { state: 'queued' }, undefined, true);
     else if (before.host === hostname()) {
       // A worker that died while measuring left its servers behind: they hold the GPUs and ports.
+      // Killed only when each pid is still the server recorded (a restart may have given it to another process).
+      const identities = new Map(
+        (before.serverGroups ?? '').split('\n').flatMap((l) => {
+          const rec = parseIdentity(l);
+          return rec === null ? [] : [[rec.pid, l] as const];
+        }),
+      );
       for (const pid of (before.servers ?? '').split('\n').map((l) => Number(/pid (\d+)$/.exec(l)?.[1]))) {
-        if (Number.isInteger(pid) && pid > 1 && groupAlive(pid)) {
-          signalGroup(pid, 'SIGKILL');
-          log.warn({ pgid: pid }, 'killed an eval server left by a train worker that died');
-        }
+        if (!Number.isInteger(pid) || pid <= 1 || !groupAlive(pid)) continue;
+        const left = await killLeftGroup(pid, identities.get(pid));
+        if (left.killed) log.warn({ pgid: pid }, 'killed an eval server left by a train worker that died');
+        else log.warn({ pgid: pid }, `an eval server left by a train worker that died: ${left.reason}`);
       }
     }
     let logged = 0;

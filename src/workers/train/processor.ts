@@ -22,7 +22,8 @@ import type { GpuInfo, GpuProbe } from './gpus.js';
 import { checkHiddenStates } from './hidden-states.js';
 import { preflight } from './preflight.js';
 import { ProgressTracker, isCudaOom } from './progress.js';
-import { groupAlive, runCommand, signalGroup } from './run-command.js';
+import { killLeftGroup, recordedIdentity } from './left-groups.js';
+import { groupAlive, runCommand } from './run-command.js';
 
 /** This job's earlier record, when a worker already ran it (it died, or was stopped). */
 export interface PreviousRun {
@@ -30,6 +31,8 @@ export interface PreviousRun {
   worker: string | null;
   host: string | null;
   pid: number | null;
+  /** Its command's leader as recorded with the pid (see left-groups.ts); null when none was. */
+  pidIdentity: string | null;
   attempt: string | null;
 }
 
@@ -137,9 +140,11 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
   const prev = await deps.previousRun();
   if (prev !== null && prev.state === 'running') {
     if (prev.host === hostname() && prev.pid !== null && groupAlive(prev.pid)) {
-      // Its command outlived it on this machine: it must not train beside the next attempt.
-      signalGroup(prev.pid, 'SIGKILL');
-      log.warn({ pgid: prev.pid }, 'killed the process group left by the dead train worker');
+      // Its command outlived it on this machine: it must not train beside the next attempt —
+      // unless the pid names another process by now (a restart), which is left alone.
+      const left = await killLeftGroup(prev.pid, prev.pidIdentity);
+      if (left.killed) log.warn({ pgid: prev.pid }, 'killed the process group left by the dead train worker');
+      else log.warn({ pgid: prev.pid }, `the dead train worker's process group: ${left.reason}`);
     }
     const who = `the train worker ${prev.worker ?? '(unknown)'} running attempt ${prev.attempt ?? '(unknown)'} died`;
     if (!p.autoResume && p.steps !== undefined) {
@@ -350,6 +355,7 @@ export async function processTrain(data: unknown, deps: TrainDeps): Promise<Trai
       worker: deps.workerId,
       host: hostname(),
       pid: running.pid ?? '',
+      pidIdentity: recordedIdentity(running.pid),
       gpus: assigned.map((g) => g.index).join(','),
       startedAt: new Date().toISOString(),
       reason: '',

@@ -179,6 +179,7 @@ function previousRunOf(h: Record<string, string>): PreviousRun | null {
     worker: h.worker ?? null,
     host: h.host ?? null,
     pid: h.pid !== undefined && h.pid !== '' && Number.isInteger(pid) ? pid : null,
+    pidIdentity: h.pidIdentity === undefined || h.pidIdentity === '' ? null : h.pidIdentity,
     attempt: h.attempt ?? null,
   };
 }
