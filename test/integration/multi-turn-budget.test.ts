@@ -32,7 +32,7 @@ function configFor(
   run: string,
   sim: SimulatorHandle,
   prompts: string,
-  extra: { tokenBudget: number; contextLength: number; maxNewTokens: number },
+  extra: { tokenBudget: number; contextLength: number; maxNewTokens: number; strict?: boolean },
 ): string {
   const config: ConfigInput = {
     run,
@@ -46,6 +46,7 @@ function configFor(
         tokenBudget: extra.tokenBudget,
         maxNewTokens: extra.maxNewTokens,
         batchSize: 2,
+        ...(extra.strict === true ? { budget: 'strict' as const, budgetMarginSd: 0 } : {}),
       },
     ],
     output: { dir: 'out' },
@@ -161,6 +162,67 @@ describe('turns: all, budget and ends', () => {
     for (const v of Object.values(endsAfter)) expect(JSON.parse(v)).toMatchObject({ kind: 'complete', turnsDone: 4 });
     expect(await conn.keys(`${keys.done('c')}:conv:*`)).toEqual([]);
   }, 180_000);
+
+  it('budget: strict stops a turn mid-answer: the cut answer is neither a record nor history; raised, the turn is generated again, whole', async () => {
+    // Every answer runs 1,500 tokens (about 2 s here): the strict stop lands mid-answer.
+    const sim = await startSim({
+      timeScale: 10,
+      maxRunningRequests: 16,
+      seed: 43,
+      outputLength: { distribution: 'fixed', mean: 1_500 },
+    });
+    const dir = path.join(tmp.dir, 'strict');
+    mkdirSync(dir, { recursive: true });
+    const file = writeConversations(dir, 's', 2, 3);
+    const keys = new RunKeys(redis.prefix, 'mts');
+    const conn = redis.connection('client');
+    const runDir = path.join(dir, 'out', 'mts');
+    // Both turn-1 answers (3,000 tokens) fit; the budget is met 500 tokens into a turn 2.
+    await runCli(
+      configFor(dir, 'mts', sim, 's.jsonl', {
+        tokenBudget: 3_500,
+        contextLength: 32_768,
+        maxNewTokens: 2_048,
+        strict: true,
+      }),
+    );
+    const first = readGenerations(runDir, 'c') as unknown as (Rec & { finish_reason: { type: string } })[];
+    const stats = await conn.hgetall(keys.stats('c'));
+    // Before: the cut turn was committed as an `abort` record and became the history of the next turn.
+    expect(first.filter((r) => r.finish_reason.type === 'abort').map((r) => r.id)).toEqual([]);
+    expect(first.map((r) => r.id).sort()).toEqual(['s-0#t1', 's-1#t1']);
+    expect(Number(stats.abortedTurns)).toBeGreaterThanOrEqual(1);
+    // Its tokens were generated: they count against the budget (which the stop met).
+    expect(Number(stats.outputTokens)).toBe(3_000 + Number(stats.abortedTokens));
+    expect(Number(stats.outputTokens)).toBeGreaterThanOrEqual(3_500);
+    const aborted = sim
+      .stats()
+      .requests.filter((r) => r.rid.startsWith('c/') && sampleIdOfRid(r.rid).endsWith('#t2'))
+      .map((r) => sampleIdOfRid(r.rid));
+    expect(aborted.length).toBeGreaterThanOrEqual(1);
+    for (const conv of ['s-0', 's-1']) {
+      // Not finished; its history holds turn 1 only.
+      expect(await conn.hget(keys.conversations('c'), conv)).toBeNull();
+      expect(Object.keys(await conn.hgetall(keys.conversationHistory('c', conv)))).toEqual(['1']);
+    }
+
+    // Raised: the cut turn is generated again from the same history, whole, and the rest follows.
+    await runCli(
+      configFor(dir, 'mts', sim, 's.jsonl', { tokenBudget: 1_000_000, contextLength: 32_768, maxNewTokens: 2_048 }),
+    );
+    const all = readGenerations(runDir, 'c') as unknown as (Rec & { finish_reason: { type: string } })[];
+    const done = await expectChains(all, file);
+    for (const [id, turns] of done) expect(turns.length, id).toBe(3);
+    expect(all.filter((r) => r.finish_reason.type === 'abort')).toEqual([]);
+    for (const r of all) expect(r.output_ids.length, r.id).toBe(1_500);
+    const sent = new Map<string, number>();
+    for (const r of sim.stats().requests.filter((x) => x.rid.startsWith('c/'))) {
+      const id = sampleIdOfRid(r.rid);
+      sent.set(id, (sent.get(id) ?? 0) + 1);
+    }
+    for (const id of aborted) expect(sent.get(id), `${id}: aborted once, then generated whole`).toBe(2);
+    expect((await conn.hgetall(keys.stats('c'))).conversationsComplete).toBe('2');
+  }, 120_000);
 
   it('a conversation whose prompt outgrows the context ends `context: …` keeping its earlier turns; the others complete', async () => {
     const ctxLen = 1000;
