@@ -18,6 +18,7 @@
  */
 import { Template } from '@huggingface/jinja';
 import { installPythonStrip } from './jinja-python-strip.js';
+import { renderingAt } from './strftime.js';
 
 import { END_OF_TURN_PROBE_ANSWER, deriveEndOfTurnTokenIds } from './end-of-turn.js';
 import { AppError, EnvironmentError, PayloadError, errorMessage } from '../errors.js';
@@ -357,7 +358,7 @@ export class ChatTokenizer {
       ...opts.templateKwargs,
     };
     try {
-      return template.render(context);
+      return renderingAt(opts.now, () => template.render(context));
     } catch (e: unknown) {
       throw new PayloadError(`chat template of ${this.name} failed: ${errorMessage(e)}`, { cause: e });
     }

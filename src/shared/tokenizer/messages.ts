@@ -28,6 +28,12 @@ export interface ApplyChatTemplateOptions {
   tools?: unknown[];
   /** Extra template variables (e.g. `{ enable_thinking: false }`); they override the special tokens. */
   templateKwargs?: Record<string, unknown>;
+  /**
+   * The moment `strftime_now` renders (default: the clock's). A prompt rendered again to compare
+   * with a record's `prompt_ids` passes the record's generation time, so a template that writes
+   * the date (Llama 3.2) renders the day it was generated on.
+   */
+  now?: Date;
 }
 
 /** Options of {@link ChatTokenizer.encodePrompt}: the generation prompt is always added. */

@@ -70,6 +70,8 @@ export interface TurnRenderInput {
     text?: string;
   };
   templateKwargs?: Record<string, unknown>;
+  /** The moment the template's `strftime_now` renders (default: the clock's); see `ApplyChatTemplateOptions.now`. */
+  now?: Date;
 }
 
 /**
@@ -77,7 +79,10 @@ export interface TurnRenderInput {
  * else rendered from the decoded history. Throws what the template throws (a `PayloadError`).
  */
 export function renderTurnPrompt(tok: ChatTokenizer, input: TurnRenderInput): TurnPrompt {
-  const opts = input.templateKwargs === undefined ? {} : { templateKwargs: input.templateKwargs };
+  const opts = {
+    ...(input.templateKwargs === undefined ? {} : { templateKwargs: input.templateKwargs }),
+    ...(input.now === undefined ? {} : { now: input.now }),
+  };
   const text = tok.applyChatTemplate(input.history, { ...opts, addGenerationPrompt: true });
   const prev = input.previous;
   if (prev !== undefined) {
@@ -91,7 +96,7 @@ function splice(
   tok: ChatTokenizer,
   text: string,
   prev: NonNullable<TurnRenderInput['previous']>,
-  opts: { templateKwargs?: Record<string, unknown> },
+  opts: { templateKwargs?: Record<string, unknown>; now?: Date },
 ): number[] | undefined {
   const output = prev.answer.outputIds;
   const prevText = prev.text ?? tok.applyChatTemplate(prev.history, { ...opts, addGenerationPrompt: true });
