@@ -3,6 +3,7 @@ export { InferenceWorker } from './inference/index.js';
 export {
   conversationRow,
   createTokenizeContext,
+  earlierTurnSpans,
   ensurePostprocessRound,
   type GenerationRecord,
   jsonLines,
@@ -17,6 +18,7 @@ export {
   type TokenizeContext,
   turnFields,
   type TurnFields,
+  type TurnFinishOf,
   waitForRound,
 } from './postprocess/index.js';
 export {

@@ -9,6 +9,12 @@ export {
 } from './flow.js';
 export { createTokenizeContext, type TokenizeContext } from './tokenize-context.js';
 export { jsonLines } from './tokenize-lines.js';
-export { conversationRow, turnFields, type TurnFields } from './tokenize-conversation-rows.js';
+export {
+  conversationRow,
+  earlierTurnSpans,
+  turnFields,
+  type TurnFields,
+  type TurnFinishOf,
+} from './tokenize-conversation-rows.js';
 export { type GenerationRecord, listGenerationFiles, parseGenerationRecord, recordToRow } from './tokenize-records.js';
 export { PostprocessWorker } from './worker.js';
