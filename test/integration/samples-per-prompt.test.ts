@@ -6,14 +6,18 @@
  */
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { parse } from 'yaml';
+
+import type { ConfigInput } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { writeConversations } from '../helpers/conversations.js';
 import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import type { SpecForgeRunResult } from '../../src/cli/export/specforge-run.js';
 
 const {
   redis,
@@ -79,6 +83,17 @@ describe('samplesPerPrompt', () => {
     mkdirSync(dir, { recursive: true });
     writePrompts(dir, 'p', 4);
     writeConversations(dir, 'c', 2, 2);
+    // One sample per conversation, whose own id merely ends like a sample suffix.
+    writeConversations(dir, 'q', 0, 2, [
+      {
+        id: 'talk#s2',
+        messages: [
+          { role: 'user', content: 'Hello, who are you?' },
+          { role: 'assistant', content: 'source' },
+          { role: 'user', content: 'And what can you do?' },
+        ],
+      },
+    ]);
     const variants = [{ temperature: 0 }, { temperature: 0.3 }, { temperature: 0.7 }];
     const cfg = writeConfig(dir, {
       run: 'spp',
@@ -102,6 +117,7 @@ describe('samplesPerPrompt', () => {
           samplesPerPrompt: 2,
           samplingVariants: variants,
         },
+        { name: 'q', prompts: 'q.jsonl', turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 6 },
       ],
       output: { dir: 'out' },
       postprocess: { keepTruncated: true },
@@ -119,6 +135,7 @@ describe('samplesPerPrompt', () => {
     // Sample j was sent with variant (j - 1) mod 3 over the dataset's sampling.
     for (const s of sent) {
       const id = sampleOfRid(s.rid);
+      if (id.startsWith('talk')) continue; // dataset q: one sample, no variants
       const j = Number(/#s(\d+)/.exec(id)?.[1]);
       expect(s.sampling.temperature, id).toBe(variants[(j - 1) % variants.length]?.temperature);
       expect(s.sampling.top_p, id).toBe(0.95);
@@ -137,6 +154,52 @@ describe('samplesPerPrompt', () => {
     expect(await again.exited, again.output()).toBe(0);
     expect(sent.length).toBe(before);
     expect(readGenerations(runDir, 'p')).toHaveLength(12);
+
+    // export --format specforge finds every sample's prompt line: each sample's row is exported.
+    const sfOut = path.join(dir, 'sf.jsonl');
+    const sf = spawnCli(['export', '-c', cfg, '--format', 'specforge', '--out', sfOut, '--json']);
+    expect(await sf.exited, sf.output()).toBe(0);
+    const result = JSON.parse(
+      sf
+        .stdout()
+        .split('\n')
+        .find((l) => l.startsWith('{"format"')) ?? 'null',
+    ) as SpecForgeRunResult;
+    for (const d of result.datasets)
+      expect(d, d.dataset).toMatchObject({ promptMissing: 0, promptChanged: 0, invalid: 0 });
+    const exported = [sfOut, path.join(dir, 'sf.all-turns.jsonl')].flatMap((f) =>
+      readFileSync(f, 'utf8')
+        .split('\n')
+        .filter((l) => l !== '')
+        .map((l) => (JSON.parse(l) as { id: string }).id),
+    );
+    expect(exported.filter((id) => id.startsWith('p-')).sort()).toEqual([...p].sort());
+    // A conversation's sample is one line, or one line per turn: every sample is there.
+    const samples = new Set(exported.filter((id) => !id.startsWith('p-')).map((id) => id.replace(/#t\d+$/, '')));
+    expect([...samples].sort()).toEqual(['c-0#s1', 'c-0#s2', 'c-1#s1', 'c-1#s2', 'talk#s2']);
+
+    // An export that would write nothing while there are records fails, saying why.
+    // Here dataset p's prompts are another file's (no line has the id of its samples).
+    const renamed = writeConfig(
+      dir,
+      {
+        ...(parse(readFileSync(cfg, 'utf8')) as ConfigInput),
+        datasets: [
+          { name: 'p', prompts: 'q.jsonl', tokenBudget: 1 },
+          { name: 'none', prompts: 'q.jsonl', tokenBudget: 1 },
+        ],
+      },
+      'renamed.yaml',
+    );
+    const empty = spawnCli(['export', '-c', renamed, '--format', 'specforge', '--out', path.join(dir, 'empty.jsonl')]);
+    expect(await empty.exited, empty.output()).not.toBe(0);
+    expect(empty.output()).toContain(
+      'export --format specforge would write no row, though there are generation records',
+    );
+    expect(empty.output()).toContain('p: 12 generations, 0 rows exported, 12 without a prompt line');
+    const noRows = spawnCli(['export', '-c', renamed, '--format', 'jsonl', '--dataset', 'none']);
+    expect(await noRows.exited, noRows.output()).not.toBe(0);
+    expect(noRows.output()).toContain('none of its');
   }, 180_000);
 });
 

@@ -17,6 +17,33 @@ import {
   type PromptRecord,
 } from '../../shared/index.js';
 
+/** How a dataset names its samples (its config): what {@link promptIdOf} reads off a sample id. */
+export interface SampleIdScheme {
+  /** `datasets[].samplesPerPrompt`: above 1, sample j of prompt `<id>` is `<id>#s<j>`. */
+  samplesPerPrompt: number;
+  /** `datasets[].turns`: with `all`, turn k of a conversation (sample) `<c>` is `<c>#t<k>`. */
+  turns: 'last' | 'all';
+}
+
+/**
+ * The prompt line's id of sample id `id` (a record's `id`, or a conversation's `conversation_id`
+ * with `conversation: true`): with `turns: all`, a record's id less its `#t<k>`; with
+ * `samplesPerPrompt: n > 1`, less its `#s<j>` (1 ≤ j ≤ n). Only what the dataset's config says
+ * its ids carry is taken off: an id that merely ends like a suffix is left whole.
+ */
+export function promptIdOf(id: string, scheme: SampleIdScheme, opts: { conversation?: boolean } = {}): string {
+  let rest = id;
+  if (scheme.turns === 'all' && opts.conversation !== true) {
+    const m = /#t([1-9]\d*)$/.exec(rest);
+    if (m !== null) rest = rest.slice(0, m.index);
+  }
+  if (scheme.samplesPerPrompt > 1) {
+    const m = /#s([1-9]\d*)$/.exec(rest);
+    if (m !== null && Number(m[1]) <= scheme.samplesPerPrompt) rest = rest.slice(0, m.index);
+  }
+  return rest;
+}
+
 /** Most prompt lines indexed at once (~80 bytes each in memory). */
 export const PARTITION_MAX_LINES = 1_000_000;
 

@@ -47,5 +47,13 @@ export async function exportRows(
     const ids = row['input_ids'];
     if (Array.isArray(ids)) stats.tokens += ids.length;
   }
+  if (stats.exported === 0) {
+    // Never "exit 0, wrote nothing": say why there is nothing.
+    const why =
+      stats.rows === 0
+        ? 'it has no rows (were all generations left out, e.g. truncated without postprocess.keepTruncated?)'
+        : `none of its ${stats.rows} rows is of ${[...(wanted ?? [])].join(', ')}`;
+    throw new PayloadError(`nothing to export from ${target}: ${why}`);
+  }
   return stats;
 }

@@ -4,16 +4,27 @@
  * makes of them (tokenize-conversation-rows.ts):
  *
  * - with `postprocess.rows: conversation`, a conversation whose last turn is there with every
- *   earlier output spliced into its prompt (`history_outputs`) is **one** `all-turns` line: the
- *   whole regenerated conversation, every assistant turn supervised
+ *   earlier output spliced into its prompt (`history_outputs`), each earlier turn ended by the
+ *   model (its output ends with the template's end-of-turn token) and supervised, is **one**
+ *   `all-turns` line: the whole regenerated conversation, every assistant turn supervised
  *   (`train_only_last_turn: false`);
- * - every other conversation (or all, with `rows: per-turn`) is one `last-turn` line per turn:
- *   its history as context, its own answer supervised (`train_only_last_turn: true`).
+ * - a conversation whose row leaves an earlier turn's close (the end of turn the template wrote
+ *   after a cut-off answer) or output unsupervised cannot be one SpecForge line, since SpecForge's
+ *   loader supervises every assistant span of an `all-turns` line, the template's close included:
+ *   it is one `last-turn` line per turn, like every other conversation (or all, with `rows:
+ *   per-turn`): its history as context, its own answer supervised (`train_only_last_turn: true`).
+ *   These lines supervise what its conversation row supervises, turn by turn.
  */
 import { conversationTurns, errorMessage, turnHistory, type ChatMessage, type Logger } from '../../shared/index.js';
-import { conversationRow, recordToRow, turnFields, type GenerationRecord } from '../../workers/index.js';
-import type { TokenizeContext, TurnFields } from '../../workers/index.js';
-import type { PromptIndex } from './prompt-index.js';
+import {
+  conversationRow,
+  earlierTurnSpans,
+  recordToRow,
+  turnFields,
+  type GenerationRecord,
+} from '../../workers/index.js';
+import type { TokenizeContext, TurnFields, TurnFinishOf } from '../../workers/index.js';
+import { promptIdOf, type PromptIndex, type SampleIdScheme } from './prompt-index.js';
 import {
   answerText,
   emitRow,
@@ -29,12 +40,14 @@ export interface TurnKey extends TurnFields {
   promptId: string;
 }
 
-/** The conversation keys of a generation line, or undefined for a record that is not a turn. */
-export function turnOf(text: string): TurnKey | undefined {
-  if (!text.includes('"conversation_id"')) return undefined;
-  const t = turnFields(JSON.parse(text));
+/**
+ * The conversation keys of a parsed generation line, or undefined for a record that is not a
+ * turn. The prompt id is read by the dataset's id scheme ({@link promptIdOf}).
+ */
+export function turnOf(value: unknown, scheme: SampleIdScheme): TurnKey | undefined {
+  const t = turnFields(value);
   if (t === undefined) return undefined;
-  return { ...t, promptId: t.conversationId.replace(/#s\d+$/, '') };
+  return { ...t, promptId: promptIdOf(t.conversationId, scheme, { conversation: true }) };
 }
 
 /** One gathered turn. */
@@ -43,19 +56,21 @@ export interface GatheredTurn {
   record: GenerationRecord;
   file: string;
   line: number;
+  /** When its record was written (`ts`): the day a dated template rendered its prompt. */
+  generatedAt?: Date | undefined;
 }
 
 /** Turn records by conversation (memory: the records of one export partition). */
 export class ConversationTurns {
   readonly byConversation = new Map<string, { promptId: string; turns: GatheredTurn[] }>();
 
-  add(key: TurnKey, record: GenerationRecord, file: string, line: number): void {
+  add(key: TurnKey, record: GenerationRecord, file: string, line: number, generatedAt?: Date): void {
     let c = this.byConversation.get(key.conversationId);
     if (c === undefined) {
       c = { promptId: key.promptId, turns: [] };
       this.byConversation.set(key.conversationId, c);
     }
-    c.turns.push({ key, record, file, line });
+    c.turns.push({ key, record, file, line, generatedAt });
   }
 }
 
@@ -102,7 +117,7 @@ export async function exportConversations(gathered: ConversationTurns, o: Conver
     try {
       matches =
         typeof shape !== 'string' &&
-        promptMatches(ctx, turnHistory(prompt.messages, shape, 1, []), first.record.prompt_ids);
+        promptMatches(ctx, turnHistory(prompt.messages, shape, 1, []), first.record.prompt_ids, first.generatedAt);
     } catch (e: unknown) {
       note(first, `conversation ${id}: its prompt cannot be rendered: ${errorMessage(e)}`);
     }
@@ -120,13 +135,15 @@ export async function exportConversations(gathered: ConversationTurns, o: Conver
     ];
 
     const last = turns[turns.length - 1] as GatheredTurn;
-    const whole =
+    const finishOf: TurnFinishOf = (k) => turns[k - 1]?.record.finish_reason.type;
+    // One SpecForge line supervises every earlier turn with its close: only when each was ended by the model and kept.
+    const oneLine =
       o.rows === 'conversation' &&
       gap < 0 &&
       last.key.turn === last.key.turns &&
-      last.key.historyOutputs?.length === last.key.turn - 1
-        ? conversationRow(last.record, last.key, ctx, o.dataset)
-        : undefined;
+      last.key.historyOutputs?.length === last.key.turn - 1 &&
+      earlierTurnSpans(last.record, last.key, ctx, finishOf)?.every((s) => s.closedByModel && s.supervised) === true;
+    const whole = oneLine ? conversationRow(last.record, last.key, ctx, o.dataset, finishOf) : undefined;
     if (whole !== undefined) {
       stats.inConversationRows += turns.length - 1;
       await emitRow(o.sink, ctx, stats, 'all-turns', whole, messagesOf(turns.length, answers.at(-1) as ChatMessage));

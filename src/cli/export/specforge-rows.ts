@@ -126,22 +126,45 @@ export function sameIds(a: readonly number[], b: readonly number[]): boolean {
   return true;
 }
 
+/** A day, for {@link promptMatches}. */
+const DAY_MS = 86_400_000;
+
 /**
  * Whether `messages`, rendered with the generation prompt, are the prompt the record was
  * generated from: the decoded `prompt_ids` equal the rendered text (cheap), or else encoding the
  * rendered text gives the same ids (for tokenizers whose decoding is not the exact inverse).
+ *
+ * `generatedAt` is when the record was written (its `ts`): a template that writes the date
+ * (`strftime_now`, Llama 3.2's `Today Date:`) renders that day, not today's; and, as the prompt
+ * was rendered when it was sent, a little before, the day before too when that renders otherwise.
  */
 export function promptMatches(
   ctx: TokenizeContext,
   messages: readonly ChatMessage[],
   promptIds: readonly number[],
+  generatedAt?: Date,
 ): boolean {
-  const text = ctx.tokenizer.applyChatTemplate(messages, {
-    addGenerationPrompt: true,
-    ...(ctx.templateKwargs === undefined ? {} : { templateKwargs: ctx.templateKwargs }),
-  });
-  if (ctx.tokenizer.decode(promptIds) === text) return true;
-  return sameIds(ctx.tokenizer.encode(text), promptIds);
+  const render = (now: Date | undefined): string =>
+    ctx.tokenizer.applyChatTemplate(messages, {
+      addGenerationPrompt: true,
+      ...(ctx.templateKwargs === undefined ? {} : { templateKwargs: ctx.templateKwargs }),
+      ...(now === undefined ? {} : { now }),
+    });
+  const matches = (text: string): boolean =>
+    ctx.tokenizer.decode(promptIds) === text || sameIds(ctx.tokenizer.encode(text), promptIds);
+  const text = render(generatedAt);
+  if (matches(text)) return true;
+  if (generatedAt === undefined) return false;
+  const dayBefore = render(new Date(generatedAt.getTime() - DAY_MS));
+  return dayBefore !== text && matches(dayBefore);
+}
+
+/** When a generation line says it was written (`ts`), or undefined. */
+export function generatedAtOf(value: unknown): Date | undefined {
+  const ts = (value as { ts?: unknown } | null)?.ts;
+  if (typeof ts !== 'string') return undefined;
+  const at = new Date(ts);
+  return Number.isNaN(at.getTime()) ? undefined : at;
 }
 
 /**

@@ -7,6 +7,7 @@ import path from 'node:path';
 
 import {
   EnvironmentError,
+  PayloadError,
   exists,
   formatInt,
   loadConfiguredTokenizer,
@@ -154,10 +155,12 @@ export async function exportSpecForgeRun(
         sink: output,
         turns: d.turns,
         rows: config.postprocess.rows,
+        samplesPerPrompt: d.samplesPerPrompt,
       });
       datasets.push(stats);
       if (stats.exported > 0) matches.push({ dataset: d.name, match: matchSpecForgeTemplate(dsCtx.format) });
     }
+    assertSomethingExported(output.lines, datasets);
     if (matches.length === 0) matches.push({ dataset: '', match: matchSpecForgeTemplate(ctx.format) });
     picked = chooseTemplate(matches);
     files = await output.commit(datasets, picked.template);
@@ -175,6 +178,18 @@ export async function exportSpecForgeRun(
     files,
     reencodeDiffers: files.reduce((n, f) => n + f.reencodeDiffers, 0),
   };
+}
+
+/**
+ * Refuses an export that would write no line while there are generation records: never "exit 0,
+ * wrote nothing". The message says, per dataset, what became of its records.
+ */
+function assertSomethingExported(lines: number, datasets: readonly SpecForgeExportStats[]): void {
+  if (lines > 0 || !datasets.some((d) => d.lines > 0)) return;
+  const each = datasets.flatMap((d) => [datasetLine(d), ...d.examples.map((x) => `    ${x}`)]);
+  throw new PayloadError(
+    `export --format specforge would write no row, though there are generation records:\n${each.join('\n')}`,
+  );
 }
 
 function datasetLine(d: SpecForgeExportStats): string {

@@ -13,10 +13,12 @@
  *   counted: SpecForge cannot reproduce it from text, `export --format jsonl` as its
  *   `data.prompts_path` can.
  * - `conversations` is for readers that render messages: the prompt's messages as the producer
- *   read them (ShareGPT `{from, value}` normalized), checked against the record (rendered with
- *   the generation prompt they must give its `prompt_ids`; a record whose prompt line is gone or
- *   changed is left out and counted), and the answer `decode(output_ids)` less the token it
- *   stopped on ({@link answerText}), a `<think>…</think>` block kept in `content`. Rendering it
+ *   read them (ShareGPT `{from, value}` normalized), from the line of the prompt's id (the sample
+ *   id read by the dataset's id scheme: {@link promptIdOf}), checked against the record (rendered
+ *   with the generation prompt, `strftime_now` at the record's `ts`, they must give its
+ *   `prompt_ids`; a record whose prompt line is gone or changed is left out and counted), and
+ *   the answer `decode(output_ids)` less the token it stopped on ({@link answerText}), a
+ *   `<think>…</think>` block kept in `content`. Rendering it
  *   with a chat template gives the row's ids except where the template writes what the model
  *   did not (a default system prompt, Qwen3's empty think block, its own turn end after a
  *   generation that stopped on another token or was cut off): test/integration/export-specforge.test.ts.
@@ -27,12 +29,20 @@
  *   (specforge-conversations.ts). The two kinds go to two files (specforge-files.ts).
  */
 import { errorMessage, fastPromptId, logger as componentLogger, type Logger } from '../../shared/index.js';
-import { PromptIndex, countLines, partitionOf, partitionsFor } from './prompt-index.js';
+import {
+  PromptIndex,
+  countLines,
+  partitionOf,
+  partitionsFor,
+  promptIdOf,
+  type SampleIdScheme,
+} from './prompt-index.js';
 import { ConversationTurns, exportConversations, turnOf } from './specforge-conversations.js';
 import {
   answerText,
   emitRow,
   emptyStats,
+  generatedAtOf,
   noteProblem,
   promptMatches,
   type SpecForgeExportStats,
@@ -64,6 +74,8 @@ export interface ExportSpecForgeOptions {
   turns?: 'last' | 'all';
   /** `postprocess.rows` (default `conversation`), for `turns: all`. */
   rows?: 'per-turn' | 'conversation';
+  /** `datasets[].samplesPerPrompt` (default 1): above 1, a sample id is its prompt's id and `#s<j>`. */
+  samplesPerPrompt?: number;
   /** Prompt lines indexed at once (default {@link PARTITION_MAX_LINES}); tests pass a small one. */
   partitionMaxLines?: number;
   logger?: Logger;
@@ -83,6 +95,7 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
   if (files.length === 0) return stats;
   const partitions = partitionsFor(await countLines(opts.promptsFile), opts.partitionMaxLines);
   const vocabSize = opts.ctx.tokenizer.vocabSize;
+  const scheme: SampleIdScheme = { samplesPerPrompt: opts.samplesPerPrompt ?? 1, turns: opts.turns ?? 'last' };
   const note = (file: string, line: number, reason: string): void => noteProblem(stats, log, file, line, reason);
   for (let p = 0; p < partitions; p++) {
     const index = await PromptIndex.build(opts.promptsFile, p, partitions, { turns: opts.turns ?? 'last' });
@@ -92,10 +105,12 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
       for (const file of files) {
         for await (const { line, text } of jsonLines(file)) {
           const fastId = partitions > 1 && opts.turns !== 'all' ? fastPromptId(text) : undefined;
-          if (fastId !== undefined && partitionOf(fastId, partitions) !== p) continue;
+          if (fastId !== undefined && partitionOf(promptIdOf(fastId, scheme), partitions) !== p) continue;
           let record: GenerationRecord;
+          let value: unknown;
           try {
-            record = parseGenerationRecord(JSON.parse(text), vocabSize);
+            value = JSON.parse(text);
+            record = parseGenerationRecord(value, vocabSize);
           } catch (e: unknown) {
             if (p === 0) {
               stats.lines += 1;
@@ -104,16 +119,18 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
             }
             continue;
           }
-          const turn = opts.turns === 'all' ? turnOf(text) : undefined;
-          if (partitionOf(turn?.promptId ?? record.id, partitions) !== p) continue;
+          const turn = opts.turns === 'all' ? turnOf(value, scheme) : undefined;
+          const promptId = turn?.promptId ?? promptIdOf(record.id, scheme);
+          if (partitionOf(promptId, partitions) !== p) continue;
           stats.lines += 1;
           if (seen.has(record.id)) {
             stats.duplicates += 1;
             continue;
           }
           seen.add(record.id);
-          if (turn !== undefined) conversations.add(turn, record, file, line);
-          else await exportRecord(record, file, line, opts, index, stats, note);
+          const generatedAt = generatedAtOf(value);
+          if (turn !== undefined) conversations.add(turn, record, file, line, generatedAt);
+          else await exportRecord({ record, promptId, generatedAt }, file, line, opts, index, stats, note);
         }
       }
       await exportConversations(conversations, {
@@ -132,8 +149,15 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
   return stats;
 }
 
+/** A record to export, with its prompt line's id and when it was written. */
+interface RecordToExport {
+  record: GenerationRecord;
+  promptId: string;
+  generatedAt: Date | undefined;
+}
+
 async function exportRecord(
-  record: GenerationRecord,
+  { record, promptId, generatedAt }: RecordToExport,
   file: string,
   line: number,
   opts: ExportSpecForgeOptions,
@@ -148,10 +172,11 @@ async function exportRecord(
     else stats.droppedEmpty += 1;
     return;
   }
-  const prompt = await index.get(record.id);
+  const prompt = await index.get(promptId);
   if (prompt === undefined) {
     stats.promptMissing += 1;
-    note(file, line, `sample ${record.id}: no line of ${index.file} has this id`);
+    const which = promptId === record.id ? 'this id' : `its prompt's id ${promptId}`;
+    note(file, line, `sample ${record.id}: no line of ${index.file} has ${which}`);
     return;
   }
   if ('error' in prompt) {
@@ -161,7 +186,7 @@ async function exportRecord(
   }
   let matches: boolean;
   try {
-    matches = promptMatches(opts.ctx, prompt.messages, record.prompt_ids);
+    matches = promptMatches(opts.ctx, prompt.messages, record.prompt_ids, generatedAt);
   } catch (e: unknown) {
     matches = false;
     note(file, line, `sample ${record.id}: its prompt cannot be rendered: ${errorMessage(e)}`);
