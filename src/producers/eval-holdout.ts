@@ -20,28 +20,33 @@
  * Memory: the held-out ids (the producer holds them as a set), and while computing a heap of
  * at most K candidates.
  */
-import { createHash, randomBytes } from 'node:crypto';
-import { link, mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
-import { hostname } from 'node:os';
-import { basename, dirname, join, resolve } from 'node:path';
+import { mkdir, open, rm, stat } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
 import type { Redis } from 'ioredis';
 import {
   AppError,
   PromptFileIndex,
-  errorMessage,
   exists,
-  fsyncDir,
-  isErrno,
-  isProcessAlive,
   parsePromptLine,
   readRawLineChunks,
-  writeFileAtomic,
   type DatasetConfig,
   type Logger,
   type RunKeys,
 } from '../shared/index.js';
 import { selectEvalSplit, sortedHash, type ComputedSplit } from './eval-split.js';
+import {
+  publish,
+  readManifest,
+  removeAbandonedTemps,
+  sha256,
+  tempNameFor,
+  warnOnce,
+  writeManifest,
+  type EvalManifest,
+} from './eval-split-files.js';
+import { heldOutBySameContent } from './eval-same-content.js';
 
+export type { EvalManifest } from './eval-split-files.js';
 export { evalHoldoutCount, evalHoldoutKey, selectEvalSplit, type ComputedSplit } from './eval-split.js';
 
 /** File names of the split in `<run dir>/<dataset>/`. */
@@ -55,30 +60,16 @@ export function evalPromptsPath(runDirectory: string, dataset: string): string {
   return join(runDirectory, dataset, EVAL_PROMPTS_FILE);
 }
 
-/** `eval-prompts.json`: how the split was made. */
-export interface EvalManifest {
-  dataset: string;
-  /** The prompt file the split was taken from (absolute). */
-  sourceFile: string;
-  /** That file when the split was made (or last found to give the same split). */
-  source: { bytes: number; mtimeMs: number; prompts: number };
-  /** Prompts held out (lines of eval-prompts.jsonl). */
-  count: number;
-  rule: { evalHoldout: number; count: string; select: string };
-  /** SHA-256 of the held-out ids, sorted, one a line. */
-  idsSha256: string;
-  /** SHA-256 of the SHA-256s of the held-out lines, sorted: a held-out prompt edited changes it. */
-  linesSha256: string;
-  /** When the split was written (ISO 8601). */
-  created: string;
-}
-
 /** A dataset's split as generation uses it. */
 export interface EvalHoldout {
   /** The eval-prompts.jsonl file. */
   file: string;
+  /** Ids never generated: the split's, and with `datasets` those of the same content as a held-out prompt. */
   ids: ReadonlySet<string>;
+  /** Prompts of the split (lines of eval-prompts.jsonl). */
   count: number;
+  /** With `datasets`: prompts held out for their content (in `ids`, not in `count`); see eval-same-content.ts. */
+  sameContent: number;
   /** Written by this call (else read back from an earlier one). */
   written: boolean;
 }
@@ -93,11 +84,14 @@ export interface ResolveEvalHoldoutOptions {
   index?: PromptFileIndex;
   /** The run: a split is not made for a dataset the run already generated from, and `status` gets the count. */
   run?: { redis: Redis; keys: RunKeys };
+  /**
+   * Every dataset of the run: given, a prompt of this dataset whose content is a held-out
+   * prompt's (of any of them) is held out too, and every dataset's split is resolved first
+   * (eval-same-content.ts).
+   */
+  datasets?: readonly DatasetConfig[];
   log: Logger;
 }
-
-/** Warnings given by this process (one per split file and version of what it was checked against). */
-const warned = new Set<string>();
 
 /**
  * The dataset's split: the one written earlier (checked against the config and the prompt file,
@@ -112,7 +106,25 @@ export async function resolveEvalHoldout(options: ResolveEvalHoldoutOptions): Pr
   if (holdout === undefined && ds.evalHoldout !== undefined) holdout = await writeSplit(options, file, ds.evalHoldout);
   if (holdout !== undefined && options.run !== undefined)
     await options.run.redis.hset(options.run.keys.stats(ds.name), EVAL_HELD_OUT_FIELD, holdout.count);
-  return holdout;
+  if (options.datasets === undefined) return holdout;
+  const { datasets, run, log } = options;
+  const same = await heldOutBySameContent(ds.name, {
+    datasets,
+    runDir: dir,
+    log,
+    ...(run === undefined ? {} : { run }),
+    resolveSplit: (other) =>
+      resolveEvalHoldout({
+        ds: other,
+        promptsFile: other.prompts ?? '',
+        runDir: dir,
+        log,
+        ...(run === undefined ? {} : { run }),
+      }),
+  });
+  if (same.size === 0) return holdout;
+  const ids = new Set([...(holdout?.ids ?? []), ...same.keys()]);
+  return { file, count: 0, written: false, ...holdout, ids, sameContent: same.size };
 }
 
 /** Reads the ids of an eval-prompts.jsonl with the producer's parser; an unreadable line is an error naming it. */
@@ -142,7 +154,7 @@ export async function readEvalSplit(
 async function keepWritten(options: ResolveEvalHoldoutOptions, file: string): Promise<EvalHoldout> {
   const { ds, log } = options;
   const { ids, lineHashes } = await readEvalSplit(file, ds.turns);
-  const holdout: EvalHoldout = { file, ids: new Set(ids), count: ids.length, written: false };
+  const holdout: EvalHoldout = { file, ids: new Set(ids), count: ids.length, sameContent: 0, written: false };
   const manifestFile = join(dirname(file), EVAL_MANIFEST_FILE);
   const manifest = await readManifest(manifestFile);
   const source = resolve(options.promptsFile);
@@ -263,7 +275,7 @@ async function writeSplit(options: ResolveEvalHoldoutOptions, file: string, rule
   if (split.ids.length > 0 && split.ids.length === split.prompts) {
     log.warn({ dataset: ds.name, file }, `dataset "${ds.name}": evalHoldout ${rule} holds out every prompt`);
   }
-  return { file, ids: new Set(split.ids), count: split.ids.length, written: true };
+  return { file, ids: new Set(split.ids), count: split.ids.length, sameContent: 0, written: true };
 }
 
 function manifestOf(
@@ -288,19 +300,6 @@ function manifestOf(
   };
 }
 
-async function readManifest(file: string): Promise<EvalManifest | undefined> {
-  try {
-    const m = JSON.parse(await readFile(file, 'utf8')) as EvalManifest;
-    return typeof m.rule?.evalHoldout === 'number' && typeof m.source?.bytes === 'number' ? m : undefined;
-  } catch {
-    return undefined; // missing or not ours: the split is checked against the prompt file instead
-  }
-}
-
-async function writeManifest(file: string, manifest: EvalManifest): Promise<void> {
-  await writeFileAtomic(file, `${JSON.stringify(manifest, null, 2)}\n`);
-}
-
 async function indexOf(options: ResolveEvalHoldoutOptions, source: string): Promise<PromptFileIndex> {
   const given = options.index;
   if (given !== undefined && resolve(given.file) === source && (await given.isCurrent())) return given;
@@ -321,53 +320,4 @@ async function hasGenerated(redis: Redis, keys: RunKeys, dataset: string): Promi
     ),
   ]);
   return Number(records ?? 0) > 0 || found > 0;
-}
-
-/**
- * Puts `tmp` in place as `file` unless `file` exists: false when another process published
- * first. A hard link, which fails rather than replace; a rename where links are not supported.
- */
-async function publish(tmp: string, file: string): Promise<boolean> {
-  try {
-    await link(tmp, file);
-  } catch (e: unknown) {
-    if (isErrno(e, 'EEXIST')) return false;
-    if (!isErrno(e, 'EPERM') && !isErrno(e, 'ENOTSUP') && !isErrno(e, 'EXDEV')) throw e;
-    if (await exists(file)) return false;
-    await rename(tmp, file);
-  }
-  await fsyncDir(dirname(file));
-  return true;
-}
-
-function warnOnce(log: Logger, key: string, fields: Record<string, unknown>, message: string): void {
-  if (warned.has(key)) return;
-  warned.add(key);
-  log.warn(fields, message);
-}
-
-function sha256(text: string): string {
-  return createHash('sha256').update(text).digest('hex');
-}
-
-const HOST = sha256(hostname()).slice(0, 8);
-
-/** `.<name>.<host>.<pid>.<random>.tmp` beside `file`: whose it is, so that what a killed process left is removed. */
-function tempNameFor(file: string): string {
-  return join(dirname(file), `.${basename(file)}.${HOST}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
-}
-
-async function removeAbandonedTemps(file: string): Promise<void> {
-  const prefix = `.${basename(file)}.${HOST}.`;
-  let names: string[];
-  try {
-    names = await readdir(dirname(file));
-  } catch (e: unknown) {
-    if (isErrno(e, 'ENOENT')) return;
-    throw new AppError(`cannot read ${dirname(file)}: ${errorMessage(e)}`, { cause: e });
-  }
-  for (const name of names) {
-    const m = name.startsWith(prefix) ? /^(\d+)\.[0-9a-f]+\.tmp$/.exec(name.slice(prefix.length)) : null;
-    if (m !== null && !isProcessAlive(Number(m[1]))) await rm(join(dirname(file), name), { force: true });
-  }
 }

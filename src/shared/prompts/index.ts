@@ -18,3 +18,11 @@ export {
   scanPromptFile,
 } from './source.js';
 export { conversationTurns, type ConversationTurns, turnHistory, turnSampleId } from './conversation.js';
+export {
+  HELD_OUT_IDS_FILE,
+  type HeldOutIds,
+  type HeldOutIdsFile,
+  isSampleOf,
+  promptContentKey,
+  readHeldOutIds,
+} from './eval-content.js';

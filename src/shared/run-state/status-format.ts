@@ -124,10 +124,12 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
     if (d.failedReason !== undefined) lines.push(`! ${d.name} ${d.failedReason}`);
   for (const d of status.datasets) {
     const same = d.evalHeldOutSameContent ?? 0;
-    if (d.evalHeldOut !== undefined || same > 0)
+    if (same > 0)
       lines.push(
-        `${d.name}: held out for eval: ${formatInt(d.evalHeldOut ?? 0)} by id (eval-prompts.jsonl), ${formatInt(same)} same content; never generated`,
+        `${d.name}: held out for eval: ${formatInt(d.evalHeldOut ?? 0)} by id (eval-prompts.jsonl), ${formatInt(same)} same content as a held-out prompt; never generated`,
       );
+    else if (d.evalHeldOut !== undefined)
+      lines.push(`${d.name}: ${formatInt(d.evalHeldOut)} held out for eval (eval-prompts.jsonl; never generated)`);
   }
   const evaluation = formatEvalStatus(status.eval);
   if (evaluation.length > 0) lines.push('', ...evaluation);

@@ -37,6 +37,7 @@ import {
   errorMessage,
   mergeIntoTarget,
   parsePayload,
+  readHeldOutIds,
   readHfDataset,
   readShardBatches,
   writeHfDataset,
@@ -273,10 +274,19 @@ async function tokenizeAgainst(
         })
       : rowsFromConversationsPooled(p.source, { ctx, dataset: p.dataset, stats: convStats, logger: log, threads });
   let alreadyMerged = 0;
+  // The eval split's prompts and those of the same content (written by the producer): never
+  // trained on, even when generated before the split existed. `<runDir>/<dataset>/`, the run
+  // folder being the staged folder's (`<runDir>/postprocess/<flowId>/<dataset>`).
+  const heldOut = await readHeldOutIds(path.join(path.resolve(p.stagedDir, '../../..'), p.dataset));
+  let heldOutRows = 0;
   async function* fresh(): AsyncGenerator<HfRow> {
     for await (const row of source) {
       // Any invalid line is fatal when none is allowed: stop reading at once.
       if (p.maxInvalidFraction === 0 && stats.invalid > 0) break;
+      if (heldOut?.has(row.id) === true) {
+        heldOutRows += 1;
+        continue;
+      }
       if (await merged.has(row.dataset, row.id)) {
         alreadyMerged += 1;
         continue;
@@ -333,6 +343,11 @@ async function tokenizeAgainst(
       offsets: { source: p.source, settings: tokenizeSettings(ctx), files },
     };
   }
+  if (heldOutRows > 0)
+    log.warn(
+      { heldOutRows, stagedDir: p.stagedDir },
+      `${heldOutRows} rows of prompts held out for eval (by id or the same content) left out of the training data`,
+    );
   log.info(
     { rows: result.rows, tokens: result.tokens, alreadyMerged, invalid: result.invalid, stagedDir: p.stagedDir },
     'dataset tokenized',
