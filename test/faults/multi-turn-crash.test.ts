@@ -14,6 +14,8 @@ import {
   bundledTokenizerPath,
   generateQueueName,
   loadTokenizer,
+  pauseDataset,
+  resumeDataset,
   type ConfigInput,
 } from '../../src/shared/index.js';
 import {
@@ -168,8 +170,10 @@ describe('turns: all survives crashes and races', () => {
       // started). A worker runs a conversation's next turn as soon as the previous one commits
       // (its slot is held for it), so the moment is made: the dataset is paused once a few turns
       // are committed; what is in flight finishes, and the next turns wait for the resume.
-      // Paused while some conversation has a turn or more committed and two or more to go: once
-      // its turn in flight commits, it still waits between two turns.
+      // Paused, at once (the same call as `tokenmill pause`, made here: a CLI process takes
+      // seconds to start, in which the conversation could finish), while some conversation has a
+      // turn or more committed and two or more to go: acquire-request.lua starts no request of a
+      // paused dataset, so once its one turn in flight commits, it waits between two turns.
       await waitFor(
         async () => {
           for (const conv of s.convs) {
@@ -182,8 +186,7 @@ describe('turns: all survives crashes and races', () => {
         60_000,
         20,
       );
-      const pause = spawnCli(['pause', '-c', s.configPath, 'ds']);
-      expect(await pause.exited, pause.output()).toBe(0);
+      await pauseDataset(conn, s.keys, 'ds');
       await waitFor(
         async () => (await conn.zcard(s.keys.inflight('ds'))) === 0 && (await betweenTurns(s)).length >= 1,
         'conversations between turns',
@@ -201,8 +204,7 @@ describe('turns: all survives crashes and races', () => {
       expect(paused.length).toBeGreaterThan(0);
       const killedLeases = new Set(await conn.zrange(s.keys.inflight('ds'), 0, -1));
 
-      const resume = spawnCli(['resume', '-c', s.configPath, 'ds']);
-      expect(await resume.exited, resume.output()).toBe(0);
+      await resumeDataset(conn, s.keys, 'ds');
 
       // 2. The producer killed once, while a worker works; it starts again at once.
       const w2 = spawnCli(['worker', '-c', s.configPath]);
@@ -257,6 +259,58 @@ describe('turns: all survives crashes and races', () => {
     } finally {
       producer.child.kill('SIGKILL');
       await stop(workers);
+    }
+  }, 300_000);
+
+  it('a batch whose lock is lost between two turns: its old holder starts no further turn; the next holder resumes, each turn sent once', async () => {
+    const s = setup('lost', 2, 2);
+    const conn = redis.connection('client');
+    const queue = new Queue(generateQueueName('ds'), { connection: redis.connection(), prefix: s.keys.bullPrefix });
+    const producer = spawnCli(['produce', '-c', s.configPath]);
+    const worker = spawnCli(['worker', '-c', s.configPath]);
+    try {
+      // Both conversations are in the one batch; once a turn of one commits, the batch's lock is
+      // taken away (as when another worker takes over a batch after this one stalled).
+      await waitFor(
+        async () => {
+          for (const conv of s.convs) if ((await conn.hlen(s.keys.conversationHistory('ds', conv))) >= 1) return true;
+          return false;
+        },
+        'a turn committed',
+        60_000,
+        10,
+      );
+      const [job] = await queue.getActive();
+      expect(job?.id).toBeDefined();
+      const lockKey = `${s.keys.bullPrefix}:${generateQueueName('ds')}:${String(job?.id)}:lock`;
+      await conn.set(lockKey, 'another-worker', 'PX', 60_000);
+      const takenMs = Date.now();
+      // What the old holder had at the server finishes; after it, it starts nothing more.
+      await waitFor(async () => (await conn.zcard(s.keys.inflight('ds'))) === 0, 'the turns in flight done', 30_000);
+      const quietFrom = Date.now();
+      await new Promise((r) => setTimeout(r, 3_000));
+      const late = sim
+        .stats()
+        .requests.filter((r) => r.rid.startsWith('ds/lost-') && r.receivedAtMs > quietFrom)
+        .map((r) => sampleIdOfRid(r.rid));
+      expect(late, 'turns the old holder started after its lock was lost').toEqual([]);
+      const sentWhileTaken = sim
+        .stats()
+        .requests.filter((r) => r.rid.startsWith('ds/lost-') && r.receivedAtMs > takenMs);
+      expect(sentWhileTaken.length).toBeLessThanOrEqual(s.convs.length);
+
+      // The other worker "goes away": the lock lapses, the batch is stalled back to the queue and
+      // taken again; the conversations resume at their next turn.
+      await conn.del(lockKey);
+      const code = await Promise.race([producer.exited, new Promise((r) => setTimeout(() => r('timeout'), 90_000))]);
+      expect(code, `${producer.output().slice(-3_000)}\n${worker.output().slice(-2_000)}`).toBe(0);
+      await expectCompleteChains(s);
+      // Before, the old holder drove the conversations on beside the new one: turns sent twice.
+      for (const [id, n] of sends('lost')) expect(n, id).toBe(1);
+    } finally {
+      producer.child.kill('SIGKILL');
+      await stop([worker]);
+      await queue.close();
     }
   }, 300_000);
 
