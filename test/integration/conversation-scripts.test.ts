@@ -5,6 +5,7 @@
 // end (a racing delivery) is committed but leaves no history behind.
 import { describe, expect, it } from 'vitest';
 
+import { recordFailure } from '../../src/workers/inference/sample-records.js';
 import { useHarness } from '../helpers/fixture.js';
 
 const { scripts: r, keys } = useHarness({ scripts: true, keys: 'cs' });
@@ -76,5 +77,23 @@ describe('conversation scripts', () => {
     // A racing delivery commits turn 3 after the end: committed and counted, no history recreated.
     expect(await commitTurn('a', 3, [1], 'r4')).toEqual([1, 4]);
     expect(await r.exists(keys.conversationHistory(DS, 'a'))).toBe(0);
+  });
+
+  it('a failure of a turn another delivery committed first records nothing, and says so (the conversation goes on)', async () => {
+    expect((await commitTurn('b', 1, [4, 2], 'r5'))[0]).toBe(1);
+    const failure = { attempts: 3, endpoint: undefined, rid: 'r6', leaseKey: keys.inflight(DS) };
+    const req = (id: string) => ({
+      dataset: DS,
+      sample: { id, line: 2, promptIds: [1], maxNewTokens: 8 },
+      sampling: {},
+      maxAttempts: 3,
+      priorExpectedTokens: 8,
+      attemptsSpent: 0,
+    });
+    // Before, the caller ignored this and ended the conversation on a turn that was committed.
+    expect(await recordFailure(r, keys, req('b#t1'), { ...failure, reason: 'HTTP 500' })).toBe(false);
+    expect(await r.hexists(keys.failed(DS), 'b#t1')).toBe(0);
+    expect(await recordFailure(r, keys, req('b#t2'), { ...failure, reason: 'HTTP 400' })).toBe(true);
+    expect(await r.hexists(keys.failed(DS), 'b#t2')).toBe(1);
   });
 });
