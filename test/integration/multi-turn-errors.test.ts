@@ -2,7 +2,7 @@
  * `turns: all`: one conversation's error is that conversation's end (docs/design.md, invariant 12),
  * with the real CLI, real Redis and the simulator over HTTP. A chat template that raises for a later
  * turn's history (a system message in mid-conversation, as strict alternating templates do) ends
- * that conversation — the last of the dataset — `error: turn k: …`, shown by `status`, while the
+ * that conversation at its last turn — the last conversation of the dataset — `error: turn k: …`, shown by `status`, while the
  * run completes; `retry-failed` after the template is fixed resumes it at its next turn, its
  * committed turns not sent again.
  */
@@ -50,7 +50,7 @@ async function cli(args: string[]): Promise<string> {
 }
 
 describe('turns: all, a conversation whose later turn the template rejects', () => {
-  it('ends that conversation `error: turn 2: …` (status shows it), completes the run, and resumes it after retry-failed', async () => {
+  it('ends that conversation — its last turn, the last of the dataset — `error: turn 3: …` (status shows it), completes the run, and resumes it after retry-failed', async () => {
     const dir = path.join(tmp.dir, 'tpl');
     mkdirSync(dir, { recursive: true });
     // The run's tokenizer: the bundled Qwen3 with the strict check in front of its template.
@@ -61,15 +61,15 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
     const tc = JSON.parse(original) as { chat_template: string };
     writeFileSync(cfgFile, JSON.stringify({ ...tc, chat_template: STRICT_PREFIX + tc.chat_template }));
 
-    // The last line of the file: its turn 1 renders, its turn 2's history has the mid-conversation system message.
+    // The last line of the file: turns 1 and 2 render; its last turn's history has the mid-conversation system message.
     const bad = {
       id: 'bad',
       messages: [
         { role: 'user', content: 'First question about rivers.' },
         { role: 'assistant', content: `${SOURCE_ANSWER} 1` },
-        { role: 'system', content: 'From now on answer in French.' },
         { role: 'user', content: 'Second question about lakes.' },
         { role: 'assistant', content: `${SOURCE_ANSWER} 2` },
+        { role: 'system', content: 'From now on answer in French.' },
         { role: 'user', content: 'Third question about seas.' },
         { role: 'assistant', content: `${SOURCE_ANSWER} 3` },
       ],
@@ -103,11 +103,11 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
     const records = readGenerations(path.join(dir, 'out', run), 'c') as unknown as TurnRecord[];
     expect(duplicates(records.map((r) => r.id))).toEqual([]);
     const convs = byConversation(records);
-    expect(convs.get('bad')?.map((t) => t.turn)).toEqual([1]);
+    expect(convs.get('bad')?.map((t) => t.turn)).toEqual([1, 2]);
     for (let i = 0; i < 3; i += 1) expect(convs.get(`e-${i}`)?.length, `e-${i}`).toBe(3);
     const end = JSON.parse((await conn.hget(keys.conversations('c'), 'bad')) ?? '{}') as Record<string, unknown>;
-    expect(end).toMatchObject({ kind: 'ended', turnsDone: 1, turn: 2, turns: 3 });
-    expect(end.reason).toMatch(/^error: turn 2: .*System message must be at the beginning/);
+    expect(end).toMatchObject({ kind: 'ended', turnsDone: 2, turn: 3, turns: 3 });
+    expect(end.reason).toMatch(/^error: turn 3: .*System message must be at the beginning/);
     const stats = await conn.hgetall(keys.stats('c'));
     expect(stats.status).toBe('completed');
     expect(stats.conversationsComplete).toBe('3');
@@ -124,14 +124,14 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
     const status = await cli(['status', '-c', cfg]);
     expect(status).toMatch(/conversations 3 complete, 0 partial, 1 ended early/);
     expect(status).toMatch(/ended early \(1 error\)/);
-    expect(status).toMatch(/bad at turn 2: error: turn 2: .*System message must be at the beginning/);
+    expect(status).toMatch(/bad at turn 3: error: turn 3: .*System message must be at the beginning/);
     const json = JSON.parse(await cli(['status', '-c', cfg, '--json'])) as {
       datasets: { conversations: { endedBy: Record<string, number>; lastEnded: { id: string; turn: number }[] } }[];
     };
     expect(json.datasets[0]?.conversations.endedBy).toEqual({ error: 1 });
-    expect(json.datasets[0]?.conversations.lastEnded[0]).toMatchObject({ id: 'bad', turn: 2 });
+    expect(json.datasets[0]?.conversations.lastEnded[0]).toMatchObject({ id: 'bad', turn: 3 });
 
-    // The template fixed, retry-failed reopens the conversation; the next run resumes it at turn 2.
+    // The template fixed, retry-failed reopens the conversation; the next run resumes it at turn 3.
     writeFileSync(cfgFile, original);
     const retry = await cli(['retry-failed', '-c', cfg]);
     expect(retry).toMatch(/c: 1 conversation\(s\) that ended early will resume at their next turn/);
@@ -141,7 +141,7 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
     const tok = await loadTokenizer(tokDir);
     const allConvs = byConversation(after);
     expectTurnChains(tok, readConversationFile(file), allConvs, { complete: true });
-    // Turn 1 of `bad` was generated once: the resume went on from it.
+    // Turns 1 and 2 of `bad` were generated once: the resume went on from them.
     const sentBad = sim
       .stats()
       .requests.map((r) => r.rid)
