@@ -212,13 +212,15 @@ function conversationsNote(d) {
       `turns · conversations: ${fmt(c.complete)} complete, ${fmt(c.partial)} partial, ${fmt(c.ended)} ended early`,
     ),
     // Why conversations ended early: the latest few, each with its reason.
-    ...(c.lastEnded || []).slice(0, 3).map((e) =>
-      el(
-        'div',
-        { class: 'note', 'data-field': 'conversation-ended', title: e.reason },
-        `ended: ${e.id}${e.turn === null ? '' : ` at turn ${e.turn}`}: ${e.reason}`,
+    ...(c.lastEnded || [])
+      .slice(0, 3)
+      .map((e) =>
+        el(
+          'div',
+          { class: 'note', 'data-field': 'conversation-ended', title: e.reason },
+          `ended: ${e.id}${e.turn === null ? '' : ` at turn ${e.turn}`}: ${e.reason}`,
+        ),
       ),
-    ),
   ];
 }
 

@@ -120,8 +120,7 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
         lines.push(`  ${e.id}${e.turn === null ? '' : ` at turn ${e.turn}`}: ${e.reason}`);
     }
   }
-  for (const d of status.datasets)
-    if (d.failedReason !== undefined) lines.push(`! ${d.name} ${d.failedReason}`);
+  for (const d of status.datasets) if (d.failedReason !== undefined) lines.push(`! ${d.name} ${d.failedReason}`);
   for (const d of status.datasets) {
     const same = d.evalHeldOutSameContent ?? 0;
     if (same > 0)

@@ -217,10 +217,10 @@ export async function readRunStatus(
       : gen.every((d) => d.status === 'completed' || d.status === 'failed')
         ? 'failed'
         : gen.some((d) => d.status === 'in_progress' || d.status === 'completed' || d.status === 'failed')
-        ? 'in_progress'
-        : gen.some((d) => d.status === 'paused')
-          ? 'paused'
-          : 'pending';
+          ? 'in_progress'
+          : gen.some((d) => d.status === 'paused')
+            ? 'paused'
+            : 'pending';
   const stateOf = (name: PhaseStatus['name'], fallback: ProgressStatus): ProgressStatus =>
     (phaseState[name] as ProgressStatus | undefined) ?? fallback;
   const prepared = Object.keys(await redis.hgetall(keys.stats(config.datasets[0]?.name ?? ''))).length > 0;

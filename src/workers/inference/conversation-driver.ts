@@ -101,7 +101,14 @@ export async function driveConversation(
   }
   if (typeof turns === 'string') {
     // The producer checked the line; a payload that disagrees ends its conversation, not the batch.
-    const end: ConversationEnd = { kind: 'ended', turnsDone: 0, turns: 0, turn: 1, reason: `error: ${turns}`, spliced: 0 };
+    const end: ConversationEnd = {
+      kind: 'ended',
+      turnsDone: 0,
+      turns: 0,
+      turn: 1,
+      reason: `error: ${turns}`,
+      spliced: 0,
+    };
     await deps.finish(dataset, sample.id, end);
     return { kind: 'finished', end, committed: 0, outputTokens: 0 };
   }
