@@ -22,11 +22,25 @@
 # one finds the environments ready and returns.
 #
 # Environment: PYTHON (default python3) is the interpreter the venvs are created from.
+#
+# Kept between checkouts: in a checkout without the venv folder (a fresh clone, e.g. CI's), the
+# venv is built once per machine in ${XDG_CACHE_HOME:-$HOME/.cache}/tokenmill/venvs/, keyed by
+# the interpreter and every requirements file, and the checkout's folder is a link to it; a later
+# fresh clone links to the same one in well under a second. A venv folder the checkout already has
+# is used where it is. TOKENMILL_VENV_CACHE=off builds every venv inside the checkout.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 LOCK="${TMPDIR:-/tmp}/tokenmill-venv-$(printf %s "$ROOT" | sha256sum | cut -c1-16).lock"
+VENV_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tokenmill/venvs"
+# What a cached venv is built from: the interpreter and every requirements file.
+VENV_KEY="$(
+  {
+    "${PYTHON:-python3}" -c 'import sys; print(sys.executable, sys.version)'
+    cat "$ROOT"/scripts/requirements*.txt
+  } | sha256sum | cut -c1-16
+)"
 
 # name -> "venv folder|requirements file|modules that must import"
 declare -A ENVS=(
@@ -45,7 +59,15 @@ setup() {
   fi
   local venv req modules
   IFS='|' read -r venv req modules <<<"$spec"
-  venv="$ROOT/$venv"
+  local link=""
+  if [ "${TOKENMILL_VENV_CACHE:-on}" != off ] && { [ -L "$ROOT/$venv" ] || [ ! -e "$ROOT/$venv" ]; }; then
+    # Built (or found) in the machine's cache; the checkout's folder links to it.
+    link="$ROOT/$venv"
+    venv="$VENV_CACHE/${venv#.}-$VENV_KEY"
+    mkdir -p "$VENV_CACHE"
+  else
+    venv="$ROOT/$venv"
+  fi
   req="$ROOT/$req"
   # `trainer` shares .venv with `main`: each keeps its own stamp, so neither rebuilds the other.
   # Its requirements file includes main's (`-r requirements.txt`), so its stamp covers both.
@@ -64,6 +86,7 @@ setup() {
   fi
   imports="import ${modules// /, }"
   if [ -x "$py" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$imports" >/dev/null 2>&1; then
+    if [ -n "$link" ]; then ln -sfn "$venv" "$link"; fi
     return 0
   fi
   local started=$SECONDS
@@ -76,11 +99,16 @@ setup() {
   fi
   "$py" -c "$imports" >/dev/null
   printf '%s\n' "$want" >"$stamp"
+  if [ -n "$link" ]; then ln -sfn "$venv" "$link"; fi
   echo "setup-python: $venv ready in $((SECONDS - started)) s ($("$py" -c 'import datasets; print("datasets", datasets.__version__)' 2>/dev/null))" >&2
 }
 
 exec 9>"$LOCK"
 flock 9
+# Checkouts share the cached venvs: one builds, the others wait and find them ready.
+mkdir -p "$VENV_CACHE"
+exec 8>"$VENV_CACHE/.lock"
+flock 8
 
 if [ "$#" -eq 0 ]; then set -- main datasets3; fi
 for name in "$@"; do setup "$name"; done
