@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import { UnrecoverableError, Worker, type Job } from 'bullmq';
+import { Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { ChatTokenizer, RunKeys } from '../../shared/index.js';
 import {
@@ -8,7 +8,6 @@ import {
   autoConcurrencyOf,
   closeRedisConnection,
   createRedisConnection,
-  encodeBatchPayload,
   generateQueueName,
   throttledErrorLog,
   logger as componentLogger,
@@ -22,7 +21,8 @@ import {
 import { BatchReporter } from './batch-report.js';
 import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
 import { EndpointPool, type EndpointPoolOptions, type PoolConcurrency } from './endpoint-pool.js';
-import { failedJobReason, parseFailureRecord } from './failure-records.js';
+import { batchJobError, failBatchJob } from './failed-batch.js';
+import { parseFailureRecord } from './failure-records.js';
 import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
 import { conversationStore } from './conversation-store.js';
 
@@ -332,8 +332,7 @@ export class InferenceWorker {
           : { conversations: conversationStore(redis, keys, async () => await this.options.tokenizer!) }),
         jobId,
         // The job's lock still ours: BullMQ's lock key holds the token of the worker that has the job.
-        stillHeld: async () =>
-          !held.lost && (await redis.get(`${job.queueQualifiedName}:${jobId}:lock`)) === token,
+        stillHeld: async () => !held.lost && (await redis.get(`${job.queueQualifiedName}:${jobId}:lock`)) === token,
         progress: (p) => report.progress(p),
         log: (line) => report.line(line),
         logger: log,
@@ -341,13 +340,7 @@ export class InferenceWorker {
     } catch (e: unknown) {
       await report.flush();
       if (held.lost) return;
-      // A payload that does not parse is unrecoverable; anything else is retried by BullMQ.
-      const err =
-        e instanceof AppError && !e.retryable
-          ? new UnrecoverableError(e.message)
-          : e instanceof Error
-            ? e
-            : new Error(String(e));
+      const err = batchJobError(e);
       log.warn({ err: e }, 'batch failed');
       await job.moveToFailed(err, token, false);
       return;
@@ -364,37 +357,13 @@ export class InferenceWorker {
     }
     const { committed, duplicates, alreadyDone, failed, skippedByBudget, outputTokens } = outcome;
     if (outcome.failures.length > 0) {
-      await this.fail(held, outcome);
+      await failBatchJob(job, token, outcome, this.log);
       return;
     }
     await job.moveToCompleted(
       { committed, duplicates, alreadyDone, failed, skippedByBudget, outputTokens },
       token,
       false,
-    );
-  }
-
-  /**
-   * Ends a batch job failed, carrying only its failed prompts: Bull Board lists it under
-   * failed with each prompt's line, id, status and reason, and its Retry (or `retry-failed`)
-   * sends exactly those prompts again. The data is trimmed after the job is failed, so a
-   * crash in between never sends a failed prompt again unasked (a retry of the untrimmed job
-   * finds their records and fails it again, trimmed).
-   */
-  private async fail(held: HeldBatch, outcome: GenerateBatchOutcome): Promise<void> {
-    const { job, token } = held;
-    const reason = failedJobReason(job.name, outcome.samples.length, outcome.failures);
-    await job.moveToFailed(new UnrecoverableError(reason), token, false);
-    const { dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize } = outcome.payload;
-    await job.updateData(
-      encodeBatchPayload(
-        { dataset, batchId, sampling, maxAttempts, priorExpectedTokens, vocabSize, retryOfFailed: true },
-        outcome.failures.map((f) => f.sample),
-      ),
-    );
-    this.log.warn(
-      { queue: job.queueName, jobId: job.id, dataset, failed: outcome.failures.length },
-      'batch ended with failed prompts: its job is failed, carrying them for a retry',
     );
   }
 
