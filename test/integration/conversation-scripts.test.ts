@@ -81,7 +81,7 @@ describe('conversation scripts', () => {
 
   it('a failure of a turn another delivery committed first records nothing, and says so (the conversation goes on)', async () => {
     expect((await commitTurn('b', 1, [4, 2], 'r5'))[0]).toBe(1);
-    const failure = { attempts: 3, endpoint: undefined, rid: 'r6', leaseKey: keys.inflight(DS) };
+    const failure = { status: undefined, attempts: 3, endpoint: undefined, rid: 'r6', leaseKey: keys.inflight(DS) };
     const req = (id: string) => ({
       dataset: DS,
       sample: { id, line: 2, promptIds: [1], maxNewTokens: 8 },
