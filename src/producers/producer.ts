@@ -1,6 +1,14 @@
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import { resolveEvalHoldout } from './eval-holdout.js';
+import { batchIdOf } from './batch-id.js';
+import {
+  MAX_PASSES_WITHOUT_PROGRESS,
+  accountedCount,
+  finishDataset,
+  progressMark,
+  stopWithoutProgress,
+} from './dataset-end.js';
 import { runPass } from './producer-pass.js';
 import {
   AppError,
@@ -44,12 +52,6 @@ export interface ProducerOptions {
 }
 
 const PRODUCER_LOCK_TTL_MS = 30_000;
-/**
- * Passes in a row that sent samples and saw none of them committed, failed or finished before a
- * dataset is stopped (`status: failed`, with the cause): a pass without progress is never
- * repeated for ever (docs/design.md, invariant 12).
- */
-export const MAX_PASSES_WITHOUT_PROGRESS = 3;
 /** The first of a wait's polls; each next one waits twice as long, up to `pollMs`. */
 const FIRST_POLL_MS = 2;
 
@@ -179,7 +181,8 @@ export class Producer {
     let heldOut: ReadonlySet<string> | undefined;
     let passesWithoutProgress = 0;
     while (!this.stopping) {
-      if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
+      if (await this.budgetMet(ds))
+        return void (await finishDataset(this.redis, this.options.keys, ds, queue, 'budget', '', log));
       const state = await this.redis.hmget(keys.producer(ds.name), 'epoch', 'line', 'retryGen');
       const epoch = Number(state[0] ?? 0);
       const fromLine = Number(state[1] ?? 0);
@@ -209,8 +212,8 @@ export class Producer {
       // What proves, after the pass, that every sample it enqueued is accounted for (see
       // below): nothing else queued at its start, and the accounted count before it.
       const quietAtStart = fromLine === 0 && (await this.busyJobs(queue)) === 0;
-      const accountedBefore = await this.accountedCount(ds);
-      const progressBefore = await this.progressMark(ds);
+      const accountedBefore = await accountedCount(this.redis, this.options.keys, ds);
+      const progressBefore = await progressMark(this.redis, this.options.keys, ds);
       const result = await runPass({
         redis: this.redis,
         keys,
@@ -230,7 +233,8 @@ export class Producer {
       if (this.stopping) return;
       await this.waitIdle(ds, queue);
       if (this.stopping) return;
-      if (await this.budgetMet(ds)) return void (await this.finish(ds, queue, 'budget', '', log));
+      if (await this.budgetMet(ds))
+        return void (await finishDataset(this.redis, this.options.keys, ds, queue, 'budget', '', log));
       if (fromLine === 0 && result.complete) {
         // A full pass that found nothing to send: the prompts are exhausted. Or it sent
         // samples, and committed + failed grew by exactly their number while nothing else
@@ -239,72 +243,28 @@ export class Producer {
         // budget, a retry) takes another pass.
         const proven =
           result.enqueued === 0 ||
-          (quietAtStart && (await this.accountedCount(ds)) - accountedBefore === result.enqueued);
-        if (proven && (await this.finish(ds, queue, 'exhausted', retryGen, log))) return;
+          (quietAtStart &&
+            (await accountedCount(this.redis, this.options.keys, ds)) - accountedBefore === result.enqueued);
+        if (proven && (await finishDataset(this.redis, this.options.keys, ds, queue, 'exhausted', retryGen, log)))
+          return;
       }
       // Samples were sent and not one of them came to an end (committed, failed, finished): the
       // next pass would send them again, and again. After a few such passes the dataset stops.
       passesWithoutProgress =
-        result.enqueued > 0 && (await this.progressMark(ds)) === progressBefore ? passesWithoutProgress + 1 : 0;
+        result.enqueued > 0 && (await progressMark(this.redis, this.options.keys, ds)) === progressBefore
+          ? passesWithoutProgress + 1
+          : 0;
       if (passesWithoutProgress >= MAX_PASSES_WITHOUT_PROGRESS)
-        return void (await this.stopWithoutProgress(ds, queue, passesWithoutProgress, result.enqueued, log));
+        return void (await stopWithoutProgress(
+          this.redis,
+          this.options.keys,
+          ds,
+          queue,
+          { passes: passesWithoutProgress, enqueued: result.enqueued },
+          log,
+        ));
       await this.redis.hset(keys.producer(ds.name), 'epoch', epoch + 1, 'line', 0);
     }
-  }
-
-  /** Committed plus failed samples of a dataset (with `turns: all`: its finished conversations). */
-  private async accountedCount(ds: DatasetConfig): Promise<number> {
-    const { keys } = this.options;
-    // A conversation is what was enqueued; its turns are committed one by one under their own ids.
-    if (ds.turns === 'all') return this.redis.hlen(keys.conversations(ds.name));
-    const [records, failed] = await Promise.all([
-      this.redis.hget(keys.stats(ds.name), 'records'),
-      this.redis.hlen(keys.failed(ds.name)),
-    ]);
-    return Number(records ?? 0) + failed;
-  }
-
-  /** What grows whenever a sample of the dataset comes to an end: records, failures, finished conversations. */
-  private async progressMark(ds: DatasetConfig): Promise<string> {
-    const { keys } = this.options;
-    const [records, failed, conversations] = await Promise.all([
-      this.redis.hget(keys.stats(ds.name), 'records'),
-      this.redis.hlen(keys.failed(ds.name)),
-      ds.turns === 'all' ? this.redis.hlen(keys.conversations(ds.name)) : Promise.resolve(0),
-    ]);
-    return `${records ?? 0}/${failed}/${conversations}`;
-  }
-
-  /**
-   * Stops a dataset whose last passes made no progress: its status becomes `failed`, with a
-   * reason naming the cause (the last failed batch job's error), shown by `status`, the
-   * pipeline page and `/metrics`. The next `run` (or `produce`) starts it again.
-   */
-  private async stopWithoutProgress(
-    ds: DatasetConfig,
-    queue: Queue,
-    passes: number,
-    enqueued: number,
-    log: Logger,
-  ): Promise<void> {
-    const [last] = await queue.getJobs(['failed'], 0, 0, false);
-    const cause =
-      last?.failedReason === undefined || last.failedReason === ''
-        ? 'no batch job failed: its samples were handed back or lost each time'
-        : `the last failed batch job (${String(last.id)}) says: ${last.failedReason.replace(/\s+/g, ' ').slice(0, 500)}`;
-    const reason =
-      `stopped: ${passes} passes over the prompts in a row sent samples (${enqueued} the last time) and none of them ` +
-      `was committed, failed or finished; ${cause}. Fix the cause, then run again (\`tokenmill retry-failed\` gives failed prompts back)`;
-    await this.redis.hset(
-      this.options.keys.stats(ds.name),
-      'status',
-      'failed',
-      'failedReason',
-      reason,
-      'failedAtMs',
-      Date.now(),
-    );
-    log.error({ dataset: ds.name, passes, enqueued }, `dataset ${ds.name} ${reason}`);
   }
 
   /** Jobs of the dataset queued or being processed. */
@@ -374,60 +334,6 @@ export class Producer {
       await delay(wait);
     }
   }
-
-  /**
-   * Completes the dataset; false (and nothing changed) when `retry-failed` gave samples back
-   * since the pass that read `retryGen` began ('' = complete regardless).
-   */
-  private async finish(
-    ds: DatasetConfig,
-    queue: Queue,
-    reason: 'budget' | 'exhausted',
-    retryGen: string,
-    log: Logger,
-  ): Promise<boolean> {
-    const { keys } = this.options;
-    if (reason === 'budget') {
-      // Nothing more is sent for this dataset: its queued batches leave the queue, their
-      // samples recorded as skipped by budget (a higher budget later enqueues them again).
-      const jobs = await queue.getJobs(['waiting', 'prioritized', 'delayed']);
-      for (const job of jobs) {
-        const ids = (job.data as { samples?: { id: string }[] }).samples?.map((s) => s.id) ?? [];
-        try {
-          await job.remove();
-          if (ids.length > 0) await this.redis.skipSamples(keys.done(ds.name), keys.skipped(ds.name), ...ids);
-        } catch (e: unknown) {
-          // Taken by a worker meanwhile: the worker skips its samples itself.
-          log.debug({ err: e, jobId: job.id }, 'queued batch already taken');
-        }
-      }
-    }
-    if ((await this.redis.completeDataset(keys.stats(ds.name), keys.producer(ds.name), retryGen, reason)) === 0) {
-      log.info('failed prompts were given back for a retry: another pass');
-      return false;
-    }
-    log.info({ reason }, 'dataset completed');
-    return true;
-  }
-}
-
-/**
- * A batch's id, from the lines (and, with `samplesPerPrompt`, the sample numbers) of its first
- * and last samples: the same batch always gets the same id, and two batches of one epoch never
- * do — the samples of one prompt may fill several batches (`samplesPerPrompt` ≥ 2 × `batchSize`).
- */
-export function batchIdOf(
-  ds: Pick<DatasetConfig, 'name' | 'samplesPerPrompt'>,
-  epoch: number,
-  first: Pick<Sample, 'id' | 'line'>,
-  last: Pick<Sample, 'id' | 'line'>,
-): string {
-  const at = (s: Pick<Sample, 'id' | 'line'>): string => {
-    if (ds.samplesPerPrompt <= 1) return String(s.line);
-    const m = /#s(\d+)$/.exec(s.id);
-    return m === null ? String(s.line) : `${s.line}.s${m[1]}`;
-  };
-  return `${ds.name}:e${epoch}:${at(first)}-${at(last)}`;
 }
 
 function delay(ms: number): Promise<void> {

@@ -11,7 +11,8 @@ import path from 'node:path';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { describe, expect, it } from 'vitest';
 
-import { MAX_PASSES_WITHOUT_PROGRESS, batchIdOf } from '../../src/producers/producer.js';
+import { batchIdOf } from '../../src/producers/batch-id.js';
+import { MAX_PASSES_WITHOUT_PROGRESS } from '../../src/producers/dataset-end.js';
 import { RunKeys, generateQueueName, type ConfigInput } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
