@@ -1,0 +1,123 @@
+import { hostname } from 'node:os';
+import type { TrainPayload } from '../../shared/index.js';
+import type { PlannedAttempt } from './attempt-plan.js';
+import type { GpuInfo } from './gpus.js';
+import { recordedIdentity } from './left-groups.js';
+import { ProgressTracker, isCudaOom } from './progress.js';
+import { progressReporter } from './progress-report.js';
+import { runCommand, type CommandExit } from './run-command.js';
+import type { TrainDeps } from './train-deps.js';
+
+/** How a watched command ended, and what its output said. */
+export interface WatchedRun {
+  exit: CommandExit;
+  /** Why the command was stopped: `tokenmill train --cancel`, the worker's shutdown, or not. */
+  stopping: 'cancel' | 'shutdown' | null;
+  /** The first CUDA out-of-memory line of its output. */
+  oomLine: string | null;
+  /** Its last 20 output lines. */
+  lastLines: string[];
+  tracker: ProgressTracker;
+}
+
+/**
+ * Runs the command in its own process group and watches it until it exits: its output goes to
+ * the job's log, progress to the status, an out-of-memory line is kept; the cancel flag is polled
+ * and the worker's shutdown stops it (SIGTERM, SIGKILL after `train.cancelGraceMs`).
+ */
+export async function runAndWatch(
+  p: TrainPayload,
+  deps: TrainDeps,
+  o: {
+    mode: TrainPayload['mode'];
+    planned: PlannedAttempt;
+    assigned: readonly GpuInfo[];
+  },
+): Promise<WatchedRun> {
+  const { mode, assigned } = o;
+  const { attempt, argv, checkpoint } = o.planned;
+  const log = deps.logger;
+  const tracker =
+    p.progressRegex === undefined ? new ProgressTracker() : new ProgressTracker(new RegExp(p.progressRegex));
+  let oomLine: string | null = null;
+  const lastLines: string[] = [];
+  const reporter = progressReporter(tracker, deps, log);
+  const report = reporter.report;
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    CUDA_VISIBLE_DEVICES: assigned.map((g) => g.index).join(','),
+    PYTHONUNBUFFERED: '1',
+    TOKENMILL_TRAIN_DATASET: p.dataset,
+    TOKENMILL_TRAIN_OUTPUT: attempt.checkpoints,
+    TOKENMILL_TRAIN_ATTEMPT: attempt.attempt,
+    ...(mode === 'resume' && checkpoint !== undefined ? { TOKENMILL_TRAIN_CHECKPOINT: checkpoint } : {}),
+  };
+  deps.jobLog(
+    `attempt ${attempt.attempt} (${mode}${mode === 'resume' ? ` from ${checkpoint ?? ''}` : ''}) on ${assigned.length === 0 ? 'CPU' : `GPU ${assigned.map((g) => g.index).join(',')}`}: ${argv.join(' ')}`,
+  );
+  const running = runCommand({
+    argv,
+    cwd: p.cwd,
+    env,
+    logFile: attempt.log,
+    onLine(line) {
+      deps.jobLog(line);
+      lastLines.push(line);
+      if (lastLines.length > 20) lastLines.shift();
+      if (oomLine === null && isCudaOom(line)) oomLine = line.trim();
+      if (tracker.feed(line)) report(false);
+    },
+  });
+  await deps.setStatus(
+    {
+      state: 'running',
+      mode,
+      attempt: attempt.attempt,
+      attemptDir: attempt.dir,
+      checkpoint: mode === 'resume' ? (checkpoint ?? '') : '',
+      worker: deps.workerId,
+      host: hostname(),
+      pid: running.pid ?? '',
+      pidIdentity: recordedIdentity(running.pid),
+      gpus: assigned.map((g) => g.index).join(','),
+      startedAt: new Date().toISOString(),
+      reason: '',
+    },
+    'in_progress',
+  );
+  log.info(
+    { attempt: attempt.attempt, mode, argv, gpus: assigned.map((g) => g.index), pid: running.pid },
+    'training started',
+  );
+
+  let stopping: 'cancel' | 'shutdown' | null = null;
+  const onShutdown = (): void => {
+    stopping ??= 'shutdown';
+    void running.stop(p.cancelGraceMs);
+  };
+  deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+  if (deps.shutdown.aborted) onShutdown();
+  const poll = setInterval(() => {
+    if (stopping !== null) return;
+    void deps.isCancelled().then(
+      (c) => {
+        if (c && stopping === null) {
+          stopping = 'cancel';
+          deps.jobLog(`cancelled: SIGTERM to the process group, SIGKILL after ${p.cancelGraceMs} ms`);
+          void running.stop(p.cancelGraceMs);
+        }
+      },
+      () => undefined,
+    );
+  }, deps.cancelPollMs ?? 500);
+  let exit;
+  try {
+    exit = await running.exited;
+  } finally {
+    clearInterval(poll);
+    deps.shutdown.removeEventListener('abort', onShutdown);
+  }
+  report(true);
+  await reporter.settled();
+  return { exit, stopping, oomLine, lastLines, tracker };
+}
