@@ -1,14 +1,14 @@
 // The README's quick start: `tokenmill demo` as a real child process (the CLI from source), on
 // its embedded defaults: a private redis-server, the built-in simulator, the bundled datasets and
 // tokenizer. It must run every phase to the end and its status table must show each dataset that
-// ended by budget within a few percent of it (the demo's budget-bound datasets are strict).
-import path from 'node:path';
+// ended by budget within a few percent of it (the demo's budget-bound datasets are strict). The run
+// is the one the trainers' loader tests read too (test/helpers/shared-demo.ts): this file only reads it.
 
 import { describe, expect, it } from 'vitest';
 import { DEMO_DATASETS } from '../../src/cli/commands/demo.js';
 import { demoTrainerPython } from '../../src/cli/commands/demo-train.js';
-import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, repoRoot, spawnCli } from '../helpers/pipeline.js';
+import { readGenerations, repoRoot } from '../helpers/pipeline.js';
+import { sharedDemo } from '../helpers/shared-demo.js';
 
 /** "Within a few percent". */
 const MAX_OVER = 0.03;
@@ -29,15 +29,10 @@ interface DemoStatus {
   datasets: DemoDatasetStatus[];
 }
 
-const { tmp } = useHarness({ tmp: 'tm-demo-', cli: true });
-
 describe('tokenmill demo', () => {
   it('runs generate, tokenize and merge to the end; every dataset that ended by budget lands within a few percent of it', async () => {
-    // Slower than the demo's default speed (25), so that a loaded test machine's lag adds little.
-    const demo = spawnCli(['demo', '--out', tmp.dir, '--fresh', '--json', '--time-scale', '10']);
-    const code = await demo.exited;
-    expect(code, demo.output().slice(-4_000)).toBe(0);
-    const status = JSON.parse(demo.stdout().trim().split('\n').at(-1) ?? '') as DemoStatus;
+    const demo = await sharedDemo();
+    const status = demo.json as DemoStatus;
 
     for (const phase of ['prepare', 'generate', 'tokenize', 'merge']) {
       expect(status.phases.find((p) => p.name === phase)?.status, phase).toBe('completed');
@@ -72,7 +67,7 @@ describe('tokenmill demo', () => {
     const b5 = status.datasets.find((d) => d.name === 'B5_sharegpt');
     expect(b5?.conversations, 'B5 counts conversations').toBeDefined();
     expect(b5?.conversations?.turns).toBe(b5?.records);
-    const turns = readGenerations(path.join(tmp.dir, 'demo'), 'B5_sharegpt') as unknown as { turn?: number }[];
+    const turns = readGenerations(demo.runDir, 'B5_sharegpt') as unknown as { turn?: number }[];
     expect(turns.length).toBe(b5?.records);
     expect(turns.every((t) => typeof t.turn === 'number')).toBe(true);
     expect(turns.some((t) => (t.turn ?? 0) >= 2)).toBe(true);
