@@ -14,6 +14,7 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import type { Redis } from 'ioredis';
 import { withScripts, type RunKeys } from '../shared/index.js';
+import { endCause } from '../workers/index.js';
 
 /** Causes of an early end that `retry-failed` resumes. */
 export const RESUMABLE_CAUSES: ReadonlySet<string> = new Set(['failed', 'error', 'history-lost']);
@@ -48,7 +49,7 @@ export async function reopenEndedConversations(
       const raw = flat[i + 1] as string;
       const end = parseEnd(raw);
       if (end?.kind !== 'ended') continue;
-      const cause = /^([a-z-]+)/.exec(end.reason ?? '')?.[1] ?? 'other';
+      const cause = endCause(end.reason);
       if (RESUMABLE_CAUSES.has(cause)) ended.set(id, { raw, cause });
       else kept += 1;
     }

@@ -1,5 +1,5 @@
 export * from './eval/index.js';
-export { InferenceWorker } from './inference/index.js';
+export { endCause, InferenceWorker } from './inference/index.js';
 export {
   conversationRow,
   createTokenizeContext,

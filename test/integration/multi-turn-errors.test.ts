@@ -153,5 +153,6 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
     expect(final.conversationsComplete).toBe('4');
     expect(final.conversationsEnded).toBe('0');
     expect(final['ended:error']).toBeUndefined();
+    expect(await conn.lrange(`${keys.stats('c')}:ended`, 0, -1), 'no longer listed as ended').toEqual([]);
   }, 180_000);
 });

@@ -22,6 +22,7 @@
 import {
   AppError,
   answerMessage,
+  errorMessage,
   conversationTurns,
   parseChatMessage,
   renderTurnPrompt,
@@ -96,7 +97,7 @@ export async function driveConversation(
     messages = (sample.messages ?? []).map((m, i) => parseChatMessage(m, `messages[${i}]`));
     turns = conversationTurns(messages);
   } catch (e: unknown) {
-    turns = errorMessage(e);
+    turns = oneLine(e);
     messages = [];
   }
   if (typeof turns === 'string') {
@@ -172,7 +173,7 @@ export async function driveConversation(
         );
       } catch (e: unknown) {
         if (isEnvironmentError(e)) throw e;
-        return finish({ kind: 'ended', turnsDone: k - 1, turn: k, reason: `error: turn ${k}: ${errorMessage(e)}` });
+        return finish({ kind: 'ended', turnsDone: k - 1, turn: k, reason: `error: turn ${k}: ${oneLine(e)}` });
       }
       promptIds = prompt.ids;
       text = prompt.text;
@@ -263,7 +264,7 @@ export async function driveConversation(
         kind: 'ended',
         turnsDone: k,
         turn: k + 1,
-        reason: `error: turn ${k}'s answer cannot be read back: ${errorMessage(e)}`,
+        reason: `error: turn ${k}'s answer cannot be read back: ${oneLine(e)}`,
       });
     }
     answers.push({ outputIds, message });
@@ -280,9 +281,8 @@ function isEnvironmentError(e: unknown): boolean {
   return e instanceof AppError && e.retryable;
 }
 
-function errorMessage(e: unknown): string {
-  const m = e instanceof Error ? e.message : String(e);
-  // One line, bounded: it is shown in status and on the pipeline page.
-  const line = m.replace(/\s+/g, ' ').trim();
+/** The error's message on one bounded line: it is shown in status and on the pipeline page. */
+function oneLine(e: unknown): string {
+  const line = errorMessage(e).replace(/\s+/g, ' ').trim();
   return line.length > 300 ? `${line.slice(0, 297)}...` : line;
 }

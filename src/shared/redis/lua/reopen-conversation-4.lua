@@ -3,7 +3,8 @@
   error of the template or tokenizer, a history that could not be read back), so that
   `tokenmill retry-failed` resumes it at its next turn: its committed turns' output ids go back
   into its history (read from the generation files by the caller), its end record is deleted,
-  and the counts of ended conversations go down by one. Nothing is done when its end record is
+  the counts of ended conversations go down by one, and it leaves the list of the latest ended
+  (`<KEYS[2]>:ended`, finish-conversation-4.lua). Nothing is done when its end record is
   no longer the one the caller read (reopened or finished again meanwhile).
 
   Input:
@@ -22,6 +23,7 @@ if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('LREM', KEYS[2] .. ':ended', 0, ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'conversationsEnded', -1)
 if tonumber(redis.call('HINCRBY', KEYS[2], 'ended:' .. ARGV[3], -1)) <= 0 then
   redis.call('HDEL', KEYS[2], 'ended:' .. ARGV[3])
