@@ -108,6 +108,7 @@ export class ChatTokenizer {
 
   readonly #encoder: TokenEncoder;
   readonly #templates: ReadonlyMap<string, Template>;
+  readonly #templateSources: ReadonlyMap<string, string>;
   readonly #ordinaryRangeStarts: readonly number[];
   readonly #sortToolKeys: boolean;
 
@@ -198,6 +199,7 @@ export class ChatTokenizer {
       }
     }
     this.#templates = templates;
+    this.#templateSources = sources;
 
     const specialByText = new Map<string, number>();
     for (const t of added) if (t.special) specialByText.set(t.content, t.id);
@@ -230,6 +232,20 @@ export class ChatTokenizer {
     } catch {
       return undefined; // a template that cannot render this probe names no end-of-turn token
     }
+  }
+
+  /**
+   * The source text of the chat template `name` (default: the one a rendering with tools uses,
+   * `tool_use` when the folder has it, else `default`), for reading what it writes (the tool-call
+   * format); undefined without one.
+   */
+  chatTemplateSource(name?: string): string | undefined {
+    if (name !== undefined) return this.#templateSources.get(name);
+    return (
+      this.#templateSources.get('tool_use') ??
+      this.#templateSources.get('default') ??
+      [...this.#templateSources.values()][0]
+    );
   }
 
   /** Whether a chat template is available. */
