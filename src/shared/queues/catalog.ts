@@ -25,6 +25,8 @@ export const SampleSchema = z.object({
   messages: z.array(z.unknown()).optional(),
   /** `samplingVariants`: this sample's sampling settings over the batch's. */
   sampling: z.record(z.string(), z.unknown()).optional(),
+  /** The record's tool schemas, passed to the chat template in every rendering of its turns. */
+  tools: z.array(z.unknown()).optional(),
 });
 export type Sample = z.infer<typeof SampleSchema>;
 
@@ -78,6 +80,11 @@ export const GenerateBatchPayloadSchema = z
     conversations: z.array(z.array(z.unknown())).optional(),
     /** The dataset's `chatTemplateKwargs`, for rendering turns after the first. */
     templateKwargs: z.record(z.string(), z.unknown()).optional(),
+    /**
+     * Each sample's tool schemas, in the order of `samples` (null: a sample without tools); only
+     * present when some sample has tools. Turns after the first are rendered with them.
+     */
+    tools: z.array(z.array(z.unknown()).nullable()).optional(),
     /** The context length the producer checked turn 1 against; later turns are checked against it too. */
     contextLength: z.number().int().positive().optional(),
   })
@@ -87,6 +94,12 @@ export const GenerateBatchPayloadSchema = z
         code: 'custom',
         path: ['conversations'],
         message: `expected ${p.samples.length} conversations (one per sample) with turns: all`,
+      });
+    if (p.tools !== undefined && p.tools.length !== p.samples.length)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['tools'],
+        message: `expected ${p.samples.length} tool lists (one per sample, null for none), got ${p.tools.length}`,
       });
     if (p.prompts !== undefined) {
       if (p.prompts.length !== p.samples.length)
@@ -169,6 +182,7 @@ export function encodeBatchPayload(settings: BatchSettings, samples: readonly Sa
       ...(settings.retryOfFailed === true ? { retryOfFailed: true } : {}),
       ...(settings.vocabSize === undefined ? {} : { vocabSize: settings.vocabSize }),
       ...conversationFields(settings, samples),
+      ...(samples.some((s) => s.tools !== undefined) ? { tools: samples.map((s) => s.tools ?? null) } : {}),
       prompts: samples.map((s) => encodePromptIds(s.promptIds)),
     },
     'generate batch',
@@ -185,12 +199,13 @@ function conversationFields(settings: BatchSettings, samples: readonly Sample[])
   };
 }
 
-/** The samples of a parsed batch payload, with their token ids (and conversations, with `turns: all`). */
+/** The samples of a parsed batch payload, with their token ids (and conversations, with `turns: all`, and tool schemas). */
 export function batchSamples(payload: GenerateBatchPayload): Sample[] {
   return payload.samples.map((s, i) => {
     const encoded = payload.prompts?.[i];
     const promptIds = encoded === undefined ? (s.promptIds ?? []) : decodePromptIds(encoded);
     const messages = payload.conversations?.[i];
+    const tools = payload.tools?.[i] ?? undefined;
     return {
       id: s.id,
       line: s.line,
@@ -198,6 +213,7 @@ export function batchSamples(payload: GenerateBatchPayload): Sample[] {
       maxNewTokens: s.maxNewTokens,
       ...(messages === undefined ? {} : { messages }),
       ...(s.sampling === undefined ? {} : { sampling: s.sampling }),
+      ...(tools === undefined ? {} : { tools }),
     };
   });
 }
