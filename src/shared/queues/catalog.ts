@@ -87,6 +87,14 @@ export const GenerateBatchPayloadSchema = z
     tools: z.array(z.array(z.unknown()).nullable()).optional(),
     /** The context length the producer checked turn 1 against; later turns are checked against it too. */
     contextLength: z.number().int().positive().optional(),
+    /** The least `max_new_tokens` a later turn is sent with; below it the conversation ends (`context`). */
+    minNewTokens: z.number().int().positive().optional(),
+    /** How the model writes tool calls (`tokenizer.toolCallFormat`, resolved): later turns' calls are read in it. */
+    toolCallFormat: z.enum(['hermes', 'llama3', 'deepseekv3', 'kimi_k2']).optional(),
+    /** The dataset's tool executor: the calls of a turn are run there instead of matched to the source's results. */
+    toolExecutor: z
+      .object({ url: z.string().min(1), timeoutMs: z.number().int().positive(), attempts: z.number().int().positive() })
+      .optional(),
   })
   .superRefine((p, ctx) => {
     if (p.turns === 'all' && p.conversations?.length !== p.samples.length)
@@ -160,6 +168,9 @@ export type BatchSettings = Pick<
   /** `turns: all` datasets: the template variables and context length turns after the first are rendered and checked with. */
   templateKwargs?: Record<string, unknown> | undefined;
   contextLength?: number | undefined;
+  minNewTokens?: number | undefined;
+  toolCallFormat?: GenerateBatchPayload['toolCallFormat'];
+  toolExecutor?: GenerateBatchPayload['toolExecutor'];
 };
 
 /** Builds (and checks) a batch job's payload: readable sample ids and lines first, the token ids last and compact. */
@@ -196,6 +207,9 @@ function conversationFields(settings: BatchSettings, samples: readonly Sample[])
     conversations: samples.map((s) => s.messages ?? []),
     ...(settings.templateKwargs === undefined ? {} : { templateKwargs: settings.templateKwargs }),
     ...(settings.contextLength === undefined ? {} : { contextLength: settings.contextLength }),
+    ...(settings.minNewTokens === undefined ? {} : { minNewTokens: settings.minNewTokens }),
+    ...(settings.toolCallFormat === undefined ? {} : { toolCallFormat: settings.toolCallFormat }),
+    ...(settings.toolExecutor === undefined ? {} : { toolExecutor: settings.toolExecutor }),
   };
 }
 
