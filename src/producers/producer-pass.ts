@@ -142,7 +142,7 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
           const parsed = parseScannedLine(file, c.scanned, ctx.index.parse);
           const warned = warnedEdits.get(ctx.index) ?? new Set<string>();
           warnedEdits.set(ctx.index, warned);
-          if (parsed.ok && !warned.has(c.id) && promptDigest(parsed.record.messages) !== was) {
+          if (parsed.ok && !warned.has(c.id) && recordDigest(parsed.record) !== was) {
             warned.add(c.id);
             edited += 1;
             if (edited <= EDITED_NAMED) {
@@ -174,14 +174,14 @@ export async function runPass(ctx: PassContext): Promise<PassResult> {
       if (ctx.isStopping()) return false;
       const piece = toSend.slice(from, from + ENCODE_CHUNK);
       const encoded = await ctx.tokenizer.encodePrompts(
-        piece.map((rec) => firstTurnMessages(ds, rec)),
+        piece.map((rec) => ({ messages: firstTurnMessages(ds, rec), tools: rec.tools })),
         ds.chatTemplateKwargs === undefined ? {} : { templateKwargs: ds.chatTemplateKwargs },
       );
       for (const [i, rec] of piece.entries()) {
         const sample = await toSample(ctx, rec, encoded[i] ?? new Error('not tokenized'), reject);
         if (sample === undefined) continue;
         // A content-hash id (`h:…`) changes with the content: only ids the file gives need a digest.
-        if (!rec.id.startsWith('h:')) digests.push(rec.id, promptDigest(rec.messages));
+        if (!rec.id.startsWith('h:')) digests.push(rec.id, recordDigest(rec));
         for (const s of samplesOf(ds, sample, openOf.get(rec) ?? [sample.id])) {
           batch.push(s);
           if (batch.length >= ds.batchSize && !(await flushBatch())) return false;
@@ -269,7 +269,13 @@ async function toSample(
     promptIds,
     maxNewTokens,
     ...(ctx.ds.turns === 'all' ? { messages: rec.messages } : {}),
+    ...(rec.tools === undefined ? {} : { tools: rec.tools }),
   };
+}
+
+/** A record's digest: of its messages, and of its tools too when it has some (so a record without keeps its digest). */
+function recordDigest(rec: PromptRecord): string {
+  return promptDigest(rec.tools === undefined ? rec.messages : { messages: rec.messages, tools: rec.tools });
 }
 
 /** The sample ids of a prompt: its own id, or with `samplesPerPrompt: n` `<id>#s1` … `<id>#s<n>`. */

@@ -123,8 +123,12 @@ describe('sharegpt', () => {
       messages: [
         { role: 'system', content: 's' },
         { role: 'user', content: 'h' },
-        { role: 'assistant', content: '{"name":"f"}' },
-        { role: 'tool', content: '{"r":1}' },
+        {
+          role: 'assistant',
+          content: '',
+          tool_calls: [{ id: 'call_2', type: 'function', function: { name: 'f', arguments: {} } }],
+        },
+        { role: 'tool', content: '{"r":1}', tool_call_id: 'call_2' },
         { role: 'assistant', content: 'g' },
       ],
     });
@@ -261,15 +265,15 @@ describe('wantedColumns', () => {
   it('names the columns each format reads; configured ones are required', () => {
     expect(wantedColumns(layoutOf('sharegpt', src()))).toEqual({
       required: ['conversations'],
-      optional: ['id', 'system'],
+      optional: ['id', 'system', 'tools', 'functions'],
     });
     expect(wantedColumns(layoutOf('alpaca', src({ fields: { id: 'uid' } })))).toEqual({
       required: ['uid', 'instruction'],
-      optional: ['system', 'input', 'output', 'response'],
+      optional: ['system', 'tools', 'functions', 'input', 'output', 'response'],
     });
     expect(wantedColumns(layoutOf('prompt', src({ field: 'problem', fields: { system: 'sys' } })))).toEqual({
       required: ['sys', 'problem'],
-      optional: ['id'],
+      optional: ['id', 'tools', 'functions'],
     });
   });
 });

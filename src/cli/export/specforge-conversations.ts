@@ -117,7 +117,13 @@ export async function exportConversations(gathered: ConversationTurns, o: Conver
     try {
       matches =
         typeof shape !== 'string' &&
-        promptMatches(ctx, turnHistory(prompt.messages, shape, 1, []), first.record.prompt_ids, first.generatedAt);
+        promptMatches(
+          ctx,
+          turnHistory(prompt.messages, shape, 1, []),
+          first.record.prompt_ids,
+          first.generatedAt,
+          prompt.tools,
+        );
     } catch (e: unknown) {
       note(first, `conversation ${id}: its prompt cannot be rendered: ${errorMessage(e)}`);
     }
@@ -146,7 +152,15 @@ export async function exportConversations(gathered: ConversationTurns, o: Conver
     const whole = oneLine ? conversationRow(last.record, last.key, ctx, o.dataset, finishOf) : undefined;
     if (whole !== undefined) {
       stats.inConversationRows += turns.length - 1;
-      await emitRow(o.sink, ctx, stats, 'all-turns', whole, messagesOf(turns.length, answers.at(-1) as ChatMessage));
+      await emitRow(
+        o.sink,
+        ctx,
+        stats,
+        'all-turns',
+        whole,
+        messagesOf(turns.length, answers.at(-1) as ChatMessage),
+        prompt.tools,
+      );
       continue;
     }
     for (const t of turns) {
@@ -165,6 +179,7 @@ export async function exportConversations(gathered: ConversationTurns, o: Conver
         'last-turn',
         outcome.row,
         messagesOf(k, { role: 'assistant', content: answerText(ctx, t.record) }),
+        prompt.tools,
       );
       if (outcome.row.finish_reason === 'length' || outcome.row.finish_reason === 'abort') stats.keptTruncated += 1;
       else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;

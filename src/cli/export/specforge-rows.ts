@@ -29,6 +29,8 @@ export interface SpecForgeLine {
   text: string;
   /** The prompt's messages and the generated answers (SpecForge's `conversations` column). */
   conversations: ChatMessage[];
+  /** The prompt's tool schemas, when it has some: what the template rendered the conversation with. */
+  tools?: unknown[];
 }
 
 /** Where the export's lines go, by row kind (specforge-files.ts). */
@@ -130,9 +132,10 @@ export function sameIds(a: readonly number[], b: readonly number[]): boolean {
 const DAY_MS = 86_400_000;
 
 /**
- * Whether `messages`, rendered with the generation prompt, are the prompt the record was
- * generated from: the decoded `prompt_ids` equal the rendered text (cheap), or else encoding the
- * rendered text gives the same ids (for tokenizers whose decoding is not the exact inverse).
+ * Whether `messages`, rendered with the generation prompt (and the prompt line's `tools`), are the
+ * prompt the record was generated from: the decoded `prompt_ids` equal the rendered text (cheap),
+ * or else encoding the rendered text gives the same ids (for tokenizers whose decoding is not the
+ * exact inverse).
  *
  * `generatedAt` is when the record was written (its `ts`): a template that writes the date
  * (`strftime_now`, Llama 3.2's `Today Date:`) renders that day, not today's; and, as the prompt
@@ -143,10 +146,12 @@ export function promptMatches(
   messages: readonly ChatMessage[],
   promptIds: readonly number[],
   generatedAt?: Date,
+  tools?: unknown[],
 ): boolean {
   const render = (now: Date | undefined): string =>
     ctx.tokenizer.applyChatTemplate(messages, {
       addGenerationPrompt: true,
+      ...(tools === undefined ? {} : { tools }),
       ...(ctx.templateKwargs === undefined ? {} : { templateKwargs: ctx.templateKwargs }),
       ...(now === undefined ? {} : { now }),
     });
@@ -207,6 +212,7 @@ export async function emitRow(
   kind: SpecForgeRowKind,
   row: HfRow,
   conversations: ChatMessage[],
+  tools?: unknown[],
 ): Promise<void> {
   const text = ctx.tokenizer.decode(row.input_ids, { skipSpecialTokens: false });
   const again = ctx.tokenizer.encode(text);
@@ -218,5 +224,11 @@ export async function emitRow(
     if (stats.reencodeExamples.length < MAX_EXAMPLES) stats.reencodeExamples.push(row.id);
   }
   stats.exported += 1;
-  await sink.write(kind, { id: row.id, dataset: row.dataset, text, conversations });
+  await sink.write(kind, {
+    id: row.id,
+    dataset: row.dataset,
+    text,
+    conversations,
+    ...(tools === undefined ? {} : { tools }),
+  });
 }

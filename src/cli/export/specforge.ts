@@ -3,7 +3,8 @@
  * training row the tokenize step makes of them:
  *
  *   {"id": "<row id>", "dataset": "<name>", "text": "<the row's ids decoded, special tokens kept>",
- *    "conversations": [<prompt messages>…, {"role": "assistant", "content": "<the answer, decoded>"}]}
+ *    "conversations": [<prompt messages>…, {"role": "assistant", "content": "<the answer, decoded>"}],
+ *    "tools": [<the prompt line's tool schemas, when it has some>]}
  *
  * - `text` is exactly what the target saw and produced: SpecForge's preformatted mode
  *   (`data.is_preformatted: true`) encodes it as it is, inserts no system prompt, renders no
@@ -15,7 +16,7 @@
  * - `conversations` is for readers that render messages: the prompt's messages as the producer
  *   read them (ShareGPT `{from, value}` normalized), from the line of the prompt's id (the sample
  *   id read by the dataset's id scheme: {@link promptIdOf}), checked against the record (rendered
- *   with the generation prompt, `strftime_now` at the record's `ts`, they must give its
+ *   with the generation prompt and the line's `tools`, `strftime_now` at the record's `ts`, they must give its
  *   `prompt_ids`; a record whose prompt line is gone or changed is left out and counted), and
  *   the answer `decode(output_ids)` less the token it stopped on ({@link answerText}), a
  *   `<think>…</think>` block kept in `content`. Rendering it
@@ -186,7 +187,7 @@ async function exportRecord(
   }
   let matches: boolean;
   try {
-    matches = promptMatches(opts.ctx, prompt.messages, record.prompt_ids, generatedAt);
+    matches = promptMatches(opts.ctx, prompt.messages, record.prompt_ids, generatedAt, prompt.tools);
   } catch (e: unknown) {
     matches = false;
     note(file, line, `sample ${record.id}: its prompt cannot be rendered: ${errorMessage(e)}`);
@@ -200,10 +201,15 @@ async function exportRecord(
     );
     return;
   }
-  await emitRow(opts.sink, opts.ctx, stats, 'last-turn', outcome.row, [
-    ...prompt.messages,
-    { role: 'assistant', content: answerText(opts.ctx, record) },
-  ]);
+  await emitRow(
+    opts.sink,
+    opts.ctx,
+    stats,
+    'last-turn',
+    outcome.row,
+    [...prompt.messages, { role: 'assistant', content: answerText(opts.ctx, record) }],
+    prompt.tools,
+  );
   if (outcome.row.finish_reason === 'length' || outcome.row.finish_reason === 'abort') stats.keptTruncated += 1;
   else if (!outcome.closedTurn) stats.stopWithoutEndOfTurn += 1;
 }

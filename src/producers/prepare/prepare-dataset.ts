@@ -7,7 +7,14 @@
  * tokenizer and chat template when a `maxPromptTokens` applies, given a unique id, and kept —
  * up to `limit`: the first ones, or with `shuffle` the smallest ranks of the seed
  * (see {@link ShuffledSubset}). What grows with the source is the hash sets (about 16 bytes a
- * distinct prompt and a kept id), never the prompts.
+ * distinct prompt and a kept id), never the prompts. A row's tool schemas are kept with it,
+ * count in its identity and are rendered wherever it is measured.
+ *
+ * With `turns: all` and a known context length, each kept conversation is also measured whole:
+ * its last turn's prompt (the source's answers standing in for the regenerated ones, with its
+ * tools) plus `maxNewTokens` beyond the context length is a conversation that would not fit
+ * whole (`overContext`): kept, its later turns likely to end it early
+ * (docs/multi-turn.md, "Growing context").
  */
 import type { ChatMessage, ChatTokenizer } from '../../shared/index.js';
 import { CancelledError, conversationTurns, errorMessage, readRawLines, turnHistory } from '../../shared/index.js';
@@ -39,6 +46,11 @@ export interface PrepareDatasetInput {
   turns?: 'last' | 'all' | undefined;
   /** `datasets[].chatTemplateKwargs`, for the length filter's rendering. */
   templateKwargs?: Record<string, unknown> | undefined;
+  /**
+   * `turns: all`: the model's context length and the dataset's `maxNewTokens`, to count the
+   * conversations that would not fit whole (the tokenizer is then loaded).
+   */
+  contextCheck?: { contextLength: number; maxNewTokens: number } | undefined;
   /** Needed when `maxPromptTokens` is set; loaded on first use. */
   tokenizer?: (() => Promise<ChatTokenizer>) | undefined;
   limit?: number | undefined;
@@ -67,6 +79,7 @@ export interface PrepareDatasetResult {
 interface Candidate {
   id: string;
   messages: ChatMessage[];
+  tools: unknown[] | undefined;
   hash: Hash64;
   where: SourceRowWhere;
   droppedTrailing: number;
@@ -78,6 +91,17 @@ function firstTurn(messages: ChatMessage[], turns: 'last' | 'all' | undefined): 
   const shape = conversationTurns(messages);
   return typeof shape === 'string' ? messages : turnHistory(messages, shape, 1, []);
 }
+
+/** The last turn's history of a conversation, the source's answers standing in for the regenerated ones. */
+function lastTurn(messages: ChatMessage[]): ChatMessage[] {
+  const shape = conversationTurns(messages);
+  if (typeof shape === 'string') return messages;
+  const answers = shape.starts.map((i) => messages[i] ?? { role: 'assistant' as const, content: '' });
+  return turnHistory(messages, shape, shape.starts.length, answers);
+}
+
+/** A kept prompt to measure: its id, messages and tools, and where its row is (in the source, or the prompt file). */
+type Measured = Pick<Candidate, 'id' | 'messages' | 'tools' | 'where'>;
 
 function excerptOf(messages: readonly ChatMessage[]): string {
   const text = messages.at(-1)?.content ?? '';
@@ -100,6 +124,36 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
   let tokenizer: ChatTokenizer | undefined;
   let pending: Candidate[] = [];
   let full = false;
+  const useTokenizer = async (): Promise<ChatTokenizer> => {
+    tokenizer ??= await input.tokenizer?.();
+    if (tokenizer === undefined) throw new Error('prepare: measuring prompts needs a tokenizer');
+    return tokenizer;
+  };
+  const renderOptions = input.templateKwargs === undefined ? {} : { templateKwargs: input.templateKwargs };
+  const contextCheck = input.turns === 'all' ? input.contextCheck : undefined;
+  if (contextCheck !== undefined) counts.overContext = 0;
+
+  /** Counts the conversations of `list` that would not fit whole (see the module comment). */
+  const countOverContext = async (list: readonly Measured[]): Promise<void> => {
+    if (contextCheck === undefined || list.length === 0) return;
+    const tok = await useTokenizer();
+    const lengths = await tok.encodePrompts(
+      list.map((c) => ({ messages: lastTurn(c.messages), tools: c.tools })),
+      renderOptions,
+    );
+    const { contextLength, maxNewTokens } = contextCheck;
+    for (const [i, c] of list.entries()) {
+      const ids = lengths[i];
+      if (ids === undefined || ids instanceof Error || ids.length + maxNewTokens <= contextLength) continue;
+      counts.overContext = (counts.overContext ?? 0) + 1;
+      example(
+        'overContext',
+        c.where,
+        `the last turn's prompt has ${ids.length} tokens; with maxNewTokens ${maxNewTokens} that is over the context length ${contextLength}`,
+        { id: c.id },
+      );
+    }
+  };
 
   const example = (
     kind: Parameters<ExampleLog['add']>[0],
@@ -121,7 +175,7 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
       const turns = conversationTurns(c.messages);
       if (typeof turns !== 'string' && turns.starts.length > 1) counts.multiTurn = (counts.multiTurn ?? 0) + 1;
     }
-    const line = promptLine(unique.id, c.messages);
+    const line = promptLine(unique.id, c.messages, c.tools);
     if (subset === undefined) {
       await writer.writeLine(line);
       kept?.add(c.hash);
@@ -139,13 +193,13 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
     if (batch.length === 0) return;
     let lengths: (number[] | Error)[] | undefined;
     if (maxPromptTokens !== undefined) {
-      tokenizer ??= await input.tokenizer?.();
-      if (tokenizer === undefined) throw new Error('prepare: maxPromptTokens needs a tokenizer');
-      lengths = await tokenizer.encodePrompts(
-        batch.map((c) => firstTurn(c.messages, input.turns)),
-        input.templateKwargs === undefined ? {} : { templateKwargs: input.templateKwargs },
+      const tok = await useTokenizer();
+      lengths = await tok.encodePrompts(
+        batch.map((c) => ({ messages: firstTurn(c.messages, input.turns), tools: c.tools })),
+        renderOptions,
       );
     }
+    const keptNow: Candidate[] = [];
     for (const [i, c] of batch.entries()) {
       if (full) return;
       const encoded = lengths?.[i];
@@ -163,7 +217,10 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
         continue;
       }
       await keep(c);
+      keptNow.push(c);
     }
+    // With a shuffled subset, which prompts are kept is known only at the end.
+    if (subset === undefined) await countOverContext(keptNow);
   };
 
   const progressEveryMs = input.progressEveryMs ?? 10_000;
@@ -190,8 +247,8 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
         example(shaped.kind, row.where, shaped.reason, row.id === undefined ? {} : { id: row.id });
         continue;
       }
-      const id = promptId(row.id, shaped.messages);
-      const hash = messagesHash(shaped.messages);
+      const id = promptId(row.id, shaped.messages, row.tools);
+      const hash = messagesHash(shaped.messages, row.tools);
       if (!seen.add(hash)) {
         counts.duplicates += 1;
         example('duplicates', row.where, 'same messages as an earlier row of this dataset', { id });
@@ -203,17 +260,35 @@ export async function prepareDataset(input: PrepareDatasetInput): Promise<Prepar
         example('duplicatesAcross', row.where, `same messages as a prompt dataset "${earlier.dataset}" kept`, { id });
         continue;
       }
-      pending.push({ id, messages: shaped.messages, hash, where: row.where, droppedTrailing: shaped.droppedTrailing });
-      if (maxPromptTokens === undefined || pending.length >= ENCODE_CHUNK) await flush();
+      pending.push({
+        id,
+        messages: shaped.messages,
+        tools: row.tools,
+        hash,
+        where: row.where,
+        droppedTrailing: shaped.droppedTrailing,
+      });
+      if ((maxPromptTokens === undefined && contextCheck === undefined) || pending.length >= ENCODE_CHUNK)
+        await flush();
       if (full) break;
     }
     await flush();
     if (subset !== undefined) {
+      let measure: Measured[] = [];
       for await (const s of subset.lines()) {
         await writer.writeLine(s.line);
         kept?.add(s.hash);
         counts.kept += 1;
+        if (contextCheck === undefined) continue;
+        const rec = JSON.parse(s.line) as { id: string; messages: ChatMessage[]; tools?: unknown[] };
+        const where = { file: input.promptsFile, row: counts.kept - 1, line: counts.kept };
+        measure.push({ id: rec.id, messages: rec.messages, tools: rec.tools, where });
+        if (measure.length >= ENCODE_CHUNK) {
+          await countOverContext(measure);
+          measure = [];
+        }
       }
+      await countOverContext(measure);
     }
     const written = await writer.commit(input.beforeCommit);
     return { written, counts, examples: log.examples, kept };
@@ -230,8 +305,8 @@ export async function keptHashesOf(promptsFile: string): Promise<Hash64Set> {
   const hashes = new Hash64Set();
   for await (const { line, text } of readRawLines(promptsFile)) {
     try {
-      const rec = JSON.parse(text ?? '') as { messages: ChatMessage[] };
-      hashes.add(messagesHash(rec.messages));
+      const rec = JSON.parse(text ?? '') as { messages: ChatMessage[]; tools?: unknown[] };
+      hashes.add(messagesHash(rec.messages, rec.tools));
     } catch (e: unknown) {
       throw new Error(
         `${promptsFile}:${line}: not a line prepare wrote (${errorMessage(e)}); delete the file and prepare again`,

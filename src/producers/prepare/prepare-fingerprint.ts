@@ -11,8 +11,8 @@ import { writeFileAtomic, type PromptSource } from '../../shared/index.js';
 import type { WrittenFile } from './prompt-file-writer.js';
 import type { PrepareCounts } from './prepare-report.js';
 
-/** Bumped when the same inputs would give a different prompt file. */
-export const PREPARE_FORMAT_VERSION = 1;
+/** Bumped when the same inputs would give a different prompt file (2: records keep their tool schemas). */
+export const PREPARE_FORMAT_VERSION = 2;
 
 /** The tokenizer settings a length filter depends on. */
 export interface TokenizerIdentity {
@@ -37,6 +37,8 @@ export interface FingerprintInputs {
   turns?: 'all';
   /** `datasets[].chatTemplateKwargs`, which the length filter renders with (absent when none). */
   templateKwargs?: Record<string, unknown>;
+  /** `turns: all` with a known context length: what the conversations that would not fit whole are counted against. */
+  contextCheck?: { contextLength: number; maxNewTokens: number };
 }
 
 /** The fingerprint file: `<prompts>.fingerprint.json`. */
@@ -64,6 +66,7 @@ export async function fingerprintInputs(params: {
   after: readonly string[];
   turns?: 'last' | 'all' | undefined;
   templateKwargs?: Record<string, unknown> | undefined;
+  contextCheck?: { contextLength: number; maxNewTokens: number } | undefined;
 }): Promise<FingerprintInputs> {
   const files = [];
   for (const f of params.files) {
@@ -71,7 +74,8 @@ export async function fingerprintInputs(params: {
     files.push({ path: f, size: st.size, mtimeMs: st.mtimeMs });
   }
   let tokenizer: FingerprintInputs['tokenizer'] = null;
-  if (params.maxPromptTokens !== undefined && params.tokenizer !== undefined) {
+  const contextCheck = params.turns === 'all' ? params.contextCheck : undefined;
+  if ((params.maxPromptTokens !== undefined || contextCheck !== undefined) && params.tokenizer !== undefined) {
     const t = params.tokenizer;
     const entries = [];
     for (const name of (await readdir(t.path).catch(() => [] as string[])).sort()) {
@@ -97,6 +101,7 @@ export async function fingerprintInputs(params: {
     after: params.dedupeAcross ? [...params.after] : [],
     ...(params.turns === 'all' ? { turns: 'all' as const } : {}),
     ...(params.templateKwargs === undefined ? {} : { templateKwargs: params.templateKwargs }),
+    ...(contextCheck === undefined ? {} : { contextCheck }),
   };
 }
 

@@ -29,10 +29,17 @@ export interface PrepareCounts {
   trailingTurnsDropped: number;
   /** `turns: all`: kept conversations of more than one turn. */
   multiTurn?: number;
+  /**
+   * `turns: all` with a known context length: kept conversations that would not fit whole — the
+   * last turn's prompt (with the record's tools) plus the dataset's `maxNewTokens` is over the
+   * context length, so a later turn is likely to end the conversation early.
+   */
+  overContext?: number;
 }
 
 /** The kinds of row the report gives examples of. */
-export type ExampleKind = 'malformed' | 'empty' | 'tooLong' | 'duplicates' | 'duplicatesAcross' | 'idsRenamed';
+export type ExampleKind =
+  'malformed' | 'empty' | 'tooLong' | 'duplicates' | 'duplicatesAcross' | 'idsRenamed' | 'overContext';
 
 /** A row the report points at: where it is, its id when known, what happened. */
 export interface PrepareExample extends SourceRowWhere {
@@ -56,6 +63,8 @@ export interface PrepareReport {
   /** Hash of the sources (files, sizes, mtimes) and settings the prompt file was made from. */
   fingerprint: string;
   maxPromptTokens: number | null;
+  /** `turns: all`: the context length and `maxNewTokens` that `counts.overContext` was measured with. */
+  contextCheck?: { contextLength: number; maxNewTokens: number };
   limit: number | null;
   shuffleSeed: number | null;
   dedupeAcross: boolean;
@@ -104,5 +113,6 @@ export function formatPrepareCounts(c: PrepareCounts): string {
   if (c.overLimit > 0) parts.push(`${formatInt(c.overLimit)} over the limit`);
   if (c.idsRenamed > 0) parts.push(`${formatInt(c.idsRenamed)} ids made unique`);
   if (c.multiTurn !== undefined) parts.push(`${formatInt(c.multiTurn)} with several turns`);
+  if (c.overContext !== undefined) parts.push(`${formatInt(c.overContext)} that would not fit the context whole`);
   return parts.join(', ');
 }

@@ -58,6 +58,11 @@ export interface PrepareSourcesOptions {
   config: Config;
   /** The run's tokenizer when already loaded; otherwise loaded from the config when a `maxPromptTokens` needs it. */
   tokenizer?: ChatTokenizer;
+  /**
+   * The model's context length (default: `sglang.contextLength`): with it, a `turns: all`
+   * dataset's report counts the conversations that would not fit whole (`overContext`).
+   */
+  contextLength?: number;
   /** The run's Redis: the numbers for `status`, and the refusal to change a run's prompts under it. */
   run?: { redis: Redis; keys: RunKeys };
   /** Opens a source; default {@link openSource}. */
@@ -109,6 +114,7 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
     for (const ds of datasets) {
       const opened = await openNamed(open, ds, config.datasets.indexOf(ds));
       const maxPromptTokens = ds.source.maxPromptTokens ?? config.prepare.maxPromptTokens;
+      const contextLength = options.contextLength ?? config.sglang.contextLength;
       const inputs = await fingerprintInputs({
         dataset: ds.name,
         source: ds.source,
@@ -119,6 +125,7 @@ export async function prepareSources(options: PrepareSourcesOptions): Promise<Da
         after: planned.map((p) => p.fingerprint),
         turns: ds.turns,
         templateKwargs: ds.chatTemplateKwargs,
+        contextCheck: contextLength === undefined ? undefined : { contextLength, maxNewTokens: ds.maxNewTokens },
       });
       const fingerprint = fingerprintOf(inputs);
       const stored = await readStoredFingerprint(ds.prompts);
@@ -256,6 +263,7 @@ async function prepareOne(
     maxPromptTokens,
     turns: ds.turns,
     templateKwargs: ds.chatTemplateKwargs,
+    contextCheck: p.inputs.contextCheck,
     tokenizer: ctx.loadTokenizer,
     limit: ds.source.limit,
     shuffleSeed: ds.source.shuffle?.seed,
@@ -288,6 +296,7 @@ async function prepareOne(
     promptsSha256: result.written.sha256,
     fingerprint: p.fingerprint,
     maxPromptTokens: maxPromptTokens ?? null,
+    ...(p.inputs.contextCheck === undefined ? {} : { contextCheck: p.inputs.contextCheck }),
     limit: ds.source.limit ?? null,
     shuffleSeed: ds.source.shuffle?.seed ?? null,
     dedupeAcross: config.prepare.dedupeAcross,

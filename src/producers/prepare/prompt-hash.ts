@@ -18,10 +18,11 @@ function hash64(text: string): Hash64 {
 
 /**
  * The hash two prompts share when their messages are the same: role, content and the other
- * fields the prompt file keeps (tool calls, names), compared exactly.
+ * fields the prompt file keeps (tool calls, names), compared exactly — and their tool schemas,
+ * when they have some (the same chat with other tools is another prompt).
  */
-export function messagesHash(messages: readonly ChatMessage[]): Hash64 {
-  return hash64(JSON.stringify(messages));
+export function messagesHash(messages: readonly ChatMessage[], tools?: readonly unknown[]): Hash64 {
+  return hash64(JSON.stringify(tools === undefined ? messages : { messages, tools }));
 }
 
 /** The hash of an id. */

@@ -6,9 +6,13 @@
 import { contentSampleId, type ChatMessage } from '../../shared/index.js';
 import { Hash64Set, idHash } from './prompt-hash.js';
 
-/** The id a prompt gets before it is made unique: its own, else `h:` + its content hash. */
-export function promptId(sourceId: string | undefined, messages: readonly ChatMessage[]): string {
-  return sourceId !== undefined && sourceId.trim() !== '' ? sourceId : contentSampleId(messages);
+/** The id a prompt gets before it is made unique: its own, else `h:` + its content hash (with its tools, when it has some). */
+export function promptId(
+  sourceId: string | undefined,
+  messages: readonly ChatMessage[],
+  tools?: readonly unknown[],
+): string {
+  return sourceId !== undefined && sourceId.trim() !== '' ? sourceId : contentSampleId(messages, tools);
 }
 
 /**

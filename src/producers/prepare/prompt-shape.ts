@@ -44,7 +44,7 @@ export function shapePrompt(turns: readonly SourceMessage[], mode: 'last' | 'all
   return { kind: 'prompt', messages: kept, droppedTrailing: messages.length - kept.length };
 }
 
-/** One line of a prompt file (without its newline). */
-export function promptLine(id: string, messages: readonly ChatMessage[]): string {
-  return JSON.stringify({ id, messages });
+/** One line of a prompt file (without its newline), with the record's tool schemas when it has some. */
+export function promptLine(id: string, messages: readonly ChatMessage[], tools?: readonly unknown[]): string {
+  return JSON.stringify(tools === undefined ? { id, messages } : { id, messages, tools });
 }

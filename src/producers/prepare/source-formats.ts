@@ -10,10 +10,20 @@
  * - `prompt`: one text column as one user turn.
  *
  * `fields` renames the columns and keys, `roles` maps more role names. Keys of a turn other
- * than its role and content (`tool_calls`, `name`, …) are kept unless null. A row that does not
- * fit is malformed, with the reason naming the column or turn; nothing here throws for a row.
+ * than its role and content (`tool_calls`, `name`, …) are kept unless null. A `function_call`
+ * turn's value (`{"name", "arguments"}` as JSON) becomes the assistant turn's `tool_calls`, and
+ * the `observation` turns after it get their calls' ids. A row's `tools` (or `functions`) column
+ * is its tool schemas. A row that does not fit is malformed, with the reason naming the column or
+ * turn; nothing here throws for a row.
  */
-import { isRecord, type PromptSource } from '../../shared/index.js';
+import {
+  errorMessage,
+  functionCallToolCalls,
+  isRecord,
+  recordTools,
+  toolCallIds,
+  type PromptSource,
+} from '../../shared/index.js';
 import { excerptOfValue, jsonText } from './source-raw.js';
 import type { ChatRole, SourceFormat, SourceMessage } from './source-types.js';
 
@@ -95,6 +105,9 @@ export function layoutOf(
   };
 }
 
+/** The columns of a row's tool schemas, read when present. */
+const TOOL_COLUMNS = ['tools', 'functions'] as const;
+
 /** The columns a conversion reads: those it cannot do without, and those it reads when present. */
 export interface WantedColumns {
   required: string[];
@@ -107,6 +120,7 @@ export function wantedColumns(layout: SourceLayout): WantedColumns {
   const optional: string[] = [];
   (layout.id.explicit ? required : optional).push(layout.id.column);
   (layout.system.explicit ? required : optional).push(layout.system.column);
+  optional.push(...TOOL_COLUMNS);
   switch (layout.format) {
     case 'openai':
     case 'sharegpt':
@@ -125,7 +139,8 @@ export function wantedColumns(layout: SourceLayout): WantedColumns {
 
 /** A row converted: its id (when it has one) and turns, or why it cannot be. */
 export type ConvertedRow =
-  { ok: true; id?: string; messages: SourceMessage[] } | { ok: false; reason: string; excerpt?: string };
+  | { ok: true; id?: string; messages: SourceMessage[]; tools?: unknown[] }
+  | { ok: false; reason: string; excerpt?: string };
 
 /** Thrown inside the conversion of one row; caught by {@link convertRow} and turned into a malformed row. */
 class RowProblem extends Error {}
@@ -161,7 +176,14 @@ export function convertRow(value: unknown, layout: SourceLayout): ConvertedRow {
       throw new RowProblem(
         `${layout.format === 'openai' || layout.format === 'sharegpt' ? `"${layout.messages}"` : 'the row'} has no turns`,
       );
-    return id === undefined ? { ok: true, messages } : { ok: true, id, messages };
+    const tools = recordTools(value);
+    if (!tools.ok) throw new RowProblem(tools.reason);
+    return {
+      ok: true,
+      ...(id === undefined ? {} : { id }),
+      messages,
+      ...(tools.tools === undefined ? {} : { tools: tools.tools }),
+    };
   } catch (e: unknown) {
     if (e instanceof RowProblem) return { ok: false, reason: e.message, excerpt: excerptOfValue(value) };
     throw e;
@@ -223,10 +245,24 @@ function listTurns(row: Record<string, unknown>, layout: SourceLayout): SourceMe
   if (!(col in row)) throw new RowProblem(`no column "${col}" (the turns); the row has: ${columnList(row)}`);
   const list = row[col];
   if (!Array.isArray(list)) throw new RowProblem(`column "${col}" is ${typeName(list)}: expected a list of turns`);
-  return list.map((turn, i) => convertTurn(turn, `${col}[${i}]`, layout));
+  const turns: SourceMessage[] = [];
+  // The ids of the last function_call turn's calls not yet answered by an observation turn.
+  let unanswered: string[] = [];
+  for (const [i, turn] of list.entries()) {
+    const message = convertTurn(turn, `${col}[${i}]`, layout, i);
+    const name = isRecord(turn) ? turn[layout.role] : undefined;
+    if (typeof name === 'string' && name.toLowerCase() === 'function_call')
+      unanswered = toolCallIds(Array.isArray(message.tool_calls) ? message.tool_calls : undefined);
+    else if (typeof name === 'string' && name.toLowerCase() === 'observation' && message.tool_call_id === undefined) {
+      const id = unanswered.shift();
+      if (id !== undefined) message.tool_call_id = id;
+    } else if (message.role !== 'tool') unanswered = [];
+    turns.push(message);
+  }
+  return turns;
 }
 
-function convertTurn(turn: unknown, at: string, layout: SourceLayout): SourceMessage {
+function convertTurn(turn: unknown, at: string, layout: SourceLayout, index: number): SourceMessage {
   if (!isRecord(turn))
     throw new RowProblem(
       `${at} is ${typeName(turn)}: expected an object with "${layout.role}" and "${layout.content}"`,
@@ -252,6 +288,14 @@ function convertTurn(turn: unknown, at: string, layout: SourceLayout): SourceMes
     if (k === layout.role || k === layout.content || k === 'role' || k === 'content' || v === null || v === undefined)
       continue;
     message[k] = v;
+  }
+  if (roleRaw.toLowerCase() === 'function_call' && role === 'assistant' && message.tool_calls === undefined) {
+    try {
+      message.tool_calls = functionCallToolCalls(content, index, at);
+    } catch (e: unknown) {
+      throw new RowProblem(errorMessage(e));
+    }
+    message.content = '';
   }
   return message;
 }

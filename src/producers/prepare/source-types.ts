@@ -21,9 +21,13 @@ export interface SourceRowWhere {
   line?: number;
 }
 
-/** A row of a source: its turns as the source has them (trailing assistant turns included), or why it is malformed. */
+/**
+ * A row of a source: its turns as the source has them (trailing assistant turns included) and its
+ * tool schemas (`tools` / `functions`, read as tool-schemas.ts of src/shared/prompts says), or why
+ * it is malformed.
+ */
 export type SourceRow =
-  | { ok: true; id?: string; messages: SourceMessage[]; where: SourceRowWhere }
+  | { ok: true; id?: string; messages: SourceMessage[]; tools?: unknown[]; where: SourceRowWhere }
   | { ok: false; reason: string; where: SourceRowWhere; excerpt?: string };
 
 /** The formats a source can have once `auto` is resolved. */

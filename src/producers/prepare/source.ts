@@ -83,11 +83,10 @@ async function* convertedRows(
         continue;
       }
       const c = convertRow(r.value, layout);
-      if (c.ok)
-        yield c.id === undefined
-          ? { ok: true, messages: c.messages, where: r.where }
-          : { ok: true, id: c.id, messages: c.messages, where: r.where };
-      else
+      if (c.ok) {
+        const { ok, ...row } = c;
+        yield { ok, ...row, where: r.where };
+      } else
         yield c.excerpt === undefined
           ? { ok: false, reason: c.reason, where: r.where }
           : { ok: false, reason: c.reason, where: r.where, excerpt: c.excerpt };

@@ -5,7 +5,8 @@
  * - {@link promptContentKey}: what "the same content" means — the prompt's user turns, in order,
  *   each normalized (Unicode NFC, runs of white space as one space, trimmed), as a JSON array,
  *   hashed (the first 16 hex digits of SHA-256). System prompts, the source's assistant turns and
- *   tool results do not count: the same questions under another system prompt are the same prompt.
+ *   tool results do not count, nor do tool schemas: the same questions under another system prompt,
+ *   or given other tools, are the same prompt.
  * - `<run dir>/<dataset>/eval-held-out-ids.json` ({@link HeldOutIdsFile}): the ids of the dataset
  *   held out, by id (its own split) and by content (with the held-out prompt each one matches),
  *   written by the producer before it sends anything, read by the tokenize step so that rows

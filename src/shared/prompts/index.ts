@@ -6,6 +6,7 @@ export {
   duplicateReject,
   DuplicateTracker,
   parseChatMessage,
+  parseChatMessages,
   parsePromptLine,
   parseScannedLine,
   PromptFileIndex,
@@ -18,6 +19,7 @@ export {
   scanPromptFile,
 } from './source.js';
 export { conversationTurns, type ConversationTurns, turnHistory, turnSampleId } from './conversation.js';
+export { functionCallToolCalls, recordTools, type RecordTools, toolCallIds } from './tool-schemas.js';
 export {
   HELD_OUT_IDS_FILE,
   type HeldOutIds,

@@ -6,6 +6,7 @@ import { readRawLineChunks, readRawLines } from './line-reader.js';
 import type { ChatMessage } from '../tokenizer/index.js';
 import { isRecord } from '../util/index.js';
 import { conversationTurns } from './conversation.js';
+import { functionCallToolCalls, recordTools, toolCallIds } from './tool-schemas.js';
 
 /**
  * Reads a prompt dataset (JSONL) line by line, in one of three shapes:
@@ -15,10 +16,14 @@ import { conversationTurns } from './conversation.js';
  *   the conversation up to its last user turn; the assistant turns after it are dropped;
  * - `{"id", "prompt": "…"}` — one user turn.
  *
+ * Any of them may carry the tool schemas the chat template renders: `tools` or `functions`, as a
+ * list or a JSON string of one (tool-schemas.ts); ShareGPT's `function_call` and `observation`
+ * turns are read as an assistant turn with `tool_calls` and a `tool` turn.
+ *
  * Sample ids (docs/design.md, invariant 1): the record's `id` (a string, or a number as its decimal
  * text) when present; otherwise `h:` + the first 16 hex digits of the SHA-256 of the
- * normalized messages as compact JSON (`[{"role","content"},…]`), so the same content always
- * gets the same id, whatever line it is on.
+ * normalized messages as compact JSON (`[{"role","content"},…]`) — with the tool schemas too when
+ * the record has some — so the same content always gets the same id, whatever line it is on.
  *
  * Malformed lines, and lines whose bytes are not UTF-8, are yielded as rejects with the file,
  * the 1-based line and the reason; the caller writes them to the rejects file and goes on. A
@@ -28,6 +33,8 @@ export interface PromptRecord {
   id: string;
   line: number;
   messages: ChatMessage[];
+  /** The record's tool schemas (OpenAI shape), passed to the chat template in every rendering. */
+  tools?: unknown[];
 }
 
 export interface RejectedLine {
@@ -39,9 +46,13 @@ export interface RejectedLine {
 
 export type PromptLine = { ok: true; record: PromptRecord } | { ok: false; reject: RejectedLine };
 
-/** The sample id of a record without an `id`: a hash of its normalized messages. */
-export function contentSampleId(messages: readonly ChatMessage[]): string {
-  const canonical = JSON.stringify(messages.map((m) => ({ role: m.role, content: m.content })));
+/**
+ * The sample id of a record without an `id`: a hash of its normalized messages and, when it has
+ * some, its tool schemas (a record without tools keeps the id it always had).
+ */
+export function contentSampleId(messages: readonly ChatMessage[], tools?: readonly unknown[]): string {
+  const normalized = messages.map((m) => ({ role: m.role, content: m.content }));
+  const canonical = JSON.stringify(tools === undefined ? normalized : { messages: normalized, tools });
   return `h:${createHash('sha256').update(canonical).digest('hex').slice(0, 16)}`;
 }
 
@@ -53,25 +64,33 @@ const ROLE_ALIASES: Readonly<Record<string, ChatMessage['role']>> = {
   gpt: 'assistant',
   model: 'assistant',
   tool: 'tool',
+  function_call: 'assistant',
+  observation: 'tool',
 };
 
 /**
  * Parses one chat message in the OpenAI / Hugging Face shape or ShareGPT's `{from, value}`
- * (human, gpt). A null content (an assistant turn with only tool calls) becomes "", tool calls
- * given as a JSON string are parsed. Throws a {@link PayloadError} naming `where`.
+ * (human, gpt; `function_call`: an assistant turn whose value is its call as JSON, read into
+ * `tool_calls` with ids from `index`, the message's place in its list; `observation`: a tool
+ * turn). A null content (an assistant turn with only tool calls) becomes "", tool calls given as
+ * a JSON string are parsed. Throws a {@link PayloadError} naming `where`.
  */
-export function parseChatMessage(raw: unknown, where: string): ChatMessage {
+export function parseChatMessage(raw: unknown, where: string, index = 0): ChatMessage {
   if (!isRecord(raw)) throw new PayloadError(`${where} is not an object`);
   const roleRaw = raw.role ?? raw.from;
   const role = typeof roleRaw === 'string' ? ROLE_ALIASES[roleRaw] : undefined;
   if (role === undefined) {
     throw new PayloadError(
-      `${where}.role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool (or ShareGPT's human, gpt)`,
+      `${where}.role is ${JSON.stringify(roleRaw)}: expected system, user, assistant or tool (or ShareGPT's human, gpt, function_call, observation)`,
     );
   }
   const contentRaw = raw.content !== undefined ? raw.content : raw.value;
   if (contentRaw !== undefined && contentRaw !== null && typeof contentRaw !== 'string') {
     throw new PayloadError(`${where}.content must be a string or null`);
+  }
+  if (roleRaw === 'function_call' && raw.tool_calls === undefined) {
+    const calls = functionCallToolCalls(contentRaw ?? '', index, where);
+    return { role, content: '', tool_calls: calls };
   }
   const message: ChatMessage = { role, content: contentRaw ?? '' };
   const reasoning = raw.reasoning_content;
@@ -96,17 +115,35 @@ export function parseChatMessage(raw: unknown, where: string): ChatMessage {
   return message;
 }
 
-function normalizeMessages(raw: unknown, field: string): ChatMessage[] | string {
-  if (!Array.isArray(raw)) return `"${field}" must be an array of messages`;
+/**
+ * Parses a list of chat messages ({@link parseChatMessage} each, named `<field>[i]`); an
+ * `observation` turn without a `tool_call_id` gets the id of the call it answers, in order, of
+ * the `function_call` turn before it. Throws a {@link PayloadError} naming the message.
+ */
+export function parseChatMessages(raw: readonly unknown[], field: string): ChatMessage[] {
   const out: ChatMessage[] = [];
+  // The ids of the last function_call turn's calls not yet answered by an observation turn.
+  let unanswered: string[] = [];
   for (const [i, m] of raw.entries()) {
-    try {
-      out.push(parseChatMessage(m, `${field}[${i}]`));
-    } catch (e: unknown) {
-      return errorMessage(e);
-    }
+    const message = parseChatMessage(m, `${field}[${i}]`, i);
+    const from = isRecord(m) ? (m.role ?? m.from) : undefined;
+    if (from === 'function_call') unanswered = toolCallIds(message.tool_calls);
+    else if (from === 'observation' && message.tool_call_id === undefined) {
+      const id = unanswered.shift();
+      if (id !== undefined) message.tool_call_id = id;
+    } else if (message.role !== 'tool') unanswered = [];
+    out.push(message);
   }
   return out;
+}
+
+function normalizeMessages(raw: unknown, field: string): ChatMessage[] | string {
+  if (!Array.isArray(raw)) return `"${field}" must be an array of messages`;
+  try {
+    return parseChatMessages(raw, field);
+  } catch (e: unknown) {
+    return errorMessage(e);
+  }
 }
 
 /** How a prompt file is read: `turns` of the dataset (`last`: the chat to answer; `all`: whole conversations). */
@@ -140,7 +177,10 @@ export function parsePromptLine(
   else if (rec.id !== undefined && rec.id !== null)
     return reject(`"id" must be a non-empty string or a number, got ${JSON.stringify(rec.id)}`);
 
-  if (options.turns === 'all') return parseConversation(rec, id, reject, line);
+  const toolsRead = recordTools(rec);
+  if (!toolsRead.ok) return reject(toolsRead.reason, id);
+  const tools = toolsRead.tools;
+  if (options.turns === 'all') return parseConversation(rec, id, reject, line, tools);
   let messages: ChatMessage[];
   if (rec.messages !== undefined) {
     const m = normalizeMessages(rec.messages, 'messages');
@@ -164,7 +204,18 @@ export function parsePromptLine(
   if (last?.role !== 'user') return reject(`the last message must be a user turn, got ${last?.role ?? 'none'}`, id);
   if (last.content.trim() === '') return reject('the user turn to answer is empty', id);
 
-  return { ok: true, record: { id: id ?? contentSampleId(messages), line, messages } };
+  return { ok: true, record: promptRecord(id, line, messages, tools) };
+}
+
+function promptRecord(
+  id: string | undefined,
+  line: number,
+  messages: ChatMessage[],
+  tools: unknown[] | undefined,
+): PromptRecord {
+  const record: PromptRecord = { id: id ?? contentSampleId(messages, tools), line, messages };
+  if (tools !== undefined) record.tools = tools;
+  return record;
 }
 
 /**
@@ -176,6 +227,7 @@ function parseConversation(
   id: string | undefined,
   reject: (reason: string, id?: string) => PromptLine,
   line: number,
+  tools: unknown[] | undefined,
 ): PromptLine {
   const field = rec.messages !== undefined ? 'messages' : 'conversations';
   let messages: ChatMessage[];
@@ -191,7 +243,7 @@ function parseConversation(
   }
   const turns = conversationTurns(messages, field);
   if (typeof turns === 'string') return reject(turns, id);
-  return { ok: true, record: { id: id ?? contentSampleId(messages), line, messages } };
+  return { ok: true, record: promptRecord(id, line, messages, tools) };
 }
 
 /** What identifies one version of a file: a changed file gets a new index. */

@@ -29,6 +29,7 @@ import {
   type ApplyChatTemplateOptions,
   type ChatMessage,
   type EncodePromptOptions,
+  type PromptToEncode,
 } from './messages.js';
 import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './encoder.js';
 import { ServerEncoder } from './server.js';
@@ -387,17 +388,24 @@ export class ChatTokenizer {
 
   /**
    * The prompt ids of many conversations ({@link encodePrompt} each), in order; an entry is the
-   * error of a conversation the template rejects. With server-side tokenization the rendered
-   * prompts are tokenized by the server in batches (server.ts); a server failure that
+   * error of a conversation the template rejects. A conversation given as `{messages, tools}` is
+   * rendered with its own tool schemas (over `opts.tools`). With server-side tokenization the
+   * rendered prompts are tokenized by the server in batches (server.ts); a server failure that
    * retries do not cure rejects the whole call.
    */
   async encodePrompts(
-    conversations: readonly (readonly ChatMessage[])[],
+    conversations: readonly PromptToEncode[],
     opts: EncodePromptOptions = {},
   ): Promise<(number[] | Error)[]> {
-    const rendered = conversations.map((messages): string | Error => {
+    const rendered = conversations.map((conversation): string | Error => {
+      const { messages, tools } =
+        'messages' in conversation ? conversation : { messages: conversation, tools: undefined };
       try {
-        return this.applyChatTemplate(messages, { ...opts, addGenerationPrompt: true });
+        return this.applyChatTemplate(messages, {
+          ...opts,
+          ...(tools === undefined ? {} : { tools }),
+          addGenerationPrompt: true,
+        });
       } catch (e: unknown) {
         return e instanceof Error ? e : new Error(String(e));
       }

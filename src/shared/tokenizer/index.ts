@@ -19,6 +19,7 @@ export {
   type ChatRole,
   ChatRoleSchema,
   type EncodePromptOptions,
+  type PromptToEncode,
 } from './messages.js';
 export { convertSplitPattern, KIMI_K2_PATTERN, O200K_PATTERN } from './pattern.js';
 export { ServerTokenizeClient, type ServerTokenizeOptions } from './server-client.js';

@@ -39,6 +39,13 @@ export interface ApplyChatTemplateOptions {
 /** Options of {@link ChatTokenizer.encodePrompt}: the generation prompt is always added. */
 export type EncodePromptOptions = Omit<ApplyChatTemplateOptions, 'addGenerationPrompt'>;
 
+/**
+ * A conversation of {@link ChatTokenizer.encodePrompts}: its messages, or its messages with the
+ * tool schemas it is rendered with (a record's own `tools`).
+ */
+export type PromptToEncode =
+  readonly ChatMessage[] | { readonly messages: readonly ChatMessage[]; readonly tools?: unknown[] | undefined };
+
 /** Reasoning fields transformers aliases onto each other before rendering. */
 const REASONING_FIELDS = ['reasoning_content', 'thinking', 'reasoning'] as const;
 

@@ -2,8 +2,9 @@
  * The prompts an evaluation sends: per dataset, its held-out prompts
  * (`<run dir>/<dataset>/eval-prompts.jsonl`, written by `datasets[].evalHoldout`), or one set from
  * `eval.prompts`; parsed with the producer's prompt-line parser and rendered as the producer
- * renders them (the tokenizer's chat template with the dataset's `chatTemplateKwargs`, the
- * generation prompt added; with `turns: all` the history before the first turn).
+ * renders them (the tokenizer's chat template with the record's tool schemas and the dataset's
+ * `chatTemplateKwargs`, the generation prompt added; with `turns: all` the history before the
+ * first turn).
  */
 import path from 'node:path';
 import {
@@ -80,7 +81,7 @@ async function loadSet(
     if (records.length >= opts.maxPrompts) break;
   }
   const encoded = await opts.tokenizer.encodePrompts(
-    records.map((r) => firstTurnMessages(ds.turns, r)),
+    records.map((r) => ({ messages: firstTurnMessages(ds.turns, r), tools: r.tools })),
     ds.chatTemplateKwargs === undefined ? {} : { templateKwargs: ds.chatTemplateKwargs },
   );
   const prompts: EvalPrompt[] = [];

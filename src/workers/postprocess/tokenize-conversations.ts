@@ -8,7 +8,8 @@ import {
   EnvironmentError,
   PayloadError,
   contentSampleId,
-  parseChatMessage,
+  parseChatMessages,
+  recordTools,
   errorMessage,
   isRecord,
   logger as componentLogger,
@@ -30,10 +31,12 @@ export interface ConversationRecord {
 /**
  * Parses one line of a conversation dataset: SpecForge's `{"id", "conversations": [{"role",
  * "content", ["reasoning_content"], ["tool_calls"]}], ["tools"]}`, also with `messages` for
- * `conversations` and ShareGPT's `{"from", "value"}` messages (human, gpt). A null content
- * (an assistant turn with only tool calls) becomes "", tool calls given as a JSON string are
- * parsed, other keys are ignored. Without an `id`, the id is the content hash of
- * `contentSampleId`. Throws a {@link PayloadError} naming the problem.
+ * `conversations` and ShareGPT's `{"from", "value"}` messages (human, gpt, function_call,
+ * observation). A null content (an assistant turn with only tool calls) becomes "", tool calls
+ * given as a JSON string are parsed, other keys are ignored. The tool schemas are read as the
+ * prompt file reader reads them (`tools` or `functions`, a list or a JSON string of one).
+ * Without an `id`, the id is the content hash of `contentSampleId` of the messages alone (the
+ * ids rows of such a dataset always had). Throws a {@link PayloadError} naming the problem.
  */
 export function parseConversationRecord(value: unknown): ConversationRecord {
   if (!isRecord(value)) throw new PayloadError('expected a JSON object');
@@ -41,17 +44,16 @@ export function parseConversationRecord(value: unknown): ConversationRecord {
   const list = value[field];
   if (!Array.isArray(list) || list.length === 0)
     throw new PayloadError('"conversations" must be a non-empty array of messages');
-  const messages = list.map((m, i) => parseChatMessage(m, `${field}[${i}]`));
+  const messages = parseChatMessages(list, field);
   let id: string;
   if (typeof value.id === 'string' && value.id !== '') id = value.id;
   else if (typeof value.id === 'number' && Number.isFinite(value.id)) id = String(value.id);
   else if (value.id === undefined || value.id === null) id = contentSampleId(messages);
   else throw new PayloadError(`"id" must be a non-empty string or a number, got ${JSON.stringify(value.id)}`);
   const record: ConversationRecord = { id, messages };
-  if (Array.isArray(value.tools) && value.tools.length > 0) record.tools = value.tools;
-  else if (value.tools !== undefined && value.tools !== null && !Array.isArray(value.tools)) {
-    throw new PayloadError('"tools" must be an array');
-  }
+  const tools = recordTools(value);
+  if (!tools.ok) throw new PayloadError(tools.reason);
+  if (tools.tools !== undefined) record.tools = tools.tools;
   return record;
 }
 
