@@ -24,3 +24,4 @@ export * from './prompts/index.js';
 export * from './sglang/index.js';
 export * from './hf-dataset/index.js';
 export * from './util/index.js';
+export * from './tools/index.js';
