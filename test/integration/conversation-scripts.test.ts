@@ -79,6 +79,36 @@ describe('conversation scripts', () => {
     expect(await r.exists(keys.conversationHistory(DS, 'a'))).toBe(0);
   });
 
+  it('an early end counts its cause and names the latest conversation that ended so (ended-example:<cause>); a complete one names none', async () => {
+    const end = (conv: string, kind: 'complete' | 'ended', cause: string): Promise<number> =>
+      r.finishConversation(
+        keys.conversations(DS),
+        keys.stats(DS),
+        keys.failed(DS),
+        keys.done(DS),
+        conv,
+        JSON.stringify({ kind }),
+        kind,
+        '',
+        cause,
+      );
+    expect(await end('x1', 'ended', 'context')).toBe(1);
+    expect(await end('x2', 'ended', 'context')).toBe(1);
+    expect(await end('x3', 'ended', 'tool-mismatch')).toBe(1);
+    expect(await end('x2', 'ended', 'context')).toBe(0); // already ended: nothing changes
+    expect(await end('x4', 'complete', '')).toBe(1);
+    const stats = await r.hgetall(keys.stats(DS));
+    expect(stats['ended:context']).toBe('2');
+    expect(stats['ended-example:context']).toBe('x2');
+    expect(stats['ended:tool-mismatch']).toBe('1');
+    expect(stats['ended-example:tool-mismatch']).toBe('x3');
+    expect(
+      Object.keys(stats)
+        .filter((k) => k.startsWith('ended-example:'))
+        .sort(),
+    ).toEqual(['ended-example:context', 'ended-example:tool-mismatch']);
+  });
+
   it('a failure of a turn another delivery committed first records nothing, and says so (the conversation goes on)', async () => {
     expect((await commitTurn('b', 1, [4, 2], 'r5'))[0]).toBe(1);
     const failure = { status: undefined, attempts: 3, endpoint: undefined, rid: 'r6', leaseKey: keys.inflight(DS) };

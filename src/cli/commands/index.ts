@@ -8,6 +8,7 @@ import { registerSimCommand } from './sim.js';
 import { registerGenerationCommands } from './generation.js';
 import { registerPostprocessCommands } from './postprocess.js';
 import { registerPrepareCommand } from './prepare.js';
+import { registerShowCommand } from './show.js';
 import { registerStatusCommands } from './status.js';
 import { registerTrainCommand } from './train.js';
 
@@ -20,6 +21,7 @@ export function registerCommands(program: Command): void {
   registerPostprocessCommands(program);
   registerExportCommand(program);
   registerStatusCommands(program);
+  registerShowCommand(program);
   registerTrainCommand(program);
   registerEvalCommand(program);
   registerDemoCommand(program);

@@ -21,6 +21,14 @@ export {
   verifierOf,
 } from './speculators.js';
 export { inspectOut, type OutState } from './speculators-dir.js';
+export {
+  countLines,
+  partitionOf,
+  partitionsFor,
+  PromptIndex,
+  promptIdOf,
+  type SampleIdScheme,
+} from './prompt-index.js';
 export { pickleIntDict } from './torch-pickle.js';
 export { archiveNameOf, torchSaveIntDict, torchSaveIntDictBytes } from './torch-save.js';
 export { paddingFor, storedZip, type ZipEntry } from './torch-zip.js';

@@ -211,6 +211,18 @@ function conversationsNote(d) {
       { class: 'note', 'data-field': 'conversations' },
       `turns · conversations: ${fmt(c.complete)} complete, ${fmt(c.partial)} partial, ${fmt(c.ended)} ended early`,
     ),
+    // Ended early by cause, each with a conversation to look at (`tokenmill show <dataset> <id>`).
+    ...Object.entries(c.endedBy || {})
+      .sort((a, b) => b[1] - a[1])
+      .map(([cause, n]) => {
+        const example = (c.endedExample || {})[cause];
+        return el(
+          'div',
+          { class: 'note', 'data-field': 'ended-by', 'data-cause': cause },
+          `${fmt(n)} ${cause}`,
+          ...(example ? [' · e.g. ', el('code', { 'data-field': 'ended-example', title: example }, example)] : []),
+        );
+      }),
     // Why conversations ended early: the latest few, each with its reason.
     ...(c.lastEnded || [])
       .slice(0, 3)

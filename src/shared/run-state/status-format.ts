@@ -118,6 +118,12 @@ export function formatRunStatus(status: RunStatus, nowMs = Date.now()): string {
       lines.push(`${d.name}: ended early${by === '' ? '' : ` (${by})`}; the latest:`);
       for (const e of c.lastEnded.slice(0, 3))
         lines.push(`  ${e.id}${e.turn === null ? '' : ` at turn ${e.turn}`}: ${e.reason}`);
+      // One conversation per cause to look at: `tokenmill show -c <config> <dataset> <id>`.
+      const examples = Object.entries(c.endedExample)
+        .sort((a, b) => (c.endedBy[b[0]] ?? 0) - (c.endedBy[a[0]] ?? 0))
+        .map(([cause, id]) => `${cause}: ${id}`)
+        .join(', ');
+      if (examples !== '') lines.push(`  an example of each cause (tokenmill show ${d.name} <id>): ${examples}`);
     }
   }
   for (const d of status.datasets) if (d.failedReason !== undefined) lines.push(`! ${d.name} ${d.failedReason}`);

@@ -76,6 +76,11 @@ export interface ConversationCounts {
   partial: number;
   /** Ended early, by cause: `context`, `failed`, `error`, `history-lost`. */
   endedBy: Record<string, number>;
+  /**
+   * Per cause of {@link endedBy}: the id of a conversation that ended so (the latest still ended;
+   * finish-conversation-4.lua), to look at with `tokenmill show`. Absent for a cause without one.
+   */
+  endedExample: Record<string, string>;
   /** The latest conversations ended early (newest first, at most 5): id, the turn it stopped at, why. */
   lastEnded: { id: string; turn: number | null; reason: string }[];
   /** Turns committed (the dataset's records). */
@@ -161,7 +166,10 @@ export async function readRunStatus(
     const paused = queue.paused;
     const records = Number(stats.records ?? 0);
     const outputTokens = Number(stats.outputTokens ?? 0);
-    const conversations = ds.turns === 'all' ? conversationCounts(stats, records, lastEnded) : undefined;
+    const conversations =
+      ds.turns === 'all'
+        ? await stillEnded(redis, keys, ds.name, conversationCounts(stats, records, lastEnded))
+        : undefined;
     const tokenBudget = ds.tokenBudget ?? null;
     const completed =
       stats.status === 'completed' &&
@@ -314,10 +322,16 @@ function conversationCounts(
   const started = Number(stats.conversationsStarted ?? 0);
   const endedBy: Record<string, number> = {};
   for (const [k, v] of Object.entries(stats)) if (k.startsWith('ended:')) endedBy[k.slice('ended:'.length)] = Number(v);
+  const endedExample: Record<string, string> = {};
+  for (const cause of Object.keys(endedBy)) {
+    const id = stats[`ended-example:${cause}`];
+    if (id !== undefined && id !== '') endedExample[cause] = id;
+  }
   return {
     complete,
     ended,
     endedBy,
+    endedExample,
     lastEnded: lastEnded.flatMap((raw) => {
       try {
         const e = JSON.parse(raw) as { id?: unknown; turn?: unknown; reason?: unknown };
@@ -337,6 +351,38 @@ function conversationCounts(
     laterTurns: Math.max(0, records - started),
     spliced: Number(stats.turnsSpliced ?? 0),
   };
+}
+
+/**
+ * Keeps an example only while its conversation is still ended (`retry-failed` reopens some); for
+ * one that is not, the latest listed conversation ended for that cause, if any, else none.
+ */
+async function stillEnded(
+  redis: Redis,
+  keys: RunKeys,
+  dataset: string,
+  counts: ConversationCounts,
+): Promise<ConversationCounts> {
+  const causes = Object.keys(counts.endedExample);
+  if (causes.length === 0) return counts;
+  const ends = await redis.hmget(keys.conversations(dataset), ...causes.map((c) => counts.endedExample[c] as string));
+  const endedExample: Record<string, string> = {};
+  causes.forEach((cause, i) => {
+    const listed = isEndedRecord(ends[i] ?? null)
+      ? counts.endedExample[cause]
+      : counts.lastEnded.find((e) => e.reason === cause || e.reason.startsWith(`${cause}:`))?.id;
+    if (listed !== undefined) endedExample[cause] = listed;
+  });
+  return { ...counts, endedExample };
+}
+
+function isEndedRecord(raw: string | null): boolean {
+  if (raw === null) return false;
+  try {
+    return (JSON.parse(raw) as { kind?: unknown }).kind === 'ended';
+  } catch {
+    return false;
+  }
 }
 
 /**

@@ -14,10 +14,12 @@
     ARGV[2] end record (JSON)
     ARGV[3] 'complete' | 'ended'
     ARGV[4] the failed turn's sample id, or ''
-    ARGV[5] why it ended early, in one word (context | failed | error | history-lost), or ''
+    ARGV[5] why it ended early, in one word (context | failed | error | history-lost | tool-…), or ''
 
   Beside the stats hash: `<KEYS[2]>:ended`, the last 20 end records of conversations ended early
-  (what `status` and the pipeline page show), and per cause a count `ended:<cause>` in the stats.
+  (what `status` and the pipeline page show), and per cause a count `ended:<cause>` in the stats
+  and `ended-example:<cause>`, the id of the latest conversation that ended so (`tokenmill show`
+  looks at it).
 
   Output: 1 when this call finished it, 0 when it was finished already.
 ]]
@@ -29,6 +31,7 @@ if first == 1 then
     redis.call('HINCRBY', KEYS[2], 'conversationsEnded', 1)
     if ARGV[5] ~= nil and ARGV[5] ~= '' then
       redis.call('HINCRBY', KEYS[2], 'ended:' .. ARGV[5], 1)
+      redis.call('HSET', KEYS[2], 'ended-example:' .. ARGV[5], ARGV[1])
     end
     redis.call('LPUSH', KEYS[2] .. ':ended', ARGV[2])
     redis.call('LTRIM', KEYS[2] .. ':ended', 0, 19)
