@@ -129,6 +129,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
         maxAttempts: config.sglang.maxAttempts,
         contextLength,
         windowBatches: windowBatches(config, batchSize),
+        toolCallFormat: config.tokenizer.toolCallFormat,
       });
       // The producer lock first: a second producer of the same run fails at once, naming the
       // holder, instead of waiting behind the first one's sink locks.

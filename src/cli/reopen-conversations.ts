@@ -17,7 +17,7 @@ import { withScripts, type RunKeys } from '../shared/index.js';
 import { endCause } from '../workers/index.js';
 
 /** Causes of an early end that `retry-failed` resumes. */
-export const RESUMABLE_CAUSES: ReadonlySet<string> = new Set(['failed', 'error', 'history-lost']);
+export const RESUMABLE_CAUSES: ReadonlySet<string> = new Set(['failed', 'error', 'history-lost', 'tool-executor']);
 
 export interface ReopenOutcome {
   /** Conversations reopened: the next pass resumes each at its next turn. */

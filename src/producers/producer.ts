@@ -28,6 +28,8 @@ import {
   type RunKeys,
   type Sample,
   type ScriptedRedis,
+  type ToolCallFormat,
+  detectToolCallFormat,
 } from '../shared/index.js';
 
 export interface ProducerOptions {
@@ -46,6 +48,8 @@ export interface ProducerOptions {
   contextLength?: number | Promise<number | undefined>;
   /** Batches kept queued (waiting) per dataset; Redis holds about this many batches of prompts. */
   windowBatches: number;
+  /** `tokenizer.toolCallFormat`: how the model writes tool calls (`auto`: read from the chat template). */
+  toolCallFormat?: 'auto' | ToolCallFormat;
   /** How often queue depths are checked at most (a wait's first checks come sooner). */
   pollMs?: number;
   logger?: Logger;
@@ -76,6 +80,7 @@ export class Producer {
   private readonly lock: ProcessLock;
   /** The context length turn 1 was checked against (for the turns after it, with `turns: all`). */
   private contextLengthSeen: number | undefined;
+  private toolCallFormatSeen: ToolCallFormat | undefined;
   private stopping = false;
   private readonly pollMs: number;
   private locked = false;
@@ -177,6 +182,8 @@ export class Producer {
     const tokenizer = await this.options.tokenizer;
     const contextLength = await this.options.contextLength;
     this.contextLengthSeen = contextLength;
+    const format = this.options.toolCallFormat ?? 'auto';
+    this.toolCallFormatSeen = format === 'auto' ? detectToolCallFormat(tokenizer.chatTemplateSource()) : format;
     let index: PromptFileIndex | undefined;
     let heldOut: ReadonlySet<string> | undefined;
     let passesWithoutProgress = 0;
@@ -305,6 +312,9 @@ export class Producer {
         vocabSize,
         templateKwargs: ds.chatTemplateKwargs,
         contextLength: this.contextLengthSeen,
+        ...(ds.turns === 'all'
+          ? { minNewTokens: ds.minNewTokens, toolCallFormat: this.toolCallFormatSeen, toolExecutor: ds.toolExecutor }
+          : {}),
       },
       samples,
     );

@@ -60,6 +60,14 @@ export const ConfigSchema = z.strictObject({
         .describe(
           "tiktoken only: a built-in tokenizer family (split pattern, special-token layout). Omitted = detected from the folder (`tokenization_kimi.py`, the config's `tokenizer_class`).",
         ),
+      toolCallFormat: z
+        .enum(['auto', 'hermes', 'llama3', 'deepseekv3', 'kimi_k2'], {
+          error: 'expected one of: auto, hermes, llama3, deepseekv3, kimi_k2',
+        })
+        .default('auto')
+        .describe(
+          "How the model writes tool calls, read back from each regenerated turn of an agentic conversation (`turns: all` with tools): `hermes` (Qwen3, Qwen2.5, Hermes: `<tool_call>` JSON), `llama3` (Llama 3.1/3.2: a JSON object as the message), `deepseekv3`, `kimi_k2`, as SGLang's `--tool-call-parser` names them. `auto`: read from what the chat template writes. See docs/agentic.md.",
+        ),
     })
     .prefault({})
     .describe('Tokenizer of the target model.'),

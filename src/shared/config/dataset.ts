@@ -117,6 +117,25 @@ export const DatasetConfigSchema = z
       .describe(
         'Prompts held out of generation for evaluating the trained drafter: an integer N (that many) or a fraction 0 < x < 1 (round(x × prompts), half up, at least 1). Chosen by SHA-256 of the dataset name and the prompt id (the smallest keys), never by position; a conversation (`turns: all`) or a prompt with all its samples is held out whole. Written before generation to `<output.dir>/<run>/<dataset>/eval-prompts.jsonl` (the lines verbatim) with an `eval-prompts.json` manifest, and fixed once written: a resumed run keeps it, `run --fresh` splits again. See docs/prepare.md.',
       ),
+    minNewTokens: positiveInt()
+      .default(16)
+      .describe(
+        "`turns: all`: the least `max_new_tokens` a later turn is sent with. Each turn's `max_new_tokens` is `maxNewTokens` shrunk to what the context leaves after its prompt; when that is below this floor, the conversation ends there with reason `context`, its turns kept.",
+      ),
+    toolExecutor: z
+      .strictObject({
+        url: z
+          .url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL' })
+          .describe('Where the calls are POSTed (see docs/agentic.md).'),
+        timeoutMs: positiveInt().default(60_000).describe('Most milliseconds one request waits for its answer.'),
+        attempts: positiveInt()
+          .default(3)
+          .describe('Requests per turn before the conversation ends (`tool-executor`).'),
+      })
+      .optional()
+      .describe(
+        "`turns: all` with tools: a service that runs the calls each regenerated turn makes; the conversation goes on with its results instead of the source's (fully on-policy agentic replay). Omitted: the source's results follow a turn only when it made the same calls. See docs/agentic.md.",
+      ),
     chatTemplateKwargs: z
       .record(z.string(), z.unknown(), { error: 'expected a mapping of template variables' })
       .optional()

@@ -18,7 +18,14 @@ export {
   type ScannedLine,
   scanPromptFile,
 } from './source.js';
-export { conversationTurns, type ConversationTurns, turnHistory, turnSampleId } from './conversation.js';
+export {
+  conversationTurns,
+  type ConversationTurns,
+  sourceTurnStep,
+  type SourceTurnStep,
+  turnHistory,
+  turnSampleId,
+} from './conversation.js';
 export { functionCallToolCalls, recordTools, type RecordTools, toolCallIds } from './tool-schemas.js';
 export {
   HELD_OUT_IDS_FILE,

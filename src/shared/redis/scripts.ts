@@ -41,6 +41,8 @@ export interface TokenmillScripts {
   commitSample(...keysAndArgs: (string | number)[]): Promise<[number, number, ...number[]]>;
   failSample(...keysAndArgs: (string | number)[]): Promise<number>;
   finishConversation(...keysAndArgs: (string | number)[]): Promise<number>;
+  /** The tool results recorded for the turn (these or the first ones), or null once the conversation finished. */
+  recordToolResults(...keysAndArgs: (string | number)[]): Promise<string | null>;
   /** 1 reopened, 0 its end record changed meanwhile. */
   reopenConversation(...keysAndArgs: (string | number)[]): Promise<number>;
   /** Output tokens after it, or -1 when the turn was committed meanwhile. */

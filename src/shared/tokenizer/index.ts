@@ -27,6 +27,7 @@ export { ServerEncoder } from './server.js';
 export { type TokenizerPreset } from './tiktoken.js';
 export {
   answerMessage,
+  answerTextWithSpecials,
   renderTurnPrompt,
   type RegeneratedAnswer,
   type TurnPrompt,

@@ -50,6 +50,17 @@ export function answerMessage(tok: ChatTokenizer, outputIds: readonly number[]):
   };
 }
 
+/**
+ * A generated answer's text with its special tokens written out (a tool-call section's markers
+ * among them), the end-of-turn token it closed with left out, and a leading `<think>…</think>`
+ * block dropped: what a tool-call parser reads.
+ */
+export function answerTextWithSpecials(tok: ChatTokenizer, outputIds: readonly number[]): string {
+  const text = tok.decode(withoutEndOfTurn(tok, outputIds), { skipSpecialTokens: false });
+  const close = /^\s*<think>/.test(text) ? text.indexOf('</think>') : -1;
+  return close < 0 ? text : text.slice(close + '</think>'.length).replace(/^\n+/, '');
+}
+
 function withoutEndOfTurn(tok: ChatTokenizer, ids: readonly number[]): readonly number[] {
   const last = ids[ids.length - 1];
   return last !== undefined && tok.endOfTurnTokenIds.includes(last) ? ids.slice(0, -1) : ids;

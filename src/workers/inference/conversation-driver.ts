@@ -33,6 +33,7 @@ import {
   type RegeneratedAnswer,
   type Sample,
 } from '../../shared/index.js';
+import { isAgentic, readToolTurn, type ConversationTools, type ToolResultsStore } from './conversation-tools.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 
 /** How a conversation ended, as finish-conversation-4.lua records it. */
@@ -67,6 +68,8 @@ export interface ConversationDeps {
    * every turn after the first, so that the remaining turns are not generated twice.
    */
   stillHeld?(): Promise<boolean>;
+  /** Where an executor's tool results are recorded once (conversations with `toolExecutor`). */
+  toolResults?: ToolResultsStore;
 }
 
 /** What one conversation came to in this delivery. */
@@ -87,7 +90,18 @@ export type TurnRequestBase = Omit<SampleRequest, 'sample' | 'conversation' | 'p
 export async function driveConversation(
   sample: Sample,
   base: TurnRequestBase,
-  opts: { templateKwargs?: Record<string, unknown>; contextLength?: number; maxNewTokens: number },
+  opts: {
+    templateKwargs?: Record<string, unknown>;
+    contextLength?: number;
+    maxNewTokens: number;
+    /** The least max_new_tokens a turn is sent with (default 1); below it the conversation ends (`context`). */
+    minNewTokens?: number;
+    /**
+     * How the model writes tool calls, the record's tools and the executor: an agentic
+     * conversation's calls are read after each turn and answered (conversation-tools.ts).
+     */
+    tools?: Omit<ConversationTools, 'store'>;
+  },
   deps: ConversationDeps,
 ): Promise<ConversationOutcome> {
   const { dataset } = base;
@@ -114,6 +128,10 @@ export async function driveConversation(
     return { kind: 'finished', end, committed: 0, outputTokens: 0 };
   }
   const total = turns.starts.length;
+  const tools: ConversationTools | undefined =
+    opts.tools !== undefined && isAgentic(messages, opts.tools.tools)
+      ? { ...opts.tools, store: deps.toolResults }
+      : undefined;
   const tok = await deps.tokenizer();
   // Which turns are committed first, then their history, one after the other: commit-sample-9.lua
   // writes a turn's answer into the history in the step that marks it committed, so every turn
@@ -126,6 +144,10 @@ export async function driveConversation(
   );
   const history = await deps.history(dataset, sample.id);
   const answers: RegeneratedAnswer[] = [];
+  /** The tool results that follow each turn's answer (matched or executed), by turn index. */
+  const results: (ChatMessage[] | undefined)[] = [];
+  /** What turn k's history placed after turn k − 1's calls, for turn k's record. */
+  let placed: { origin: 'source' | 'executor'; messages: ChatMessage[] } | undefined;
   let previous: { promptIds: number[]; history: ChatMessage[]; text?: string } | undefined;
   let committed = 0;
   let outputTokens = 0;
@@ -153,6 +175,7 @@ export async function driveConversation(
       turns,
       k,
       answers.map((a) => a.message),
+      results,
     );
     let promptIds: number[];
     let text: string | undefined;
@@ -201,12 +224,13 @@ export async function driveConversation(
       if (k > 1 && deps.stillHeld !== undefined && !(await deps.stillHeld()))
         return { kind: 'handed-back', committed, outputTokens };
       const ctx = opts.contextLength;
-      if (ctx !== undefined && promptIds.length >= ctx) {
+      const floor = Math.min(opts.minNewTokens ?? 1, opts.maxNewTokens);
+      if (ctx !== undefined && ctx - promptIds.length < floor) {
         return finish({
           kind: 'ended',
           turnsDone: k - 1,
           turn: k,
-          reason: `context: turn ${k}'s prompt has ${promptIds.length} tokens; the context length is ${ctx}`,
+          reason: `context: turn ${k}'s prompt has ${promptIds.length} tokens; the context length is ${ctx}${floor > 1 ? `, which leaves fewer than minNewTokens (${floor})` : ''}`,
         });
       }
       const o = await deps.submit({
@@ -224,6 +248,7 @@ export async function driveConversation(
           turns: total,
           spliced: thisSpliced,
           ...(historyOutputs === undefined ? {} : { historyOutputs }),
+          ...(placed === undefined ? {} : { toolResults: placed }),
         },
         ...(endpoint === undefined ? {} : { preferEndpoint: endpoint }),
       });
@@ -255,9 +280,26 @@ export async function driveConversation(
       if (outputIds === undefined) return finish({ kind: 'ended', turnsDone: k, turn: k + 1, reason: 'history-lost' });
     }
     let message: ChatMessage;
+    placed = undefined;
     try {
       const ids = outputIds;
-      message = await tok.withServerTokens(() => answerMessage(tok, ids));
+      if (tools === undefined) {
+        message = await tok.withServerTokens(() => answerMessage(tok, ids));
+      } else {
+        // Decoded (and fetched from the server's /tokenize where it tokenizes) before the calls are read.
+        await tok.withServerTokens(() => answerMessage(tok, ids));
+        const read = await readToolTurn(
+          tok,
+          { dataset, conversationId: sample.id, turn: k, total, outputIds: ids, messages, turns },
+          tools,
+        );
+        if (read.kind === 'end') return finish({ kind: 'ended', turnsDone: k, turn: k, reason: read.reason });
+        message = read.message;
+        if (read.results !== undefined && read.origin !== undefined) {
+          results[k - 1] = read.results;
+          placed = { origin: read.origin, messages: read.results };
+        }
+      }
     } catch (e: unknown) {
       if (isEnvironmentError(e)) throw e;
       return finish({

@@ -30,6 +30,8 @@ export interface SampleRequest {
     spliced: boolean;
     /** `[start, length]` of each earlier turn's output in the prompt ids, while every turn was spliced. */
     historyOutputs?: [number, number][];
+    /** The tool results this turn's history placed after the previous turn's calls, and where they came from. */
+    toolResults?: { origin: 'source' | 'executor'; messages: readonly unknown[] };
   };
   /** The endpoint to ask first while it has a free slot (a conversation's next turn: its prefix is cached there). */
   preferEndpoint?: string;

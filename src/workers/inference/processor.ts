@@ -234,6 +234,10 @@ async function conversationOutcome(
       maxNewTokens: sample.maxNewTokens,
       ...(payload.templateKwargs === undefined ? {} : { templateKwargs: payload.templateKwargs }),
       ...(payload.contextLength === undefined ? {} : { contextLength: payload.contextLength }),
+      ...(payload.minNewTokens === undefined ? {} : { minNewTokens: payload.minNewTokens }),
+      ...(payload.toolCallFormat === undefined
+        ? {}
+        : { tools: { format: payload.toolCallFormat, tools: sample.tools, executor: payload.toolExecutor } }),
     },
     deps,
   );

@@ -94,6 +94,7 @@ function conversationFields(req: SampleRequest): Record<string, unknown> {
     turns: c.turns,
     spliced: c.spliced,
     ...(c.historyOutputs === undefined ? {} : { history_outputs: c.historyOutputs }),
+    ...(c.toolResults === undefined ? {} : { tool_results: c.toolResults }),
   };
 }
 
