@@ -15,13 +15,17 @@ import type { Redis } from 'ioredis';
 import {
   AppError,
   conversationTurns,
+  detectToolCallFormat,
   errorMessage,
   isRecord,
+  parseToolCalls,
+  TOOL_CALL_FORMATS,
   type ChatMessage,
   type ChatTokenizer,
   type Config,
   type PromptRecord,
   type RunKeys,
+  type ToolCallFormat,
 } from '../shared/index.js';
 import {
   countLines,
@@ -60,8 +64,13 @@ export interface TurnView {
   outputTokens?: number;
   /** The regenerated answer: the output ids decoded with the run's tokenizer (special tokens kept). */
   text?: string;
-  /** The record's parsed tool calls, when it carries them. */
+  /**
+   * The turn's tool calls: the record's own when it carries them, else read from its output in
+   * the model's call format (a conversation with tools only); absent without a call.
+   */
   toolCalls?: unknown[];
+  /** Why the turn's output does not read as calls (an opened call that does not parse). */
+  toolCallError?: string;
   /** The results placed after this turn's calls in the next turn's history (that record's `tool_results`). */
   toolResults?: PlacedToolResults;
   ts?: string;
@@ -104,6 +113,11 @@ export interface ConversationView {
   sourceError?: string;
   /** Names of the tools its prompt offers (the record's `tools`), empty without tools. */
   tools: string[];
+  /**
+   * With tools: the format the turns' calls were read in (`tokenizer.toolCallFormat`, else read
+   * from the chat template); null when the template renders no call, so none was read.
+   */
+  toolCallFormat?: ToolCallFormat | null;
   /** Turns of the conversation (1 for a prompt); null when neither the source nor a record says. */
   turnCount: number | null;
   end: EndView;
@@ -138,6 +152,7 @@ interface RecordFields {
   endpoint?: unknown;
   tool_calls?: unknown;
   tool_results?: unknown;
+  tools?: unknown;
 }
 
 /**
@@ -326,6 +341,9 @@ async function conversationView(
     records.find((r) => typeof r.turns === 'number')?.turns ??
     null;
   const end = await conversationEnd(src, ds.name, id, byTurn.size, turnCount);
+  const tools = toolNames(prompt.record);
+  const withTools = tools.length > 0 || records.some((r) => Array.isArray(r.tools) && r.tools.length > 0);
+  let format: ToolCallFormat | null | undefined;
   const last = Math.max(turnCount ?? 0, ...byTurn.keys());
   const turns: TurnView[] = [];
   for (let k = 1; k <= last; k += 1) {
@@ -341,6 +359,11 @@ async function conversationView(
     if (r !== undefined) {
       await fillFromRecord(view, r, src.tokenizer);
       view.prompt = r.spliced === true ? 'spliced' : 'rendered';
+      if (withTools && view.toolCalls === undefined) {
+        const tok = await src.tokenizer();
+        format ??= callFormatOf(src.config, tok);
+        if (format !== null) readCalls(view, tok, format, r.output_ids);
+      }
     } else {
       view.notGenerated =
         end.state === 'ended' && end.turn !== undefined && k >= end.turn
@@ -363,7 +386,8 @@ async function conversationView(
     promptFile: ds.prompts ?? '',
     promptFound: prompt.record !== undefined,
     ...(sourceError === undefined ? {} : { sourceError }),
-    tools: toolNames(prompt.record),
+    tools,
+    ...(withTools ? { toolCallFormat: format ?? callFormatOf(src.config, await src.tokenizer()) } : {}),
     turnCount,
     end,
     turns,
@@ -427,6 +451,35 @@ async function fillFromRecord(view: TurnView, r: RecordFields, load: () => Promi
   if (Array.isArray(r.tool_calls)) view.toolCalls = r.tool_calls;
   if (typeof r.ts === 'string') view.ts = r.ts;
   if (typeof r.endpoint === 'string') view.endpoint = r.endpoint;
+}
+
+/** How the model writes its calls: `tokenizer.toolCallFormat` when the config names one, else read from the chat template. */
+function callFormatOf(config: Config, tok: ChatTokenizer): ToolCallFormat | null {
+  const configured = (config.tokenizer as { toolCallFormat?: unknown }).toolCallFormat;
+  const known: readonly string[] = TOOL_CALL_FORMATS;
+  if (typeof configured === 'string' && known.includes(configured)) return configured as ToolCallFormat;
+  return detectToolCallFormat(tok.chatTemplateSource()) ?? null;
+}
+
+/**
+ * Reads a generated turn's calls as the conversation's driver reads them: its output decoded
+ * with special tokens written out, the end-of-turn token it closed with and a leading
+ * `<think>…</think>` block left out.
+ */
+function readCalls(view: TurnView, tok: ChatTokenizer, format: ToolCallFormat, output: unknown): void {
+  const ids = Array.isArray(output) ? (output as number[]) : [];
+  const lastId = ids[ids.length - 1];
+  let text: string;
+  try {
+    text = tok.decode(lastId !== undefined && tok.endOfTurnTokenIds.includes(lastId) ? ids.slice(0, -1) : ids);
+  } catch {
+    return; // shown as undecodable already
+  }
+  const close = /^\s*<think>/.test(text) ? text.indexOf('</think>') : -1;
+  if (close >= 0) text = text.slice(close + '</think>'.length).replace(/^\n+/, '');
+  const parsed = parseToolCalls(format, text, { turn: view.turn });
+  if (!parsed.ok) view.toolCallError = parsed.reason;
+  else if (parsed.calls.length > 0) view.toolCalls = parsed.calls;
 }
 
 /** `stop (token 151645)`, `stop ("###")`, `length (64)`, `abort (…)`. */

@@ -331,6 +331,8 @@ describe('tokenmill show', () => {
     expect(turn1).toContain('· prompt rendered · finish: stop (token ');
     // The call as the model wrote it, then the results placed after it, and where they came from.
     expect(turn1).toContain(`regenerated answer:\n${indented(tok.decode(o1))}\n`);
+    // …and read as calls in the model's format (Qwen3's template writes `<tool_call>`: hermes).
+    expect(turn1).toMatch(/ {2}tool calls \(1, read as hermes\):\n {4}get_weather \{"city": "Paris"\} · id \S+\n/);
     expect(turn1).toContain(
       'tool results placed after it (spliced from the source):\n  [tool get_weather call_1]\n    {"temp_c": 18}',
     );
@@ -339,9 +341,15 @@ describe('tokenmill show', () => {
     expect(turn2).toContain('· prompt spliced · ');
     expect(turn2).toContain('source (before this turn):\n  [tool call_1]\n    {"temp_c": 18}');
     expect(turn2).not.toContain('tool results placed after it');
+    expect(turn2).not.toContain('tool calls');
     expect(out).toContain(`── turn 3 of 3 · agent-1#t3 · not generated: the conversation ended here: ${reason}\n`);
     const v = JSON.parse(await ok(['show', '-c', agentCfg, 'a', 'agent-1', '--json'])) as ConversationView;
     expect(v.tools).toEqual(['get_weather']);
+    expect(v.toolCallFormat).toBe('hermes');
+    expect(v.turns[0]?.toolCalls).toMatchObject([
+      { type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } },
+    ]);
+    expect(v.turns[1]?.toolCalls).toBeUndefined();
     expect(v.turns[0]?.toolResults).toEqual({ origin: 'source', messages: placed });
     expect(v.turns[0]?.sourceAnswer).toMatchObject({ role: 'assistant', tool_calls: [call] });
     expect(v.end).toMatchObject({ state: 'ended', cause: 'tool-mismatch', turn: 3 });

@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import {
   errorMessage,
+  isRecord,
   loadConfig,
   loadConfiguredTokenizer,
   logger,
@@ -38,6 +39,15 @@ function message(m: ChatMessage): string {
   return [`  [${label}]`, ...body(m)].join('\n');
 }
 
+/** `get_weather {"city": "Paris"} · id call_1_0`; a call of another shape as its JSON. */
+function callLine(c: unknown): string {
+  const fn = isRecord(c) && isRecord(c.function) ? c.function : undefined;
+  if (fn === undefined || typeof fn.name !== 'string') return JSON.stringify(c);
+  const args = typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments);
+  const id = isRecord(c) && typeof c.id === 'string' ? ` · id ${c.id}` : '';
+  return `${fn.name} ${args}${id}`;
+}
+
 function turnHeader(t: TurnView, v: ConversationView): string {
   const of = v.turnCount === null ? '' : ` of ${v.turnCount}`;
   const head = v.kind === 'conversation' ? `turn ${t.turn}${of} · ${t.id}` : `answer · ${t.id}`;
@@ -65,9 +75,10 @@ function formatTurn(t: TurnView, v: ConversationView): string {
     out.push(block(t.text ?? ''));
   }
   if (t.toolCalls !== undefined) {
-    out.push(`  tool calls (${t.toolCalls.length}):`);
-    for (const c of t.toolCalls) out.push(`${INDENT}${JSON.stringify(c)}`);
+    out.push(`  tool calls (${t.toolCalls.length}${v.toolCallFormat ? `, read as ${v.toolCallFormat}` : ''}):`);
+    for (const c of t.toolCalls) out.push(`${INDENT}${callLine(c)}`);
   }
+  if (t.toolCallError !== undefined) out.push(`  tool calls: do not parse (${t.toolCallError})`);
   if (t.toolResults !== undefined) {
     const how = t.toolResults.origin === 'executor' ? 'executed' : 'spliced from the source';
     out.push(`  tool results placed after it (${how}):`);
@@ -88,7 +99,11 @@ export function formatConversationView(v: ConversationView): string {
       ? `source: ${v.promptFile} (id ${v.promptId})`
       : `source: not shown: ${v.sourceError ?? `no line with id "${v.promptId}" in ${v.promptFile}`}`,
   );
-  if (v.tools.length > 0) lines.push(`tools: ${v.tools.join(', ')}`);
+  if (v.tools.length > 0)
+    lines.push(
+      `tools: ${v.tools.join(', ')}` +
+        (v.toolCallFormat === null ? ' (the chat template renders no call: calls not read)' : ''),
+    );
   lines.push(`${v.kind === 'conversation' ? 'end' : 'state'}: ${v.end.text}`);
   for (const t of v.turns) lines.push('', formatTurn(t, v));
   return lines.join('\n');
