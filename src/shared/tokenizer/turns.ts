@@ -81,6 +81,8 @@ export interface TurnRenderInput {
     text?: string;
   };
   templateKwargs?: Record<string, unknown>;
+  /** The record's tool schemas, rendered into every turn's prompt as into the first. */
+  tools?: readonly unknown[];
   /** The moment the template's `strftime_now` renders (default: the clock's); see `ApplyChatTemplateOptions.now`. */
   now?: Date;
 }
@@ -93,6 +95,7 @@ export function renderTurnPrompt(tok: ChatTokenizer, input: TurnRenderInput): Tu
   const opts = {
     ...(input.templateKwargs === undefined ? {} : { templateKwargs: input.templateKwargs }),
     ...(input.now === undefined ? {} : { now: input.now }),
+    ...(input.tools === undefined ? {} : { tools: [...input.tools] }),
   };
   const text = tok.applyChatTemplate(input.history, { ...opts, addGenerationPrompt: true });
   const prev = input.previous;
@@ -107,7 +110,7 @@ function splice(
   tok: ChatTokenizer,
   text: string,
   prev: NonNullable<TurnRenderInput['previous']>,
-  opts: { templateKwargs?: Record<string, unknown>; now?: Date },
+  opts: { templateKwargs?: Record<string, unknown>; now?: Date; tools?: unknown[] },
 ): number[] | undefined {
   const output = prev.answer.outputIds;
   const prevText = prev.text ?? tok.applyChatTemplate(prev.history, { ...opts, addGenerationPrompt: true });

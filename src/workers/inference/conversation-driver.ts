@@ -192,6 +192,7 @@ export async function driveConversation(
             history: hist,
             previous: { ...prev, answer: answers[k - 2] as RegeneratedAnswer },
             ...(opts.templateKwargs === undefined ? {} : { templateKwargs: opts.templateKwargs }),
+            ...(sample.tools === undefined ? {} : { tools: sample.tools }),
           }),
         );
       } catch (e: unknown) {
