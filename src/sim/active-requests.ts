@@ -2,7 +2,7 @@
  * The generation requests a simulator holds: admitted, handed to the load model, settled by
  * finishing, `/abort_request`, a client disconnect or an outage, and their outputs.
  */
-import { type FinishReason, type OutputPlan, completionIds, planOutput } from './output-model.js';
+import { type FinishReason, type OutputPlan, completionIds, knownCompletionIds, planOutput } from './output-model.js';
 import { nativeError, openAiError } from './http-util.js';
 import type { GenerateItem, SamplingSpec } from './request-parsing.js';
 import { type ItemOutput, chatBody, runningAbortReason } from './responses.js';
@@ -86,8 +86,19 @@ export class ActiveRequests {
     }
   }
 
+  /** The ids of the answer with calls to a prompt that offers tools, or undefined for a text answer. */
+  private toolAnswerIds(item: GenerateItem): number[] | undefined {
+    if (item.sampling.ignoreEos) return undefined;
+    const answer = this.s.toolCaller.answer(item.inputIds, item.rid);
+    if (answer === undefined) return undefined;
+    const ids = this.s.tok.encode(answer.text);
+    // min_new_tokens holds the end of turn back past the calls: the model writes text instead.
+    return ids.length >= item.sampling.minNewTokens ? ids : undefined;
+  }
+
   newActive(item: GenerateItem, route: string, hung: boolean): Active {
     const promptIds = item.inputIds;
+    const toolIds = this.toolAnswerIds(item);
     const plan = planOutput({
       spec: this.s.o.outputLength,
       seed: this.s.o.seed,
@@ -98,6 +109,7 @@ export class ActiveRequests {
       ignoreEos: item.sampling.ignoreEos,
       stopTokenIds: item.sampling.stopTokenIds,
       eosTokenId: this.s.tok.eosTokenId,
+      ...(toolIds === undefined ? {} : { naturalTokens: toolIds.length + 1 }),
     });
     let resolve: (outcome: Outcome) => void = () => {};
     const done = new Promise<Outcome>((r) => {
@@ -112,7 +124,7 @@ export class ActiveRequests {
       plan,
       receivedPerfMs: performance.now(),
       hung,
-      fullIds: undefined,
+      fullIds: toolIds === undefined ? undefined : knownCompletionIds(plan, toolIds),
       settled: false,
       resolve,
       done,

@@ -36,6 +36,17 @@ export {
   type SpeculativeOptions,
 } from './speculative.js';
 export {
+  agentPlan,
+  DEFAULT_TOOL_CALL_RATES,
+  pythonJson,
+  type SimCall,
+  type ToolAnswer,
+  type ToolCallOptions,
+  type ToolCallRates,
+  writeToolCalls,
+} from './tool-calls.js';
+export { type OfferedTool, readToolPrompt, type ToolPrompt } from './tool-prompt.js';
+export {
   SIM_VERSIONS,
   type SimRequestRecord,
   type SimStats,

@@ -3,6 +3,7 @@ import { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from '../shared/index.j
 import { type FaultConfig, validateFaults } from './faults.js';
 import { DEFAULT_OUTPUT_LENGTH, OUTPUT_MODES, type OutputLengthSpec, type OutputMode } from './output-model.js';
 import { type ResolvedSpeculative, resolveSpeculative } from './speculative.js';
+import { type ResolvedToolCalls, resolveToolCalls } from './tool-calls.js';
 import { SIM_VERSIONS, type SimVersion, type SimulatorOptions } from './types.js';
 
 export interface ResolvedOptions {
@@ -29,6 +30,8 @@ export interface ResolvedOptions {
   faults: Partial<FaultConfig>;
   /** Speculative decoding (EAGLE3), or undefined without it. */
   speculative: ResolvedSpeculative | undefined;
+  /** How prompts that offer tools are answered (tool-calls.ts). */
+  toolCalls: ResolvedToolCalls;
 }
 
 function positive(name: string, value: number): number {
@@ -85,6 +88,7 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     version,
     faults: validateFaults(o.faults ?? {}),
     speculative: o.speculative === undefined ? undefined : resolveSpeculative(o.speculative),
+    toolCalls: resolveToolCalls(o.toolCalls),
   };
 }
 

@@ -102,6 +102,11 @@ export interface OutputPlanInput {
   ignoreEos: boolean;
   stopTokenIds: readonly number[];
   eosTokenId: number;
+  /**
+   * The completion's natural length (stop token included) when the answer is known rather than
+   * drawn (a tool call, tool-calls.ts); default: drawn from `spec`.
+   */
+  naturalTokens?: number;
 }
 
 export interface OutputPlan {
@@ -126,8 +131,10 @@ export function planOutput(input: OutputPlanInput): OutputPlan {
       stopTokenId: undefined,
     };
   }
-  const rng = requestRng(input.seed, input.rid, input.promptTokens, 'length');
-  const natural = Math.max(sampleOutputLength(input.spec, rng), input.minNewTokens + 1);
+  const drawn =
+    input.naturalTokens ??
+    sampleOutputLength(input.spec, requestRng(input.seed, input.rid, input.promptTokens, 'length'));
+  const natural = Math.max(drawn, input.minNewTokens + 1);
   if (natural > maxNewTokens) {
     return {
       outputTokens: maxNewTokens,
@@ -215,6 +222,19 @@ export function textCompletionIds(
   const rng = requestRng(seed, rid, promptTokens, 'text');
   const ids = body > 0 ? pool.encode(composeAnswer(rng, body)).slice(0, body) : [];
   while (ids.length < body) ids.push(pool.words[Math.floor(rng() * pool.words.length)] ?? 0);
+  if (plan.stopTokenId !== undefined) ids.push(plan.stopTokenId);
+  return ids;
+}
+
+/**
+ * The ids of a completion whose answer is known (`bodyIds`, its encoding without the stop token):
+ * cut to the plan's length, the stop token last when the plan ends on one.
+ */
+export function knownCompletionIds(plan: OutputPlan, bodyIds: readonly number[]): number[] {
+  const n = plan.outputTokens;
+  if (n <= 0) return [];
+  const body = plan.stopTokenId === undefined ? n : n - 1;
+  const ids = bodyIds.slice(0, body);
   if (plan.stopTokenId !== undefined) ids.push(plan.stopTokenId);
   return ids;
 }

@@ -12,6 +12,7 @@ import { type TokenPool, buildTokenPool } from './output-model.js';
 import type { ResolvedOptions } from './options.js';
 import { PrefixCache } from './prefix-cache.js';
 import { Speculation } from './speculative.js';
+import { ToolCaller } from './tool-calls.js';
 import { type ChatTemplateMessage, SimValueError, type parseChat } from './request-parsing.js';
 import type { SimRequestRecord, SimStats } from './types.js';
 
@@ -67,6 +68,7 @@ export class SimState {
   readonly queueTime = new LatencyHistogram();
   /** The port the listener is bound to (0 before it listens). */
   boundPort = 0;
+  #toolCaller: ToolCaller | undefined;
 
   constructor(
     readonly o: ResolvedOptions,
@@ -100,6 +102,12 @@ export class SimState {
   get tok(): ChatTokenizer {
     if (this.tokenizer === undefined) throw new Error('tokenizer not loaded');
     return this.tokenizer;
+  }
+
+  /** Who answers prompts that offer tools with calls (built once the tokenizer is loaded). */
+  get toolCaller(): ToolCaller {
+    this.#toolCaller ??= new ToolCaller(this.o.toolCalls, this.tok, this.o.seed);
+    return this.#toolCaller;
   }
 
   poolOrThrow(): TokenPool {

@@ -1,6 +1,7 @@
 import type { FaultConfig } from './faults.js';
 import type { OutputLengthSpec, OutputMode } from './output-model.js';
 import type { SpeculativeOptions } from './speculative.js';
+import type { ToolCallOptions } from './tool-calls.js';
 
 export type { FaultConfig } from './faults.js';
 
@@ -61,6 +62,13 @@ export interface SimulatorOptions {
    * counters, /server_info the `speculative_*` settings. Default: none.
    */
   speculative?: SpeculativeOptions;
+  /**
+   * Tool calls (tool-calls.ts, docs/simulator.md): a prompt that offers tools is answered, as an
+   * agent's plan says, with calls in the chat template's format, perturbed at these rates.
+   * Default: probability 0.98, parallel 0.2, divergent 0.04, malformed 0.02; `{probability: 0}`
+   * turns them off.
+   */
+  toolCalls?: ToolCallOptions;
 }
 
 export interface SimRequestRecord {

@@ -1,6 +1,9 @@
 import { type Command, InvalidArgumentError, Option } from 'commander';
 
+import { TOOL_CALL_FORMATS, type ToolCallFormat } from '../../shared/index.js';
+
 import {
+  DEFAULT_TOOL_CALL_RATES,
   OUTPUT_MODES,
   SIM_VERSIONS,
   type OutputMode,
@@ -40,6 +43,25 @@ interface SimCommandOptions extends SpeculativeFlags {
   unhealthy: boolean;
   firstTry503Rate: number;
   apiKey?: string;
+  toolCallProbability?: number;
+  toolCallParallel?: number;
+  toolCallDivergent?: number;
+  toolCallMalformed?: number;
+  toolCallFormat?: ToolCallFormat;
+  toolCallsDataset?: string[];
+}
+
+/** `--tool-calls-dataset <name>=<probability>`, repeated: the probability of calls per dataset. */
+function toolCallsPerDataset(entries: readonly string[] | undefined): Record<string, { probability: number }> {
+  const out: Record<string, { probability: number }> = {};
+  for (const entry of entries ?? []) {
+    const eq = entry.lastIndexOf('=');
+    const probability = Number(entry.slice(eq + 1));
+    if (eq <= 0 || entry.slice(eq + 1).trim() === '' || !(probability >= 0 && probability <= 1))
+      throw new RangeError(`--tool-calls-dataset expects <dataset>=<probability in [0, 1]>, got "${entry}"`);
+    out[entry.slice(0, eq)] = { probability };
+  }
+  return out;
 }
 
 function numberArg(kind: 'int' | 'positive' | 'positive-int' | 'rate' | 'nonneg-int' | 'nonneg') {
@@ -109,6 +131,14 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
     modelPath: opts.modelPath,
     version: opts.version,
     ...(opts.apiKey === undefined ? {} : { apiKey: opts.apiKey }),
+    toolCalls: {
+      ...(opts.toolCallProbability === undefined ? {} : { probability: opts.toolCallProbability }),
+      ...(opts.toolCallParallel === undefined ? {} : { parallel: opts.toolCallParallel }),
+      ...(opts.toolCallDivergent === undefined ? {} : { divergent: opts.toolCallDivergent }),
+      ...(opts.toolCallMalformed === undefined ? {} : { malformed: opts.toolCallMalformed }),
+      ...(opts.toolCallFormat === undefined ? {} : { format: opts.toolCallFormat }),
+      ...(opts.toolCallsDataset === undefined ? {} : { perDataset: toolCallsPerDataset(opts.toolCallsDataset) }),
+    },
     faults: {
       errorRate: opts.errorRate,
       burst503: opts.burst503,
@@ -222,6 +252,37 @@ export function registerSimCommand(program: Command): void {
       '--speculative-draft-overhead <x>',
       'cost of drafting and verifying a step beyond a plain decode step (default 0.25)',
       numberArg('nonneg'),
+    )
+    .option(
+      '--tool-call-probability <x>',
+      `how often a prompt that offers tools is answered with the calls its agent plan says (default ${DEFAULT_TOOL_CALL_RATES.probability}; 0: never)`,
+      numberArg('rate'),
+    )
+    .option(
+      '--tool-call-parallel <x>',
+      `share of the plan's rounds that make 2-3 calls at once (default ${DEFAULT_TOOL_CALL_RATES.parallel})`,
+      numberArg('rate'),
+    )
+    .option(
+      '--tool-call-divergent <x>',
+      `share of answers with calls where one names another tool, or one not offered (default ${DEFAULT_TOOL_CALL_RATES.divergent})`,
+      numberArg('rate'),
+    )
+    .option(
+      '--tool-call-malformed <x>',
+      `share of answers with calls where one's arguments are not JSON (default ${DEFAULT_TOOL_CALL_RATES.malformed})`,
+      numberArg('rate'),
+    )
+    .addOption(
+      new Option(
+        '--tool-call-format <name>',
+        "the format calls are written in (default: the chat template's: <tool_call> → hermes, …)",
+      ).choices([...TOOL_CALL_FORMATS]),
+    )
+    .option(
+      '--tool-calls-dataset <name=x>',
+      'tool-call probability for requests whose rid names this dataset; repeatable',
+      (value: string, previous: string[] | undefined) => [...(previous ?? []), value],
     )
     .action(async (opts: SimCommandOptions, cmd: Command) => {
       let sim: Awaited<ReturnType<typeof startSimulator>>;
