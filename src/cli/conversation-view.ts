@@ -19,7 +19,7 @@ import {
   errorMessage,
   isRecord,
   parseToolCalls,
-  TOOL_CALL_FORMATS,
+  answerTextWithSpecials,
   type ChatMessage,
   type ChatTokenizer,
   type Config,
@@ -455,28 +455,20 @@ async function fillFromRecord(view: TurnView, r: RecordFields, load: () => Promi
 
 /** How the model writes its calls: `tokenizer.toolCallFormat` when the config names one, else read from the chat template. */
 function callFormatOf(config: Config, tok: ChatTokenizer): ToolCallFormat | null {
-  const configured = (config.tokenizer as { toolCallFormat?: unknown }).toolCallFormat;
-  const known: readonly string[] = TOOL_CALL_FORMATS;
-  if (typeof configured === 'string' && known.includes(configured)) return configured as ToolCallFormat;
+  const configured = config.tokenizer.toolCallFormat;
+  if (configured !== 'auto') return configured;
   return detectToolCallFormat(tok.chatTemplateSource()) ?? null;
 }
 
-/**
- * Reads a generated turn's calls as the conversation's driver reads them: its output decoded
- * with special tokens written out, the end-of-turn token it closed with and a leading
- * `<think>…</think>` block left out.
- */
+/** Reads a generated turn's calls as the conversation's driver reads them (`answerTextWithSpecials`). */
 function readCalls(view: TurnView, tok: ChatTokenizer, format: ToolCallFormat, output: unknown): void {
   const ids = Array.isArray(output) ? (output as number[]) : [];
-  const lastId = ids[ids.length - 1];
   let text: string;
   try {
-    text = tok.decode(lastId !== undefined && tok.endOfTurnTokenIds.includes(lastId) ? ids.slice(0, -1) : ids);
+    text = answerTextWithSpecials(tok, ids);
   } catch {
     return; // shown as undecodable already
   }
-  const close = /^\s*<think>/.test(text) ? text.indexOf('</think>') : -1;
-  if (close >= 0) text = text.slice(close + '</think>'.length).replace(/^\n+/, '');
   const parsed = parseToolCalls(format, text, { turn: view.turn });
   if (!parsed.ok) view.toolCallError = parsed.reason;
   else if (parsed.calls.length > 0) view.toolCalls = parsed.calls;
