@@ -20,7 +20,15 @@ import {
   shellWord,
   writeDemoConfig,
 } from '../../src/cli/commands/demo-config.js';
-import { loadConfig, runDir, type Config } from '../../src/shared/index.js';
+import {
+  bundledTokenizerPath,
+  loadConfig,
+  loadTokenizer,
+  runDir,
+  type ChatMessage,
+  type Config,
+} from '../../src/shared/index.js';
+import { agentPlan, DEFAULT_TOOL_CALL_RATES, readToolPrompt } from '../../src/sim/index.js';
 
 const repoRoot = fileURLToPath(new URL('../../', import.meta.url));
 const tmp = mkdtempSync(join(tmpdir(), 'tokenmill-demo-config-'));
@@ -128,5 +136,77 @@ describe('the demo config file', () => {
     });
     expect(elsewhere.status).toBe("tokenmill status -c '/data/my runs/demo/tokenmill.yaml'");
     expect(shellWord("it's")).toBe("'it'\\''s'");
+  });
+});
+
+describe("the demo's agentic dataset, B8_sweagent", () => {
+  interface Record_ {
+    id: string;
+    tools: { type: string; function: { name: string } }[];
+    messages: {
+      role: string;
+      content: string;
+      tool_call_id?: string;
+      tool_calls?: { id: string; function: { name: string; arguments: string } }[];
+    }[];
+  }
+  const b8 = demoConfig('http://127.0.0.1:41234', join(tmp, 'b8')).datasets?.find((d) => d.name === 'B8_sweagent');
+  const records = (): Record_[] =>
+    readFileSync(b8?.prompts ?? '', 'utf8')
+      .split('\n')
+      .filter((l) => l !== '')
+      .map((l) => JSON.parse(l) as Record_);
+
+  it('is regenerated turn by turn; its records carry tools, and trajectories of calls, results and a final answer', () => {
+    expect(b8?.turns).toBe('all');
+    const all = records();
+    expect(all).toHaveLength(40);
+    let parallel = 0;
+    for (const r of all) {
+      const names = r.tools.map((t) => t.function.name);
+      expect(names).toEqual(['run_shell', 'read_file', 'edit_file', 'submit']);
+      const answers = r.messages.filter((m) => m.role === 'assistant');
+      expect(answers.length, r.id).toBeGreaterThanOrEqual(3);
+      expect(answers.length, r.id).toBeLessThanOrEqual(8);
+      expect(r.messages.map((m) => m.role).slice(0, 2)).toEqual(['system', 'user']);
+      // Every assistant turn but the last calls tools; each call is answered, in order, by a tool message.
+      for (const [i, m] of r.messages.entries()) {
+        if (m.role !== 'assistant') continue;
+        const calls = m.tool_calls ?? [];
+        if (m === answers.at(-1)) {
+          expect(calls, r.id).toEqual([]);
+          expect(m.content.length).toBeGreaterThan(0);
+          continue;
+        }
+        expect(calls.length, r.id).toBeGreaterThanOrEqual(1);
+        if (calls.length > 1) parallel += 1;
+        const results = r.messages.slice(i + 1, i + 1 + calls.length);
+        expect(results.map((t) => [t.role, t.tool_call_id])).toEqual(calls.map((c) => ['tool', c.id]));
+        for (const c of calls) {
+          expect(names).toContain(c.function.name);
+          expect(JSON.parse(c.function.arguments)).toBeTypeOf('object');
+        }
+      }
+    }
+    expect(parallel).toBeGreaterThan(5);
+  });
+
+  it("calls, turn by turn, what the simulator's plan reads in each turn's Qwen3 prompt", async () => {
+    const tok = await loadTokenizer(bundledTokenizerPath());
+    for (const r of records().slice(0, 12)) {
+      const turns = r.messages.flatMap((m, i) => (m.role === 'assistant' ? [i] : []));
+      for (const at of turns) {
+        const text = tok.decode(tok.encodePrompt(r.messages.slice(0, at) as ChatMessage[], { tools: r.tools }));
+        const read = readToolPrompt(text, 'hermes');
+        expect(read?.request, r.id).toBe(r.messages[1]?.content.trim());
+        const plan = agentPlan(
+          read?.request ?? '',
+          read?.tools.map((t) => t.name) ?? [],
+          DEFAULT_TOOL_CALL_RATES.parallel,
+        );
+        const source = (r.messages[at]?.tool_calls ?? []).map((c) => c.function.name);
+        expect(plan[read?.rounds ?? -1] ?? [], `${r.id} at ${at}`).toEqual(source);
+      }
+    }
   });
 });

@@ -40,7 +40,8 @@ export const DEMO_DATASETS: readonly {
   { name: 'B5_sharegpt', tokenBudget: 50_000, budget: 'strict', turns: 'all' },
   { name: 'B6_writing', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B7_reasoning', tokenBudget: 70_000, budget: 'strict' },
-  { name: 'B8_sweagent', tokenBudget: 1_000_000, budget: 'reserve' },
+  // Agentic: SWE-agent trajectories with OpenAI `tools`, regenerated turn by turn, calls included.
+  { name: 'B8_sweagent', tokenBudget: 1_000_000, budget: 'reserve', turns: 'all' },
 ];
 
 /**
