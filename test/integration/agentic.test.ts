@@ -200,6 +200,47 @@ describe('agentic conversations', () => {
     for (const [cause, n] of byCause) if (cause !== 'complete') expect(endedBy[cause], cause).toBe(n);
   });
 
+  it('a long trajectory: each turn gets what the context leaves, down to minNewTokens, then the conversation ends `context`', async () => {
+    const records = agenticRecords('long', 12, PARALLEL);
+    const file = writeAgentic(tmp.dir, 'long', records);
+    const context = 640;
+    const floor = 48;
+    const cfg = writeConfig(
+      tmp.dir,
+      {
+        run: 'long',
+        redis: { url: redis.url, prefix: redis.prefix },
+        sglang: { endpoints: [sim.url], concurrency: 16, contextLength: context },
+        datasets: [
+          {
+            name: 'long',
+            prompts: path.basename(file),
+            turns: 'all',
+            tokenBudget: 1_000_000,
+            maxNewTokens: 64,
+            minNewTokens: floor,
+            batchSize: 4,
+          },
+        ],
+        output: { dir: 'out' },
+      },
+      'long.yaml',
+    );
+    const run = spawnCli(['run', '-c', cfg]);
+    expect(await run.exited, run.output()).toBe(0);
+    const turnRecords = readGenerations(path.join(tmp.dir, 'out', 'long'), 'long') as unknown as AgenticTurnRecord[];
+    // Every turn was sent with at least the floor left, and its output fits what was left.
+    for (const t of turnRecords) {
+      expect(context - t.prompt_ids.length, t.id).toBeGreaterThanOrEqual(floor);
+      expect(t.prompt_ids.length + t.output_ids.length, t.id).toBeLessThanOrEqual(context);
+    }
+    const end = await ends('long', 'long');
+    const byContext = [...end.values()].filter((e) => causeOf(e.reason) === 'context');
+    expect(byContext.length, JSON.stringify([...end.values()].map((e) => e.reason ?? e.kind))).toBeGreaterThan(0);
+    for (const e of byContext)
+      expect(e.reason).toMatch(/the context length is 640, which leaves fewer than minNewTokens \(48\)/);
+  });
+
   it("with a tool executor: the executor's results follow each turn's calls, each call run once, its 503s retried", async () => {
     const executor = await startReferenceExecutor();
     defer(() => executor.close());
