@@ -4,7 +4,7 @@
 // previous turn's ids where the template continues exactly, and the server counts the prompt we
 // sent (its prompt_tokens); the rows come out per conversation or per turn, and the export is
 // one line per conversation. A random model never stops: answers are kept truncated.
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
@@ -95,6 +95,105 @@ describe.skipIf(skip !== '')(
       expect([...idsIn(sfOut), ...idsIn(path.join(tmp.dir, 'sf.all-turns.jsonl'))].sort()).toEqual(
         records.map((r) => r.id).sort(),
       );
+    }, 600_000);
+
+    it("an agentic conversation: its tools in every turn's prompt, the server counting the ids sent; a turn that answers where the source called ends it with its cause", async () => {
+      const tools = [
+        {
+          type: 'function',
+          function: {
+            name: 'run_shell',
+            description: 'Run a command.',
+            parameters: { type: 'object', properties: { command: { type: 'string' } }, required: ['command'] },
+          },
+        },
+      ];
+      const lines = Array.from({ length: 3 }, (_, i) =>
+        JSON.stringify({
+          id: `ag-${i}`,
+          tools,
+          messages: [
+            { role: 'user', content: `Question ${i}: what is in the repository?` },
+            { role: 'assistant', content: 'SOURCE-ANSWER-NEVER-SENT' },
+            { role: 'user', content: 'Run the tests.' },
+            {
+              role: 'assistant',
+              content: '',
+              tool_calls: [
+                { id: 'c1', type: 'function', function: { name: 'run_shell', arguments: '{"command": "make test"}' } },
+              ],
+            },
+            { role: 'tool', tool_call_id: 'c1', content: 'ok' },
+            { role: 'assistant', content: 'SOURCE-ANSWER-NEVER-SENT' },
+          ],
+        }),
+      );
+      const file = path.join(tmp.dir, 'ag.jsonl');
+      writeFileSync(file, `${lines.join('\n')}\n`);
+      const cfg = writeConfig(
+        tmp.dir,
+        {
+          run: 'ag',
+          redis: { url: redis.url, prefix: redis.prefix },
+          sglang: { endpoints: [realSglang().url], concurrency: 4, requestTimeoutMs: 120_000 },
+          tokenizer: { path: modelDir(realSglang().dir) },
+          datasets: [
+            {
+              name: 'ag',
+              prompts: path.basename(file),
+              turns: 'all',
+              tokenBudget: 1_000_000_000,
+              maxNewTokens: 12,
+              batchSize: 4,
+              sampling: { temperature: 1, top_k: 20 },
+            },
+          ],
+          output: { dir: 'out' },
+          postprocess: { keepTruncated: true },
+          workers: { shutdownGraceMs: 2_000 },
+        },
+        'ag.yaml',
+      );
+      const run = spawnCli(['run', '-c', cfg]);
+      expect(await run.exited, run.output().slice(-3000)).toBe(0);
+      const records = readGenerations(path.join(tmp.dir, 'out', 'ag'), 'ag') as unknown as TurnRecord[];
+      const tok = await loadTokenizer(modelDir(realSglang().dir));
+      const convs = byConversation(records);
+      expect([...convs.keys()].sort()).toEqual(['ag-0', 'ag-1', 'ag-2']);
+      for (const [id, turns] of convs) {
+        // Turns 1 and 2 ran (the source answered turn 1 in text, as the random model does), each
+        // rendered with the record's tools; the server counted exactly the ids sent.
+        expect(
+          turns.map((t) => t.turn),
+          id,
+        ).toEqual([1, 2]);
+        const [t1, t2] = turns as [TurnRecord, TurnRecord];
+        expect(t1.prompt_ids).toEqual(
+          tok.encodePrompt([{ role: 'user', content: `Question ${id.slice(3)}: what is in the repository?` }], {
+            tools,
+          }),
+        );
+        for (const t of turns) {
+          expect(t.prompt_tokens, t.id).toBe(t.prompt_ids.length);
+          expect(tok.decode(t.prompt_ids), t.id).toContain('"name": "run_shell"');
+          expect(tok.decode(t.prompt_ids), t.id).not.toContain('SOURCE-ANSWER-NEVER-SENT');
+        }
+        if (t2.spliced)
+          expect(t2.prompt_ids.slice(0, t1.prompt_ids.length + t1.output_ids.length)).toEqual([
+            ...t1.prompt_ids,
+            ...t1.output_ids,
+          ]);
+      }
+      // The model answered where the source called run_shell: the source's result cannot follow.
+      const keys = new RunKeys(redis.prefix, 'ag');
+      const ends = await db.hgetall(keys.conversations('ag'));
+      for (const [id, v] of Object.entries(ends))
+        expect(JSON.parse(String(v)), id).toMatchObject({
+          kind: 'ended',
+          turnsDone: 2,
+          reason: 'tool-mismatch: turn 2 answered where the source called run_shell',
+        });
+      expect((await db.hgetall(keys.stats('ag')))['ended:tool-mismatch']).toBe('3');
     }, 600_000);
   },
 );
