@@ -11,11 +11,9 @@
 import http from 'node:http';
 import { startSimulator, type SimulatorHandle } from '../src/sim/index.js';
 import { bundledTokenizerPath, loadTokenizer } from '../src/shared/index.js';
-import { promSum } from '../src/workers/inference/concurrency-probe.js';
 import { writeConversations } from '../test/helpers/conversations.js';
 import {
   benchConfig,
-  delay,
   fmtInt,
   isMain,
   longPrompt,
@@ -23,11 +21,11 @@ import {
   round,
   runAsScript,
   startTokenmill,
-  waitUntil,
   writePrompts,
   type BenchEnv,
   type BenchResult,
 } from './lib.js';
+import { steadyWindow } from './steady-window.js';
 
 export interface MultiTurnCacheOptions {
   /** Slots in all (per endpoint: slots / endpoints), in both the cache and the throughput runs. */
@@ -247,11 +245,6 @@ interface ThroughputRun {
   meanPromptTokens: number;
 }
 
-async function decodedTokens(sim: SimulatorHandle): Promise<number> {
-  const res = await fetch(`${sim.url}/metrics`);
-  return promSum(await res.text(), 'sglang:generation_tokens_total') ?? 0;
-}
-
 async function runThroughput(env: BenchEnv, o: MultiTurnCacheOptions, kind: Kind): Promise<ThroughputRun> {
   const t = o.throughput;
   const sim = await startSimulator({
@@ -285,29 +278,18 @@ async function runThroughput(env: BenchEnv, o: MultiTurnCacheOptions, kind: Kind
     });
     const gen = await startTokenmill(config);
     try {
-      await waitUntil(() => sim.stats().requestsReceived > 0, 'the first request', 60_000, 2);
-      await delay((t.warmupSimS * 1000) / t.timeScale);
-      const received = sim.stats().requests.slice();
-      sim.resetStats();
-      const t0 = performance.now();
-      const d0 = await decodedTokens(sim);
-      await delay((t.windowSimS * 1000) / t.timeScale);
-      const d1 = await decodedTokens(sim);
-      const t1 = performance.now();
-      const st = sim.stats();
-      received.push(...st.requests);
       // Still in steady state at the window's end: some conversation (or prompt) not yet sent.
-      const firsts = kind === 'multi-turn' ? received.filter((r) => /#t1#/.test(r.rid)).length : received.length;
       const total = kind === 'multi-turn' ? t.conversations : t.conversations * t.turns;
-      if (firsts >= total)
-        throw new Error(`${kind}: every prompt was sent before the window ended; raise their number`);
-      const simS = ((t1 - t0) / 1000) * t.timeScale;
+      const w = await steadyWindow(sim, t, kind, (received) => {
+        const firsts = kind === 'multi-turn' ? received.filter((r) => /#t1#/.test(r.rid)).length : received.length;
+        return firsts < total;
+      });
       return {
         kind,
-        tokensPerSimS: round((d1 - d0) / simS, 1),
-        windowTokens: Math.round(d1 - d0),
-        meanRunning: round(st.occupancy.meanRunning, 2),
-        meanPromptTokens: Math.round(received.reduce((a, r) => a + r.promptTokens, 0) / Math.max(1, received.length)),
+        tokensPerSimS: w.tokensPerSimS,
+        windowTokens: w.windowTokens,
+        meanRunning: w.meanRunning,
+        meanPromptTokens: w.meanPromptTokens,
       };
     } finally {
       await gen.stop();

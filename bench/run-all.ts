@@ -8,6 +8,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { agenticThroughput } from './agentic-throughput.js';
 import { budgetOvershoot } from './budget-overshoot.js';
 import { concurrencyAuto } from './concurrency-auto.js';
 import { demoBudgets } from './demo-budgets.js';
@@ -43,6 +44,7 @@ const BENCHMARKS: Record<string, () => Promise<BenchResult>> = {
   'long-completions': () => longCompletions(),
   'multi-turn-cache': () => multiTurnCache(),
   'sim-speculative': () => simSpeculative(),
+  'agentic-throughput': () => agenticThroughput(),
 };
 
 /** The commit the benchmarks ran on, and whether src/ had uncommitted changes. */
