@@ -42,6 +42,7 @@ export default tseslint.config(
     rules: {
       'import-x/no-cycle': ['error', { ignoreExternal: true }],
       'layers/folder-entry': 'error',
+      'layers/no-type-cycle': 'error',
     },
   },
   { files: ['src/cli/**', 'test/**', 'bench/**', 'scripts/**'], rules: { 'no-console': 'off' } },

@@ -13,7 +13,8 @@ import { batchThroughput, startSimulator, type SimulatorHandle } from '../src/si
 import { bundledTokenizerPath, loadTokenizer, readPromptFile, type SglangSamplingParams } from '../src/shared/index.js';
 import { runBatchAndWait, type TokenizedPrompt } from './clients/batch-and-wait.js';
 import { runSemaphoreLoop } from './clients/semaphore-loop.js';
-import { mulberry32, sampleOutputLength } from '../src/sim/output-model.js';
+import { sampleOutputLength } from '../src/sim/output-model.js';
+import { mulberry32 } from '../src/sim/random.js';
 import {
   benchConfig,
   busyMeter,

@@ -4,6 +4,7 @@
 // the index of the first folder it enters. So `src/workers/x.ts` imports `../shared/index.js`,
 // never `../shared/config/config.js`, and a folder's internals stay its own (docs/design.md, Layout).
 import path from 'node:path';
+import { noTypeCycle } from './type-cycles.js';
 
 /** The index a relative import from `importer` to `target` must go through, or undefined if direct is fine. */
 export function requiredEntry(importer, target) {
@@ -49,4 +50,4 @@ const folderEntry = {
   },
 };
 
-export default { rules: { 'folder-entry': folderEntry } };
+export default { rules: { 'folder-entry': folderEntry, 'no-type-cycle': noTypeCycle } };

@@ -1,4 +1,4 @@
-import { mulberry32, type Rng } from './output-model.js';
+import { mulberry32, type Rng } from './random.js';
 
 /** Shapes of a bad answer the simulator can give instead of a generation (`badAnswer`). */
 export const BAD_ANSWERS = [

@@ -5,6 +5,7 @@
  * the encoding of composed text (`output: 'text'`, output-text.ts), canonical as a real model's.
  */
 import { composeAnswer } from './output-text.js';
+import { requestRng, type Rng } from './random.js';
 
 export interface OutputLengthSpec {
   distribution: 'lognormal' | 'fixed' | 'uniform';
@@ -17,40 +18,6 @@ export interface OutputLengthSpec {
 }
 
 export const DEFAULT_OUTPUT_LENGTH: OutputLengthSpec = { distribution: 'lognormal', mean: 2700, sigma: 0.8 };
-
-export type Rng = () => number;
-
-/** 32-bit FNV-1a of a string, finished with a murmur3 mix. */
-export function hashString(text: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < text.length; i++) {
-    h ^= text.charCodeAt(i);
-    h = Math.imul(h, 0x01000193);
-  }
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
-}
-
-/** mulberry32: a small, fast, well-distributed 32-bit PRNG returning floats in [0, 1). */
-export function mulberry32(seed: number): Rng {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-/** The PRNG stream of one request; `stream` separates independent draws (length, ids). */
-export function requestRng(seed: number, rid: string, promptTokens: number, stream: string): Rng {
-  return mulberry32(hashString(`${seed}\u0000${rid}\u0000${promptTokens}\u0000${stream}`));
-}
 
 function standardNormal(rng: Rng): number {
   const u1 = Math.max(rng(), 1e-12);

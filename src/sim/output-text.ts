@@ -5,7 +5,7 @@
  * with its tokenizer and cuts the ids to the drawn length: canonical ids, as a real model mostly
  * emits, unlike random ids, whose decoded text encodes to other ids.
  */
-import type { Rng } from './output-model.js';
+import type { Rng } from './random.js';
 
 const WORDS = `the of and to in is that for it as with was on be by this are from at or an have not which
 but all were when we there can more if will one about their has would other so what up out them some time

@@ -14,7 +14,7 @@
  * where 1 is the prefill's token and cut (≥ 0, only the last step) is what the last step
  * accepted but did not emit. A request aborted while decoding ends on a step boundary (cut 0).
  */
-import { hashString, mulberry32, type Rng } from './output-model.js';
+import { hashString, mulberry32, type Rng } from './random.js';
 
 export const SPECULATIVE_ALGORITHMS = ['EAGLE3'] as const;
 export type SpeculativeAlgorithm = (typeof SPECULATIVE_ALGORITHMS)[number];

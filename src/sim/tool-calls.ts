@@ -12,7 +12,7 @@
  * do again: its regenerated turns make the source's calls, but where a rate perturbs them.
  */
 import { detectToolCallFormat, TOOL_CALL_FORMATS, type ToolCallFormat } from '../shared/index.js';
-import { hashString, mulberry32, requestRng, type Rng } from './output-model.js';
+import { hashString, mulberry32, requestRng, type Rng } from './random.js';
 import { composeAnswer } from './output-text.js';
 import { datasetOfRid } from './speculative.js';
 import { type OfferedTool, type ToolPrompt, readToolPrompt } from './tool-prompt.js';

@@ -2,13 +2,8 @@ import { describe, expect, it } from 'vitest';
 
 import { LoadModel, type LoadModelConfig, VirtualClock, batchThroughput } from '../../src/sim/load-model.js';
 import { FaultInjector, validateFaults } from '../../src/sim/faults.js';
-import {
-  completionIds,
-  planOutput,
-  sampleOutputLength,
-  mulberry32,
-  type TokenPool,
-} from '../../src/sim/output-model.js';
+import { completionIds, planOutput, sampleOutputLength, type TokenPool } from '../../src/sim/output-model.js';
+import { mulberry32 } from '../../src/sim/random.js';
 import { PrefixCache } from '../../src/sim/prefix-cache.js';
 
 const BASE: LoadModelConfig = {
