@@ -17,6 +17,7 @@ export {
   SamplingParamsSchema,
 } from './dataset.js';
 export { CONFIG_ENV_VARS, type ConfigEnv } from './env.js';
+export { type EvalConfig, EvalConfigSchema } from './eval.js';
 export { formatConfigPath } from './issues.js';
 export {
   configJsonSchema,
@@ -35,6 +36,19 @@ export {
   type ConcurrencySetting,
   SglangConfigSchema,
 } from './sglang.js';
+export {
+  type BudgetMargins,
+  budgetMarginOf,
+  type GenerationDataset,
+  generationDatasets,
+  inferenceOptions,
+  type InferenceStageOptions,
+  postprocessOptions,
+  type PostprocessStageOptions,
+  producerOptions,
+  type ProducerStageOptions,
+  runBatchSize,
+} from './stage-options.js';
 export { PrepareConfigSchema, type PromptSource, PromptSourceSchema } from './source.js';
 export {
   HIDDEN_STATE_DTYPES,
