@@ -6,7 +6,7 @@ import type { Redis } from 'ioredis';
 import { startSimulator, type SimRequestRecord, type SimulatorHandle } from '../src/sim/index.js';
 import { startGeneration } from '../src/cli/pipeline.js';
 import { openRunContextFor } from '../src/cli/run-context.js';
-import { RunKeys, loadConfig } from '../src/shared/index.js';
+import { RunKeys, inferenceOptions, loadConfig } from '../src/shared/index.js';
 import { InferenceWorker } from '../src/workers/inference/worker.js';
 import { readGenerations, sampleIdOfRid } from '../test/helpers/pipeline.js';
 import {
@@ -328,15 +328,7 @@ async function runBudget(
     const ctx = await openRunContextFor(config);
     const handle = await startGeneration(ctx, { produce: true, infer: false });
     handle.finished.catch(() => undefined);
-    const worker = new InferenceWorker({
-      redisUrl: ctx.redisUrl,
-      keys,
-      endpoints: config.sglang.endpoints,
-      concurrency: config.sglang.concurrency,
-      requestTimeoutMs: config.sglang.requestTimeoutMs,
-      batchSize: 64,
-      strictBudgetDatasets: st.mode === 'strict' ? ['ds'] : [],
-    });
+    const worker = new InferenceWorker({ ...inferenceOptions(config), redisUrl: ctx.redisUrl, keys });
     await worker.start();
     let finishedAtMs: number;
     const sent = (): SimRequestRecord[] => sims.flatMap((x) => x.stats().requests);

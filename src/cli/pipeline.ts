@@ -6,12 +6,13 @@ import { ResultsSink, type SinkCrashPoint } from '../producers/index.js';
 import {
   AppError,
   closeRedisConnection,
-  concurrencyCeiling,
   createRedisConnection,
   generateQueueName,
+  type GenerationDataset,
+  inferenceOptions,
   logger,
-  tokenizerLoadOptions,
-  type Config,
+  postprocessOptions,
+  producerOptions,
   type RunKeys,
   WorkerHeartbeat,
 } from '../shared/index.js';
@@ -44,16 +45,6 @@ export interface GenerationHandle {
   stop(): Promise<void>;
 }
 
-function generationDatasets(config: Config): Config['datasets'] {
-  return config.datasets.filter((d) => d.prompts !== undefined);
-}
-
-/** Default queue window: enough batches to fill every endpoint twice over, per dataset. */
-export function windowBatches(config: Config, batchSize: number): number {
-  if (config.workers.windowBatches !== undefined) return config.workers.windowBatches;
-  return Math.ceil((2 * concurrencyCeiling(config.sglang) * config.sglang.endpoints.length) / batchSize) + 1;
-}
-
 /**
  * Starts the generation stage: producer + results sinks and/or an inference worker, as asked.
  * `finished` resolves when every dataset is completed (budget met or prompts exhausted),
@@ -69,14 +60,16 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
     );
   }
   const log = logger('generation', { run: config.run });
-  const datasets = generationDatasets(config);
+  // Each stage's options, compiled once from the config (every default applied in the schema).
+  const inference = inferenceOptions(config);
+  const production = producerOptions(config);
+  const { datasets } = production;
   const conns: Redis[] = [];
   const conn = (name: string): Redis => {
     const c = createRedisConnection(ctx.redisUrl, { role: 'worker', name: `tokenmill:${name}` });
     conns.push(c);
     return c;
   };
-  const batchSize = Math.max(1, Math.min(...datasets.map((d) => d.batchSize)));
   // One load of the run's tokenizer: the producer's, and the worker's for turns after the first.
   let runTokenizer: ReturnType<typeof loadRunTokenizer> | undefined;
   const tokenizerOnce = (): ReturnType<typeof loadRunTokenizer> => {
@@ -88,22 +81,10 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
   let worker: InferenceWorker | undefined;
   if (options.infer) {
     worker = new InferenceWorker({
+      ...inference,
       redisUrl: ctx.redisUrl,
       keys,
-      endpoints: config.sglang.endpoints,
-      concurrency: config.sglang.concurrency,
-      autoConcurrency: config.sglang.autoConcurrency,
-      requestTimeoutMs: config.sglang.requestTimeoutMs,
-      ...(config.sglang.apiKey === undefined ? {} : { apiKey: config.sglang.apiKey }),
-      healthCheckIntervalMs: config.sglang.healthCheckIntervalMs,
-      batchSize,
-      lockDurationMs: config.workers.lockDurationMs,
-      stalledIntervalMs: config.workers.stalledIntervalMs,
-      leaseTtlMs: config.workers.leaseTtlMs,
-      crashProbationMs: config.workers.crashProbationMs,
-      strictBudgetDatasets: datasets.filter((d) => d.budget === 'strict').map((d) => d.name),
-      budgetMarginSd: Object.fromEntries(datasets.map((d) => [d.name, d.budgetMarginSd])),
-      ...(datasets.some((d) => d.turns === 'all') ? { tokenizer: tokenizerOnce() } : {}),
+      ...(inference.turnByTurn ? { tokenizer: tokenizerOnce() } : {}),
     });
   }
   // Start-up runs side by side: the worker connects while the tokenizer loads, the sinks
@@ -121,15 +102,12 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       contextLength.catch(() => undefined);
       const producerConn = conn('producer');
       producer = new Producer({
+        ...production,
         redis: producerConn,
         keys,
-        datasets,
         tokenizer,
         runDir: ctx.runDir,
-        maxAttempts: config.sglang.maxAttempts,
         contextLength,
-        windowBatches: windowBatches(config, batchSize),
-        toolCallFormat: config.tokenizer.toolCallFormat,
       });
       // The producer lock first: a second producer of the same run fails at once, naming the
       // holder, instead of waiting behind the first one's sink locks.
@@ -188,7 +166,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
       stopped = true;
       // Order: stop taking work (worker, which lets requests in flight finish or hands them
       // back), then the producer, then the sinks (after they wrote what is committed), then Redis.
-      await worker?.stop(config.workers.shutdownGraceMs);
+      await worker?.stop(inference.shutdownGraceMs);
       for (const h of heartbeats) await h.stop();
       await producer?.stop();
       for (const s of sinks) await s.stop();
@@ -203,7 +181,7 @@ export async function startGeneration(ctx: RunContext, options: GenerationOption
  */
 async function startSinks(
   ctx: RunContext,
-  datasets: Config['datasets'],
+  datasets: readonly GenerationDataset[],
   conn: (name: string) => Redis,
   probe: Redis,
   crashAt: SinkCrashPoint | undefined,
@@ -272,14 +250,7 @@ export async function startPostprocess(ctx: RunContext, options: PostprocessOpti
   const { config, keys } = ctx;
   let worker: PostprocessWorker | undefined;
   if (options.worker) {
-    worker = new PostprocessWorker({
-      redisUrl: ctx.redisUrl,
-      keys,
-      tokenizerPath: config.tokenizer.path,
-      tokenizer: tokenizerLoadOptions(config),
-      keepTruncated: config.postprocess.keepTruncated,
-      tokenizeThreads: config.postprocess.tokenizeThreads,
-    });
+    worker = new PostprocessWorker({ ...postprocessOptions(config), redisUrl: ctx.redisUrl, keys });
     await worker.start();
   }
   let round: RoundInfo;

@@ -22,9 +22,10 @@ import {
   throttledErrorLog,
   withScripts,
   type ChatTokenizer,
-  type DatasetConfig,
+  type GenerationDataset,
   type GenerateBatchPayload,
   type Logger,
+  type ProducerStageOptions,
   type RunKeys,
   type Sample,
   type ScriptedRedis,
@@ -32,24 +33,21 @@ import {
   detectToolCallFormat,
 } from '../shared/index.js';
 
-export interface ProducerOptions {
+/**
+ * The producer's options: the stage's options compiled from the config
+ * (`producerOptions(config)`: the generated datasets with their budgets, the queue window,
+ * every default applied there) and what this process adds.
+ */
+export interface ProducerOptions extends ProducerStageOptions {
   /** A `worker`-role connection (commands wait out Redis restarts rather than fail). */
   redis: Redis;
   keys: RunKeys;
-  /** Datasets with `prompts` (generation); datasets with `conversations` are not produced. */
-  datasets: readonly DatasetConfig[];
   /** The run's tokenizer, or its load under way (start-up goes on meanwhile; feeding waits for it). */
   tokenizer: ChatTokenizer | Promise<ChatTokenizer>;
   /** `<output.dir>/<run>`: rejects go to `<runDir>/<dataset>/rejects.jsonl`. */
   runDir: string;
-  /** Attempts per prompt against a healthy server. */
-  maxAttempts: number;
   /** The model's context length, when known: longer prompts are rejected, max_new_tokens capped. */
   contextLength?: number | Promise<number | undefined>;
-  /** Batches kept queued (waiting) per dataset; Redis holds about this many batches of prompts. */
-  windowBatches: number;
-  /** `tokenizer.toolCallFormat`: how the model writes tool calls (`auto`: read from the chat template). */
-  toolCallFormat?: 'auto' | ToolCallFormat;
   /** How often queue depths are checked at most (a wait's first checks come sooner). */
   pollMs?: number;
   logger?: Logger;
@@ -126,7 +124,6 @@ export class Producer {
     const { keys } = this.options;
     await this.acquireLock();
     for (const ds of this.options.datasets) {
-      if (ds.prompts === undefined) continue;
       const queue = new Queue(generateQueueName(ds.name), {
         connection: this.options.redis,
         prefix: keys.bullPrefix,
@@ -136,16 +133,15 @@ export class Producer {
       this.queues.set(ds.name, queue);
       await this.redis
         .multi()
-        .hset(keys.stats(ds.name), 'tokenBudget', ds.tokenBudget ?? -1)
+        .hset(keys.stats(ds.name), 'tokenBudget', ds.tokenBudget)
         .sadd(keys.datasets(), ds.name)
         .exec();
     }
     for (const ds of this.options.datasets) {
       const queue = this.queues.get(ds.name);
-      if (queue === undefined || ds.prompts === undefined) continue;
-      const prompts = ds.prompts;
+      if (queue === undefined) continue;
       this.feeders.push(
-        this.feed(ds, prompts, queue).catch((e: unknown) => {
+        this.feed(ds, ds.prompts, queue).catch((e: unknown) => {
           this.log.error({ err: e, dataset: ds.name }, 'producer failed for dataset');
           throw e;
         }),
@@ -165,13 +161,12 @@ export class Producer {
     for (const q of this.queues.values()) await q.close();
   }
 
-  private async budgetMet(ds: DatasetConfig): Promise<boolean> {
-    if (ds.tokenBudget === undefined) return false;
+  private async budgetMet(ds: GenerationDataset): Promise<boolean> {
     const tokens = Number((await this.redis.hget(this.options.keys.stats(ds.name), 'outputTokens')) ?? 0);
     return tokens >= ds.tokenBudget;
   }
 
-  private async feed(ds: DatasetConfig, file: string, queue: Queue): Promise<void> {
+  private async feed(ds: GenerationDataset, file: string, queue: Queue): Promise<void> {
     const { keys } = this.options;
     const log = this.log.child({ dataset: ds.name });
     await this.redis
@@ -182,7 +177,7 @@ export class Producer {
     const tokenizer = await this.options.tokenizer;
     const contextLength = await this.options.contextLength;
     this.contextLengthSeen = contextLength;
-    const format = this.options.toolCallFormat ?? 'auto';
+    const format = this.options.toolCallFormat;
     this.toolCallFormatSeen = format === 'auto' ? detectToolCallFormat(tokenizer.chatTemplateSource()) : format;
     let index: PromptFileIndex | undefined;
     let heldOut: ReadonlySet<string> | undefined;
@@ -282,7 +277,7 @@ export class Producer {
 
   /** Waits for room in the window, then enqueues; false when the budget was met meanwhile. */
   private async addBatch(
-    ds: DatasetConfig,
+    ds: GenerationDataset,
     queue: Queue,
     epoch: number,
     samples: Sample[],
@@ -331,7 +326,7 @@ export class Producer {
   }
 
   /** Waits until the dataset has nothing queued, running or in flight (or its budget is met). */
-  private async waitIdle(ds: DatasetConfig, queue: Queue): Promise<void> {
+  private async waitIdle(ds: GenerationDataset, queue: Queue): Promise<void> {
     // A job that finished restarts the polls from the shortest: the last one may end any moment.
     let wait = FIRST_POLL_MS;
     let lastBusy = Infinity;

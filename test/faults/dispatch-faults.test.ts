@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { loadConfig, type ConfigInput } from '../../src/shared/index.js';
+import { inferenceOptions, loadConfig, type ConfigInput } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
@@ -39,15 +39,10 @@ function workerFor(
   extra: Partial<ConstructorParameters<typeof InferenceWorker>[0]> = {},
 ): InferenceWorker {
   return new InferenceWorker({
+    ...inferenceOptions(cfg),
     redisUrl: ctx.redisUrl,
     keys: ctx.keys,
-    endpoints: cfg.sglang.endpoints,
-    concurrency: cfg.sglang.concurrency,
-    requestTimeoutMs: cfg.sglang.requestTimeoutMs,
     batchSize: 8,
-    lockDurationMs: cfg.workers.lockDurationMs,
-    stalledIntervalMs: cfg.workers.stalledIntervalMs,
-    leaseTtlMs: cfg.workers.leaseTtlMs,
     logger: quietLogger(),
     ...extra,
   });

@@ -2,7 +2,7 @@
 // one dataset, each exactly as if it had its own call, in order — against a real Redis, side by
 // side with the same requests sent one call each.
 import { describe, expect, it } from 'vitest';
-import { RunKeys, decodeAcquire } from '../../src/shared/index.js';
+import { DEFAULT_BUDGET_MARGIN_SD, RunKeys, decodeAcquire } from '../../src/shared/index.js';
 import {
   addAcquires,
   newAttempts,
@@ -44,7 +44,8 @@ async function acquireAll(keys: RunKeys, tasks: Task[], grouped: boolean): Promi
     leaseTtlMs: 60_000,
     minCommitsForMean: 4,
     crashProbationMs: 5_000,
-    budgetMarginSd: {},
+    budgetMarginSd: { byDataset: {}, unlisted: DEFAULT_BUDGET_MARGIN_SD },
+    strictDatasets: new Set(),
   };
   const pipeline = r.pipeline() as unknown as RedisPipeline;
   const attempts = newAttempts(tasks);

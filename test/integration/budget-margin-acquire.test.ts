@@ -2,13 +2,18 @@
 // `budgetMarginSd` (default DEFAULT_BUDGET_MARGIN_SD, in both budget modes) to
 // acquire-request.lua, against a real Redis.
 import { describe, expect, it } from 'vitest';
-import { decodeAcquire } from '../../src/shared/index.js';
-import { DEFAULT_BUDGET_MARGIN_SD } from '../../src/shared/config/dataset.js';
+import {
+  budgetMarginOf,
+  type BudgetMargins,
+  decodeAcquire,
+  DEFAULT_BUDGET_MARGIN_SD,
+  inferenceOptions,
+  loadConfig,
+} from '../../src/shared/index.js';
 import { histogramFromHash, reservedTokens } from '../../src/workers/inference/budget-expectation.js';
 import {
   TIMED_PROGRESS_FACTOR,
   addAcquires,
-  budgetMarginOf,
   newAttempts,
   readAcquires,
   type AcquireSettings,
@@ -84,6 +89,7 @@ async function datasetWithRequests(ds: string): Promise<Omit<Parameters<typeof r
       `s${i}`,
       MAX_NEW,
       0,
+      1,
     );
     expect(decodeAcquire(code).kind).toBe('acquired');
   }
@@ -110,6 +116,11 @@ async function datasetAtTheEnd(ds: string): Promise<void> {
   await r.hset(keys.stats(ds), 'tokenBudget', Math.floor((plain + withMargin) / 2));
 }
 
+/** `datasets[].budgetMarginSd` of the datasets named; any other gets the schema's default, as `inferenceOptions` compiles it. */
+function margins(byDataset: Record<string, number>): BudgetMargins {
+  return { byDataset, unlisted: DEFAULT_BUDGET_MARGIN_SD };
+}
+
 /** One acquire through addAcquires, as the dispatcher pipelines it; the script's answer. */
 async function acquireVia(ds: string, id: string, settings: Partial<AcquireSettings>): Promise<string> {
   const pipeline = r.pipeline() as unknown as RedisPipeline;
@@ -121,6 +132,8 @@ async function acquireVia(ds: string, id: string, settings: Partial<AcquireSetti
     leaseTtlMs: 60_000,
     minCommitsForMean: MIN_COMMITS,
     crashProbationMs: 0,
+    budgetMarginSd: margins({}),
+    strictDatasets: new Set(),
     ...settings,
   });
   readAcquires(calls, await pipeline.exec());
@@ -129,26 +142,38 @@ async function acquireVia(ds: string, id: string, settings: Partial<AcquireSetti
 }
 
 describe('the budget margin the dispatcher sends', () => {
-  it('is the default unless the dataset sets its own', () => {
-    expect(budgetMarginOf('a', {})).toBe(DEFAULT_BUDGET_MARGIN_SD);
-    expect(budgetMarginOf('a', { budgetMarginSd: { a: 2.5 } })).toBe(2.5);
-    expect(budgetMarginOf('a', { budgetMarginSd: { a: 0 } })).toBe(0);
-    expect(budgetMarginOf('b', { budgetMarginSd: { a: 2.5 } })).toBe(DEFAULT_BUDGET_MARGIN_SD);
+  it("is the dataset's own, else the schema's default, as the config compiles it", () => {
+    const cfg = loadConfig({
+      baseDir: '/',
+      object: {
+        datasets: [
+          { name: 'a', prompts: 'a.jsonl', tokenBudget: 1_000, budgetMarginSd: 2.5 },
+          { name: 'z', prompts: 'z.jsonl', tokenBudget: 1_000, budgetMarginSd: 0 },
+          { name: 'b', prompts: 'b.jsonl', tokenBudget: 1_000 },
+        ],
+      },
+    });
+    const m = inferenceOptions(cfg).budgetMarginSd;
+    expect(budgetMarginOf(m, 'a')).toBe(2.5);
+    expect(budgetMarginOf(m, 'z')).toBe(0);
+    expect(budgetMarginOf(m, 'b')).toBe(DEFAULT_BUDGET_MARGIN_SD);
+    // A dataset another producer's config registered: the schema's default too.
+    expect(budgetMarginOf(m, 'elsewhere')).toBe(DEFAULT_BUDGET_MARGIN_SD);
   });
 
   it('holds a request back at the end of a dataset by default, where the plain expectation would start it', async () => {
     await datasetAtTheEnd('dflt');
     expect(await acquireVia('dflt', 'x1', {})).toBe('budget-reserved');
-    expect(await acquireVia('dflt', 'x2', { budgetMarginSd: { other: 0 } })).toBe('budget-reserved');
+    expect(await acquireVia('dflt', 'x2', { budgetMarginSd: margins({ other: 0 }) })).toBe('budget-reserved');
     // The dataset's own setting of 0 starts it.
-    expect(await acquireVia('dflt', 'x3', { budgetMarginSd: { dflt: 0 } })).toBe('acquired');
+    expect(await acquireVia('dflt', 'x3', { budgetMarginSd: margins({ dflt: 0 }) })).toBe('acquired');
   });
 
   it('holds the margin back for a dataset in strict mode too (few requests in flight to abort at the budget), nothing with its own 0', async () => {
     await datasetAtTheEnd('strict');
     expect(await acquireVia('strict', 'y1', { strictDatasets: new Set(['strict']) })).toBe('budget-reserved');
     expect(
-      await acquireVia('strict', 'y2', { strictDatasets: new Set(['strict']), budgetMarginSd: { strict: 0 } }),
+      await acquireVia('strict', 'y2', { strictDatasets: new Set(['strict']), budgetMarginSd: margins({ strict: 0 }) }),
     ).toBe('acquired');
   });
 
@@ -165,11 +190,11 @@ describe('the budget margin the dispatcher sends', () => {
       expect(at(2_000 * TIMED_PROGRESS_FACTOR)).toBeGreaterThan(at(2_100) + 1_000);
       await r.hset(keys.stats(ds), 'tokenBudget', Math.floor((at(2_100) + at(2_000 * TIMED_PROGRESS_FACTOR)) / 2));
     }
-    expect(await acquireVia('timed', 'z1', { budgetMarginSd: { timed: 0 } })).toBe('budget-reserved');
+    expect(await acquireVia('timed', 'z1', { budgetMarginSd: margins({ timed: 0 }) })).toBe('budget-reserved');
     expect(
       await acquireVia('timed-strict', 'z2', {
         strictDatasets: new Set(['timed-strict']),
-        budgetMarginSd: { 'timed-strict': 0 },
+        budgetMarginSd: margins({ 'timed-strict': 0 }),
       }),
     ).toBe('acquired');
   });

@@ -9,7 +9,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { RunKeys, loadConfig, type Config } from '../../src/shared/index.js';
+import {
+  RunKeys,
+  inferenceOptions,
+  loadConfig,
+  type Config,
+  type InferenceStageOptions,
+} from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, waitFor, writePrompts, type GenerationRecord } from '../helpers/pipeline.js';
@@ -78,9 +84,13 @@ function config(run: string, mode: 'reserve' | 'strict', marginSd?: number): Con
 
 const childEntry = path.join(path.dirname(fileURLToPath(import.meta.url)), 'budget-worker-child.ts');
 
-/** Each dataset's `budgetMarginSd`, as the pipeline gives it to its worker. */
-function marginsOf(cfg: Config): Record<string, number> {
-  return Object.fromEntries(cfg.datasets.map((d) => [d.name, d.budgetMarginSd]));
+/** The inference stage's options of `cfg`, as the pipeline gives them to its worker, served from `endpoint`. */
+function workerOptions(cfg: Config, strict: boolean, endpoint?: string): InferenceStageOptions {
+  return {
+    ...inferenceOptions(cfg),
+    ...(endpoint === undefined ? {} : { endpoints: [endpoint] }),
+    strictBudgetDatasets: strict ? ['ds'] : [],
+  };
 }
 
 /** An inference worker in a process of its own; resolves once it has started. */
@@ -89,11 +99,7 @@ async function spawnWorker(cfg: Config, workerId: string, strict: boolean, endpo
     redisUrl: redis.url,
     prefix: cfg.redis.prefix,
     run: cfg.run,
-    endpoints: [endpoint],
-    concurrency: CONCURRENCY,
-    strictBudgetDatasets: strict ? ['ds'] : [],
-    budgetMarginSd: marginsOf(cfg),
-    leaseTtlMs: cfg.workers.leaseTtlMs,
+    options: workerOptions(cfg, strict, endpoint),
     workerId,
   };
   const child = spawn(process.execPath, ['--import', 'tsx', childEntry, JSON.stringify(opts)], {
@@ -159,15 +165,9 @@ async function run(
 function inProcessWorker(cfg: Config, strict: boolean): () => Promise<() => Promise<void>> {
   return async () => {
     const w = new InferenceWorker({
+      ...workerOptions(cfg, strict),
       redisUrl: redis.url,
       keys: new RunKeys(cfg.redis.prefix, cfg.run),
-      endpoints: cfg.sglang.endpoints,
-      concurrency: CONCURRENCY,
-      requestTimeoutMs: 60_000,
-      batchSize: 8,
-      leaseTtlMs: cfg.workers.leaseTtlMs,
-      strictBudgetDatasets: strict ? ['ds'] : [],
-      budgetMarginSd: marginsOf(cfg),
     });
     await w.start();
     return () => w.stop(2_000);

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
+import { inferenceOptions, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/pipeline.js';
@@ -199,12 +199,9 @@ describe('generation: dispatch', () => {
     const extra = [0, 1].map(
       (i) =>
         new InferenceWorker({
+          ...inferenceOptions(cfg),
           redisUrl: ctx.redisUrl,
           keys: ctx.keys,
-          endpoints: [s.url],
-          concurrency: 12,
-          requestTimeoutMs: 30_000,
-          batchSize: 8,
           workerId: `extra-${i}`,
         }),
     );

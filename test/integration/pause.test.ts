@@ -9,6 +9,7 @@ import { openRunContextFor } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
 import {
   generateQueueName,
+  inferenceOptions,
   isDatasetPaused,
   loadConfig,
   pauseDataset,
@@ -79,12 +80,9 @@ describe('pause means pause', () => {
     const handle = await startGeneration(ctx, { produce: true, infer: true });
     // A second inference worker: a pause holds across every worker.
     const second = new InferenceWorker({
+      ...inferenceOptions(cfg),
       redisUrl: ctx.redisUrl,
       keys: ctx.keys,
-      endpoints: cfg.sglang.endpoints,
-      concurrency: cfg.sglang.concurrency,
-      requestTimeoutMs: cfg.sglang.requestTimeoutMs,
-      batchSize: 8,
       logger: quietLogger(),
     });
     await second.start();

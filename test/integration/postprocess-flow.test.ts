@@ -14,6 +14,7 @@ import {
   createRootLogger,
   loadConfig,
   loadTokenizer,
+  postprocessOptions,
   readHfDataset,
   readRunStatus,
   rollbackTarget,
@@ -272,9 +273,9 @@ describe('post-process rounds', () => {
     const plan = await planPostprocess(ctx.config, ctx.runDir);
     // Only tokenize workers: the children finish, the merge waits.
     const tokenizeOnly = new PostprocessWorker({
+      ...postprocessOptions(ctx.config),
       redisUrl: redis.url,
       keys: ctx.keys,
-      tokenizerPath: ctx.config.tokenizer.path,
       keepTruncated: false,
       stages: ['tokenize'],
       logger: quietLogger(),

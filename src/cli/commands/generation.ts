@@ -9,7 +9,7 @@ import {
   StallWatchdog,
   WorkerHeartbeat,
 } from '../../shared/index.js';
-import { tokenizerLoadOptions } from '../../shared/index.js';
+import { postprocessOptions } from '../../shared/index.js';
 import type { RoundOutcome } from '../../workers/index.js';
 import { PostprocessWorker } from '../../workers/index.js';
 import { startGeneration, startPostprocess, type GenerationOptions } from '../pipeline.js';
@@ -237,14 +237,7 @@ export function registerGenerationCommands(program: Command): void {
 
 /** `worker --role postprocess`: serves the run's tokenize and merge queues until a signal. */
 async function runPostprocessWorker(ctx: RunContext): Promise<void> {
-  const worker = new PostprocessWorker({
-    redisUrl: ctx.redisUrl,
-    keys: ctx.keys,
-    tokenizerPath: ctx.config.tokenizer.path,
-    tokenizer: tokenizerLoadOptions(ctx.config),
-    keepTruncated: ctx.config.postprocess.keepTruncated,
-    tokenizeThreads: ctx.config.postprocess.tokenizeThreads,
-  });
+  const worker = new PostprocessWorker({ ...postprocessOptions(ctx.config), redisUrl: ctx.redisUrl, keys: ctx.keys });
   const signal = onceSignalled();
   const heartbeat = new WorkerHeartbeat({ redis: ctx.redis, keys: ctx.keys, role: 'postprocess' });
   await worker.start();

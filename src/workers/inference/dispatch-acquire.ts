@@ -1,6 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { AppError, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
-import { DEFAULT_BUDGET_MARGIN_SD } from '../../shared/index.js';
+import { AppError, budgetMarginOf, type BudgetMargins, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
 import type { Task } from './dispatch-queue.js';
 import type { Endpoint } from './endpoint-pool.js';
 
@@ -93,10 +92,10 @@ export interface AcquireSettings {
   leaseTtlMs: number;
   minCommitsForMean: number;
   crashProbationMs: number;
-  /** Per dataset, `datasets[].budgetMarginSd`; a dataset not listed gets {@link DEFAULT_BUDGET_MARGIN_SD}. */
-  budgetMarginSd?: Readonly<Record<string, number>>;
+  /** `datasets[].budgetMarginSd` (acquire-request.lua ARGV[10]). */
+  budgetMarginSd: BudgetMargins;
   /** Datasets in `budget: strict`: their progress is streamed, so it is not scaled by {@link TIMED_PROGRESS_FACTOR}. */
-  strictDatasets?: ReadonlySet<string>;
+  strictDatasets: ReadonlySet<string>;
 }
 
 /**
@@ -107,11 +106,6 @@ export interface AcquireSettings {
  * ended 4-6 % over at sigma 1.0 without it); taken too high, it only holds back more.
  */
 export const TIMED_PROGRESS_FACTOR = 1.25;
-
-/** Standard deviations of the in-flight total that a dataset's reservation holds back (acquire-request.lua ARGV[10]). */
-export function budgetMarginOf(dataset: string, s: Pick<AcquireSettings, 'budgetMarginSd'>): number {
-  return s.budgetMarginSd?.[dataset] ?? DEFAULT_BUDGET_MARGIN_SD;
-}
 
 /**
  * Adds acquire-request.lua calls for `attempts` to `pipeline`, for the endpoints of one cap
@@ -156,8 +150,8 @@ export function addAcquires(
       s.crashProbationMs,
       first.task.req.sample.id,
       first.task.req.sample.maxNewTokens,
-      budgetMarginOf(dataset, s),
-      s.strictDatasets?.has(dataset) === true ? 1 : TIMED_PROGRESS_FACTOR,
+      budgetMarginOf(s.budgetMarginSd, dataset),
+      s.strictDatasets.has(dataset) ? 1 : TIMED_PROGRESS_FACTOR,
     ];
     for (const a of more)
       args.push(

@@ -1,4 +1,10 @@
-import { logger as componentLogger, type Logger, type RunKeys, type ScriptedRedis } from '../../shared/index.js';
+import {
+  type BudgetMargins,
+  logger as componentLogger,
+  type Logger,
+  type RunKeys,
+  type ScriptedRedis,
+} from '../../shared/index.js';
 import type { DispatchAccounting } from './dispatch-queue.js';
 import type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 import type { EndpointPool } from './endpoint-pool.js';
@@ -17,6 +23,11 @@ import { Withdrawals } from './dispatch-withdraw.js';
 export type { SampleOutcome, SampleRequest } from './dispatch-types.js';
 export type { DispatchAccounting } from './dispatch-queue.js';
 
+/** Commits a dataset needs before its observed lengths replace the prior as a floor (acquire-request.lua ARGV[5]). */
+const MIN_COMMITS_FOR_MEAN = 32;
+/** Wait before re-sending a sample after a retryable error; doubled with each attempt spent. */
+const RETRY_DELAY_MS = 500;
+
 export interface DispatcherOptions {
   redis: ScriptedRedis;
   keys: RunKeys;
@@ -24,24 +35,21 @@ export interface DispatcherOptions {
   pool: EndpointPool;
   /** Name written into each record's `worker` field. */
   workerId: string;
-  /** A request's leases lapse this long after its process stops renewing them. */
-  leaseTtlMs?: number;
-  /** Commits a dataset needs before its running mean replaces the prior. */
-  minCommitsForMean?: number;
-  /** Wait before re-sending a sample after a retryable error. */
-  retryDelayMs?: number;
+  /** A request's leases lapse this long after its process stops renewing them (`workers.leaseTtlMs`). */
+  leaseTtlMs: number;
   /**
    * How long a prompt on probation (in flight at two server crashes) has its endpoint to
-   * itself: no other request starts there meanwhile, so a crash in that window is its own.
+   * itself: no other request starts there meanwhile, so a crash in that window is its own
+   * (`workers.crashProbationMs`).
    */
-  crashProbationMs?: number;
+  crashProbationMs: number;
   /**
    * Datasets in `budget: strict`: their requests are streamed, and aborted once the tokens
    * committed plus those produced in flight reach the budget (budget-strict.ts).
    */
-  strictBudgetDatasets?: readonly string[];
-  /** Per dataset, `datasets[].budgetMarginSd` (acquire-request.lua ARGV[10]); others get the default. */
-  budgetMarginSd?: Readonly<Record<string, number>>;
+  strictBudgetDatasets: readonly string[];
+  /** `datasets[].budgetMarginSd` (acquire-request.lua ARGV[10]). */
+  budgetMarginSd: BudgetMargins;
   logger?: Logger;
 }
 
@@ -82,11 +90,8 @@ export class Dispatcher {
 
   constructor(private readonly options: DispatcherOptions) {
     this.log = options.logger ?? componentLogger('dispatcher');
-    const leaseTtlMs = options.leaseTtlMs ?? 30_000;
-    const minCommitsForMean = options.minCommitsForMean ?? 32;
-    const retryDelayMs = options.retryDelayMs ?? 500;
-    const crashProbationMs = options.crashProbationMs ?? 5_000;
-    const strictDatasets: ReadonlySet<string> = new Set(options.strictBudgetDatasets ?? []);
+    const { leaseTtlMs, crashProbationMs } = options;
+    const strictDatasets: ReadonlySet<string> = new Set(options.strictBudgetDatasets);
     const { running } = this.state;
     this.strict = new StrictBudget({
       redis: options.redis,
@@ -122,7 +127,7 @@ export class Dispatcher {
       pool: options.pool,
       queue: this.state.queue,
       log: this.log,
-      retryDelayMs,
+      retryDelayMs: RETRY_DELAY_MS,
       isStopping: () => this.state.stopping,
       release: (dataset, rid, leaseKey) => this.requests.release(dataset, rid, leaseKey),
     });
@@ -148,9 +153,9 @@ export class Dispatcher {
       acquire: {
         keys: options.keys,
         leaseTtlMs,
-        minCommitsForMean,
+        minCommitsForMean: MIN_COMMITS_FOR_MEAN,
         crashProbationMs,
-        ...(options.budgetMarginSd === undefined ? {} : { budgetMarginSd: options.budgetMarginSd }),
+        budgetMarginSd: options.budgetMarginSd,
         strictDatasets,
       },
       affinity: this.affinity,

@@ -6,7 +6,7 @@ import {
   logger as rootChild,
   removeEndpointHealth,
   writeEndpointHealth,
-  type AutoConcurrency,
+  type InferenceStageOptions,
   type EndpointHealthReport,
   type Logger,
   type RunKeys,
@@ -47,9 +47,9 @@ export interface EndpointHealthPublishing {
 /**
  * Requests in flight per endpoint, summed over every worker process: a fixed number, or `"auto"`
  * steered per endpoint within `auto`'s bounds and pace, defaults applied
- * (`resolveInferenceOptions` resolves the worker's setting into this).
+ * (`inferenceOptions(config)` resolves the config's setting into this).
  */
-export type PoolConcurrency = number | { auto: AutoConcurrency };
+export type PoolConcurrency = InferenceStageOptions['concurrency'];
 
 export interface EndpointPoolOptions {
   endpoints: readonly string[];

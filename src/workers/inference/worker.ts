@@ -5,22 +5,20 @@ import type { Redis } from 'ioredis';
 import type { ChatTokenizer, RunKeys } from '../../shared/index.js';
 import {
   AppError,
-  autoConcurrencyOf,
   closeRedisConnection,
   createRedisConnection,
   generateQueueName,
   throttledErrorLog,
   logger as componentLogger,
   withScripts,
-  type AutoConcurrency,
-  type ConcurrencySetting,
+  type InferenceStageOptions,
   type GenerateBatchResult,
   type Logger,
   type ScriptedRedis,
 } from '../../shared/index.js';
 import { BatchReporter } from './batch-report.js';
 import { Dispatcher, type DispatchAccounting } from './dispatcher.js';
-import { EndpointPool, type EndpointPoolOptions, type PoolConcurrency } from './endpoint-pool.js';
+import { EndpointPool, type EndpointPoolOptions } from './endpoint-pool.js';
 import { batchJobError, failBatchJob } from './failed-batch.js';
 import { parseFailureRecord } from './failure-records.js';
 import { processGenerateBatch, type GenerateBatchOutcome } from './processor.js';
@@ -28,59 +26,24 @@ import { conversationStore } from './conversation-store.js';
 
 /** The first wait for a batch when none is queued; each next one doubles, up to 200 ms. */
 const FIRST_EMPTY_WAIT_MS = 2;
+/** How often a worker without a dataset list looks for newly registered datasets. */
+const DISCOVER_INTERVAL_MS = 2_000;
 
-export interface InferenceWorkerOptions {
+/**
+ * An inference worker's options: the stage's options compiled from the config
+ * (`inferenceOptions(config)`, every default applied there) and what this process adds.
+ */
+export interface InferenceWorkerOptions extends InferenceStageOptions {
   redisUrl: string;
   keys: RunKeys;
-  endpoints: readonly string[];
-  /** Requests in flight per endpoint, summed over every worker process; `"auto"`: steered per endpoint within `autoConcurrency`. */
-  concurrency: ConcurrencySetting;
-  /** Bounds and pace of `"auto"` (default: the config's defaults); ignored for a fixed number. */
-  autoConcurrency?: AutoConcurrency | undefined;
   /** Shorter `"auto"` steering samples and lease (tests). */
   autoConcurrencyTiming?: EndpointPoolOptions['autoConcurrencyTiming'];
-  requestTimeoutMs: number;
-  /** Bearer token for servers started with `--api-key` (never logged). */
-  apiKey?: string;
-  /** How often endpoints in rotation are health-checked (ms). */
-  healthCheckIntervalMs?: number;
-  /** Prompts per batch job: this process keeps about one batch ready beyond its slots. */
-  batchSize: number;
-  /** BullMQ lock of a batch job; a killed worker's jobs return to the queue after it. */
-  lockDurationMs?: number;
-  stalledIntervalMs?: number;
   /** Datasets to serve; when absent, every dataset a producer registers, found as they appear. */
   datasets?: readonly string[];
-  /** How often to look for newly registered datasets. */
-  discoverIntervalMs?: number;
-  leaseTtlMs?: number;
-  /** How long a prompt suspected of crashing the server has its endpoint to itself. */
-  crashProbationMs?: number;
-  /** Datasets in `budget: strict` (`datasets[].budget`): streamed, and aborted at the budget. */
-  strictBudgetDatasets?: readonly string[];
-  /** Per dataset, `datasets[].budgetMarginSd`; datasets not listed get the default. */
-  budgetMarginSd?: Readonly<Record<string, number>>;
   workerId?: string;
   /** The run's tokenizer: renders the turns after the first of conversations regenerated turn by turn (`turns: all`). */
   tokenizer?: ChatTokenizer | Promise<ChatTokenizer> | undefined;
   logger?: Logger;
-}
-
-/** {@link InferenceWorkerOptions} with the concurrency setting resolved, as the endpoint pool takes it. */
-export type ResolvedInferenceOptions = Omit<InferenceWorkerOptions, 'concurrency' | 'autoConcurrency'> & {
-  concurrency: PoolConcurrency;
-};
-
-/**
- * Applies the defaults of an inference worker's options, once: `"auto"` takes `autoConcurrency`,
- * or `sglang.autoConcurrency`'s defaults when none is given; a fixed number stays as it is.
- */
-export function resolveInferenceOptions(o: InferenceWorkerOptions): ResolvedInferenceOptions {
-  const { concurrency, autoConcurrency, ...rest } = o;
-  return {
-    ...rest,
-    concurrency: concurrency === 'auto' ? { auto: autoConcurrencyOf({ autoConcurrency }) } : concurrency,
-  };
 }
 
 /** A batch job this process took, while its samples run. */
@@ -114,10 +77,7 @@ export class InferenceWorker {
   private readonly settling = new Set<Promise<void>>();
   readonly workerId: string;
 
-  private readonly options: ResolvedInferenceOptions;
-
-  constructor(options: InferenceWorkerOptions) {
-    this.options = resolveInferenceOptions(options);
+  constructor(private readonly options: InferenceWorkerOptions) {
     this.workerId = options.workerId ?? `${hostname()}:${process.pid}`;
     this.log = options.logger ?? componentLogger('inference-worker', { worker: this.workerId });
   }
@@ -153,7 +113,7 @@ export class InferenceWorker {
       ...(o.autoConcurrencyTiming === undefined ? {} : { autoConcurrencyTiming: o.autoConcurrencyTiming }),
       requestTimeoutMs: o.requestTimeoutMs,
       ...(o.apiKey === undefined ? {} : { apiKey: o.apiKey }),
-      ...(o.healthCheckIntervalMs === undefined ? {} : { healthCheckIntervalMs: o.healthCheckIntervalMs }),
+      healthCheckIntervalMs: o.healthCheckIntervalMs,
       onChange: () => this.dispatcher?.wake(),
       // Endpoint health goes to Redis, so `status` and the stall watchdog see it from anywhere.
       publish: { redis: this.redis, keys: o.keys, workerId: this.workerId },
@@ -164,10 +124,10 @@ export class InferenceWorker {
       keys: o.keys,
       pool: this.pool,
       workerId: this.workerId,
-      ...(o.leaseTtlMs === undefined ? {} : { leaseTtlMs: o.leaseTtlMs }),
-      ...(o.crashProbationMs === undefined ? {} : { crashProbationMs: o.crashProbationMs }),
-      ...(o.strictBudgetDatasets === undefined ? {} : { strictBudgetDatasets: o.strictBudgetDatasets }),
-      ...(o.budgetMarginSd === undefined ? {} : { budgetMarginSd: o.budgetMarginSd }),
+      leaseTtlMs: o.leaseTtlMs,
+      crashProbationMs: o.crashProbationMs,
+      strictBudgetDatasets: o.strictBudgetDatasets,
+      budgetMarginSd: o.budgetMarginSd,
       logger: this.log,
     });
     await this.pool.start();
@@ -177,7 +137,7 @@ export class InferenceWorker {
     if (o.datasets === undefined) {
       this.discoverTimer = setInterval(() => {
         void this.discover().catch((e: unknown) => this.log.warn({ err: e }, 'dataset discovery failed'));
-      }, o.discoverIntervalMs ?? 2_000);
+      }, DISCOVER_INTERVAL_MS);
       this.discoverTimer.unref();
     }
     this.log.info(
@@ -201,8 +161,8 @@ export class InferenceWorker {
     const worker = new Worker<unknown, GenerateBatchResult>(generateQueueName(dataset), null, {
       connection,
       prefix: o.keys.bullPrefix,
-      lockDuration: o.lockDurationMs ?? 30_000,
-      stalledInterval: o.stalledIntervalMs ?? 30_000,
+      lockDuration: o.lockDurationMs,
+      stalledInterval: o.stalledIntervalMs,
       maxStalledCount: 10,
       autorun: false,
     });
@@ -267,7 +227,7 @@ export class InferenceWorker {
   }
 
   private hold(dataset: string, worker: Worker, job: Job, token: string): void {
-    const lockDurationMs = this.options.lockDurationMs ?? 30_000;
+    const { lockDurationMs } = this.options;
     const held: HeldBatch = { job, token, worker, lost: false };
     this.held.add(held);
     const settled = this.process(dataset, held)

@@ -11,7 +11,7 @@ import {
   loadTokenizer,
   logger as componentLogger,
   type ChatTokenizer,
-  type TokenizerLoadOptions,
+  type PostprocessStageOptions,
   type Logger,
   type MergeJobResult,
   type RunKeys,
@@ -24,27 +24,21 @@ import { createTokenizeContext, type TokenizeContext } from './tokenize.js';
 /** A queue of the post-processing stage. */
 export type PostprocessStage = 'tokenize' | 'merge';
 
-export interface PostprocessWorkerOptions {
+/**
+ * A post-processing worker's options: the stage's options compiled from the config
+ * (`postprocessOptions(config)`, every default applied there) and what this process adds.
+ */
+export interface PostprocessWorkerOptions extends PostprocessStageOptions {
   redisUrl: string;
   keys: RunKeys;
-  /** Folder of the target's tokenizer (`config.tokenizer.path`). */
-  tokenizerPath: string;
-  /** How to load it (`tokenizerLoadOptions(config)`: kind, pattern, preset, servers); default auto-detected. */
-  tokenizer?: TokenizerLoadOptions;
-  /** `config.postprocess.keepTruncated`. */
-  keepTruncated: boolean;
-  /** Queues to serve; default both. */
+  /** Queues to serve; absent: both. */
   stages?: readonly PostprocessStage[];
-  /** Tokenize jobs run at once by this process. Default 2 (they are mostly CPU). */
-  tokenizeConcurrency?: number;
-  /** Threads of one tokenize job over a large conversation dataset (`config.postprocess.tokenizeThreads`); default one per core. */
-  tokenizeThreads?: number;
-  /** BullMQ lock of a job, renewed while it runs; a killed worker's job is retried after about this long. */
-  lockDurationMs?: number;
-  stalledIntervalMs?: number;
   workerId?: string;
   logger?: Logger;
 }
+
+/** Tokenize jobs one process runs at once (they are mostly CPU; one job may use threads). */
+const TOKENIZE_JOBS_AT_ONCE = 2;
 
 function flowIdOf(job: Job): string | undefined {
   const data: unknown = job.data;
@@ -97,14 +91,14 @@ export class PostprocessWorker {
     const common = {
       connection: this.bullConnection,
       prefix: o.keys.bullPrefix,
-      lockDuration: o.lockDurationMs ?? 60_000,
-      stalledInterval: o.stalledIntervalMs ?? 30_000,
+      lockDuration: o.lockDurationMs,
+      stalledInterval: o.stalledIntervalMs,
       maxStalledCount: 3,
     };
     if (stages.includes('tokenize')) {
       const w = new Worker<unknown, TokenizeResult>(TOKENIZE_QUEUE, (job) => this.tokenize(job), {
         ...common,
-        concurrency: o.tokenizeConcurrency ?? 2,
+        concurrency: TOKENIZE_JOBS_AT_ONCE,
       });
       w.on('failed', (job, err) => this.track(this.onFailed('tokenize', job, err)));
       this.workers.push(w);
