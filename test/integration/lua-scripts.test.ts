@@ -5,9 +5,21 @@ import { useHarness } from '../helpers/fixture.js';
 const { scripts: r, keys } = useHarness({ scripts: true, keys: 'lua' });
 const ep = ['http://a:1', 'http://b:2'];
 
+/**
+ * acquire-request.lua with the arguments these tests leave out filled as the dispatcher sends them
+ * for a plain request: no probation (ARGV[6], ARGV[7]), a sample id of its own (ARGV[8]),
+ * max_new_tokens twice the prior (ARGV[9]), no budget margin (ARGV[10]), progress unscaled (ARGV[11]).
+ */
+function acquireRequest(numKeys: number, ...keysAndArgs: (string | number)[]): Promise<number> {
+  const argv = keysAndArgs.slice(numKeys);
+  const [rid, , prior] = argv;
+  const filled = [0, 0, `sample-of-${String(rid)}`, 2 * Number(prior), 0, 1];
+  return r.acquireRequest(numKeys, ...keysAndArgs, ...filled.slice(argv.length - 5));
+}
+
 function acquire(ds: string, rid: string, cap = 2, prior = 100, endpoints = ep): Promise<number> {
   const leaseKeys = endpoints.map((e) => keys.endpointLeases(e));
-  return r.acquireRequest(
+  return acquireRequest(
     4 + leaseKeys.length,
     keys.stats(ds),
     keys.inflight(ds),
@@ -44,7 +56,7 @@ function commit(ds: string, id: string, tokens: number, rid: string, endpoint = 
 
 describe('commit-sample.lua', () => {
   it('commits a sample once: the counter, the stream and the done set change only on the first commit', async () => {
-    await r.hset(keys.stats('c'), 'tokenBudget', -1);
+    // No budget: the stats hash has no tokenBudget field.
     expect(await commit('c', 's1', 40, 'r1')).toEqual([1, 40]);
     expect(await commit('c', 's1', 55, 'r2')).toEqual([0, 40]);
     expect(await commit('c', 's2', 10, 'r3')).toEqual([1, 50]);
@@ -146,7 +158,7 @@ describe('acquire-request.lua', () => {
     const eps = ['http://f:1'];
     const leaseKeys = eps.map((e) => keys.endpointLeases(e));
     expect(
-      await r.acquireRequest(
+      await acquireRequest(
         5,
         keys.stats('t'),
         keys.inflight('t'),
@@ -162,7 +174,7 @@ describe('acquire-request.lua', () => {
     ).toBe(1);
     expect(
       decodeAcquire(
-        await r.acquireRequest(
+        await acquireRequest(
           5,
           keys.stats('t'),
           keys.inflight('t'),
@@ -179,7 +191,7 @@ describe('acquire-request.lua', () => {
     ).toBe('no-slot');
     await new Promise((res) => setTimeout(res, 80));
     expect(
-      await r.acquireRequest(
+      await acquireRequest(
         5,
         keys.stats('t'),
         keys.inflight('t'),
@@ -196,12 +208,63 @@ describe('acquire-request.lua', () => {
   });
 });
 
+describe('acquire-request.lua: its arguments', () => {
+  it('refuses a call with an argument left out, rather than defaulting it', async () => {
+    const leaseKeys = ep.map((e) => keys.endpointLeases(e));
+    const head = [4 + leaseKeys.length, keys.stats('args'), keys.inflight('args'), keys.done('args')] as const;
+    const args = [keys.queueMeta('args'), ...leaseKeys, 'rid', 60_000, 100, 2, 4, 0, 0, 'sample', 200, 2] as const;
+    // ARGV[11] (the factor on time-based progress) missing.
+    await expect(r.acquireRequest(...head, ...args)).rejects.toThrow(/expected 11 arguments/);
+    // ARGV[10] (the budget margin) not a number.
+    await expect(r.acquireRequest(...head, ...args.slice(0, -1), '', 1)).rejects.toThrow(/ARGV\[10\]/);
+    expect(decodeAcquire(await r.acquireRequest(...head, ...args, 1)).kind).toBe('acquired');
+  });
+});
+
+describe('the budget-met rule (count-output-tokens, included by every script that counts tokens)', () => {
+  it('records when the budget was met, once, from a commit, a restore or an aborted turn alike', async () => {
+    const met = async (ds: string): Promise<string | null> => r.hget(keys.stats(ds), 'budgetMetMs');
+    const restore = (ds: string, ...pairs: (string | number)[]): Promise<number> =>
+      r.sinkRestore(keys.done(ds), keys.stats(ds), keys.failed(ds), keys.skipped(ds), keys.attempts(ds), ...pairs);
+    const discard = (ds: string, id: string, tokens: number): Promise<number> =>
+      r.discardAbortedTurn(
+        keys.done(ds),
+        keys.stats(ds),
+        keys.inflight(ds),
+        keys.endpointLeases(ep[0] ?? ''),
+        keys.skipped(ds),
+        id,
+        tokens,
+        `rid-${id}`,
+      );
+    for (const ds of ['met-c', 'met-r', 'met-d']) await r.hset(keys.stats(ds), 'tokenBudget', 100);
+    await commit('met-c', 'a', 60, 'r1');
+    await restore('met-r', 'a', 60);
+    await discard('met-d', 'a#t1', 60);
+    for (const ds of ['met-c', 'met-r', 'met-d']) expect(await met(ds)).toBeNull();
+    await commit('met-c', 'b', 40, 'r2');
+    await restore('met-r', 'b', 40);
+    await discard('met-d', 'b#t1', 40);
+    const first = await Promise.all(['met-c', 'met-r', 'met-d'].map(met));
+    for (const t of first) expect(Number(t)).toBeGreaterThan(0);
+    // Tokens after the budget was met leave its moment as it was.
+    await commit('met-c', 'c', 10, 'r3');
+    await restore('met-r', 'c', 10);
+    await discard('met-d', 'c#t1', 10);
+    expect(await Promise.all(['met-c', 'met-r', 'met-d'].map(met))).toEqual(first);
+    // A dataset without a budget (no tokenBudget field) never meets one.
+    await restore('met-none', 'a', 1_000_000);
+    expect(await met('met-none')).toBeNull();
+    expect(await r.hget(keys.stats('met-none'), 'outputTokens')).toBe('1000000');
+  });
+});
+
 describe('renew-leases.lua', () => {
   it('after a stall that let the leases lapse, takes a slot again only while the endpoint is below its cap', async () => {
     const ep1 = 'http://stall:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
     const take = (rid: string, ttl: number): Promise<number> =>
-      r.acquireRequest(
+      acquireRequest(
         5,
         keys.stats('st'),
         keys.inflight('st'),
@@ -246,7 +309,7 @@ describe('probation (acquire-request.lua, end-probation.lua)', () => {
     const ep1 = 'http://probation:1';
     const leaseKeys = [keys.endpointLeases(ep1)];
     const take = (rid: string, probation: 0 | 1, probationMs = 60_000): Promise<number> =>
-      r.acquireRequest(
+      acquireRequest(
         5,
         keys.stats('pb'),
         keys.inflight('pb'),
@@ -282,7 +345,7 @@ describe('acquire-request.lua: a sample committed meanwhile', () => {
   it('is not sent again (a worker that lost its batch to another one)', async () => {
     const leaseKeys = [keys.endpointLeases('http://done:1')];
     const take = (rid: string, id: string): Promise<number> =>
-      r.acquireRequest(
+      acquireRequest(
         5,
         keys.stats('dn'),
         keys.inflight('dn'),
@@ -309,7 +372,7 @@ describe('acquire-request.lua: a paused dataset', () => {
   it('starts nothing while its queue is paused (the BullMQ meta field every pause route sets), and goes on once resumed', async () => {
     const leaseKeys = [keys.endpointLeases('http://pause:1')];
     const take = (ds: string, rid: string): Promise<number> =>
-      r.acquireRequest(
+      acquireRequest(
         5,
         keys.stats(ds),
         keys.inflight(ds),

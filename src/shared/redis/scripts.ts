@@ -7,8 +7,11 @@ import { AppError } from '../errors.js';
  * Loads the Lua scripts in `./lua` onto a connection as custom commands.
  * File names follow BullMQ's convention `name-<numberOfKeys>.lua`; a file without the
  * suffix takes a variable number of keys, passed as the command's first argument.
+ * A line `--- @include "name"` is replaced by `./lua/includes/name.lua`: a rule that several
+ * scripts apply (e.g. when a dataset's budget is met) has one home there.
  */
 const luaDir = fileURLToPath(new URL('./lua/', import.meta.url));
+const INCLUDE_LINE = /^--- @include "([a-z0-9-]+)"$/gm;
 
 interface ScriptSource {
   name: string;
@@ -17,6 +20,17 @@ interface ScriptSource {
 }
 
 let sources: ScriptSource[] | undefined;
+
+/** A script's text with its `--- @include` lines replaced by the snippets they name. */
+function withIncludes(file: string, lua: string): string {
+  return lua.replace(INCLUDE_LINE, (_, name: string) => {
+    try {
+      return readFileSync(`${luaDir}includes/${name}.lua`, 'utf8').trimEnd();
+    } catch (e: unknown) {
+      throw new AppError(`${file} includes "${name}", which is not in lua/includes/`, { cause: e });
+    }
+  });
+}
 
 function readSources(): ScriptSource[] {
   sources ??= readdirSync(luaDir)
@@ -27,7 +41,7 @@ function readSources(): ScriptSource[] {
       return {
         name: base.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase()),
         numberOfKeys: m?.[2] === undefined ? undefined : Number(m[2]),
-        lua: readFileSync(luaDir + file, 'utf8'),
+        lua: withIncludes(file, readFileSync(luaDir + file, 'utf8')),
       };
     });
   return sources;

@@ -44,20 +44,20 @@
     ARGV[6] 1 when the request goes out on probation (its sample was in flight when the
             server dropped every connection, twice): it then needs an endpoint with no other
             probation running, and holds that endpoint's probation key (`<lease key>:probation`)
-            for ARGV[7] ms, during which no other request starts there. Optional (default 0).
+            for ARGV[7] ms, during which no other request starts there.
     ARGV[7] probation length (ms)
     ARGV[8] sample id
-    ARGV[9] max_new_tokens of the dataset's requests (optional; default twice the prior)
-    ARGV[10] standard deviations of the in-flight total added to the reservation (optional;
-            default 0): the sum of the requests' conditional variances Var[L | L > x_i], as if
+    ARGV[9] max_new_tokens of the dataset's requests
+    ARGV[10] standard deviations of the in-flight total added to the reservation (the dataset's
+            `budgetMarginSd`): the sum of the requests' conditional variances Var[L | L > x_i], as if
             independent (while the commits are fewer than ARGV[5], each at least prior^2 / 3,
             the variance of a length spread evenly over [0, 2 prior]). Near the end of a dataset
             the last requests then start only while the budget is likely to hold them, and the
             ones started later, when less is uncertain, top it up. With nothing in flight the
             sum is empty, so a dataset below its budget always starts one request: it never
             stalls.
-    ARGV[11] factor on the time-based progress of a request with no streamed progress (optional;
-            default 1). rateMax is each recent request's whole-life average (acquire to commit:
+    ARGV[11] factor on the time-based progress of a request with no streamed progress (1 for a
+            dataset whose progress is streamed). rateMax is each recent request's whole-life average (acquire to commit:
             queueing, prefill and the worker's lag included) at the batch size of its time, while
             the requests running at a dataset's end decode faster as the batch empties, so time x
             rateMax falls behind their progress; E[L | L > x] grows with x, so a progress taken
@@ -68,6 +68,9 @@
             max_new_tokens (as ARGV[1], ARGV[3], ARGV[6], ARGV[8], ARGV[9]). One call then
             decides a group of requests in order, each as if it came alone after the ones
             before it (one script run instead of one per request).
+    Every argument is required (the caller resolves each value once, from the config); a missing
+    or non-numeric one is an error, never a silent default. A dataset without a budget has no
+    `tokenBudget` field.
 
   Output (a number for one request; with further requests, a table of one number each):
     >= 1  the 1-based index (into KEYS[5..]) of the endpoint whose lease was taken
@@ -77,19 +80,38 @@
     -4    the sample is already committed: send nothing
     -5    the dataset is paused: send nothing until it is resumed
 ]]
+local function number(i, what)
+  local v = tonumber(ARGV[i])
+  if v == nil then
+    error('acquire-request.lua: ARGV[' .. i .. '] (' .. what .. ') is missing or not a number')
+  end
+  return v
+end
+local function text(i, what)
+  if ARGV[i] == nil or ARGV[i] == '' then
+    error('acquire-request.lua: ARGV[' .. i .. '] (' .. what .. ') is missing')
+  end
+  return ARGV[i]
+end
+if #ARGV < 11 or (#ARGV - 11) % 5 ~= 0 then
+  error('acquire-request.lua: expected 11 arguments, then 5 per further request, got ' .. #ARGV)
+end
+
 local statsKey = KEYS[1]
 local inflightKey = KEYS[2]
-local ttl = tonumber(ARGV[2])
-local cap = tonumber(ARGV[4])
-local minCommits = tonumber(ARGV[5])
-local probationMs = tonumber(ARGV[7] or '0')
-local marginSd = tonumber(ARGV[10] or '') or 0
-local timedFactor = tonumber(ARGV[11] or '') or 1
+local ttl = number(2, 'lease ttl')
+local cap = number(4, 'leases allowed per endpoint')
+local minCommits = number(5, 'commits before the observed lengths')
+local probationMs = number(7, 'probation length')
+local marginSd = number(10, 'budget margin in standard deviations')
+local timedFactor = number(11, 'factor on time-based progress')
 
 -- The requests to decide: the first from ARGV[1..11], then five arguments each from ARGV[12].
-local requests = { { ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[6] or '0') == 1, ARGV[8], tonumber(ARGV[9] or '') } }
+local requests = { { text(1, 'rid'), number(3, 'prior'), number(6, 'probation') == 1, text(8, 'sample id'), number(9, 'max_new_tokens') } }
 for i = 12, #ARGV, 5 do
-  requests[#requests + 1] = { ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]) == 1, ARGV[i + 3], tonumber(ARGV[i + 4]) }
+  requests[#requests + 1] = {
+    text(i, 'rid'), number(i + 1, 'prior'), number(i + 2, 'probation') == 1, text(i + 3, 'sample id'), number(i + 4, 'max_new_tokens'),
+  }
 end
 local function answer(codes)
   if #ARGV <= 11 then return codes[1] end
@@ -99,7 +121,7 @@ end
 if redis.call('HEXISTS', KEYS[4], 'paused') == 1 then
   local codes = {}
   for i = 1, #requests do
-    if requests[i][4] and redis.call('SISMEMBER', KEYS[3], requests[i][4]) == 1 then codes[i] = -4 else codes[i] = -5 end
+    if redis.call('SISMEMBER', KEYS[3], requests[i][4]) == 1 then codes[i] = -4 else codes[i] = -5 end
   end
   return answer(codes)
 end
@@ -140,18 +162,17 @@ if redis.call('HLEN', startKey) > 2 * redis.call('ZCARD', inflightKey) + 256 the
 end
 
 -- Decides one request (after the ones before it in this call).
-local function acquire(rid, prior, probation, sampleId, maxNewArg)
-  if sampleId and redis.call('SISMEMBER', KEYS[3], sampleId) == 1 then
+local function acquire(rid, prior, probation, sampleId, maxNew)
+  if redis.call('SISMEMBER', KEYS[3], sampleId) == 1 then
     return -4
   end
   local stats = redis.call('HMGET', statsKey, 'outputTokens', 'records', 'tokenBudget', 'rateMax', 'budgetStopMs')
   local committed = tonumber(stats[1]) or 0
   local records = tonumber(stats[2]) or 0
-  local budget = tonumber(stats[3]) or -1
+  local budget = tonumber(stats[3])
   local rate = tonumber(stats[4]) or 0
-  local maxNew = maxNewArg or 2 * prior
 
-  if budget >= 0 then
+  if budget ~= nil then
     if committed >= budget then
       return -2
     end

@@ -37,8 +37,8 @@ if stats[3] then
   return 1
 end
 local committed = tonumber(stats[1]) or 0
-local budget = tonumber(stats[2]) or -1
-if budget < 0 then
+local budget = tonumber(stats[2])
+if budget == nil then
   return 0
 end
 

@@ -39,6 +39,7 @@
   Output: { committed (1 first commit | 0 duplicate), dataset output tokens after it } per
           sample, flat: { c1, t1, c2, t2, ... }
 ]]
+--- @include "count-output-tokens"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local width = tonumber(ARGV[5])
@@ -60,12 +61,7 @@ local function commit(id, tokens, record, rid)
     return
   end
 
-  local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
-  local budget = tonumber(redis.call('HGET', KEYS[2], 'tokenBudget') or '-1')
-  if budget >= 0 and total >= budget and total - tokens < budget then
-    -- The moment the budget was met: after it, no request may be sent for this dataset.
-    redis.call('HSET', KEYS[2], 'budgetMetMs', now)
-  end
+  local total = countOutputTokens(KEYS[2], tokens, now)
   redis.call('HINCRBY', KEYS[2], 'records', 1)
   redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
   -- The length histogram and the decode rate that acquire-request.lua reserves by.

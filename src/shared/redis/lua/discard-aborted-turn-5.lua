@@ -18,6 +18,7 @@
   Output: the dataset's output tokens after it; -1 when the turn was committed meanwhile (by
           another delivery: nothing is counted, its commit stands)
 ]]
+--- @include "count-output-tokens"
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[3] .. ':start', ARGV[3])
@@ -26,12 +27,8 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
   return -1
 end
 local tokens = tonumber(ARGV[2])
-local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
-local budget = tonumber(redis.call('HGET', KEYS[2], 'tokenBudget') or '-1')
-if budget >= 0 and total >= budget and total - tokens < budget then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'budgetMetMs', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-end
+local t = redis.call('TIME')
+local total = countOutputTokens(KEYS[2], tokens, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 redis.call('HINCRBY', KEYS[2], 'abortedTurns', 1)
 redis.call('HINCRBY', KEYS[2], 'abortedTokens', tokens)
 redis.call('SADD', KEYS[5], ARGV[1])

@@ -15,6 +15,7 @@
 
   Output: number of ids restored
 ]]
+--- @include "count-output-tokens"
 local restored = 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -23,11 +24,7 @@ for i = 1, #ARGV, 2 do
   local tokens = tonumber(ARGV[i + 1])
   if redis.call('SADD', KEYS[1], id) == 1 then
     restored = restored + 1
-    local total = redis.call('HINCRBY', KEYS[2], 'outputTokens', tokens)
-    local budget = tonumber(redis.call('HGET', KEYS[2], 'tokenBudget') or '-1')
-    if budget >= 0 and total >= budget and total - tokens < budget then
-      redis.call('HSET', KEYS[2], 'budgetMetMs', now)
-    end
+    countOutputTokens(KEYS[2], tokens, now)
     redis.call('HINCRBY', KEYS[2], 'records', 1)
     redis.call('HINCRBY', KEYS[2], 'outputTokensSq', tokens * tokens)
     redis.call('HSETNX', KEYS[2], 'firstCommitMs', now)
