@@ -130,7 +130,7 @@ export async function resolveEvalHoldout(options: ResolveEvalHoldoutOptions): Pr
 /** Reads the ids of an eval-prompts.jsonl with the producer's parser; an unreadable line is an error naming it. */
 export async function readEvalSplit(
   file: string,
-  turns: DatasetConfig['turns'] = 'last',
+  turns: DatasetConfig['turns'],
 ): Promise<{ ids: string[]; lineHashes: string[] }> {
   const ids: string[] = [];
   const lineHashes: string[] = [];

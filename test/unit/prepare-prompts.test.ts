@@ -12,14 +12,10 @@ const a = (content: string): SourceMessage => ({ role: 'assistant', content });
 
 describe('shapePrompt', () => {
   it('drops the turns after the last user turn and keeps system and earlier turns', () => {
-    const shaped = shapePrompt([
-      { role: 'system', content: 'be brief' },
-      u('q1'),
-      a('a1'),
-      u('q2'),
-      a('a2'),
-      { role: 'tool', content: 'r' },
-    ]);
+    const shaped = shapePrompt(
+      [{ role: 'system', content: 'be brief' }, u('q1'), a('a1'), u('q2'), a('a2'), { role: 'tool', content: 'r' }],
+      'last',
+    );
     expect(shaped).toEqual({
       kind: 'prompt',
       droppedTrailing: 2,
@@ -34,12 +30,15 @@ describe('shapePrompt', () => {
 
   it('keeps tool calls of earlier turns as the prompt file reader reads them', () => {
     const call = [{ type: 'function', function: { name: 'f', arguments: '{}' } }];
-    const shaped = shapePrompt([
-      u('q'),
-      { role: 'assistant', content: '', tool_calls: call },
-      { role: 'tool', content: '1', tool_call_id: 'c1' },
-      u('and?'),
-    ]);
+    const shaped = shapePrompt(
+      [
+        u('q'),
+        { role: 'assistant', content: '', tool_calls: call },
+        { role: 'tool', content: '1', tool_call_id: 'c1' },
+        u('and?'),
+      ],
+      'last',
+    );
     expect(shaped.kind).toBe('prompt');
     if (shaped.kind !== 'prompt') return;
     expect(shaped.messages[1]).toEqual({ role: 'assistant', content: '', tool_calls: call });
@@ -50,16 +49,16 @@ describe('shapePrompt', () => {
   });
 
   it('a row without a user turn, or with a blank last one, is empty', () => {
-    expect(shapePrompt([a('only')])).toEqual({ kind: 'empty', reason: 'no user turn' });
-    expect(shapePrompt([])).toEqual({ kind: 'empty', reason: 'no turns' });
-    expect(shapePrompt([u('q'), a('x'), u('  \n')])).toEqual({
+    expect(shapePrompt([a('only')], 'last')).toEqual({ kind: 'empty', reason: 'no user turn' });
+    expect(shapePrompt([], 'last')).toEqual({ kind: 'empty', reason: 'no turns' });
+    expect(shapePrompt([u('q'), a('x'), u('  \n')], 'last')).toEqual({
       kind: 'empty',
       reason: 'the user turn to answer is empty',
     });
   });
 
   it('a turn the prompt file could not hold is malformed', () => {
-    const shaped = shapePrompt([{ role: 'user', content: 'q', tool_calls: 'not json' }]);
+    const shaped = shapePrompt([{ role: 'user', content: 'q', tool_calls: 'not json' }], 'last');
     expect(shaped.kind).toBe('malformed');
   });
 });

@@ -43,7 +43,7 @@ export interface PrepareDatasetInput {
   promptsFile: string;
   maxPromptTokens?: number | undefined;
   /** `datasets[].turns`: with `all`, whole conversations are kept and the length filter measures turn 1. */
-  turns?: 'last' | 'all' | undefined;
+  turns: 'last' | 'all';
   /** `datasets[].chatTemplateKwargs`, for the length filter's rendering. */
   templateKwargs?: Record<string, unknown> | undefined;
   /**
@@ -86,7 +86,7 @@ interface Candidate {
 }
 
 /** What the length filter measures: the chat to answer, or with `turns: all` turn 1's history. */
-function firstTurn(messages: ChatMessage[], turns: 'last' | 'all' | undefined): ChatMessage[] {
+function firstTurn(messages: ChatMessage[], turns: 'last' | 'all'): ChatMessage[] {
   if (turns !== 'all') return messages;
   const shape = conversationTurns(messages);
   return typeof shape === 'string' ? messages : turnHistory(messages, shape, 1, []);

@@ -64,7 +64,7 @@ export async function fingerprintInputs(params: {
   dedupeAcross: boolean;
   tokenizer: TokenizerIdentity | undefined;
   after: readonly string[];
-  turns?: 'last' | 'all' | undefined;
+  turns: 'last' | 'all';
   templateKwargs?: Record<string, unknown> | undefined;
   contextCheck?: { contextLength: number; maxNewTokens: number } | undefined;
 }): Promise<FingerprintInputs> {

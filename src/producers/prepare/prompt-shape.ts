@@ -17,7 +17,7 @@ export type ShapedPrompt =
  * turns kept. A row with no user turn, or whose last user turn is blank, is `empty` (the
  * prompt file reader would reject it).
  */
-export function shapePrompt(turns: readonly SourceMessage[], mode: 'last' | 'all' = 'last'): ShapedPrompt {
+export function shapePrompt(turns: readonly SourceMessage[], mode: 'last' | 'all'): ShapedPrompt {
   const messages: ChatMessage[] = [];
   for (const [i, turn] of turns.entries()) {
     try {
