@@ -89,6 +89,7 @@ describe('loadConfig: valid configs', () => {
         budget: 'reserve',
         budgetMarginSd: 2,
         turns: 'last',
+        minNewTokens: 16,
         samplesPerPrompt: 1,
       },
       {
@@ -100,6 +101,7 @@ describe('loadConfig: valid configs', () => {
         budget: 'reserve',
         budgetMarginSd: 2,
         turns: 'last',
+        minNewTokens: 16,
         samplesPerPrompt: 1,
       },
     ]);
@@ -148,6 +150,7 @@ describe('loadConfig: valid configs', () => {
       budget: 'reserve',
       budgetMarginSd: 2,
       turns: 'last',
+      minNewTokens: 16,
       samplesPerPrompt: 1,
     });
     expect(c.output.dir).toBe(join(fixtures, 'out'));
