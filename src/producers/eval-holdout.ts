@@ -32,18 +32,11 @@ import {
   type DatasetConfig,
   type Logger,
   type RunKeys,
+  removeAbandonedTempFiles,
+  tempNameFor,
 } from '../shared/index.js';
 import { selectEvalSplit, sortedHash, type ComputedSplit } from './eval-split.js';
-import {
-  publish,
-  readManifest,
-  removeAbandonedTemps,
-  sha256,
-  tempNameFor,
-  warnOnce,
-  writeManifest,
-  type EvalManifest,
-} from './eval-split-files.js';
+import { publish, readManifest, sha256, warnOnce, writeManifest, type EvalManifest } from './eval-split-files.js';
 import { heldOutBySameContent } from './eval-same-content.js';
 
 export type { EvalManifest } from './eval-split-files.js';
@@ -101,7 +94,7 @@ export interface ResolveEvalHoldoutOptions {
 export async function resolveEvalHoldout(options: ResolveEvalHoldoutOptions): Promise<EvalHoldout | undefined> {
   const { ds, runDir: dir } = options;
   const file = evalPromptsPath(dir, ds.name);
-  await removeAbandonedTemps(file);
+  await removeAbandonedTempFiles(file);
   let holdout = (await exists(file)) ? await keepWritten(options, file) : undefined;
   if (holdout === undefined && ds.evalHoldout !== undefined) holdout = await writeSplit(options, file, ds.evalHoldout);
   if (holdout !== undefined && options.run !== undefined)

@@ -3,20 +3,10 @@
  * to and published from (a hard link that never replaces another process' split), and the
  * temps a killed process left.
  */
-import { createHash, randomBytes } from 'node:crypto';
-import { link, readFile, readdir, rename, rm } from 'node:fs/promises';
-import { hostname } from 'node:os';
-import { basename, dirname, join } from 'node:path';
-import {
-  AppError,
-  errorMessage,
-  exists,
-  fsyncDir,
-  isErrno,
-  isProcessAlive,
-  writeFileAtomic,
-  type Logger,
-} from '../shared/index.js';
+import { createHash } from 'node:crypto';
+import { link, readFile, rename } from 'node:fs/promises';
+import { dirname } from 'node:path';
+import { exists, fsyncDir, isErrno, writeFileAtomic, type Logger } from '../shared/index.js';
 
 /** `eval-prompts.json`: how the split was made. */
 export interface EvalManifest {
@@ -79,26 +69,4 @@ export function warnOnce(log: Logger, key: string, fields: Record<string, unknow
 /** SHA-256 of `text`, hex. */
 export function sha256(text: string): string {
   return createHash('sha256').update(text).digest('hex');
-}
-
-const HOST = sha256(hostname()).slice(0, 8);
-
-/** `.<name>.<host>.<pid>.<random>.tmp` beside `file`: whose it is, so that what a killed process left is removed. */
-export function tempNameFor(file: string): string {
-  return join(dirname(file), `.${basename(file)}.${HOST}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
-}
-
-export async function removeAbandonedTemps(file: string): Promise<void> {
-  const prefix = `.${basename(file)}.${HOST}.`;
-  let names: string[];
-  try {
-    names = await readdir(dirname(file));
-  } catch (e: unknown) {
-    if (isErrno(e, 'ENOENT')) return;
-    throw new AppError(`cannot read ${dirname(file)}: ${errorMessage(e)}`, { cause: e });
-  }
-  for (const name of names) {
-    const m = name.startsWith(prefix) ? /^(\d+)\.[0-9a-f]+\.tmp$/.exec(name.slice(prefix.length)) : null;
-    if (m !== null && !isProcessAlive(Number(m[1]))) await rm(join(dirname(file), name), { force: true });
-  }
 }

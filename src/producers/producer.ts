@@ -31,6 +31,7 @@ import {
   type ScriptedRedis,
   type ToolCallFormat,
   detectToolCallFormat,
+  delay,
 } from '../shared/index.js';
 
 /**
@@ -339,8 +340,4 @@ export class Producer {
       await delay(wait);
     }
   }
-}
-
-function delay(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
 }

@@ -11,6 +11,7 @@ import {
   retryFailedPrompts,
   type RunKeys,
   type RunStatus,
+  delay,
 } from '../../shared/index.js';
 import { reopenEndedConversations } from '../reopen-conversations.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
@@ -71,8 +72,7 @@ async function watchStatus(ctx: RunContext, json: boolean): Promise<void> {
         `\x1b[2J\x1b[H${note === undefined ? '' : `${note}\n\n`}${last === undefined ? '' : formatRunStatus(last)}\n`,
       );
     // A failed read returns at once: wait before the next one; a slow one is simply waited on.
-    if (failingSinceMs === undefined || 'error' in outcome)
-      await Promise.race([stop, new Promise((r) => setTimeout(r, WATCH_INTERVAL_MS))]);
+    if (failingSinceMs === undefined || 'error' in outcome) await Promise.race([stop, delay(WATCH_INTERVAL_MS)]);
   }
 }
 

@@ -3,12 +3,11 @@
  * file by a rename only once it is complete and synced; a reader sees the old file or the new
  * one, never a part.
  */
-import { createHash, randomBytes, type Hash } from 'node:crypto';
-import { mkdir, open, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
-import { hostname } from 'node:os';
-import { basename, dirname, join } from 'node:path';
+import { createHash, type Hash } from 'node:crypto';
+import { mkdir, open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { dirname } from 'node:path';
 
-import { isProcessAlive } from '../../shared/index.js';
+import { removeAbandonedTempFiles, tempNameFor } from '../../shared/index.js';
 
 const FLUSH_BYTES = 1 << 20;
 
@@ -103,27 +102,6 @@ export class AtomicLineWriter {
     }
     await rm(this.tempFile, { force: true });
   }
-}
-
-const HOST = createHash('sha256').update(hostname()).digest('hex').slice(0, 8);
-
-/** `.<name>.<host>.<pid>.<random>.<kind>` next to `file`: whose it is, so that what a dead process left can be removed. */
-export function tempNameFor(file: string, kind: 'tmp' | 'subset'): string {
-  return join(dirname(file), `.${basename(file)}.${HOST}.${process.pid}.${randomBytes(4).toString('hex')}.${kind}`);
-}
-
-/** Removes the temp files of `file` that a process of this host, no longer running, left behind. */
-export async function removeAbandonedTempFiles(file: string): Promise<string[]> {
-  const prefix = `.${basename(file)}.${HOST}.`;
-  const removed: string[] = [];
-  for (const name of await readdir(dirname(file)).catch(() => [] as string[])) {
-    if (!name.startsWith(prefix)) continue;
-    const m = /^(\d+)\.[0-9a-f]+\.(tmp|subset)$/.exec(name.slice(prefix.length));
-    if (m === null || isProcessAlive(Number(m[1]))) continue;
-    await rm(join(dirname(file), name), { force: true });
-    removed.push(name);
-  }
-  return removed;
 }
 
 async function syncDir(dir: string): Promise<void> {

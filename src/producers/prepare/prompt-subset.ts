@@ -9,7 +9,7 @@
  */
 import { open, rm, type FileHandle } from 'node:fs/promises';
 import type { Hash64 } from './prompt-hash.js';
-import { tempNameFor } from './prompt-file-writer.js';
+import { tempNameFor } from '../../shared/index.js';
 import { shuffleRank } from './prompt-hash.js';
 
 interface Entry {

@@ -108,7 +108,3 @@ export async function looksLikeRedisServer(pid: number): Promise<boolean> {
     return true;
   }
 }
-
-export function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}

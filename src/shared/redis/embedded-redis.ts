@@ -23,11 +23,10 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { AppError, EnvironmentError, TimeoutError, errorMessage } from '../errors.js';
 import { logger as componentLogger, type Logger } from '../logger.js';
-import { isProcessAlive, withTimeout } from '../util/index.js';
+import { delay, isProcessAlive, withTimeout } from '../util/index.js';
 import { fileSize, indent, mtimeMs, readIntFile, readLogTail, renderConfig } from './embedded-redis-files.js';
 import {
   countOtherClients,
-  delay,
   findFreePort,
   HOST,
   looksLikeRedisServer,
@@ -522,7 +521,7 @@ export class EmbeddedRedis {
       return; // already gone
     }
     const deadline = Date.now() + this.stopTimeoutMs;
-    while (Date.now() < deadline && (await pingOnce(port, 500)) !== 'down') await new Promise((r) => setTimeout(r, 50));
+    while (Date.now() < deadline && (await pingOnce(port, 500)) !== 'down') await delay(50);
     await this.removeRunFiles(pid);
     this.log.info({ pid, dataDir: this.dataDir }, 'embedded redis stopped by its last user');
   }

@@ -11,7 +11,7 @@
 import type { Redis } from 'ioredis';
 import { UnavailableError, errorMessage } from '../errors.js';
 import type { Logger } from '../logger.js';
-import { withTimeout } from '../util/index.js';
+import { delay, withTimeout } from '../util/index.js';
 import { redactRedisUrl } from './target.js';
 
 /** How long the first PING may take before the server counts as not answering. */
@@ -65,7 +65,7 @@ export async function openAnswering(
       if (!answered) conn.disconnect();
     }
     if (answered) return conn;
-    await new Promise((r) => setTimeout(r, RETRY_PAUSE_MS));
+    await delay(RETRY_PAUSE_MS);
   }
 }
 
@@ -160,7 +160,7 @@ async function awaitFirstAnswer(
               `Redis at ${where} is loading its data set into memory; waiting for it`,
             );
           }
-          await new Promise((r) => setTimeout(r, 500));
+          await delay(500);
           continue;
         }
         return true;

@@ -3,7 +3,7 @@ import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import { AppError } from '../errors.js';
 import type { Logger } from '../logger.js';
-import { isProcessAlive } from '../util/index.js';
+import { delay, isProcessAlive } from '../util/index.js';
 import { withScripts, type ScriptedRedis } from './scripts.js';
 
 /** Who holds a lock, read from its value `<host>:<pid>:<sinceMs>:<nonce>`. */
@@ -147,7 +147,7 @@ export class ProcessLock {
         reportedAt = Date.now();
         options.onWait?.(await this.holder());
       }
-      await new Promise((r) => setTimeout(r, options.pollMs ?? 500));
+      await delay(options.pollMs ?? 500);
     }
     return false;
   }

@@ -1,11 +1,14 @@
 // Durable filesystem steps shared by the writer and the merge: fsync of files and folders,
 // atomic replacement of small files, hard links with a logged copy fallback.
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { constants as fsConstants } from 'node:fs';
 import { copyFile, link, mkdir, open, readdir, rename, rm, stat } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import path from 'node:path';
 
 import { logger } from '../logger.js';
+import { isErrno } from './errno.js';
+import { isProcessAlive } from './process.js';
 
 /** Flushes a folder's entries (new names, renames, removals) to disk. */
 export async function fsyncDir(dir: string): Promise<void> {
@@ -119,6 +122,27 @@ export async function linkOrCopy(from: string, to: string): Promise<LinkMethod> 
   }
 }
 
-export function isErrno(e: unknown, code: string): boolean {
-  return typeof e === 'object' && e !== null && (e as { code?: unknown }).code === code;
+const HOST = createHash('sha256').update(hostname()).digest('hex').slice(0, 8);
+
+/**
+ * A temp file beside `file`, `.<name>.<host>.<pid>.<random>.<suffix>`: its name says whose it is,
+ * so that what a killed process left is found and removed ({@link removeAbandonedTempFiles}).
+ */
+export function tempNameFor(file: string, suffix = 'tmp'): string {
+  const dir = path.dirname(file);
+  return path.join(dir, `.${path.basename(file)}.${HOST}.${process.pid}.${randomBytes(4).toString('hex')}.${suffix}`);
+}
+
+/** Removes the temp files of `file` ({@link tempNameFor}) that a process of this host, no longer running, left; returns their names. */
+export async function removeAbandonedTempFiles(file: string): Promise<string[]> {
+  const prefix = `.${path.basename(file)}.${HOST}.`;
+  const removed: string[] = [];
+  for (const name of await readdirOrEmpty(path.dirname(file))) {
+    if (!name.startsWith(prefix)) continue;
+    const m = /^(\d+)\.[0-9a-f]+\.[a-z]+$/.exec(name.slice(prefix.length));
+    if (m === null || isProcessAlive(Number(m[1]))) continue;
+    await rm(path.join(path.dirname(file), name), { force: true });
+    removed.push(name);
+  }
+  return removed;
 }

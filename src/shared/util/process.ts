@@ -4,7 +4,7 @@
  */
 import { spawn } from 'node:child_process';
 
-import { isErrno } from './fs.js';
+import { isErrno } from './errno.js';
 
 /**
  * Whether process `pid` of this machine runs (signal 0 reaches it, or it exists but belongs to

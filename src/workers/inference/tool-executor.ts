@@ -16,7 +16,7 @@
  * message (cause `tool-executor`), which `tokenmill retry-failed` may reopen.
  */
 import { Agent, request } from 'undici';
-import { errorMessage, type ChatMessage, type ToolCall } from '../../shared/index.js';
+import { delay, errorMessage, type ChatMessage, type ToolCall } from '../../shared/index.js';
 
 /** A dataset's `toolExecutor` setting, resolved. */
 export interface ToolExecutorSettings {
@@ -57,7 +57,7 @@ export async function executeToolCalls(settings: ToolExecutorSettings, exec: Too
   const key = `${exec.dataset}/${exec.conversationId}/${exec.turn}`;
   let last = '';
   for (let attempt = 1; attempt <= settings.attempts; attempt += 1) {
-    if (attempt > 1) await new Promise((r) => setTimeout(r, RETRY_PAUSE_MS * 2 ** (attempt - 2)));
+    if (attempt > 1) await delay(RETRY_PAUSE_MS * 2 ** (attempt - 2));
     let status: number;
     let text: string;
     try {

@@ -10,7 +10,7 @@ import { open, readFile, rm, stat } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { ensureDir, isErrno, isProcessAlive } from '../../util/index.js';
+import { delay, ensureDir, isErrno, isProcessAlive } from '../../util/index.js';
 import { DatasetMergeError, log } from './common.js';
 
 /** What a lock file holds. */
@@ -58,7 +58,7 @@ export async function acquireLock(target: string): Promise<() => Promise<void>> 
       const gone = holderGone(holder, hostname());
       if (gone !== undefined) {
         log().warn({ lockPath, holder, why: gone }, 'removing a stale lock left by a process that no longer runs');
-        if (!(await removeStale(lockPath, text))) await new Promise((r) => setTimeout(r, 5 + Math.random() * 20));
+        if (!(await removeStale(lockPath, text))) await delay(5 + Math.random() * 20);
         continue;
       }
       throw new DatasetMergeError(
