@@ -68,6 +68,8 @@ export interface ConversationDeps {
    * every turn after the first, so that the remaining turns are not generated twice.
    */
   stillHeld?(): Promise<boolean>;
+  /** Told when the conversation ends before its last turn, so that a slot held for its next turn is freed. */
+  ended?(dataset: string, conversationId: string): void;
   /** Where an executor's tool results are recorded once (conversations with `toolExecutor`). */
   toolResults?: ToolResultsStore;
 }
@@ -161,6 +163,7 @@ export async function driveConversation(
   let endpoint: string | undefined;
   const finish = async (end: Omit<ConversationEnd, 'turns' | 'spliced'>, failedTurnId?: string) => {
     const full: ConversationEnd = { ...end, turns: total, spliced };
+    if (full.kind === 'ended') deps.ended?.(dataset, sample.id);
     await deps.finish(dataset, sample.id, full, failedTurnId);
     return { kind: 'finished' as const, end: full, committed, outputTokens };
   };

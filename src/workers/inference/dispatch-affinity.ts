@@ -73,6 +73,11 @@ export class EndpointAffinity {
     this.holds.set(key, { url, untilMs: nowMs + this.holdMs });
   }
 
+  /** The conversation ended before its last turn: the slot held for its next turn is free again. */
+  release(dataset: string, conversationId: string): void {
+    this.holds.delete(`${dataset}\u0000${conversationId}`);
+  }
+
   /** The acquires of these samples are answered (the ones that got a slot are running now). */
   answeredAcquires(reqs: Iterable<SampleRequest>): void {
     for (const r of reqs) this.asking.delete(r);

@@ -219,6 +219,11 @@ export class Dispatcher {
     this.slotWanted.start();
   }
 
+  /** A conversation ended early (no next turn will come): the slot held for its next turn is freed. */
+  conversationEnded(dataset: string, conversationId: string): void {
+    this.affinity.release(dataset, conversationId);
+  }
+
   /** Hands a sample over; resolves once it is committed, failed, skipped or handed back. */
   submit(req: SampleRequest): Promise<SampleOutcome> {
     if (this.state.stopping || (req.owner !== undefined && this.withdrawals.has(req.owner)))

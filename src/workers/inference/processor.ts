@@ -27,6 +27,8 @@ export interface GenerateBatchDeps {
   releaseClaims(dataset: string, ids: readonly string[]): Promise<void>;
   /** Runs one sample to its end (commit, failure, skip or hand-back). */
   submit(req: SampleRequest): Promise<SampleOutcome>;
+  /** A conversation ended before its last turn (see {@link ConversationDeps.ended}). */
+  conversationEnded?(dataset: string, conversationId: string): void;
   /**
    * For batches of conversations regenerated turn by turn (`turns: all`): the tokenizer, the
    * history and the finished conversations. A worker without it refuses such a batch.
@@ -178,6 +180,7 @@ export async function processGenerateBatch(data: unknown, deps: GenerateBatchDep
                 isDone: deps.isDone,
                 submit: deps.submit,
                 ...(deps.stillHeld === undefined ? {} : { stillHeld: deps.stillHeld }),
+                ...(deps.conversationEnded === undefined ? {} : { ended: deps.conversationEnded }),
               },
               deps,
             );

@@ -287,6 +287,7 @@ export class InferenceWorker {
           (await redis.claimFailed(keys.done(ds), keys.failed(ds), keys.attempts(ds), jobId, ...ids)).map(Number),
         releaseClaims: async (ds, ids) => void (await redis.releaseClaims(keys.failed(ds), jobId, ...ids)),
         submit: (req) => dispatcher.submit({ ...req, owner: token }),
+        conversationEnded: (ds, id) => dispatcher.conversationEnded(ds, id),
         ...(this.options.tokenizer === undefined
           ? {}
           : { conversations: conversationStore(redis, keys, async () => await this.options.tokenizer!) }),
