@@ -15,7 +15,14 @@
  *   per-turn`): its history as context, its own answer supervised (`train_only_last_turn: true`).
  *   These lines supervise what its conversation row supervises, turn by turn.
  */
-import { conversationTurns, errorMessage, turnHistory, type ChatMessage, type Logger } from '../../shared/index.js';
+import {
+  conversationTurns,
+  errorMessage,
+  parseChatMessages,
+  turnHistory,
+  type ChatMessage,
+  type Logger,
+} from '../../shared/index.js';
 import {
   conversationRow,
   earlierTurnSpans,
@@ -38,6 +45,22 @@ import {
 /** Which conversation and turn a record is, and its prompt line's id (the conversation id less a `#s<j>` sample suffix). */
 export interface TurnKey extends TurnFields {
   promptId: string;
+  /**
+   * The tool results its history placed after the previous turn's calls (the record's
+   * `tool_results.messages`: the source's or the executor's), when it has some.
+   */
+  toolResults?: ChatMessage[];
+}
+
+/** The messages of a record's `tool_results`, or undefined when it has none that parse. */
+function toolResultsOf(value: unknown): ChatMessage[] | undefined {
+  const messages = (value as { tool_results?: { messages?: unknown } } | null)?.tool_results?.messages;
+  if (!Array.isArray(messages) || messages.length === 0) return undefined;
+  try {
+    return parseChatMessages(messages, 'tool_results.messages');
+  } catch {
+    return undefined;
+  }
 }
 
 /**
@@ -47,7 +70,12 @@ export interface TurnKey extends TurnFields {
 export function turnOf(value: unknown, scheme: SampleIdScheme): TurnKey | undefined {
   const t = turnFields(value);
   if (t === undefined) return undefined;
-  return { ...t, promptId: promptIdOf(t.conversationId, scheme, { conversation: true }) };
+  const toolResults = toolResultsOf(value);
+  return {
+    ...t,
+    promptId: promptIdOf(t.conversationId, scheme, { conversation: true }),
+    ...(toolResults === undefined ? {} : { toolResults }),
+  };
 }
 
 /** One gathered turn. */
@@ -135,8 +163,11 @@ export async function exportConversations(gathered: ConversationTurns, o: Conver
     // As the history was sent: an answer's trailing end-of-turn token is the template's to write,
     // whatever the finish reason (SGLang reports `length` for an end token that is the last one allowed).
     const answers: ChatMessage[] = turns.map((t) => ({ role: 'assistant', content: turnAnswerText(ctx, t.record) }));
+    // After each turn's calls, the results the next turn's history placed there (an executor's
+    // differ from the source's), as the model saw them.
+    const results = turns.map((_, j) => turns[j + 1]?.key.toolResults);
     const messagesOf = (k: number, last: ChatMessage): ChatMessage[] => [
-      ...turnHistory(prompt.messages, shape, k, answers.slice(0, k - 1)),
+      ...turnHistory(prompt.messages, shape, k, answers.slice(0, k - 1), results.slice(0, k - 1)),
       last,
     ];
 
