@@ -9,6 +9,10 @@
 //   one a row the export counted as re-encoding differently; no default system prompt, no
 //   supervised empty think block — while the conversation route without the sidecar (the control)
 //   shows both, so the checks can fail.
+// The demo's agentic dataset (B8_sweagent: tools, calls, tool results) is checked on its own: its
+// rows follow the mask rule in the token ids (generated turns, calls included, at 1; the tool
+// schemas, tool results and user turns at 0; test/helpers/agentic-rows.ts), and both routes give
+// every one of them, whole conversations and turns alike, as tokenmill made it.
 // Also: the TS table of SpecForge's templates is the one SpecForge registers, and each target
 // model family gets the template SpecForge supervises its rows with.
 import { existsSync, readFileSync } from 'node:fs';
@@ -21,11 +25,12 @@ import { parse as parseYaml } from 'yaml';
 import { DEMO_DATASETS } from '../../src/cli/commands/demo.js';
 import { matchSpecForgeTemplate, SPECFORGE_TEMPLATES } from '../../src/cli/export/specforge-templates.js';
 import type { SpecForgeRunResult } from '../../src/cli/export/specforge-run.js';
-import { bundledTokenizerPath, loadTokenizer } from '../../src/shared/index.js';
+import { bundledTokenizerPath, loadTokenizer, readHfDataset } from '../../src/shared/index.js';
 import { createTokenizeContext } from '../../src/workers/index.js';
+import { expectAgenticRowMasks, type AgenticRow, type AgenticRowTurn } from '../helpers/agentic-rows.js';
 import { useHarness } from '../helpers/fixture.js';
 import { sharedDemo } from '../helpers/shared-demo.js';
-import { spawnCli } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
 
@@ -85,6 +90,9 @@ const LEFT_OUT: Record<string, string> = {
   longcat: 'longcat pattern',
   'inkling-thinking': 'inkling pattern',
 };
+
+/** The demo's agentic dataset. */
+const AGENTIC = 'B8_sweagent';
 
 const { tmp } = useHarness({ tmp: 'tm-trainer-sf-', cli: true });
 
@@ -190,6 +198,49 @@ describe('SpecForge 0.2.0 reads the demo export as tokenmill made it', () => {
     }
     expect(all).toBe(py.target_rows);
     expect(identical / all).toBeGreaterThanOrEqual(0.99);
+
+    // The agentic dataset: its rows follow the mask rule in the ids, and both routes read every
+    // one of them as tokenmill made it.
+    const tok = await loadTokenizer(bundledTokenizerPath());
+    const agenticRows: AgenticRow[] = [];
+    for await (const r of (await readHfDataset(path.join(demo.runDir, 'train-dataset'))).rows())
+      if (r['dataset'] === AGENTIC) agenticRows.push(r as unknown as AgenticRow);
+    const turnRecords = readGenerations(demo.runDir, AGENTIC) as unknown as AgenticRowTurn[];
+    expect(turnRecords.every((t) => typeof t.conversation_id === 'string')).toBe(true);
+    const masks = expectAgenticRowMasks(tok, agenticRows, turnRecords);
+    expect(masks.conversationRows, `${AGENTIC}: whole conversations made one row`).toBeGreaterThan(0);
+    expect(masks.supervisedCalls, `${AGENTIC}: generated calls supervised`).toBeGreaterThan(0);
+    expect(masks.toolResponses, `${AGENTIC}: tool results left unsupervised`).toBeGreaterThan(0);
+    expect(masks.toolSchemaBlocks, `${AGENTIC}: every row holds the tool schemas, unsupervised`).toBe(
+      agenticRows.length,
+    );
+    const agenticIds = agenticRows.map((r) => r.id).sort();
+    const jsonlAgentic = readFileSync(rowsOut, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { id: string; dataset: string })
+      .filter((r) => r.dataset === AGENTIC);
+    expect(jsonlAgentic.map((r) => r.id).sort(), 'pre-tokenized: every agentic row').toEqual(agenticIds);
+    const agenticResults = py.files.flatMap((f, i) =>
+      f.results.filter((r) => r.dataset === AGENTIC).map((r) => ({ ...r, file: result.files[i]?.kind })),
+    );
+    expect(agenticResults.map((r) => r.id).sort(), 'preformatted: every agentic row').toEqual(agenticIds);
+    expect(
+      agenticResults.filter((r) => r.kind !== 'identical'),
+      'preformatted: every agentic row identical',
+    ).toEqual([]);
+    // Each line carries the tool schemas its text was rendered with.
+    for (const f of result.files)
+      for (const l of lines(f.file) as { id: string; dataset?: string; tools?: unknown[] }[])
+        if (l.dataset === AGENTIC) expect(l.tools?.length, `${l.id}: tools`).toBeGreaterThan(0);
+    // Whole conversations in the all-turns file, turns of their own in the other.
+    expect(agenticResults.filter((r) => r.file === 'all-turns')).toHaveLength(masks.conversationRows);
+    expect(agenticResults.filter((r) => r.file === 'last-turn')).toHaveLength(masks.turnRows);
+    process.stdout.write(
+      `${AGENTIC}: ${masks.conversationRows} conversation rows and ${masks.turnRows} turn rows, identical in both routes; ` +
+        `${masks.supervisedOutputs} outputs and ${masks.supervisedCalls} calls supervised, ${masks.toolResponses} tool results and ` +
+        `${masks.toolSchemaBlocks} tool schema blocks not\n`,
+    );
 
     // The control: SpecForge's conversation route, templates rendered again, shows the failure
     // modes the preformatted route has none of.

@@ -4,8 +4,8 @@
 // `export --format jsonl` as child processes. Checked:
 // - speculators' training loader (ArrowDataset over the export, hidden states cached where its
 //   FileTransfer looks, items through ds[i] and CollateFn) yields every training row's input_ids
-//   and loss_mask; its lengths are tokenmill's num_tokens; the folder has prepare-data's column
-//   types and format;
+//   and loss_mask (every row of the agentic B8_sweagent among them); its lengths are tokenmill's
+//   num_tokens; the folder has prepare-data's column types and format;
 // - save_token_frequency_distribution on the loaded dataset gives tokenmill's token_freq.pt
 //   (written in TypeScript), so d2t/t2d come out the same;
 // - prepare-data's code passes the jsonl export's rows through unchanged, with the same token
@@ -35,6 +35,8 @@ import { runPythonJson } from '../helpers/python.js';
 /** Qwen3-8B's vocabulary size (its config.json), the target of the demo's tokenizer. */
 const QWEN3_VOCAB_SIZE = 151_936;
 const PY_TIMEOUT_MS = 600_000;
+/** The demo's agentic dataset. */
+const AGENTIC = 'B8_sweagent';
 
 const { tmp } = useHarness({ tmp: 'tm-speculators-', cli: true });
 
@@ -120,6 +122,7 @@ describe('export --format speculators', () => {
         dataset_rows: number;
         approx_lengths_equal: boolean;
         equal: number;
+        by_dataset: Record<string, { rows: number; equal: number }>;
         differences: { index: number; id: string; kind: string; detail: string }[];
         item_dtypes: string[][];
         format: string;
@@ -157,6 +160,12 @@ describe('export --format speculators', () => {
       expect(r.differences).toEqual([]);
       expect(r.equal).toBe(r.rows);
       expect(r.equal / r.rows).toBeGreaterThanOrEqual(0.99);
+      // The agentic dataset (tools, calls, tool results; whole conversations and turns of their
+      // own) among them: every row of it, as tokenmill made it.
+      let agenticRows = 0;
+      for await (const row of (await readHfDataset(target)).rows()) if (row['dataset'] === AGENTIC) agenticRows += 1;
+      expect(agenticRows, AGENTIC).toBeGreaterThan(0);
+      expect(r.by_dataset[AGENTIC], AGENTIC).toEqual({ rows: agenticRows, equal: agenticRows });
       expect(r.item_dtypes).toEqual([['torch.int64', 'torch.int64']]);
       // What prepare-data saves: torch format over the three columns, int64 lists.
       expect(r.format).toBe('torch');

@@ -8,7 +8,8 @@ Reads one JSON object on stdin, {"mode": ..., ...}, and prints one JSON object:
       with hidden states cached the way hs_connectors' FileTransfer reads them
       (<export_dir>/hidden_states/hs_<i>.safetensors: random `hidden_states` [seq, 4, hidden],
       `token_ids` = the row's ids); every item taken through ds[i] and CollateFn and compared with
-      the training dataset's rows (load_from_disk of <target_dir>, rows with a supervised token);
+      the training dataset's rows (load_from_disk of <target_dir>, rows with a supervised token),
+      also counted per dataset (by_dataset: {name: {rows, equal}});
       save_token_frequency_distribution on the loaded dataset against the export's token_freq.pt
       (torch.load weights_only), and the d2t/t2d that build_vocab_mappings_from_distribution makes
       of each.
@@ -110,8 +111,11 @@ def train_loader(req):
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3)
     differences = []
     equal = 0
+    by_dataset = {}
     dtypes = set()
     for i, r in enumerate(rows):
+        tally = by_dataset.setdefault(r["dataset"], {"rows": 0, "equal": 0})
+        tally["rows"] += 1
         item = ds[i]
         if isinstance(item, SampleUnavailable):
             differences.append({"index": i, "id": r["id"], "kind": "unavailable", "detail": str(item.reason)})
@@ -126,6 +130,7 @@ def train_loader(req):
         one_document = bool((doc_ids[:n] == 0).all()) and bool((doc_ids[n:] == -1).all())
         if got_ids == r["input_ids"] and got_mask == r["loss_mask"] and padding_zero and one_document:
             equal += 1
+            tally["equal"] += 1
         else:
             differences.append(
                 {
@@ -151,6 +156,7 @@ def train_loader(req):
         "dataset_rows": len(ds),
         "approx_lengths_equal": list(ds.approx_lengths) == [r["num_tokens"] for r in rows],
         "equal": equal,
+        "by_dataset": by_dataset,
         "differences": differences,
         "item_dtypes": sorted(list(d) for d in dtypes),
         "format": ds.data.format["type"],
