@@ -6,7 +6,7 @@ import { errorMessage } from '../shared/index.js';
 export const MAX_BODY_BYTES = 64 * 1024 * 1024;
 
 /** An HTTP answer decided while handling a request: status plus body. */
-export class HttpReply extends Error {
+export class HttpReplyError extends Error {
   constructor(
     readonly status: number,
     readonly body: unknown,
@@ -16,17 +16,17 @@ export class HttpReply extends Error {
 }
 
 /** SGLang's native error: `{"error":{"message":…}}`, status 400 (`_create_error_response`). */
-export function nativeError(message: string, status = 400): HttpReply {
-  return new HttpReply(status, { error: { message } });
+export function nativeError(message: string, status = 400): HttpReplyError {
+  return new HttpReplyError(status, { error: { message } });
 }
 
 /** SGLang's OpenAI-style error (`ErrorResponse`), as /v1/* and HTTPException answer. */
-export function openAiError(message: string, status = 400, type = 'BadRequestError'): HttpReply {
-  return new HttpReply(status, { object: 'error', message, type, param: null, code: status });
+export function openAiError(message: string, status = 400, type = 'BadRequestError'): HttpReplyError {
+  return new HttpReplyError(status, { object: 'error', message, type, param: null, code: status });
 }
 
 /** FastAPI's request-validation failure, which SGLang turns into a 400. */
-export function validationError(message: string): HttpReply {
+export function validationError(message: string): HttpReplyError {
   return openAiError(message, 400, 'Bad Request');
 }
 

@@ -3,7 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 
 import { errorMessage, isRecord } from '../shared/index.js';
 import {
-  HttpReply,
+  HttpReplyError,
   openAiError,
   parseJsonBody,
   readBody,
@@ -262,7 +262,7 @@ export class InfoRoutes {
         throw openAiError('tokens must be a list of integers or a list of lists of integers');
       }
     } catch (e: unknown) {
-      if (e instanceof HttpReply) throw e;
+      if (e instanceof HttpReplyError) throw e;
       throw openAiError(`Failed to detokenize: ${errorMessage(e)}`);
     }
   }

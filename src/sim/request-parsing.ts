@@ -6,7 +6,7 @@
 import { randomUUID } from 'node:crypto';
 
 import { isRecord } from '../shared/index.js';
-import { HttpReply, validationError } from './http-util.js';
+import { HttpReplyError, validationError } from './http-util.js';
 import type { SimVersion } from './types.js';
 
 /** What SGLang raises as `ValueError`: a 400 whose body shape depends on the route. */
@@ -413,4 +413,4 @@ export function parseChat(body: unknown, ctx: ChatParseContext): ParsedChat {
   };
 }
 
-export { HttpReply };
+export { HttpReplyError };

@@ -15,7 +15,7 @@ import { type AdminTarget, adminFaults, adminOutage, adminReset, adminStats } fr
 import { dropConnection, replyStatus } from './fault-replies.js';
 import type { FaultConfig } from './faults.js';
 import { CHAT_ROUTE, GENERATE_ROUTE, GenerationRoutes } from './generation.js';
-import { HttpReply, sendEmpty, sendJson } from './http-util.js';
+import { HttpReplyError, sendEmpty, sendJson } from './http-util.js';
 import { InfoRoutes } from './info-routes.js';
 import { resolveOptions } from './options.js';
 import { WEIGHT_VERSION } from './responses.js';
@@ -342,7 +342,7 @@ export class Simulator implements AdminTarget {
     try {
       await handler(req, res, url);
     } catch (e: unknown) {
-      if (e instanceof HttpReply) {
+      if (e instanceof HttpReplyError) {
         sendJson(res, e.status, e.body);
         return;
       }

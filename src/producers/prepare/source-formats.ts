@@ -143,7 +143,7 @@ export type ConvertedRow =
   | { ok: false; reason: string; excerpt?: string };
 
 /** Thrown inside the conversion of one row; caught by {@link convertRow} and turned into a malformed row. */
-class RowProblem extends Error {}
+class RowProblemError extends Error {}
 
 /** `a string`, `a list`, `null`…: the type of a value, for reasons. */
 export function typeName(value: unknown): string {
@@ -173,11 +173,11 @@ export function convertRow(value: unknown, layout: SourceLayout): ConvertedRow {
     const turns = rowTurns(value, layout);
     const messages = withSystem(value, layout, turns);
     if (messages.length === 0)
-      throw new RowProblem(
+      throw new RowProblemError(
         `${layout.format === 'openai' || layout.format === 'sharegpt' ? `"${layout.messages}"` : 'the row'} has no turns`,
       );
     const tools = recordTools(value);
-    if (!tools.ok) throw new RowProblem(tools.reason);
+    if (!tools.ok) throw new RowProblemError(tools.reason);
     return {
       ok: true,
       ...(id === undefined ? {} : { id }),
@@ -185,7 +185,7 @@ export function convertRow(value: unknown, layout: SourceLayout): ConvertedRow {
       ...(tools.tools === undefined ? {} : { tools: tools.tools }),
     };
   } catch (e: unknown) {
-    if (e instanceof RowProblem) return { ok: false, reason: e.message, excerpt: excerptOfValue(value) };
+    if (e instanceof RowProblemError) return { ok: false, reason: e.message, excerpt: excerptOfValue(value) };
     throw e;
   }
 }
@@ -196,8 +196,9 @@ function rowId(row: Record<string, unknown>, layout: SourceLayout): string | und
   if (typeof v === 'string' && v !== '') return v;
   if ((typeof v === 'number' && Number.isFinite(v)) || typeof v === 'bigint') return String(v);
   if (!explicit) return undefined;
-  if (!(column in row)) throw new RowProblem(`no id column "${column}" (fields.id); the row has: ${columnList(row)}`);
-  throw new RowProblem(
+  if (!(column in row))
+    throw new RowProblemError(`no id column "${column}" (fields.id); the row has: ${columnList(row)}`);
+  throw new RowProblemError(
     `id column "${column}" is ${v === '' ? 'an empty string' : typeName(v)}: expected a string or a number`,
   );
 }
@@ -216,10 +217,10 @@ function rowTurns(row: Record<string, unknown>, layout: SourceLayout): SourceMes
 
 /** A required string column. */
 function textColumn(row: Record<string, unknown>, column: string, what: string): string {
-  if (!(column in row)) throw new RowProblem(`no column "${column}" (${what}); the row has: ${columnList(row)}`);
+  if (!(column in row)) throw new RowProblemError(`no column "${column}" (${what}); the row has: ${columnList(row)}`);
   const v = row[column];
-  if (typeof v !== 'string') throw new RowProblem(`column "${column}" is ${typeName(v)}: expected a string`);
-  if (v.trim() === '') throw new RowProblem(`column "${column}" is empty`);
+  if (typeof v !== 'string') throw new RowProblemError(`column "${column}" is ${typeName(v)}: expected a string`);
+  if (v.trim() === '') throw new RowProblemError(`column "${column}" is empty`);
   return v;
 }
 
@@ -227,14 +228,15 @@ function alpacaTurns(row: Record<string, unknown>, layout: SourceLayout): Source
   const instruction = textColumn(row, layout.instruction, 'the instruction');
   const input = row[layout.input];
   if (input !== undefined && input !== null && typeof input !== 'string') {
-    throw new RowProblem(`column "${layout.input}" is ${typeName(input)}: expected a string`);
+    throw new RowProblemError(`column "${layout.input}" is ${typeName(input)}: expected a string`);
   }
   const user = typeof input === 'string' && input.trim() !== '' ? `${instruction}\n\n${input}` : instruction;
   const turns: SourceMessage[] = [{ role: 'user', content: user }];
   const outColumn = layout.output.find((c) => row[c] !== undefined && row[c] !== null);
   if (outColumn !== undefined) {
     const out = row[outColumn];
-    if (typeof out !== 'string') throw new RowProblem(`column "${outColumn}" is ${typeName(out)}: expected a string`);
+    if (typeof out !== 'string')
+      throw new RowProblemError(`column "${outColumn}" is ${typeName(out)}: expected a string`);
     if (out !== '') turns.push({ role: 'assistant', content: out });
   }
   return turns;
@@ -242,9 +244,9 @@ function alpacaTurns(row: Record<string, unknown>, layout: SourceLayout): Source
 
 function listTurns(row: Record<string, unknown>, layout: SourceLayout): SourceMessage[] {
   const col = layout.messages;
-  if (!(col in row)) throw new RowProblem(`no column "${col}" (the turns); the row has: ${columnList(row)}`);
+  if (!(col in row)) throw new RowProblemError(`no column "${col}" (the turns); the row has: ${columnList(row)}`);
   const list = row[col];
-  if (!Array.isArray(list)) throw new RowProblem(`column "${col}" is ${typeName(list)}: expected a list of turns`);
+  if (!Array.isArray(list)) throw new RowProblemError(`column "${col}" is ${typeName(list)}: expected a list of turns`);
   const turns: SourceMessage[] = [];
   // The ids of the last function_call turn's calls not yet answered by an observation turn.
   let unanswered: string[] = [];
@@ -264,13 +266,13 @@ function listTurns(row: Record<string, unknown>, layout: SourceLayout): SourceMe
 
 function convertTurn(turn: unknown, at: string, layout: SourceLayout, index: number): SourceMessage {
   if (!isRecord(turn))
-    throw new RowProblem(
+    throw new RowProblemError(
       `${at} is ${typeName(turn)}: expected an object with "${layout.role}" and "${layout.content}"`,
     );
   const roleRaw = turn[layout.role];
   if (typeof roleRaw !== 'string') {
     const keys = Object.keys(turn).join(', ');
-    throw new RowProblem(
+    throw new RowProblemError(
       roleRaw === undefined
         ? `${at} has no "${layout.role}" (its keys: ${keys}); set fields.role to the key of the role`
         : `${at}.${layout.role} is ${typeName(roleRaw)}: expected a role name`,
@@ -278,7 +280,7 @@ function convertTurn(turn: unknown, at: string, layout: SourceLayout, index: num
   }
   const role = roleOf(roleRaw, layout.roles);
   if (role === undefined) {
-    throw new RowProblem(
+    throw new RowProblemError(
       `${at}.${layout.role} is ${jsonText(roleRaw)}: not a known role; map it with roles: {${roleRaw}: user|assistant|system|tool}`,
     );
   }
@@ -293,7 +295,7 @@ function convertTurn(turn: unknown, at: string, layout: SourceLayout, index: num
     try {
       message.tool_calls = functionCallToolCalls(content, index, at);
     } catch (e: unknown) {
-      throw new RowProblem(errorMessage(e));
+      throw new RowProblemError(errorMessage(e));
     }
     message.content = '';
   }
@@ -315,12 +317,12 @@ function turnContent(turn: Record<string, unknown>, at: string, layout: SourceLa
   if (v === undefined) {
     // An assistant turn that only calls tools has no content.
     if (Array.isArray(turn.tool_calls) || typeof turn.tool_calls === 'string') return '';
-    throw new RowProblem(
+    throw new RowProblemError(
       `${at} has no "${key}" (its keys: ${Object.keys(turn).join(', ')}); set fields.content to the key of the text`,
     );
   }
   if (Array.isArray(v)) return joinTextParts(v, `${at}.${key}`);
-  throw new RowProblem(`${at}.${key} is ${typeName(v)}: expected a string or a list of text parts`);
+  throw new RowProblemError(`${at}.${key} is ${typeName(v)}: expected a string or a list of text parts`);
 }
 
 /** OpenAI content parts: the text ones joined by `\n`; any other part makes the row malformed. */
@@ -332,7 +334,7 @@ function joinTextParts(parts: readonly unknown[], at: string): string {
       texts.push(part.text);
     else {
       const kind = isRecord(part) && typeof part.type === 'string' ? `a "${part.type}" part` : typeName(part);
-      throw new RowProblem(`${at}[${i}] is ${kind}: only text parts can be a prompt`);
+      throw new RowProblemError(`${at}[${i}] is ${kind}: only text parts can be a prompt`);
     }
   }
   return texts.join('\n');
@@ -344,17 +346,17 @@ function withSystem(row: Record<string, unknown>, layout: SourceLayout, turns: S
   const v = row[column];
   if (v === undefined || v === null) {
     if (explicit && !(column in row))
-      throw new RowProblem(`no system column "${column}" (fields.system); the row has: ${columnList(row)}`);
+      throw new RowProblemError(`no system column "${column}" (fields.system); the row has: ${columnList(row)}`);
     return turns;
   }
   if (typeof v !== 'string') {
     if (!explicit) return turns;
-    throw new RowProblem(`system column "${column}" is ${typeName(v)}: expected a string`);
+    throw new RowProblemError(`system column "${column}" is ${typeName(v)}: expected a string`);
   }
   if (v.trim() === '') return turns;
   if (turns[0]?.role === 'system') {
     if (explicit)
-      throw new RowProblem(`the row has both a system column "${column}" (fields.system) and a system turn`);
+      throw new RowProblemError(`the row has both a system column "${column}" (fields.system) and a system turn`);
     return turns;
   }
   return [{ role: 'system', content: v }, ...turns];

@@ -31,7 +31,7 @@ import {
   type EncodePromptOptions,
   type PromptToEncode,
 } from './messages.js';
-import { ServerTokensNeeded, type EncoderKind, type TokenEncoder } from './encoder.js';
+import { ServerTokensNeededError, type EncoderKind, type TokenEncoder } from './encoder.js';
 import { ServerEncoder } from './server.js';
 import type { ServerTokenizeClient } from './server-client.js';
 import type { TokenizerPreset } from './tiktoken.js';
@@ -291,7 +291,11 @@ export class ChatTokenizer {
       try {
         return fn();
       } catch (e: unknown) {
-        if (!(e instanceof ServerTokensNeeded) || !(encoder instanceof ServerEncoder) || round >= SERVER_TOKEN_ROUNDS)
+        if (
+          !(e instanceof ServerTokensNeededError) ||
+          !(encoder instanceof ServerEncoder) ||
+          round >= SERVER_TOKEN_ROUNDS
+        )
           throw e;
         await encoder.fetchMissing(e);
       }

@@ -32,7 +32,7 @@ export interface TokenEncoder {
  * Server-side tokenization: a text (or ids) this process has not had tokenized (detokenized)
  * by the server yet. {@link ChatTokenizer.withServerTokens} fetches them and runs again.
  */
-export class ServerTokensNeeded extends AppError {
+export class ServerTokensNeededError extends AppError {
   constructor(
     readonly texts: readonly string[],
     readonly idLists: readonly (readonly number[])[],

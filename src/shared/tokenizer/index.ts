@@ -2,7 +2,7 @@
 export { parseRankFile, type RankTable, readRankFile } from './bpe.js';
 export { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from './bundled.js';
 export { ChatTokenizer, type TokenIdRange } from './chat.js';
-export { type EncoderKind, ServerTokensNeeded, type TokenEncoder } from './encoder.js';
+export { type EncoderKind, ServerTokensNeededError, type TokenEncoder } from './encoder.js';
 export {
   checkTokenizerKindFits,
   loadConfiguredTokenizer,

@@ -31,7 +31,7 @@ function isIds(v: unknown): v is number[] {
 }
 
 /** Thrown for an answer that retrying will not change. */
-class Refused extends Error {
+class RefusedError extends Error {
   constructor(
     message: string,
     readonly status: number,
@@ -85,11 +85,14 @@ export class ServerTokenizeClient {
       });
     }
     if (res.statusCode !== 200)
-      throw new Refused(`${endpoint}${route} answered ${res.statusCode}: ${text.slice(0, 300)}`, res.statusCode);
+      throw new RefusedError(`${endpoint}${route} answered ${res.statusCode}: ${text.slice(0, 300)}`, res.statusCode);
     try {
       return JSON.parse(text) as unknown;
     } catch {
-      throw new Refused(`${endpoint}${route} answered 200 with a body that is not JSON: ${text.slice(0, 200)}`, 200);
+      throw new RefusedError(
+        `${endpoint}${route} answered 200 with a body that is not JSON: ${text.slice(0, 200)}`,
+        200,
+      );
     }
   }
 
@@ -101,7 +104,7 @@ export class ServerTokenizeClient {
       try {
         return await call(endpoint);
       } catch (e: unknown) {
-        if (e instanceof Refused) {
+        if (e instanceof RefusedError) {
           throw new UpstreamHttpError(`server-side tokenization: ${e.message}`, {
             endpoint,
             status: e.status,
@@ -131,7 +134,7 @@ export class ServerTokenizeClient {
         const tokens = (body as { tokens?: unknown } | null)?.tokens;
         const lists = texts.length === 1 && isIds(tokens) ? [tokens] : tokens;
         if (!Array.isArray(lists) || lists.length !== texts.length || !lists.every(isIds)) {
-          throw new Refused(
+          throw new RefusedError(
             `${endpoint}/tokenize answered without ${texts.length} id lists: ${JSON.stringify(body).slice(0, 200)}`,
             200,
           );
@@ -157,7 +160,7 @@ export class ServerTokenizeClient {
       const tokens = (body as { tokens?: unknown } | null)?.tokens;
       return isIds(tokens) ? tokens : undefined;
     } catch (e: unknown) {
-      if (e instanceof Refused) return undefined;
+      if (e instanceof RefusedError) return undefined;
       throw e;
     }
   }
@@ -170,7 +173,7 @@ export class ServerTokenizeClient {
           const body = await this.post(endpoint, '/detokenize', { tokens: ids });
           const text = (body as { text?: unknown } | null)?.text;
           if (typeof text !== 'string')
-            throw new Refused(
+            throw new RefusedError(
               `${endpoint}/detokenize answered without a text: ${JSON.stringify(body).slice(0, 200)}`,
               200,
             );

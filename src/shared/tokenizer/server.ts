@@ -6,13 +6,13 @@
  * `chat_template.jinja`). What is known locally, without a request: the added tokens of
  * `added_tokens_decoder` (their ids and texts). Everything else is asked of the server and
  * remembered: {@link ServerEncoder.encode} answers texts already tokenized there and throws
- * {@link ServerTokensNeeded} for others, which `ChatTokenizer.withServerTokens` fetches. Prompts
+ * {@link ServerTokensNeededError} for others, which `ChatTokenizer.withServerTokens` fetches. Prompts
  * are tokenized in batches by the producer (`ServerTokenizeClient.tokenize`).
  *
  * Token bytes are not known, so conversation datasets (whose loss mask needs them) are refused.
  */
 import type { AddedTokenEntry } from './config-json.js';
-import { ServerTokensNeeded, type TokenEncoder } from './encoder.js';
+import { ServerTokensNeededError, type TokenEncoder } from './encoder.js';
 import type { ServerTokenizeClient } from './server-client.js';
 
 /** Texts remembered with their ids; dropped whole past this (only probes and special tokens are expected). */
@@ -54,7 +54,7 @@ export class ServerEncoder implements TokenEncoder {
   encode(text: string): number[] {
     const known = this.#encoded.get(text);
     if (known !== undefined) return [...known];
-    throw new ServerTokensNeeded([text], []);
+    throw new ServerTokensNeededError([text], []);
   }
 
   /** Remembers ids the server gave for `text` (the producer's prompts are not remembered). */
@@ -69,7 +69,7 @@ export class ServerEncoder implements TokenEncoder {
       return kept.map((id) => this.#addedById.get(id)?.content ?? '').join('');
     const known = this.#decoded.get(kept.join(','));
     if (known !== undefined) return known;
-    throw new ServerTokensNeeded([], [kept]);
+    throw new ServerTokensNeededError([], [kept]);
   }
 
   tokenToId(token: string): number | undefined {
@@ -110,7 +110,7 @@ export class ServerEncoder implements TokenEncoder {
   }
 
   /** Fetches what `need` names from the server and remembers it. */
-  async fetchMissing(need: ServerTokensNeeded): Promise<void> {
+  async fetchMissing(need: ServerTokensNeededError): Promise<void> {
     const texts = need.texts.filter((t) => !this.#encoded.has(t));
     const [encoded, decoded] = await Promise.all([this.client.tokenize(texts), this.client.detokenize(need.idLists)]);
     texts.forEach((t, i) => this.remember(t, encoded[i] ?? []));
