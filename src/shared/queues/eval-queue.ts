@@ -1,5 +1,6 @@
 import type { DefaultJobOptions, FlowJob } from 'bullmq';
 import { z } from 'zod';
+import { EvalConfigSchema } from '../config/index.js';
 import type { RunKeys } from './run-keys.js';
 
 /**
@@ -17,8 +18,11 @@ export const EvalStepPayloadSchema = z.object({
   run: z.string().min(1),
   /** `<output.dir>/<run>`: the attempt's report goes to `<runDir>/train/<attempt>/eval.json`. */
   runDir: z.string().min(1),
-  /** The config's `eval` section as it was when the training was queued (Bull Board shows it). */
-  eval: z.record(z.string(), z.unknown()),
+  /**
+   * The config's `eval` section as it was when the training was queued (Bull Board shows it),
+   * checked again by the config's own schema when the job arrives.
+   */
+  eval: EvalConfigSchema,
   /** Folder the servers' commands run in (the config file's). */
   cwd: z.string().min(1),
   /** How often a job waiting for GPU memory checks again (ms): `train.preflightPollMs`. */
