@@ -21,11 +21,10 @@ export {
   type TurnFinishOf,
   waitForRound,
 } from './postprocess/index.js';
+export { parseGpuList, probeGpus } from './gpu/index.js';
 export {
   cancelTrainJobs,
   describeHiddenStatesAtQueue,
-  parseGpuList,
-  probeGpus,
   queueTrainJob,
   roundTrainJobId,
   type TrainOutcomeSeen,

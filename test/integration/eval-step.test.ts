@@ -27,7 +27,7 @@ import {
   type RunStatus,
 } from '../../src/shared/index.js';
 import { EvalWorker, portFree, waitForEvalJob, writeEvalStatus, type EvalReport } from '../../src/workers/index.js';
-import { recordedIdentity } from '../../src/workers/train/index.js';
+import { recordedIdentity } from '../../src/workers/gpu/index.js';
 import { killCliChildren, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 import { simCommand } from '../helpers/sim-command.js';

@@ -4,8 +4,8 @@ import { describe, expect, it } from 'vitest';
 import { dashboardQueueNames } from '../../src/dashboard/server.js';
 import { buildArgv } from '../../src/workers/train/command.js';
 import { fingerprintChanges, pythonOf, type EnvFingerprint } from '../../src/workers/train/fingerprint.js';
-import { parseGpuList, parseNvidiaSmi, type GpuInfo } from '../../src/workers/train/gpus.js';
-import { preflight } from '../../src/workers/train/preflight.js';
+import { parseGpuList, parseNvidiaSmi, type GpuInfo } from '../../src/workers/gpu/gpus.js';
+import { preflight } from '../../src/workers/gpu/preflight.js';
 import { ProgressTracker, isCudaOom, parseProgressLine } from '../../src/workers/train/progress.js';
 
 const SMI = `index, name, memory.total [MiB], memory.free [MiB], driver_version

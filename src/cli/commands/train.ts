@@ -8,6 +8,7 @@ import {
 } from '../../shared/index.js';
 import { parseGpuList } from '../../workers/index.js';
 import {
+  cancelEvalJobs,
   cancelTrainJobs,
   describeHiddenStatesAtQueue,
   evalJobAfter,
@@ -179,7 +180,11 @@ export function registerTrainCommand(program: Command): void {
       const ctx = await openRunContext(opts.config);
       try {
         if (opts.cancel === true) {
-          const done = await cancelTrainJobs(ctx.redis, ctx.keys);
+          // Each kind cancels its own jobs: the trainings, then the evals after them.
+          const done = [
+            ...(await cancelTrainJobs(ctx.redis, ctx.keys)),
+            ...(await cancelEvalJobs(ctx.redis, ctx.keys)),
+          ];
           if (done.length === 0) process.stdout.write('no unfinished train job\n');
           for (const j of done)
             process.stdout.write(

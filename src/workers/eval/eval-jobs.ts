@@ -1,13 +1,11 @@
 /**
  * Eval jobs seen from Redis: the run's eval status (the latest eval job's state), the reports
- * recorded per attempt (what `status`, the pipeline page and /metrics read), and waiting for an
- * eval job to finish (`tokenmill train`, the demo).
+ * recorded per attempt (what `status`, the pipeline page and /metrics read), waiting for an
+ * eval job to finish (`tokenmill train`, the demo), and cancelling them (`tokenmill train --cancel`).
  */
-import { Job, Queue } from 'bullmq';
+import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
-  AppError,
-  CancelledError,
   EVAL_QUEUE,
   EvalJobResultSchema,
   EvalKeys,
@@ -17,23 +15,20 @@ import {
   type EvalJobStatus,
   type RunKeys,
 } from '../../shared/index.js';
-import { writeJobStatus, type JobPhase } from '../train/index.js';
+import { cancelJobs, waitForJob, statusWriter } from '../gpu/index.js';
+import type { CancelledJob, StatusPlace, StatusWriter } from '../gpu/index.js';
 import { parseReport, type EvalReport } from './report.js';
+
+/** The run's eval status, and its entry in the phases hash. */
+export function evalStatusPlace(keys: RunKeys): StatusPlace {
+  return { key: new EvalKeys(keys).status(), phase: 'eval' };
+}
 
 /**
  * Writes fields of the run's eval status for job `jobId` (and the `eval` phase). With `reset`,
  * the status is started afresh for that job; otherwise a job that no longer owns it writes nothing.
  */
-export async function writeEvalStatus(
-  redis: Redis,
-  keys: RunKeys,
-  jobId: string,
-  fields: Record<string, string | number>,
-  phase?: JobPhase,
-  reset = false,
-): Promise<void> {
-  await writeJobStatus(redis, keys, { key: new EvalKeys(keys).status(), phase: 'eval' }, jobId, fields, phase, reset);
-}
+export const writeEvalStatus: StatusWriter = statusWriter(evalStatusPlace);
 
 /** Records an attempt's report (its eval.json) in Redis, where the status and the dashboard read it. */
 export async function recordEvalReport(redis: Redis, keys: RunKeys, report: EvalReport): Promise<void> {
@@ -76,46 +71,46 @@ export async function waitForEvalJob(
   jobId: string,
   opts: { pollMs?: number; signal?: AbortSignal; onStatus?: (s: EvalJobStatus) => void } = {},
 ): Promise<EvalOutcomeSeen> {
-  const queue = new Queue(EVAL_QUEUE, { connection: redis, prefix: keys.bullPrefix });
-  let lastSeen = '';
   const ownStatus = async (): Promise<EvalJobStatus | null> => {
     const job = (await readEvalStatus(redis, keys, null))?.job ?? null;
     return job !== null && job.jobId === jobId ? job : null;
   };
-  try {
-    for (;;) {
-      if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for eval job ${jobId}`);
-      const status = await ownStatus();
-      if (status !== null && opts.onStatus !== undefined) {
-        const key = JSON.stringify([status.state, status.detail, status.waiting, status.attempt]);
-        if (key !== lastSeen) {
-          lastSeen = key;
-          opts.onStatus(status);
-        }
+  const reportOf = async (attempt: string | null | undefined): Promise<EvalReport | null> =>
+    attempt === null || attempt === undefined ? null : recordedReport(redis, keys, attempt);
+  return waitForJob<EvalJobStatus, EvalOutcomeSeen>(redis, keys, {
+    queue: EVAL_QUEUE,
+    jobId,
+    ...opts,
+    status: ownStatus,
+    seen: (s) => [s.state, s.detail, s.waiting, s.attempt],
+    async ended(state, job) {
+      if (state === 'completed') {
+        const result = EvalJobResultSchema.parse(job?.returnvalue);
+        return { status: 'completed', result, report: result.report === null ? null : await reportOf(result.attempt) };
       }
-      const state = await queue.getJobState(jobId);
-      if (state === 'unknown') throw new AppError(`eval job ${jobId} is not in Redis (removed, or another Redis?)`);
-      if (state === 'completed' || state === 'failed') {
-        const job = await Job.fromId(queue, jobId);
-        const reportOf = async (attempt: string | null | undefined): Promise<EvalReport | null> =>
-          attempt === null || attempt === undefined ? null : recordedReport(redis, keys, attempt);
-        if (state === 'completed') {
-          const result = EvalJobResultSchema.parse(job?.returnvalue);
-          return {
-            status: 'completed',
-            result,
-            report: result.report === null ? null : await reportOf(result.attempt),
-          };
-        }
-        return {
-          status: 'failed',
-          reason: job?.failedReason || 'failed',
-          report: await reportOf((await ownStatus())?.attempt),
-        };
-      }
-      await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
-    }
-  } finally {
-    await queue.close();
-  }
+      return {
+        status: 'failed',
+        reason: job?.failedReason || 'failed',
+        report: await reportOf((await ownStatus())?.attempt),
+      };
+    },
+  });
+}
+
+/**
+ * Cancels the run's unfinished eval jobs: a queued or delayed one is removed; a running one is
+ * flagged, and its worker stops the measurement and the servers it started. One still waiting
+ * for its training is left to fail with it.
+ */
+export async function cancelEvalJobs(redis: Redis, keys: RunKeys): Promise<CancelledJob[]> {
+  return cancelJobs(redis, keys, {
+    queue: EVAL_QUEUE,
+    states: ['active', 'waiting', 'delayed', 'prioritized'],
+    cancelKey: (jobId) => new EvalKeys(keys).cancel(jobId),
+    removed: (jobId) =>
+      writeEvalStatus(redis, keys, jobId, {
+        state: 'cancelled',
+        reason: 'cancelled by `tokenmill train --cancel` before it started',
+      }),
+  });
 }

@@ -9,6 +9,7 @@ export {
   previousReport,
 } from './drafter.js';
 export {
+  cancelEvalJobs,
   evalJobAfter,
   type EvalOutcomeSeen,
   recordedReport,

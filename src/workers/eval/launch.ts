@@ -7,7 +7,7 @@
  */
 import path from 'node:path';
 import { AppError, type Config } from '../../shared/index.js';
-import { preflight, type GpuInfo, type GpuProbe } from '../train/index.js';
+import { preflight, type GpuInfo, type GpuProbe, type PreflightVerdict } from '../gpu/index.js';
 import type { DrafterChoice } from './drafter.js';
 import type { EvalConfigured } from './run.js';
 import { startServer, type ServerRole, type StartedServer } from './server-process.js';
@@ -61,6 +61,8 @@ export interface LaunchOptions {
   probeGpus(): Promise<GpuProbe>;
   /** GPU indices this worker may use; all when omitted. */
   allowedGpus?: readonly number[];
+  /** The GPUs the caller's {@link serverPreflight} assigned: no second preflight. */
+  assigned?: readonly GpuInfo[];
   /** Folder of the servers' logs (`eval-server-<role>.log`). */
   logDir: string;
   /** Aborts the start: the servers are stopped. */
@@ -85,6 +87,24 @@ export interface LaunchedServers {
 export type LaunchOutcome =
   { kind: 'wait'; reason: string; seen: GpuInfo[] } | { kind: 'started'; launched: LaunchedServers };
 
+/** The roles `eval.server` starts: the drafter's server, and the baseline's with `baselineCommand`. */
+function rolesOf(s: EvalServerSettings): ServerRole[] {
+  return s.baselineCommand === undefined ? ['drafter'] : ['drafter', 'baseline'];
+}
+
+/**
+ * The GPU preflight of `eval.server`'s servers (the train steps' rule): `server.gpus` for each
+ * server, each with `server.minFreeGpuMemMiB` free; the reason of a wait names the servers.
+ */
+export function serverPreflight(
+  s: EvalServerSettings,
+  probe: GpuProbe,
+  allowed: readonly number[] | undefined,
+): PreflightVerdict {
+  const verdict = preflight({ gpus: s.gpus * rolesOf(s).length, minFreeGpuMemMiB: s.minFreeGpuMemMiB }, probe, allowed);
+  return verdict.ok ? verdict : { ...verdict, reason: `eval servers: ${verdict.reason}` };
+}
+
 /**
  * Starts `eval.server`'s servers for `drafter`, both at once (each on its own GPUs), and waits
  * until each is healthy. When one fails, the other is stopped and the error is the failure's.
@@ -96,14 +116,15 @@ export async function launchEvalServers(
 ): Promise<LaunchOutcome> {
   const s = config.eval.server;
   if (s === undefined) throw new AppError('eval: no eval.server to start');
-  const roles: ServerRole[] = s.baselineCommand === undefined ? ['drafter'] : ['drafter', 'baseline'];
-  const verdict = preflight(
-    { gpus: s.gpus * roles.length, minFreeGpuMemMiB: s.minFreeGpuMemMiB },
-    await o.probeGpus(),
-    o.allowedGpus,
-  );
-  if (!verdict.ok) return { kind: 'wait', reason: `eval servers: ${verdict.reason}`, seen: verdict.seen };
-  const gpusOf = (i: number): number[] => verdict.assigned.slice(i * s.gpus, (i + 1) * s.gpus).map((g) => g.index);
+  const roles = rolesOf(s);
+  let assigned = o.assigned;
+  if (assigned === undefined) {
+    const verdict = serverPreflight(s, await o.probeGpus(), o.allowedGpus);
+    if (!verdict.ok) return { kind: 'wait', reason: verdict.reason, seen: verdict.seen };
+    assigned = verdict.assigned;
+  }
+  const chosen = assigned;
+  const gpusOf = (i: number): number[] => chosen.slice(i * s.gpus, (i + 1) * s.gpus).map((g) => g.index);
   const gpus: Record<ServerRole, number[]> = { drafter: gpusOf(0), baseline: roles.length > 1 ? gpusOf(1) : [] };
   const specOf = (role: ServerRole) => {
     const port = role === 'drafter' ? s.port : s.baselinePort;

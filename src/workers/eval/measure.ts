@@ -5,7 +5,7 @@
  */
 import { mkdir } from 'node:fs/promises';
 import type { ChatTokenizer } from '../../shared/index.js';
-import type { GpuProbe } from '../train/index.js';
+import type { GpuInfo, GpuProbe } from '../gpu/index.js';
 import type { DrafterChoice } from './drafter.js';
 import { launchEvalServers } from './launch.js';
 import type { EvalReport } from './report.js';
@@ -19,6 +19,8 @@ export interface MeasureOptions {
   loadTokenizer(config: EvalRunConfig): Promise<ChatTokenizer>;
   probeGpus(): Promise<GpuProbe>;
   allowedGpus?: readonly number[];
+  /** The GPUs the caller's preflight assigned to the servers (`serverPreflight`): no second preflight. */
+  assigned?: readonly GpuInfo[];
   /** Folder of the started servers' logs. */
   logDir: string;
   signal?: AbortSignal;
@@ -56,6 +58,7 @@ export async function measureDrafter(
   const launched = await launchEvalServers(config, drafter, {
     probeGpus: o.probeGpus,
     ...(o.allowedGpus === undefined ? {} : { allowedGpus: o.allowedGpus }),
+    ...(o.assigned === undefined ? {} : { assigned: o.assigned }),
     logDir: o.logDir,
     ...(o.signal === undefined ? {} : { signal: o.signal }),
     ...(o.onServerLine === undefined ? {} : { onLine: o.onServerLine }),

@@ -7,7 +7,7 @@
  */
 import { createServer } from 'node:net';
 import { CancelledError, errorMessage } from '../../shared/index.js';
-import { runCommand, type RunningCommand } from '../train/index.js';
+import { runCommand, type RunningCommand } from '../gpu/index.js';
 import { EvalError } from './servers.js';
 
 /** Which of the two servers. */

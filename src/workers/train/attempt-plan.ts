@@ -2,7 +2,7 @@ import type { TrainPayload } from '../../shared/index.js';
 import { createAttempt, resolveResumeCheckpoint } from './attempts.js';
 import { placeChainStep, withStepOutputs, type ChainStepPlace } from './chain.js';
 import { buildArgv } from './command.js';
-import type { GpuInfo } from './gpus.js';
+import type { GpuInfo } from '../gpu/index.js';
 import type { TrainDeps } from './train-deps.js';
 
 /** What a job runs, and where: its command line, attempt folder and checkpoint. */

@@ -1,6 +1,6 @@
 import { AppError, formatInt, type TrainPayload, type TrainProgress } from '../../shared/index.js';
 import { TrainCancelledError } from './cancelled.js';
-import type { GpuInfo } from './gpus.js';
+import type { GpuInfo } from '../gpu/index.js';
 import type { TrainOutcome } from './train-deps.js';
 import type { WatchedRun } from './watch-command.js';
 

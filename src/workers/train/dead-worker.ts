@@ -1,8 +1,7 @@
 import { hostname } from 'node:os';
 import { AppError, type TrainPayload } from '../../shared/index.js';
 import { resolveResumeCheckpoint } from './attempts.js';
-import { killLeftGroup } from './left-groups.js';
-import { groupAlive } from './run-command.js';
+import { groupAlive, killLeftGroup } from '../gpu/index.js';
 import type { TrainDeps } from './train-deps.js';
 
 /** How a job runs once an earlier, dead worker's run of it is taken over. */

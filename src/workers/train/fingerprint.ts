@@ -1,6 +1,6 @@
 import { errorMessage, runCaptured, type CapturedRun } from '../../shared/index.js';
 import { basename } from 'node:path';
-import type { GpuInfo } from './gpus.js';
+import type { GpuInfo } from '../gpu/index.js';
 
 /** The trainer environment recorded before a training starts. */
 export interface EnvFingerprint {

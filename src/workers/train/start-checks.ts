@@ -1,9 +1,8 @@
 import { AppError, type TrainPayload } from '../../shared/index.js';
 import { trainDir } from './attempts.js';
 import { freeDiskGiB, type ChainStepPlace } from './chain.js';
-import type { GpuProbe } from './gpus.js';
+import { preflight, type GpuProbe, type PreflightVerdict } from '../gpu/index.js';
 import { checkHiddenStates } from './hidden-states.js';
-import { preflight, type PreflightVerdict } from './preflight.js';
 import type { TrainDeps } from './train-deps.js';
 
 /** Whether a job can start now: on which GPUs, or wait (the status says why). */

@@ -1,11 +1,8 @@
 import path from 'node:path';
-import { FlowProducer, Job, Queue, type FlowJob } from 'bullmq';
+import { FlowProducer, type FlowJob } from 'bullmq';
 import type { Redis } from 'ioredis';
 import {
   AppError,
-  CancelledError,
-  EVAL_QUEUE,
-  EvalKeys,
   TRAIN_QUEUE,
   TrainKeys,
   TrainPayloadSchema,
@@ -20,6 +17,8 @@ import {
   type TrainResult,
   type TrainStatus,
 } from '../../shared/index.js';
+import { cancelJobs, waitForJob, statusWriter } from '../gpu/index.js';
+import type { CancelledJob, StatusPlace, StatusWriter } from '../gpu/index.js';
 import { trainFlow } from './chain.js';
 
 /**
@@ -114,46 +113,17 @@ export function withTrainParent(merge: FlowJob, payload: TrainPayload, flowId: s
   );
 }
 
+/** The run's train status, and its entry in the phases hash. */
+export function trainStatusPlace(keys: RunKeys): StatusPlace {
+  return { key: new TrainKeys(keys).status(), phase: 'train' };
+}
+
 /**
  * Writes fields of the run's train status for job `jobId` (and the `train` phase). With
  * `reset`, the status is started afresh for that job; otherwise a job that no longer owns
  * the status (a newer one took it) writes nothing.
  */
-export async function writeStatus(
-  redis: Redis,
-  keys: RunKeys,
-  jobId: string,
-  fields: Record<string, string | number>,
-  phase?: JobPhase,
-  reset = false,
-): Promise<void> {
-  await writeJobStatus(redis, keys, { key: new TrainKeys(keys).status(), phase: 'train' }, jobId, fields, phase, reset);
-}
-
-/** A phase's state, as the phases hash holds it. */
-export type JobPhase = 'pending' | 'in_progress' | 'completed' | 'failed';
-
-/**
- * Writes fields of a stage's status hash (`status.key`) for job `jobId`, and that stage's entry
- * (`status.phase`) in the run's phases hash: the train and the eval status alike. With `reset`,
- * the status is started afresh for that job; otherwise a job that no longer owns it writes nothing.
- */
-export async function writeJobStatus(
-  redis: Redis,
-  keys: RunKeys,
-  status: { key: string; phase: string },
-  jobId: string,
-  fields: Record<string, string | number>,
-  phase?: JobPhase,
-  reset = false,
-): Promise<void> {
-  if (!reset && (await redis.hget(status.key, 'jobId')) !== jobId) return;
-  const m = redis.multi();
-  if (reset) m.del(status.key);
-  m.hset(status.key, { ...fields, jobId, updatedAt: new Date().toISOString() });
-  if (phase !== undefined) m.hset(keys.phases(), status.phase, phase);
-  await m.exec();
-}
+export const writeStatus: StatusWriter = statusWriter(trainStatusPlace);
 
 /** Records a chain step's hidden-state estimate in the run's hash of them. */
 export async function recordHiddenStates(redis: Redis, keys: RunKeys, entry: TrainHiddenStates): Promise<void> {
@@ -203,119 +173,48 @@ export async function waitForTrainJob(
   jobId: string,
   opts: { pollMs?: number; signal?: AbortSignal; onStatus?: (s: TrainStatus) => void } = {},
 ): Promise<TrainOutcomeSeen> {
-  const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
-  let lastSeen = '';
-  try {
-    for (;;) {
-      if (opts.signal?.aborted === true) throw new CancelledError(`stopped waiting for train job ${jobId}`);
-      const status = await readTrainStatus(redis, keys);
-      const ours = status !== null && (status.jobId === jobId || status.jobId.startsWith(`${jobId}-`));
-      if (status !== null && ours && opts.onStatus !== undefined) {
-        const key = JSON.stringify([status.state, status.step, status.loss, status.waiting, status.attempt]);
-        if (key !== lastSeen) {
-          lastSeen = key;
-          opts.onStatus(status);
-        }
-      }
-      // The state first, then the job: a job read before it finished has no result yet.
-      const state = await queue.getJobState(jobId);
-      if (state === 'unknown') throw new AppError(`train job ${jobId} is not in Redis (removed, or another Redis?)`);
-      if (state === 'completed' || state === 'failed') {
-        const job = await Job.fromId(queue, jobId);
-        if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job?.returnvalue) };
-        // A chain fails at the step that failed: its reason, not the parent's "child failed".
-        const latest = await readTrainStatus(redis, keys);
-        const own =
-          latest !== null && latest.jobId.startsWith(`${jobId}-`) && latest.reason !== null
-            ? `${latest.jobId}: ${latest.reason}`
-            : null;
-        return { status: 'failed', reason: own ?? (job?.failedReason || 'failed') };
-      }
-      await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
-    }
-  } finally {
-    await queue.close();
-  }
+  return waitForJob<TrainStatus, TrainOutcomeSeen>(redis, keys, {
+    queue: TRAIN_QUEUE,
+    jobId,
+    ...opts,
+    async status() {
+      const s = await readTrainStatus(redis, keys);
+      return s !== null && (s.jobId === jobId || s.jobId.startsWith(`${jobId}-`)) ? s : null;
+    },
+    seen: (s) => [s.state, s.step, s.loss, s.waiting, s.attempt],
+    async ended(state, job) {
+      if (state === 'completed') return { status: 'completed', result: TrainResultSchema.parse(job?.returnvalue) };
+      // A chain fails at the step that failed: its reason, not the parent's "child failed".
+      const latest = await readTrainStatus(redis, keys);
+      const own =
+        latest !== null && latest.jobId.startsWith(`${jobId}-`) && latest.reason !== null
+          ? `${latest.jobId}: ${latest.reason}`
+          : null;
+      return { status: 'failed', reason: own ?? (job?.failedReason || 'failed') };
+    },
+  });
 }
 
-/** What `tokenmill train --cancel` did to each unfinished train job. */
-export interface CancelledJob {
-  jobId: string;
-  state: string;
-  action: 'removed' | 'signalled';
-}
+export type { CancelledJob } from '../gpu/index.js';
 
 /**
  * Cancels the run's unfinished train jobs: a queued or delayed one is removed; a running one
  * (or one still waiting for its merge) is flagged, and its worker stops the command's process
- * group (SIGTERM, then SIGKILL after `train.cancelGraceMs`). Eval jobs: one still waiting for its
- * training fails with it; a queued or delayed one is removed; a running one is flagged, and its
- * worker stops the measurement and the servers it started.
+ * group (SIGTERM, then SIGKILL after `train.cancelGraceMs`). The eval jobs are eval's
+ * (`cancelEvalJobs`).
  */
 export async function cancelTrainJobs(redis: Redis, keys: RunKeys): Promise<CancelledJob[]> {
-  const queue = new Queue(TRAIN_QUEUE, { connection: redis, prefix: keys.bullPrefix });
-  const tk = new TrainKeys(keys);
-  const out: CancelledJob[] = [];
-  try {
-    const jobs = await queue.getJobs(['active', 'waiting', 'delayed', 'prioritized', 'waiting-children']);
-    for (const job of jobs) {
-      const jobId = job.id;
-      if (jobId === undefined) continue;
-      const state = await job.getState();
-      await redis.set(tk.cancel(jobId), '1', 'EX', 7 * 24 * 3600);
-      if (state === 'waiting' || state === 'delayed' || state === 'prioritized') {
-        try {
-          await job.remove();
-          await writeStatus(
-            redis,
-            keys,
-            jobId,
-            { state: 'cancelled', reason: 'cancelled by `tokenmill train --cancel` before it started' },
-            'failed',
-          );
-          out.push({ jobId, state, action: 'removed' });
-          continue;
-        } catch {
-          // taken by a worker meanwhile: the flag stops it
-        }
-      }
-      out.push({ jobId, state, action: 'signalled' });
-    }
-    out.push(...(await cancelEvalJobs(redis, keys)));
-    return out;
-  } finally {
-    await queue.close();
-  }
-}
-
-async function cancelEvalJobs(redis: Redis, keys: RunKeys): Promise<CancelledJob[]> {
-  const queue = new Queue(EVAL_QUEUE, { connection: redis, prefix: keys.bullPrefix });
-  const out: CancelledJob[] = [];
-  try {
-    for (const job of await queue.getJobs(['active', 'waiting', 'delayed', 'prioritized'])) {
-      const jobId = job.id;
-      if (jobId === undefined) continue;
-      const state = await job.getState();
-      await redis.set(new EvalKeys(keys).cancel(jobId), '1', 'EX', 7 * 24 * 3600);
-      if (state !== 'active') {
-        try {
-          await job.remove();
-          const status = new EvalKeys(keys).status();
-          if ((await redis.hget(status, 'jobId')) === jobId)
-            await redis.hset(status, {
-              state: 'cancelled',
-              reason: 'cancelled by `tokenmill train --cancel` before it started',
-            });
-          out.push({ jobId, state, action: 'removed' });
-          continue;
-        } catch {
-          // taken by a worker meanwhile: the flag stops it
-        }
-      }
-      out.push({ jobId, state, action: 'signalled' });
-    }
-    return out;
-  } finally {
-    await queue.close();
-  }
+  return cancelJobs(redis, keys, {
+    queue: TRAIN_QUEUE,
+    states: ['active', 'waiting', 'delayed', 'prioritized', 'waiting-children'],
+    cancelKey: (jobId) => new TrainKeys(keys).cancel(jobId),
+    removed: (jobId) =>
+      writeStatus(
+        redis,
+        keys,
+        jobId,
+        { state: 'cancelled', reason: 'cancelled by `tokenmill train --cancel` before it started' },
+        'failed',
+      ),
+  });
 }

@@ -1,18 +1,23 @@
 import { hostname } from 'node:os';
 import type { TrainPayload } from '../../shared/index.js';
 import type { PlannedAttempt } from './attempt-plan.js';
-import type { GpuInfo } from './gpus.js';
-import { recordedIdentity } from './left-groups.js';
+import {
+  recordedIdentity,
+  runCommand,
+  type CommandExit,
+  type GpuInfo,
+  type Stopping,
+  type StopSignal,
+} from '../gpu/index.js';
 import { ProgressTracker, isCudaOom } from './progress.js';
 import { progressReporter } from './progress-report.js';
-import { runCommand, type CommandExit } from './run-command.js';
 import type { TrainDeps } from './train-deps.js';
 
 /** How a watched command ended, and what its output said. */
 export interface WatchedRun {
   exit: CommandExit;
   /** Why the command was stopped: `tokenmill train --cancel`, the worker's shutdown, or not. */
-  stopping: 'cancel' | 'shutdown' | null;
+  stopping: Stopping;
   /** The first CUDA out-of-memory line of its output. */
   oomLine: string | null;
   /** Its last 20 output lines. */
@@ -21,9 +26,9 @@ export interface WatchedRun {
 }
 
 /**
- * Runs the command in its own process group and watches it until it exits: its output goes to
- * the job's log, progress to the status, an out-of-memory line is kept; the cancel flag is polled
- * and the worker's shutdown stops it (SIGTERM, SIGKILL after `train.cancelGraceMs`).
+ * Runs the command in its own process group until it exits: its output goes to the job's log,
+ * progress to the status, an out-of-memory line is kept; `stop` (the cancel flag, the worker's
+ * shutdown) stops it (SIGTERM, SIGKILL after `train.cancelGraceMs`).
  */
 export async function runAndWatch(
   p: TrainPayload,
@@ -33,6 +38,7 @@ export async function runAndWatch(
     planned: PlannedAttempt;
     assigned: readonly GpuInfo[];
   },
+  stop: StopSignal,
 ): Promise<WatchedRun> {
   const { mode, assigned } = o;
   const { attempt, argv, checkpoint } = o.planned;
@@ -90,34 +96,20 @@ export async function runAndWatch(
     'training started',
   );
 
-  let stopping: 'cancel' | 'shutdown' | null = null;
-  const onShutdown = (): void => {
-    stopping ??= 'shutdown';
+  const onStop = (): void => {
+    if (stop.why() === 'cancel')
+      deps.jobLog(`cancelled: SIGTERM to the process group, SIGKILL after ${p.cancelGraceMs} ms`);
     void running.stop(p.cancelGraceMs);
   };
-  deps.shutdown.addEventListener('abort', onShutdown, { once: true });
-  if (deps.shutdown.aborted) onShutdown();
-  const poll = setInterval(() => {
-    if (stopping !== null) return;
-    void deps.isCancelled().then(
-      (c) => {
-        if (c && stopping === null) {
-          stopping = 'cancel';
-          deps.jobLog(`cancelled: SIGTERM to the process group, SIGKILL after ${p.cancelGraceMs} ms`);
-          void running.stop(p.cancelGraceMs);
-        }
-      },
-      () => undefined,
-    );
-  }, deps.cancelPollMs ?? 500);
+  stop.signal.addEventListener('abort', onStop, { once: true });
+  if (stop.signal.aborted) onStop();
   let exit;
   try {
     exit = await running.exited;
   } finally {
-    clearInterval(poll);
-    deps.shutdown.removeEventListener('abort', onShutdown);
+    stop.signal.removeEventListener('abort', onStop);
   }
   report(true);
   await reporter.settled();
-  return { exit, stopping, oomLine, lastLines, tracker };
+  return { exit, stopping: stop.why(), oomLine, lastLines, tracker };
 }
