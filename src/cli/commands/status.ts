@@ -1,27 +1,6 @@
-import { Queue } from 'bullmq';
 import type { Command } from 'commander';
-import {
-  AppError,
-  errorMessage,
-  formatRunStatus,
-  generateQueueName,
-  pauseDataset,
-  readRunStatus,
-  resumeDataset,
-  retryFailedPrompts,
-  type RunKeys,
-  type RunStatus,
-  delay,
-} from '../../shared/index.js';
-import { reopenEndedConversations } from '../reopen-conversations.js';
+import { delay, errorMessage, formatRunStatus, readRunStatus, type RunStatus } from '../../shared/index.js';
 import { onceSignalled, openRunContext, type RunContext } from '../run-context.js';
-import type { Redis } from 'ioredis';
-
-async function datasetQueue(redis: Redis, keys: RunKeys, names: readonly string[], dataset: string): Promise<Queue> {
-  if (!names.includes(dataset))
-    throw new AppError(`no dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
-  return new Queue(generateQueueName(dataset), { connection: redis, prefix: keys.bullPrefix });
-}
 
 /** How often `status --watch` refreshes, and how long one read may take before the note shows (ms). */
 const WATCH_INTERVAL_MS = 2_000;
@@ -77,7 +56,7 @@ async function watchStatus(ctx: RunContext, json: boolean): Promise<void> {
 }
 
 /** `status`, `pause`, `resume`, `retry-failed`. */
-export function registerStatusCommands(program: Command): void {
+export function registerStatusCommand(program: Command): void {
   program
     .command('status')
     .description(
@@ -95,70 +74,6 @@ export function registerStatusCommands(program: Command): void {
         }
         const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
         process.stdout.write(opts.json === true ? `${JSON.stringify(status)}\n` : `${formatRunStatus(status)}\n`);
-      } finally {
-        await ctx.close();
-      }
-    });
-
-  for (const [verb, what] of [
-    [
-      'pause',
-      "stop sending the dataset's prompts on every worker within a second (requests in flight finish); the same as Bull Board's pause of its queue",
-    ],
-    ['resume', "go on sending the dataset's prompts where they stopped"],
-  ] as const) {
-    program
-      .command(verb)
-      .description(what)
-      .requiredOption('-c, --config <file>', 'config file (YAML)')
-      .argument('<dataset>', 'dataset name')
-      .action(async (dataset: string, opts: { config: string }) => {
-        const ctx = await openRunContext(opts.config);
-        try {
-          const queue = await datasetQueue(
-            ctx.redis,
-            ctx.keys,
-            ctx.config.datasets.map((d) => d.name),
-            dataset,
-          );
-          await queue.close();
-          if (verb === 'pause') await pauseDataset(ctx.redis, ctx.keys, dataset);
-          else await resumeDataset(ctx.redis, ctx.keys, dataset);
-          process.stdout.write(`${dataset}: ${verb === 'pause' ? 'paused' : 'resumed'}\n`);
-        } finally {
-          await ctx.close();
-        }
-      });
-  }
-
-  program
-    .command('retry-failed')
-    .description(
-      "send failed prompts again with fresh attempts: retries the failed jobs of each dataset queue (as Bull Board's Retry does) and gives failures without a failed job back to the producer",
-    )
-    .requiredOption('-c, --config <file>', 'config file (YAML)')
-    .argument('[dataset]', 'only this dataset (default: all)')
-    .action(async (dataset: string | undefined, opts: { config: string }) => {
-      const ctx = await openRunContext(opts.config);
-      try {
-        const names = ctx.config.datasets.filter((d) => d.prompts !== undefined).map((d) => d.name);
-        if (dataset !== undefined && !names.includes(dataset))
-          throw new AppError(`no generation dataset "${dataset}" in the config (datasets: ${names.join(', ')})`);
-        for (const name of dataset === undefined ? names : [dataset]) {
-          // The same as Bull Board's "retry all failed", plus failures no failed job carries (src/shared/queues/failed-prompts.ts).
-          const r = await retryFailedPrompts(ctx.redis, ctx.keys, name);
-          process.stdout.write(
-            `${name}: ${r.prompts} failed prompt(s) will be sent again (${r.jobs} failed job(s) retried)\n`,
-          );
-          if (ctx.config.datasets.find((d) => d.name === name)?.turns === 'all') {
-            // Conversations that ended on a failed turn or an error resume at their next turn.
-            const c = await reopenEndedConversations(ctx.redis, ctx.keys, name, ctx.runDir);
-            process.stdout.write(
-              `${name}: ${c.reopened} conversation(s) that ended early will resume at their next turn` +
-                (c.kept === 0 ? '\n' : ` (${c.kept} that outgrew the context stay ended)\n`),
-            );
-          }
-        }
       } finally {
         await ctx.close();
       }
