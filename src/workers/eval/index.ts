@@ -18,7 +18,13 @@ export {
   writeEvalStatus,
 } from './eval-jobs.js';
 export { formatHistogram, formatReport } from './format.js';
-export { EvalCancelledError, type EvalJobDeps, type EvalOutcome, EvalVerdictError, processEvalJob } from './job.js';
+export {
+  EvalCancelledError,
+  type EvalJobDeps,
+  type EvalOutcome,
+  EvalVerdictError,
+  processEvalJob,
+} from './processor.js';
 export {
   type EvalServerSettings,
   launchEvalServers,

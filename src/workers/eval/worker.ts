@@ -16,7 +16,7 @@ import {
   type GpuWorkerOptions,
 } from '../gpu/index.js';
 import { evalStatusPlace, recordEvalReport } from './eval-jobs.js';
-import { processEvalJob } from './job.js';
+import { processEvalJob } from './processor.js';
 import type { EvalRunConfig } from './run.js';
 import type { RetryPolicy } from './servers.js';
 
