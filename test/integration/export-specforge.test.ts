@@ -273,6 +273,9 @@ describe('export --format specforge | jsonl', () => {
       generationsDir: path.join(tmp.dir, 'out', run, DATASET, 'generations'),
       ctx: createTokenizeContext(await loadTokenizer(bundledTokenizerPath())),
       sink: writer,
+      turns: 'last',
+      rows: 'conversation',
+      samplesPerPrompt: 1,
       partitionMaxLines: 37,
     });
     await writer.commit([partStats], undefined);
@@ -288,6 +291,9 @@ describe('export --format specforge | jsonl', () => {
       generationsDir: path.join(tmp.dir, 'out', run, DATASET, 'generations'),
       ctx: createTokenizeContext(await loadTokenizer(bundledTokenizerPath()), { keepTruncated: true }),
       sink: truncWriter,
+      turns: 'last',
+      rows: 'conversation',
+      samplesPerPrompt: 1,
     });
     await truncWriter.abort();
     expect(truncStats).toMatchObject({

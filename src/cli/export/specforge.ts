@@ -72,11 +72,11 @@ export interface ExportSpecForgeOptions {
   /** Where the lines go, by row kind. */
   sink: SpecForgeSink;
   /** `datasets[].turns`: with `all`, turns are gathered per conversation (see specforge-conversations.ts). */
-  turns?: 'last' | 'all';
-  /** `postprocess.rows` (default `conversation`), for `turns: all`. */
-  rows?: 'per-turn' | 'conversation';
-  /** `datasets[].samplesPerPrompt` (default 1): above 1, a sample id is its prompt's id and `#s<j>`. */
-  samplesPerPrompt?: number;
+  turns: 'last' | 'all';
+  /** `postprocess.rows`, for `turns: all`. */
+  rows: 'per-turn' | 'conversation';
+  /** `datasets[].samplesPerPrompt`: above 1, a sample id is its prompt's id and `#s<j>`. */
+  samplesPerPrompt: number;
   /** Prompt lines indexed at once (default {@link PARTITION_MAX_LINES}); tests pass a small one. */
   partitionMaxLines?: number;
   logger?: Logger;
@@ -96,10 +96,10 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
   if (files.length === 0) return stats;
   const partitions = partitionsFor(await countLines(opts.promptsFile), opts.partitionMaxLines);
   const vocabSize = opts.ctx.tokenizer.vocabSize;
-  const scheme: SampleIdScheme = { samplesPerPrompt: opts.samplesPerPrompt ?? 1, turns: opts.turns ?? 'last' };
+  const scheme: SampleIdScheme = { samplesPerPrompt: opts.samplesPerPrompt, turns: opts.turns };
   const note = (file: string, line: number, reason: string): void => noteProblem(stats, log, file, line, reason);
   for (let p = 0; p < partitions; p++) {
-    const index = await PromptIndex.build(opts.promptsFile, p, partitions, { turns: opts.turns ?? 'last' });
+    const index = await PromptIndex.build(opts.promptsFile, p, partitions, { turns: opts.turns });
     const seen = new Set<string>();
     const conversations = new ConversationTurns();
     try {
@@ -138,7 +138,7 @@ export async function exportSpecForgeDataset(opts: ExportSpecForgeOptions): Prom
         dataset: opts.dataset,
         ctx: opts.ctx,
         sink: opts.sink,
-        rows: opts.rows ?? 'conversation',
+        rows: opts.rows,
         index,
         stats,
         log,
