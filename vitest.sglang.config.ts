@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import SlowestFilesReporter from './test/helpers/slowest-files.js';
 
 // The real-SGLang suite (test/sglang, `npm run test:sglang`): tokenmill against a real SGLang 0.5.23
 // on CPU (scripts/setup-sglang.sh installs it). One server for the suite (test/sglang/global-setup.ts),
@@ -8,6 +9,8 @@ export default defineConfig({
   test: {
     include: ['test/sglang/**/*.test.ts'],
     setupFiles: ['test/helpers/setup.ts'],
+    // The default output, then the ten slowest files and their seconds.
+    reporters: ['default', new SlowestFilesReporter(10)],
     globalSetup: ['test/sglang/global-setup.ts'],
     testTimeout: 240_000,
     hookTimeout: 240_000,
