@@ -15,7 +15,8 @@
 import { afterAll, afterEach, beforeAll, beforeEach } from 'vitest';
 import { RunKeys, withScripts, type ScriptedRedis } from '../../src/shared/index.js';
 import { startSimulator, type SimulatorHandle, type SimulatorOptions } from '../../src/sim/index.js';
-import { killCliChildren, tempDir } from './pipeline.js';
+import { killCliChildren } from './pipeline.js';
+import { tempDir } from './temp.js';
 import { startTestRedis, type StartTestRedisOptions, type TestRedis } from './redis.js';
 
 export interface HarnessSpec {

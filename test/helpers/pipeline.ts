@@ -1,8 +1,7 @@
 // Helpers for generation tests: prompt files, configs, CLI child processes, and reading back
 // what a run wrote.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
-import os from 'node:os';
+import { readdirSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stringify } from 'yaml';
@@ -10,11 +9,7 @@ import type { ConfigInput } from '../../src/shared/index.js';
 
 export const repoRoot = fileURLToPath(new URL('../../', import.meta.url));
 
-/** A temp folder removed by the returned cleanup. */
-export function tempDir(prefix = 'tm-test-'): { dir: string; cleanup: () => void } {
-  const dir = mkdtempSync(path.join(os.tmpdir(), prefix));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
-}
+export { tempDir, useTempDir } from './temp.js';
 
 /** Writes `n` prompt records (`{"id":"<prefix><i>","prompt":…}`) and returns the file path. */
 export function writePrompts(dir: string, name: string, n: number, make?: (i: number) => object): string {

@@ -10,10 +10,7 @@ export function fileSeconds(module: TestModule): number {
 }
 
 /** The lines printed for `modules`: a header, then the `count` slowest, slowest first. */
-export function slowestFilesReport(
-  modules: readonly { file: string; seconds: number }[],
-  count = 10,
-): string[] {
+export function slowestFilesReport(modules: readonly { file: string; seconds: number }[], count = 10): string[] {
   if (modules.length === 0) return [];
   const slowest = [...modules].sort((a, b) => b.seconds - a.seconds).slice(0, count);
   const width = Math.max(...slowest.map((m) => m.seconds.toFixed(1).length));

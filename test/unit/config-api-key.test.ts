@@ -1,14 +1,13 @@
 // sglang.apiKey: from the config file or SGLANG_API_KEY, validated, never printed or logged.
-import { closeSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { closeSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { printableConfig } from '../../src/cli/commands/config.js';
 import { CONFIG_ENV_VARS, ConfigError, configReferenceMarkdown, loadConfig } from '../../src/shared/index.js';
 import { createRootLogger } from '../../src/shared/logger.js';
+import { useTempDir } from '../helpers/temp.js';
 
-const tmp = mkdtempSync(join(tmpdir(), 'tokenmill-config-key-'));
-afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+const tmp = useTempDir('tokenmill-config-key-');
 
 const dataset = 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: 10\n';
 const load = (yaml: string, env: Record<string, string | undefined> = {}) =>

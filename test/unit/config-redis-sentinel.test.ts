@@ -1,8 +1,5 @@
 // `redis.sentinels`: the config's rules (with their paths), the `redis-sentinel://` string every
 // process is given, and the masking of its passwords.
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { printableConfig } from '../../src/cli/commands/config.js';
 import {
@@ -12,8 +9,9 @@ import {
   parseSentinelUrl,
   redactRedisUrl,
 } from '../../src/shared/index.js';
+import { useTempDir } from '../helpers/temp.js';
 
-const tmp = mkdtempSync(join(tmpdir(), 'tokenmill-sentinel-'));
+const tmp = useTempDir('tokenmill-sentinel-');
 const dataset = 'datasets:\n  - name: a\n    prompts: a.jsonl\n    tokenBudget: 10\n';
 const load = (redis: string) =>
   loadConfig({ text: `redis: ${redis}\n${dataset}`, baseDir: tmp, file: 'tokenmill.yaml' });

@@ -1,9 +1,8 @@
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, writeFileSync, existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
-import { afterAll, describe, expect, it, vi } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { z } from 'zod';
 import { registerConfigCommand } from '../../src/cli/commands/config.js';
 import {
@@ -17,10 +16,10 @@ import {
   runDir,
   type ConfigIssue,
 } from '../../src/shared/index.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const fixtures = resolve(dirname(fileURLToPath(import.meta.url)), '../fixtures/config');
-const tmp = mkdtempSync(join(tmpdir(), 'tokenmill-config-'));
-afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+const tmp = useTempDir('tokenmill-config-');
 
 /** 1-based line of the `nth` (1-based) line of `text` containing `needle`. */
 function lineOf(text: string, needle: string, nth = 1): number {
@@ -697,19 +696,15 @@ describe('tokenmill config', () => {
   });
 
   it('-c masks the dashboard token', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tm-cfg-'));
-    try {
-      const file = join(dir, 'c.yaml');
-      writeFileSync(
-        file,
-        'datasets: [{ name: a, conversations: a.jsonl }]\ndashboard: { token: very-secret-token-123456 }\n',
-      );
-      const out = await runConfigCommand(['-c', file]);
-      expect(out).not.toContain('very-secret-token-123456');
-      expect((JSON.parse(out) as { dashboard: { token: string } }).dashboard.token).toBe('***');
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const dir = useTempDir('tm-cfg-');
+    const file = join(dir, 'c.yaml');
+    writeFileSync(
+      file,
+      'datasets: [{ name: a, conversations: a.jsonl }]\ndashboard: { token: very-secret-token-123456 }\n',
+    );
+    const out = await runConfigCommand(['-c', file]);
+    expect(out).not.toContain('very-secret-token-123456');
+    expect((JSON.parse(out) as { dashboard: { token: string } }).dashboard.token).toBe('***');
   });
 
   it('-c on an invalid file throws the ConfigError', async () => {

@@ -1,11 +1,10 @@
 // The demo's config file (`<run dir>/tokenmill.yaml`): written to disk, it reads back through
 // loadConfig as the same config the demo built in memory, from its own folder (absolute paths),
 // with its header and its note on the simulator's endpoint; and the commands printed on it.
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { demoConfig } from '../../src/cli/commands/demo.js';
 import {
   DEMO_EVAL_HOLDOUT,
@@ -29,10 +28,10 @@ import {
   type Config,
 } from '../../src/shared/index.js';
 import { agentPlan, DEFAULT_TOOL_CALL_RATES, readToolPrompt } from '../../src/sim/index.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const repoRoot = fileURLToPath(new URL('../../', import.meta.url));
-const tmp = mkdtempSync(join(tmpdir(), 'tokenmill-demo-config-'));
-afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+const tmp = useTempDir('tokenmill-demo-config-');
 
 /** A config with where it was loaded from left out. */
 function comparable(config: Config): Config {

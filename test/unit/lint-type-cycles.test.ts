@@ -1,16 +1,15 @@
 // The `layers/no-type-cycle` lint rule's graph: a cycle made only of `import type` is a cycle; an
 // import of a type from a module that imports nothing back is not.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 // @ts-expect-error: a plain JS module of the lint plugin, without types
 import { cycleComponents, importGraph } from '../../scripts/lint/type-cycles.js';
+import { useTempDir } from '../helpers/temp.js';
 
-const dir = mkdtempSync(path.join(tmpdir(), 'tm-type-cycles-'));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const dir = useTempDir('tm-type-cycles-');
 
 function write(rel: string, text: string): void {
   mkdirSync(path.dirname(path.join(dir, rel)), { recursive: true });

@@ -1,16 +1,12 @@
 // The merge lock when several processes find the same stale lock at once: exactly one of them
 // takes it; the others see it held, never a second holder.
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { hostname, tmpdir } from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import path from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { acquireLock } from '../../src/shared/hf-dataset/merge/lock.js';
-
-const dirs: string[] = [];
-afterEach(() => {
-  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
-});
+import { useTempDir } from '../helpers/temp.js';
 
 /** The PID of a process that has exited. */
 function deadPid(): number {
@@ -21,8 +17,7 @@ function deadPid(): number {
 describe('merge lock', () => {
   it('many takers of one stale lock: exactly one holds it, the others are told who does', async () => {
     for (let round = 0; round < 20; round++) {
-      const dir = mkdtempSync(path.join(tmpdir(), 'tm-lock-'));
-      dirs.push(dir);
+      const dir = useTempDir('tm-lock-');
       const target = path.join(dir, 'train-dataset');
       writeFileSync(
         `${target}.lock`,
@@ -47,8 +42,7 @@ describe('merge lock', () => {
   });
 
   it('a lock whose holder runs is not taken', async () => {
-    const dir = mkdtempSync(path.join(tmpdir(), 'tm-lock-'));
-    dirs.push(dir);
+    const dir = useTempDir('tm-lock-');
     const target = path.join(dir, 't');
     const release = await acquireLock(target);
     await expect(acquireLock(target)).rejects.toThrow(/is locked by process/);

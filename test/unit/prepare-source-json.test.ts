@@ -1,15 +1,14 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import { readJsonRows } from '../../src/producers/prepare/source-json.js';
 import { readJsonlRows } from '../../src/producers/prepare/source-jsonl.js';
 import type { RawRow } from '../../src/producers/prepare/source-raw.js';
+import { useTempDir } from '../helpers/temp.js';
 
-const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-source-json-'));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const dir = useTempDir('tm-source-json-');
 
 let n = 0;
 function write(content: string | Buffer, ext = '.json'): string {

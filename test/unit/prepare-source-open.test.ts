@@ -1,16 +1,15 @@
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import type { PromptSource } from '../../src/shared/config/source.js';
 import { naturalCompare } from '../../src/producers/prepare/source-files.js';
 import { openSource, SourceError } from '../../src/producers/prepare/source.js';
 import type { SourceRow } from '../../src/producers/prepare/source-types.js';
+import { useTempDir } from '../helpers/temp.js';
 
-const root = mkdtempSync(path.join(os.tmpdir(), 'tm-source-open-'));
-afterAll(() => rmSync(root, { recursive: true, force: true }));
+const root = useTempDir('tm-source-open-');
 
 let n = 0;
 /** A fresh folder holding `files` (relative path → content). */

@@ -1,5 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import {
@@ -9,17 +8,13 @@ import {
   scanPromptFile,
   type RawPromptLine,
 } from '../../src/shared/index.js';
+import { useTempDir } from '../helpers/temp.js';
 import { firstInvalidUtf8 } from '../../src/shared/prompts/line-reader.js';
 
 async function withBytes<T>(bytes: Buffer, fn: (file: string) => Promise<T>): Promise<T> {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-line-reader-'));
-  const file = path.join(dir, 'p.jsonl');
+  const file = path.join(useTempDir('tm-line-reader-'), 'p.jsonl');
   writeFileSync(file, bytes);
-  try {
-    return await fn(file);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  return fn(file);
 }
 
 async function rawLines(bytes: Buffer): Promise<RawPromptLine[]> {

@@ -1,5 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import {
@@ -13,12 +12,12 @@ import {
   scanPromptFile,
   type ScannedLine,
 } from '../../src/shared/index.js';
+import { useTempDir } from '../helpers/temp.js';
 
 function withFile(lines: string[], fn: (file: string) => Promise<void>): Promise<void> {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-dedupe-'));
-  const file = path.join(dir, 'p.jsonl');
+  const file = path.join(useTempDir('tm-dedupe-'), 'p.jsonl');
   writeFileSync(file, `${lines.join('\n')}\n`);
-  return fn(file).finally(() => rmSync(dir, { recursive: true, force: true }));
+  return fn(file);
 }
 
 describe('fastPromptId', () => {
@@ -143,16 +142,12 @@ describe('repeated ids without remembering every id', () => {
   });
 
   it('counts lines the way the file has them: CRLF endings, blank lines, no final newline', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-dedupe-'));
-    try {
-      const file = path.join(dir, 'crlf.jsonl');
-      writeFileSync(file, '{"id":"a","prompt":"1"}\r\n\r\n{"id":"b","prompt":"2"}\r\n{"id":"a","prompt":"3"}');
-      const out: string[] = [];
-      for await (const l of readPromptFile(file))
-        out.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`);
-      expect(out).toEqual(['ok:a@1', 'ok:b@3', 'bad@4']);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const dir = useTempDir('tm-dedupe-');
+    const file = path.join(dir, 'crlf.jsonl');
+    writeFileSync(file, '{"id":"a","prompt":"1"}\r\n\r\n{"id":"b","prompt":"2"}\r\n{"id":"a","prompt":"3"}');
+    const out: string[] = [];
+    for await (const l of readPromptFile(file))
+      out.push(l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`);
+    expect(out).toEqual(['ok:a@1', 'ok:b@3', 'bad@4']);
   });
 });

@@ -1,8 +1,8 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { contentSampleId, parsePromptLine, readPromptFile, type PromptLine } from '../../src/shared/index.js';
+import { useTempDir } from '../helpers/temp.js';
 
 describe('prompt records', () => {
   it('reads the three shapes into messages ending with the user turn to answer', () => {
@@ -81,25 +81,21 @@ describe('prompt records', () => {
   });
 
   it('streams a file: blank lines skipped, line numbers kept, a repeated id rejected with the first line', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-ps-'));
-    try {
-      const file = path.join(dir, 'p.jsonl');
-      writeFileSync(
-        file,
-        ['{"id":"a","prompt":"1"}', '', '{"id":"b","prompt":"2"}', 'oops', '{"id":"a","prompt":"3"}'].join('\n'),
-      );
-      const out: PromptLine[] = [];
-      for await (const l of readPromptFile(file)) out.push(l);
-      expect(out.map((l) => (l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`))).toEqual([
-        'ok:a@1',
-        'ok:b@3',
-        'bad@4',
-        'bad@5',
-      ]);
-      const dup = out[3];
-      expect(dup !== undefined && !dup.ok && dup.reject.reason).toBe('duplicate id "a" (first on line 1)');
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const dir = useTempDir('tm-ps-');
+    const file = path.join(dir, 'p.jsonl');
+    writeFileSync(
+      file,
+      ['{"id":"a","prompt":"1"}', '', '{"id":"b","prompt":"2"}', 'oops', '{"id":"a","prompt":"3"}'].join('\n'),
+    );
+    const out: PromptLine[] = [];
+    for await (const l of readPromptFile(file)) out.push(l);
+    expect(out.map((l) => (l.ok ? `ok:${l.record.id}@${l.record.line}` : `bad@${l.reject.line}`))).toEqual([
+      'ok:a@1',
+      'ok:b@3',
+      'bad@4',
+      'bad@5',
+    ]);
+    const dup = out[3];
+    expect(dup !== undefined && !dup.ok && dup.reject.reason).toBe('duplicate id "a" (first on line 1)');
   });
 });

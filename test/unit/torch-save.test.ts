@@ -5,16 +5,16 @@
 // That torch.load reads such files is checked with Python in
 // test/integration/trainer-speculators.test.ts.
 import { createHash } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { crc32 } from 'node:zlib';
 
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import { archiveNameOf, torchSaveIntDict, torchSaveIntDictBytes } from '../../src/cli/export/torch-save.js';
 import { pickleIntDict } from '../../src/cli/export/torch-pickle.js';
 import { paddingFor, storedZip } from '../../src/cli/export/torch-zip.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const hex = (b: Uint8Array): string => Buffer.from(b).toString('hex');
 const sha256 = (b: Uint8Array): string => createHash('sha256').update(b).digest('hex');
@@ -147,8 +147,7 @@ describe('storedZip', () => {
 });
 
 describe('torchSaveIntDict', () => {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'tm-torch-save-'));
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const dir = useTempDir('tm-torch-save-');
 
   it("holds torch.save's records in its order, under the file's name", () => {
     const dict = new Map([
