@@ -25,11 +25,9 @@
 // Python's and a fresh encoding of it equal to Python's ids; each is counted, none skipped. The
 // turns spliced and rendered are counted per family, and whether each turn splices must be what
 // the template implies (`splices` below).
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import { conversationTurns, turnHistory } from '../../src/shared/prompts/conversation.js';
 import {
@@ -51,6 +49,7 @@ import {
   qwen3Folder,
   type KimiEncodingSpec,
 } from '../helpers/tool-tokenizers.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const TOOLS: unknown[] = [
   {
@@ -428,7 +427,7 @@ interface PyCase {
   error?: string;
 }
 
-const tmp = await mkdtemp(path.join(os.tmpdir(), 'agentic-parity-'));
+const tmp = useTempDir('agentic-parity-');
 const runs = new Map<Family, FamilyRun>();
 const python = new Map<Family, PyCase[]>();
 
@@ -457,10 +456,6 @@ beforeAll(async () => {
   );
   FAMILIES.forEach((family, i) => python.set(family, report.jobs[i]?.cases ?? []));
 }, 600_000);
-
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
-});
 
 /** Where two id lists first differ, with the tokens around it; empty when equal. */
 function idsDifference(tok: ChatTokenizer, ts: readonly number[], py: readonly number[]): string {

@@ -5,17 +5,12 @@
 // right then, before the owner signals the server.
 import { spawn } from 'node:child_process';
 import { promises as fs } from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { EmbeddedRedis } from '../../src/shared/index.js';
 import { repoRoot } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
-
-const dirs: string[] = [];
-afterAll(async () => {
-  for (const d of dirs) await fs.rm(d, { recursive: true, force: true });
-});
+import { useTempDir } from '../helpers/temp.js';
 
 function isAlive(pid: number): boolean {
   try {
@@ -28,8 +23,7 @@ function isAlive(pid: number): boolean {
 
 describe('attaching to the embedded redis while its owner stops it', () => {
   it('the newcomer never hangs on a server that is gone: it is kept, or it starts its own on the same AOF', async () => {
-    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'tokenmill-attach-race-'));
-    dirs.push(dataDir);
+    const dataDir = useTempDir('tokenmill-attach-race-');
     let output = '';
     let exited: Promise<number | null> | undefined;
     const owner = new EmbeddedRedis({

@@ -2,7 +2,6 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync, promises as fs } from 'node:fs';
 import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -14,10 +13,10 @@ import {
   type EmbeddedRedisOptions,
 } from '../../src/shared/index.js';
 import { quietLogger, startTestRedis } from '../helpers/redis.js';
+import { useTempDir } from '../helpers/temp.js';
 
 // Every server and folder a test creates is released here, even when the test fails.
 const servers: EmbeddedRedis[] = [];
-const dirs: string[] = [];
 const conns: Redis[] = [];
 const listeners: net.Server[] = [];
 
@@ -27,14 +26,10 @@ afterEach(async () => {
   // Attached instances first, owners last.
   const all = servers.splice(0).reverse();
   for (const s of all) await s.stop();
-  for (const d of dirs.splice(0)) await fs.rm(d, { recursive: true, force: true });
 });
 
-async function tempDir(): Promise<string> {
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'tokenmill-embedded-'));
-  dirs.push(dir);
-  return dir;
-}
+/** A temp folder removed after the test, once the afterEach above has stopped its servers. */
+const tempDir = (): string => useTempDir('tokenmill-embedded-');
 
 function embedded(options: EmbeddedRedisOptions): EmbeddedRedis {
   const server = new EmbeddedRedis({ logger: quietLogger(), ...options });
@@ -93,7 +88,7 @@ async function configGet(c: Redis, name: string): Promise<string | undefined> {
 
 describe('EmbeddedRedis', () => {
   it('starts a private redis-server on a free loopback port with AOF and noeviction', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const server = embedded({ dataDir: dir });
     const { url, port } = await server.start();
 
@@ -116,7 +111,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('keeps its data across stop and start on the same dataDir (AOF replay)', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const first = embedded({ dataDir: dir });
     const { url } = await first.start();
     const firstPid = first.pid;
@@ -137,7 +132,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('attaches to the server already running on a dataDir; only the owner stops it', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const owner = embedded({ dataDir: dir });
     const started = await owner.start();
     const pid = owner.pid ?? -1;
@@ -163,7 +158,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('with keepWhileInUse, the owner leaves the server running while another process still uses it', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const owner = embedded({ dataDir: dir, keepWhileInUse: true });
     const started = await owner.start();
     const pid = owner.pid ?? -1;
@@ -190,7 +185,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('runs one server when two starts on the same dataDir race', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const a = embedded({ dataDir: dir });
     const b = embedded({ dataDir: dir });
     const [ra, rb] = await Promise.all([a.start(), b.start()]);
@@ -201,7 +196,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('attaches to a server left running by a process that exited without stop()', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     // A separate process starts the server and exits, as a killed `tokenmill run` would.
     const script = [
       "import { pino } from 'pino';",
@@ -234,7 +229,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('starts a new server when the pid file names a dead process', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const first = embedded({ dataDir: dir });
     await first.start();
     const deadPid = first.pid ?? -1;
@@ -252,7 +247,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('throws a one-line EnvironmentError when redis-server is not installed', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const server = embedded({ dataDir: dir, redisServerPath: '/nonexistent/redis-server' });
     const err = await server.start().then(
       () => undefined,
@@ -268,8 +263,8 @@ describe('EmbeddedRedis', () => {
   });
 
   it('names PATH in the message when the default redis-server is missing', async () => {
-    const dir = await tempDir();
-    const emptyBin = await tempDir();
+    const dir = tempDir();
+    const emptyBin = tempDir();
     const savedPath = process.env['PATH'];
     process.env['PATH'] = emptyBin;
     try {
@@ -287,7 +282,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('reports the log tail when the server exits before it is ready (bad flag)', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     const server = embedded({ dataDir: dir, extraArgs: ['--no-such-directive', 'yes'] });
     const err = await server.start().then(
       () => undefined,
@@ -303,7 +298,7 @@ describe('EmbeddedRedis', () => {
   });
 
   it('reports the log tail when the requested port is taken', async () => {
-    const dir = await tempDir();
+    const dir = tempDir();
     // Accepts and drops connections, so nothing it accepted keeps close() waiting.
     const blocker = net.createServer((socket) => socket.destroy());
     listeners.push(blocker);

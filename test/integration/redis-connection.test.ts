@@ -1,6 +1,3 @@
-import { promises as fs } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { Queue, Worker } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
@@ -17,6 +14,7 @@ import {
 } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger, startTestRedis } from '../helpers/redis.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const { redis } = useHarness({ redis: true });
 
@@ -126,7 +124,7 @@ afterEach(async () => {
 
 describe('openRedis', () => {
   it('starts the embedded server when no URL is given, and later opens attach to it', async () => {
-    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'tokenmill-open-'));
+    const dataDir = useTempDir('tokenmill-open-');
     const opened: OpenedRedis[] = [];
     try {
       const first = await openRedis({ dataDir, logger: quietLogger() });
@@ -151,7 +149,6 @@ describe('openRedis', () => {
       expect(() => process.kill(pid, 0)).toThrow();
     } finally {
       for (const o of opened.reverse()) await o.close();
-      await fs.rm(dataDir, { recursive: true, force: true });
     }
   });
 
@@ -182,14 +179,10 @@ describe('openRedis', () => {
   });
 
   it('passes on EnvironmentError when redis-server is missing', async () => {
-    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'tokenmill-open-'));
-    try {
-      await expect(
-        openRedis({ dataDir, redisServerPath: '/nonexistent/redis-server', logger: quietLogger() }),
-      ).rejects.toBeInstanceOf(EnvironmentError);
-    } finally {
-      await fs.rm(dataDir, { recursive: true, force: true });
-    }
+    const dataDir = useTempDir('tokenmill-open-');
+    await expect(
+      openRedis({ dataDir, redisServerPath: '/nonexistent/redis-server', logger: quietLogger() }),
+    ).rejects.toBeInstanceOf(EnvironmentError);
   });
 });
 

@@ -11,11 +11,9 @@
 // Llama 3.1 with its tool-use template, DeepSeek-V3 with DeepSeek-V3-0324's, the kimi-like folder
 // with Kimi K2's rendering of calls). Kimi's folder has no tokenizer code for transformers to
 // load, so Python renders its template with transformers' own renderer.
-import { mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 
 import {
   callArgumentsObject,
@@ -33,6 +31,7 @@ import {
   qwen3Folder,
   sortedKeys,
 } from '../helpers/tool-tokenizers.js';
+import { useTempDir } from '../helpers/temp.js';
 
 const TOOLS = sortedKeys([
   {
@@ -141,7 +140,7 @@ interface PyCase {
   error?: string;
 }
 
-const tmp = await mkdtemp(path.join(os.tmpdir(), 'tool-call-parity-'));
+const tmp = useTempDir('tool-call-parity-');
 const dirs = new Map<Family, string>();
 const tokenizers = new Map<Family, ChatTokenizer>();
 const rendered = new Map<string, PyCase>();
@@ -162,10 +161,6 @@ beforeAll(async () => {
   jobs.forEach((job, i) => rendered.set(job.key, report.cases[i] ?? { error: 'no result' }));
   for (const family of FAMILIES) tokenizers.set(family, await loadTokenizer(dirs.get(family) ?? ''));
 }, 900_000);
-
-afterAll(async () => {
-  await rm(tmp, { recursive: true, force: true });
-});
 
 /** The assistant's part of a rendering: after the prompt, up to the end of turn, without Qwen3's empty think block. */
 function assistantPart(family: Family, py: PyCase): string {
