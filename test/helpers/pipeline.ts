@@ -114,6 +114,16 @@ export async function waitFor<T>(
   }
 }
 
+/** Whether a process of that pid is running (signal 0 reaches it). */
+export function isProcessAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 export interface GenerationRecord {
   id: string;
   dataset: string;

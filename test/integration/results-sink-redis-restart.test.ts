@@ -4,17 +4,25 @@
 // and reconcile before writing on: lost commits of lines on disk restored, entries it had
 // already written and trimmed (they reappear behind its read position) dropped, a sample
 // generated again after the restart not written twice; and it still drains to the end.
-import { cpSync, rmSync } from 'node:fs';
+import { cpSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { EmbeddedRedis, RunKeys, closeRedisConnection, createRedisConnection } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, waitFor } from '../helpers/pipeline.js';
+import { duplicates, isProcessAlive, waitFor } from '../helpers/pipeline.js';
 import { startFaultProxy, type FaultProxy } from '../helpers/fault-proxy.js';
 import { quietLogger } from '../helpers/redis.js';
 import { commitResult, datasetStats, readParts, startSink } from '../helpers/results-sink.js';
 
 const { tmp } = useHarness({ tmp: true });
+
+/** The text of every file of the server's append-only folder. */
+function aofText(dataDir: string): string {
+  const dir = path.join(dataDir, 'appendonlydir');
+  return readdirSync(dir)
+    .map((f) => readFileSync(path.join(dir, f), 'latin1'))
+    .join('');
+}
 
 describe('results sink when Redis restarts under it', () => {
   it('restores what the new server lost, drops what reappeared and what was generated again; drains to the end', async () => {
@@ -40,7 +48,8 @@ describe('results sink when Redis restarts under it', () => {
       // are committed and still in the stream (the sink's trims of them come after the copy).
       await proxy.setMode('blackhole');
       for (const [i, id] of a.entries()) expect(await commitResult(conn, keys, 'ds', id, 10 + i)).toBe(1);
-      await new Promise((r) => setTimeout(r, 1_200)); // the AOF is written at least once a second
+      // The AOF holds the last of them (Redis writes it before its next event loop turn, syncs it once a second).
+      await waitFor(() => aofText(dataDir).includes('a5'), 'the a* commits in the AOF', 5_000);
       const snapshot = path.join(tmp.dir, 'aof-copy');
       cpSync(path.join(dataDir, 'appendonlydir'), snapshot, { recursive: true });
       await proxy.setMode('pass');
@@ -55,7 +64,7 @@ describe('results sink when Redis restarts under it', () => {
       const pid = first.pid;
       if (pid === undefined) throw new Error('no redis pid');
       process.kill(pid, 'SIGKILL');
-      await new Promise((r) => setTimeout(r, 500));
+      await waitFor(() => !isProcessAlive(pid), 'the killed redis-server gone', 5_000);
       rmSync(path.join(dataDir, 'appendonlydir'), { recursive: true, force: true });
       cpSync(snapshot, path.join(dataDir, 'appendonlydir'), { recursive: true });
       second = new EmbeddedRedis({ dataDir, port, logger: quietLogger() });
