@@ -12,7 +12,15 @@ import {
 } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import {
+  duplicates,
+  isProcessAlive,
+  readGenerations,
+  spawnCli,
+  waitFor,
+  writeConfig,
+  writePrompts,
+} from '../helpers/pipeline.js';
 
 const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true, cli: true });
 const CONCURRENCY = 8;
@@ -90,10 +98,16 @@ async function freezeRun(
     const pid = redis.server.pid;
     if (pid === undefined) throw new Error('no redis pid');
     process.kill(pid, 'SIGSTOP');
-    await new Promise((r) => setTimeout(r, 2_000));
+    // While Redis is frozen the requests in flight finish (their commits wait)…
+    const drained = await waitFor(() => sim.stats().running === 0, 'the requests in flight finished', 5_000).then(
+      () => true,
+      () => false,
+    );
+    // …and none starts: a window in which nothing may happen (the point of the test).
+    await new Promise((r) => setTimeout(r, 1_000));
     const runningInFreeze = sim.stats().running;
-    await new Promise((r) => setTimeout(r, 2_000));
     process.kill(pid, 'SIGCONT');
+    expect(drained, 'requests in flight finished within 5 s of the freeze').toBe(true);
     expect(runningInFreeze).toBe(0);
     expect(await producer.exited, producer.output()).toBe(0);
   } finally {
@@ -154,7 +168,7 @@ describe('Redis faults under a running pipeline', () => {
       const pid = first.pid;
       if (pid === undefined) throw new Error('no redis pid');
       process.kill(pid, 'SIGKILL');
-      await new Promise((r) => setTimeout(r, 1_500));
+      await waitFor(() => !isProcessAlive(pid), 'the killed redis-server gone', 5_000);
       second = new EmbeddedRedis({ dataDir, port, logger: quietLogger() });
       await second.start();
       expect(await producer.exited, producer.output()).toBe(0);
