@@ -238,7 +238,7 @@ describe('agentic conversations', () => {
     const byContext = [...end.values()].filter((e) => causeOf(e.reason) === 'context');
     expect(byContext.length, JSON.stringify([...end.values()].map((e) => e.reason ?? e.kind))).toBeGreaterThan(0);
     for (const e of byContext)
-      expect(e.reason).toMatch(/the context length is 640, which leaves fewer than minNewTokens \(48\)/);
+      expect(e.reason).toMatch(/the context length is 640(, which leaves \d+, fewer than minNewTokens \(48\))?$/);
   });
 
   it("with a tool executor: the executor's results follow each turn's calls, each call run once, its 503s retried", async () => {
