@@ -49,9 +49,10 @@ export interface GpuWorkerOptions {
   gpus?: readonly number[];
   /** GPU discovery; default `nvidia-smi` from PATH. */
   probeGpus?: () => Promise<GpuProbe>;
-  /** BullMQ lock of the job, renewed while it runs; a dead worker's job is picked up after about this long. */
-  lockDurationMs?: number;
-  stalledIntervalMs?: number;
+  /** BullMQ lock of the job, renewed while it runs; a dead worker's job is picked up after about this long (`workers.lockDurationMs`). */
+  lockDurationMs: number;
+  /** How often BullMQ looks for stalled jobs (`workers.stalledIntervalMs`). */
+  stalledIntervalMs: number;
   workerId?: string;
   logger?: Logger;
 }
@@ -117,8 +118,8 @@ export class GpuWorker<R> {
       connection: this.bullConnection,
       prefix: o.keys.bullPrefix,
       concurrency: 1,
-      lockDuration: o.lockDurationMs ?? 30_000,
-      stalledInterval: o.stalledIntervalMs ?? 30_000,
+      lockDuration: o.lockDurationMs,
+      stalledInterval: o.stalledIntervalMs,
       ...(this.kind.maxStalledCount === undefined ? {} : { maxStalledCount: this.kind.maxStalledCount }),
     });
     this.worker.on('error', (err) => this.log.error({ err }, `${q} queue worker error`));
