@@ -3,7 +3,8 @@
 import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { inferenceOptions, loadConfig, type ConfigInput } from '../../src/shared/index.js';
+import { inferenceOptions, type loadConfig } from '../../src/shared/index.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
@@ -18,18 +19,13 @@ function config(
   sglang: Record<string, unknown> = {},
   workers: Record<string, unknown> = {},
 ): ReturnType<typeof loadConfig> {
-  return loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [endpoint], concurrency: 16, requestTimeoutMs: 30_000, ...sglang },
-      datasets: [
-        { name: 'ds', prompts, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 },
-      ] as ConfigInput['datasets'],
-      output: { dir: 'out' },
-      workers: { shutdownGraceMs: 2_000, ...workers },
-    },
+  return loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim: endpoint,
+    sglang: { requestTimeoutMs: 30_000, ...sglang },
+    dataset: { prompts, maxNewTokens: 4096 },
+    workers: { shutdownGraceMs: 2_000, ...workers },
   });
 }
 

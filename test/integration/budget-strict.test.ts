@@ -9,14 +9,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import {
-  RunKeys,
-  inferenceOptions,
-  loadConfig,
-  type Config,
-  type InferenceStageOptions,
-} from '../../src/shared/index.js';
+import { RunKeys, inferenceOptions, type Config, type InferenceStageOptions } from '../../src/shared/index.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, waitFor, writePrompts, type GenerationRecord } from '../helpers/pipeline.js';
 
@@ -59,26 +54,19 @@ afterAll(() => {
 
 /** `marginSd`: the dataset's `budgetMarginSd` (omitted: the default). */
 function config(run: string, mode: 'reserve' | 'strict', marginSd?: number): Config {
-  return loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: CONCURRENCY, requestTimeoutMs: 60_000 },
-      datasets: [
-        {
-          name: 'ds',
-          prompts: 'prompts.jsonl',
-          tokenBudget: BUDGET,
-          budget: mode,
-          ...(marginSd === undefined ? {} : { budgetMarginSd: marginSd }),
-          maxNewTokens: 8_192,
-          batchSize: 8,
-        },
-      ],
-      output: { dir: 'out' },
-      workers: { shutdownGraceMs: 2_000, leaseTtlMs: 1_500, lockDurationMs: 2_000, stalledIntervalMs: 1_000 },
+  return loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim,
+    sglang: { concurrency: CONCURRENCY },
+    dataset: {
+      prompts: 'prompts.jsonl',
+      tokenBudget: BUDGET,
+      budget: mode,
+      ...(marginSd === undefined ? {} : { budgetMarginSd: marginSd }),
+      maxNewTokens: 8_192,
     },
+    workers: { shutdownGraceMs: 2_000, leaseTtlMs: 1_500, lockDurationMs: 2_000, stalledIntervalMs: 1_000 },
   });
 }
 

@@ -3,7 +3,8 @@ import { Queue } from 'bullmq';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { generateQueueName, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
+import { generateQueueName, readRunStatus, type ConfigInput, type loadConfig } from '../../src/shared/index.js';
+import { loadTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, sampleIdOfRid, waitFor, writePrompts } from '../helpers/pipeline.js';
 
@@ -14,19 +15,16 @@ function config(
   run: string,
   endpoint: string,
   datasets: ConfigInput['datasets'],
-  extra: Partial<ConfigInput> = {},
+  extra: TestConfigSpec = {},
 ): ReturnType<typeof loadConfig> {
-  return loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [endpoint], concurrency: 32, requestTimeoutMs: 30_000 },
-      datasets,
-      output: { dir: 'out' },
-      workers: { shutdownGraceMs: 2_000 },
-      ...extra,
-    },
+  return loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim: endpoint,
+    sglang: { concurrency: 32, requestTimeoutMs: 30_000 },
+    datasets,
+    workers: { shutdownGraceMs: 2_000 },
+    ...extra,
   });
 }
 

@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { inferenceOptions, loadConfig, readRunStatus, type ConfigInput } from '../../src/shared/index.js';
+import { inferenceOptions, readRunStatus, type loadConfig } from '../../src/shared/index.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { InferenceWorker } from '../../src/workers/inference/worker.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/pipeline.js';
@@ -14,18 +15,13 @@ function config(
   dataset: Record<string, unknown>,
   sglang: Record<string, unknown> = {},
 ): ReturnType<typeof loadConfig> {
-  return loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [endpoint], concurrency: 64, requestTimeoutMs: 30_000, ...sglang },
-      datasets: [
-        { name: 'ds', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16, ...dataset },
-      ] as ConfigInput['datasets'],
-      output: { dir: 'out' },
-      workers: { shutdownGraceMs: 2_000 },
-    },
+  return loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim: endpoint,
+    sglang: { concurrency: 64, requestTimeoutMs: 30_000, ...sglang },
+    dataset: { maxNewTokens: 8192, batchSize: 16, ...dataset },
+    workers: { shutdownGraceMs: 2_000 },
   });
 }
 

@@ -5,7 +5,8 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { loadConfig, type Config } from '../../src/shared/index.js';
+import type { Config } from '../../src/shared/index.js';
+import { loadTestConfig, testDataset } from '../helpers/config.js';
 import { duplicates, readGenerations, writePrompts } from '../helpers/pipeline.js';
 import { useHarness } from '../helpers/fixture.js';
 
@@ -16,19 +17,13 @@ const { redis, sim, tmp } = useHarness({
 });
 
 function config(tokenizerPath?: string): Config {
-  return loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run: 'startup',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 16 },
-      ...(tokenizerPath === undefined ? {} : { tokenizer: { path: tokenizerPath } }),
-      datasets: [
-        { name: 'one', prompts: 'one.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 8 },
-        { name: 'two', prompts: 'two.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 8 },
-      ],
-      output: { dir: 'out' },
-    },
+  return loadTestConfig(tmp.dir, {
+    run: 'startup',
+    redis,
+    sim,
+    sglang: { requestTimeoutMs: 900_000 },
+    ...(tokenizerPath === undefined ? {} : { tokenizer: { path: tokenizerPath } }),
+    datasets: ['one', 'two'].map((name) => testDataset(name, { name, tokenBudget: 1_000_000, maxNewTokens: 16 })),
   });
 }
 

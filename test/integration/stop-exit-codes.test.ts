@@ -3,9 +3,9 @@
 // against the simulator and a private Redis.
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../../src/shared/index.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
+import { readGenerations, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -20,18 +20,16 @@ const { redis, sim, tmp } = useHarness({
   cli: true,
 });
 
-function setup(run: string, prompts: number, extra: Partial<ConfigInput> = {}): { configPath: string; runDir: string } {
+function setup(run: string, prompts: number, extra: TestConfigSpec = {}): { configPath: string; runDir: string } {
   writePrompts(tmp.dir, run, prompts);
-  const config: ConfigInput = {
+  const configPath = writeTestConfig(tmp.dir, {
     run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 16, requestTimeoutMs: 60_000 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 8 }],
-    output: { dir: 'out' },
+    redis,
+    sim,
     workers: { shutdownGraceMs: 1_000 },
     ...extra,
-  };
-  return { configPath: writeConfig(tmp.dir, config, `${run}.yaml`), runDir: path.join(tmp.dir, 'out', run) };
+  });
+  return { configPath, runDir: path.join(tmp.dir, 'out', run) };
 }
 
 async function exitWithin(cli: ReturnType<typeof spawnCli>, ms: number): Promise<number | string> {

@@ -7,9 +7,9 @@ import path from 'node:path';
 
 import { beforeAll, describe, expect, it } from 'vitest';
 
-import type { ConfigInput } from '../../src/shared/index.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
+import { readGenerations, spawnCli, writePrompts } from '../helpers/pipeline.js';
 import { useHarness } from '../helpers/fixture.js';
 
 const require = createRequire(import.meta.url);
@@ -35,17 +35,16 @@ beforeAll(async () => {
   kimiSim = await startSim({ ...simOptions, modelPath: OTHER_MODEL });
 });
 
-function config(run: string, endpoint: string, extra: Partial<ConfigInput> = {}): string {
+function config(run: string, endpoint: string, extra: TestConfigSpec = {}): string {
   writePrompts(tmp.dir, run, 6);
-  const c: ConfigInput = {
+  return writeTestConfig(tmp.dir, {
     run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [endpoint], concurrency: 4, requestTimeoutMs: 30_000 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000, maxNewTokens: 64, batchSize: 2 }],
-    output: { dir: 'out' },
+    redis,
+    sim: endpoint,
+    sglang: { concurrency: 4, requestTimeoutMs: 30_000 },
+    dataset: { tokenBudget: 1_000_000, maxNewTokens: 64, batchSize: 2 },
     ...extra,
-  };
-  return writeConfig(tmp.dir, c, `${run}.yaml`);
+  });
 }
 
 async function cli(args: string[]): Promise<{ code: number | string; output: string }> {
