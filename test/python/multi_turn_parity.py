@@ -5,10 +5,12 @@ Reads a JSON job on stdin:
     {"tokenizer_dir": "...", "cases": [{"messages": [...], "kwargs": {...} | null}, ...],
      "decode": [[id, ...], ...]}
 
-or {"jobs": [job, ...]} for several tokenizers in one process. For each case (the regenerated
-history of one turn: the source's system, user and tool messages and, in place of each earlier
-assistant message, the message built from the answer regenerated for it, `reasoning_content`
-included), it prints what transformers gives for turn k's prompt:
+or {"jobs": [job, ...]} for several tokenizers in one process. Each folder is loaded once,
+whichever jobs name it; the folders named as arguments after `--preload` are loaded before stdin
+is read, while the caller still builds the jobs. For each case (the regenerated history of one
+turn: the source's system, user and tool messages and, in place of each earlier assistant
+message, the message built from the answer regenerated for it, `reasoning_content` included), it
+prints what transformers gives for turn k's prompt:
 
 - text: tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 - ids: tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True), which
@@ -95,8 +97,18 @@ def whole_row(tok, messages, fmt, kwargs):
     return {"text": text, "input_ids": input_ids, "loss_mask": mask}
 
 
+TOKENIZERS = {}
+
+
+def tokenizer(folder):
+    """The tokenizer of `folder`, loaded once."""
+    if folder not in TOKENIZERS:
+        TOKENIZERS[folder] = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return TOKENIZERS[folder]
+
+
 def run_job(request):
-    tok = AutoTokenizer.from_pretrained(request["tokenizer_dir"], local_files_only=True)
+    tok = tokenizer(request["tokenizer_dir"])
     prompts = []
     rows = []
     formats = {}
@@ -146,6 +158,10 @@ def run_job(request):
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["--preload"]:
+        for folder in args[1:]:
+            tokenizer(folder)
     request = json.load(sys.stdin)
     if "jobs" in request:
         result = {"jobs": [run_job(job) for job in request["jobs"]]}
