@@ -46,7 +46,7 @@ function linesFromCommandLine(): number | undefined {
 export async function producerMemory(options: Partial<ProducerMemoryOptions> = {}): Promise<BenchResult> {
   const o: ProducerMemoryOptions = {
     ...DEFAULT_PRODUCER_MEMORY,
-    ...withoutUndefined({ lines: linesFromCommandLine() }),
+    ...withoutUndefined({ lines: linesFromCommandLine() } as Partial<ProducerMemoryOptions>),
     ...options,
   };
   const started = performance.now();

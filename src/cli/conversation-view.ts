@@ -447,7 +447,8 @@ async function fillFromRecord(view: TurnView, r: RecordFields, load: () => Promi
   } catch (e: unknown) {
     view.text = `(the output ids do not decode with the run's tokenizer: ${errorMessage(e)})`;
   }
-  view.finish = finishOf(r.finish_reason);
+  const finish = finishOf(r.finish_reason);
+  if (finish !== undefined) view.finish = finish;
   if (Array.isArray(r.tool_calls)) view.toolCalls = r.tool_calls;
   if (typeof r.ts === 'string') view.ts = r.ts;
   if (typeof r.endpoint === 'string') view.endpoint = r.endpoint;

@@ -33,7 +33,7 @@ export function rootLogger(): Logger {
 /** Creates (and installs) the root logger. Call once at process start. */
 export function createRootLogger(options: { level?: string; destination?: number } = {}): Logger {
   root = pino(
-    { level: options.level ?? 'info', base: { pid: process.pid }, redact },
+    { level: options.level ?? 'info', base: { pid: process.pid }, ...(redact === undefined ? {} : { redact }) },
     pino.destination({ dest: options.destination ?? 2, sync: true }),
   );
   return root;

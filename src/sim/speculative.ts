@@ -383,15 +383,15 @@ export function speculativeLaunchArgs(spec: ResolvedSpeculative | undefined): st
 
 /** The `tokenmill sim --speculative-*` flags, as commander hands them over. */
 export interface SpeculativeFlags {
-  speculativeAlgorithm?: string;
-  speculativeDraftModelPath?: string;
-  speculativeNumSteps?: number;
-  speculativeEagleTopk?: number;
-  speculativeNumDraftTokens?: number;
-  speculativeAcceptance?: string;
+  speculativeAlgorithm?: string | undefined;
+  speculativeDraftModelPath?: string | undefined;
+  speculativeNumSteps?: number | undefined;
+  speculativeEagleTopk?: number | undefined;
+  speculativeNumDraftTokens?: number | undefined;
+  speculativeAcceptance?: string | undefined;
   /** `<dataset>=<acceptance>`, repeated. */
-  speculativeDataset?: string[];
-  speculativeDraftOverhead?: number;
+  speculativeDataset?: string[] | undefined;
+  speculativeDraftOverhead?: number | undefined;
 }
 
 /**

@@ -61,7 +61,7 @@ export interface SimulatorOptions {
    * docs/simulator.md): completions come in verify steps, `meta_info` carries the `spec_*`
    * counters, /server_info the `speculative_*` settings. Default: none.
    */
-  speculative?: SpeculativeOptions;
+  speculative?: SpeculativeOptions | undefined;
   /**
    * Tool calls (tool-calls.ts, docs/simulator.md): a prompt that offers tools is answered, as an
    * agent's plan says, with calls in the chat template's format, perturbed at these rates.

@@ -31,8 +31,8 @@ import { runPythonJson } from '../helpers/python.js';
 
 interface PyRow {
   text?: string;
-  input_ids?: number[];
-  loss_mask?: number[];
+  input_ids?: number[] | undefined;
+  loss_mask?: number[] | undefined;
   error?: string;
 }
 

@@ -86,7 +86,7 @@ export const ALPACA_OUTPUT_COLUMNS = ['output', 'response'] as const;
 export function layoutOf(
   format: SourceFormat,
   source: PromptSource,
-  found: { turnsColumn?: string; prompt?: string } = {},
+  found: { turnsColumn?: string | undefined; prompt?: string | undefined } = {},
 ): SourceLayout {
   const f = source.fields ?? {};
   const keys = format === 'sharegpt' ? TURN_KEYS.sharegpt : TURN_KEYS.openai;

@@ -25,15 +25,15 @@ export interface ApplyChatTemplateOptions {
   /** Append the assistant header so that the model's answer follows. */
   addGenerationPrompt: boolean;
   /** Tool (function) JSON schemas, passed to the template as `tools`. */
-  tools?: unknown[];
+  tools?: unknown[] | undefined;
   /** Extra template variables (e.g. `{ enable_thinking: false }`); they override the special tokens. */
-  templateKwargs?: Record<string, unknown>;
+  templateKwargs?: Record<string, unknown> | undefined;
   /**
    * The moment `strftime_now` renders (default: the clock's). A prompt rendered again to compare
    * with a record's `prompt_ids` passes the record's generation time, so a template that writes
    * the date (Llama 3.2) renders the day it was generated on.
    */
-  now?: Date;
+  now?: Date | undefined;
 }
 
 /** Options of {@link ChatTokenizer.encodePrompt}: the generation prompt is always added. */

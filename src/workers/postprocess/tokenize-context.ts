@@ -18,7 +18,7 @@ export interface TokenizeContext {
   /** Keep generations cut by `max_new_tokens` (`finish_reason` `length`), without a suffix. */
   keepTruncated: boolean;
   /** Template variables for rendering conversations (e.g. `{ enable_thinking: false }`). */
-  templateKwargs?: Record<string, unknown>;
+  templateKwargs?: Record<string, unknown> | undefined;
 }
 
 const formats = new WeakMap<ChatTokenizer, AssistantTurnFormat>();
@@ -44,7 +44,7 @@ export function assistantTurnSuffix(tokenizer: ChatTokenizer): readonly number[]
 /** Builds the {@link TokenizeContext} of `tokenizer`. Throws an `EnvironmentError` for an unsupported template. */
 export function createTokenizeContext(
   tokenizer: ChatTokenizer,
-  opts: { keepTruncated?: boolean; templateKwargs?: Record<string, unknown> } = {},
+  opts: { keepTruncated?: boolean; templateKwargs?: Record<string, unknown> | undefined } = {},
 ): TokenizeContext {
   const format =
     opts.templateKwargs === undefined

@@ -199,7 +199,7 @@ export class TokenizePool {
 
 export interface RowsFromConversationsPooledOptions extends RowsFromConversationsOptions {
   /** Threads (`postprocess.tokenizeThreads`); default one per core. 1 = no threads. */
-  threads?: number;
+  threads?: number | undefined;
   /** Files smaller than this (bytes) are read on this thread; default {@link POOL_MIN_BYTES}. */
   minPoolBytes?: number;
   /** Lines a batch holds at most; default 256. */

@@ -231,7 +231,7 @@ export interface RowsFromGenerationsOptions {
    * Where to start reading each file, by file name (from the offsets of the last round, see
    * generation-offsets.ts); files not in it are read from the start.
    */
-  resume?: ReadonlyMap<string, FileStart>;
+  resume?: ReadonlyMap<string, FileStart> | undefined;
   /** Filled with where each file's complete lines end once read, by file name. */
   positions?: Map<string, FileStart>;
   /**
