@@ -8,6 +8,15 @@ export interface MaskedIds {
   loss_mask: readonly number[];
 }
 
+/** Where two strings first differ, by UTF-16 index, with context; empty when equal. */
+export function textDifference(ts: string, py: string): string {
+  if (ts === py) return '';
+  let i = 0;
+  while (i < ts.length && i < py.length && ts[i] === py[i]) i++;
+  const from = Math.max(0, i - 30);
+  return `rendered text differs at char ${i}: ts ${JSON.stringify(ts.slice(from, i + 30))} python ${JSON.stringify(py.slice(from, i + 30))}`;
+}
+
 /** Where two id lists first differ, with the tokens around it; empty when equal. */
 export function idsDifference(tok: ChatTokenizer, ts: readonly number[], py: readonly number[]): string {
   let i = 0;

@@ -50,6 +50,7 @@ import {
   type KimiEncodingSpec,
 } from '../helpers/tool-tokenizers.js';
 import { useTempDir } from '../helpers/temp.js';
+import { idsDifference } from '../helpers/token-diff.js';
 
 const TOOLS: unknown[] = [
   {
@@ -456,19 +457,6 @@ beforeAll(async () => {
   );
   FAMILIES.forEach((family, i) => python.set(family, report.jobs[i]?.cases ?? []));
 }, 600_000);
-
-/** Where two id lists first differ, with the tokens around it; empty when equal. */
-function idsDifference(tok: ChatTokenizer, ts: readonly number[], py: readonly number[]): string {
-  let i = 0;
-  while (i < ts.length && i < py.length && ts[i] === py[i]) i++;
-  if (i === ts.length && i === py.length) return '';
-  const show = (ids: readonly number[]): string =>
-    ids
-      .slice(Math.max(0, i - 4), i + 5)
-      .map((id) => `${JSON.stringify(tok.decode([id]))}#${id}`)
-      .join(' ');
-  return `first difference at ${i} (lengths ts ${ts.length}, python ${py.length})\n  ts:     ${show(ts)}\n  python: ${show(py)}`;
-}
 
 const counts = new Map<string, { spliced: number; rendered: number; known: Partial<Record<KnownReason, number>> }>();
 

@@ -26,6 +26,7 @@ import {
 } from '../../src/workers/postprocess/tokenize.js';
 import { conversationCorpus, generationCorpus, type GenerationCase } from '../fixtures/conversations/corpus.js';
 import { runPythonJson } from '../helpers/python.js';
+import { rowDifference, textDifference } from '../helpers/token-diff.js';
 
 interface PyFormat {
   header: string;
@@ -80,36 +81,6 @@ const TOKENIZERS = [
 
 const CONVERSATIONS = conversationCorpus(220);
 const GENERATIONS_PER_TOKENIZER = 60;
-
-/** Where two strings first differ, by UTF-16 index, with context; empty when equal. */
-function textDifference(ts: string, py: string): string {
-  if (ts === py) return '';
-  let i = 0;
-  while (i < ts.length && i < py.length && ts[i] === py[i]) i++;
-  const from = Math.max(0, i - 30);
-  return `rendered text differs at char ${i}: ts ${JSON.stringify(ts.slice(from, i + 30))} python ${JSON.stringify(py.slice(from, i + 30))}`;
-}
-
-/** Where two rows first differ, with the tokens around it; empty when they are equal. */
-function rowDifference(
-  tok: ChatTokenizer,
-  ts: { input_ids: readonly number[]; loss_mask: readonly number[] },
-  py: { input_ids: readonly number[]; loss_mask: readonly number[] },
-): string {
-  const n = Math.max(ts.input_ids.length, py.input_ids.length);
-  let i = 0;
-  while (i < n && ts.input_ids[i] === py.input_ids[i] && ts.loss_mask[i] === py.loss_mask[i]) i++;
-  if (i === n && ts.loss_mask.length === py.loss_mask.length) return '';
-  const show = (ids: readonly number[], mask: readonly number[]): string =>
-    ids
-      .slice(Math.max(0, i - 4), i + 5)
-      .map((id, k) => `${JSON.stringify(tok.decode([id]))}#${id}:${mask[Math.max(0, i - 4) + k] ?? '?'}`)
-      .join(' ');
-  return (
-    `first difference at position ${i} of ${n} (lengths: ts ${ts.input_ids.length}/${ts.loss_mask.length}, ` +
-    `python ${py.input_ids.length}/${py.loss_mask.length})\n  ts:     ${show(ts.input_ids, ts.loss_mask)}\n  python: ${show(py.input_ids, py.loss_mask)}`
-  );
-}
 
 function kwargsKey(kwargs: Record<string, unknown> | undefined): string {
   const k = kwargs ?? {};
