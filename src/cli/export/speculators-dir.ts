@@ -11,7 +11,15 @@
 import { readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
 
-import { EnvironmentError, PayloadError, errorMessage, fsyncDir, isErrno, isProcessAlive } from '../../shared/index.js';
+import {
+  EnvironmentError,
+  PayloadError,
+  errorMessage,
+  exists,
+  fsyncDir,
+  isErrno,
+  isProcessAlive,
+} from '../../shared/index.js';
 
 /** The files of an export, as speculators' `prepare-data` writes them (shards aside). */
 const EXPORT_FILES = new Set(['state.json', 'dataset_info.json', 'token_freq.pt']);
@@ -58,18 +66,8 @@ export async function cleanLeftovers(out: string): Promise<void> {
     const pid = Number(m[3]);
     if (pid !== process.pid && isProcessAlive(pid)) continue;
     const side = path.join(parent, name);
-    if (m[2] === 'old' && !(await pathExists(out))) await rename(side, out);
+    if (m[2] === 'old' && !(await exists(out))) await rename(side, out);
     else await rm(side, { recursive: true, force: true });
-  }
-}
-
-async function pathExists(p: string): Promise<boolean> {
-  try {
-    await stat(p);
-    return true;
-  } catch (e: unknown) {
-    if (isErrno(e, 'ENOENT')) return false;
-    throw e;
   }
 }
 
