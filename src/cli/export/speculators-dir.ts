@@ -8,7 +8,7 @@
  * it (they were computed from the old `token_freq.pt`, and speculators would reuse them);
  * anything else in the folder makes the export refuse, naming it.
  */
-import { readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { readFile, readdir, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
 
 import {
