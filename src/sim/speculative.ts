@@ -13,33 +13,41 @@
  *   completion_tokens = 1 + spec_num_correct_drafts + spec_verify_ct − cut,
  * where 1 is the prefill's token and cut (≥ 0, only the last step) is what the last step
  * accepted but did not emit. A request aborted while decoding ends on a step boundary (cut 0).
+ *
+ * `--speculative-algorithm DFLASH` (a block drafter, DFlash) is the same chain with other
+ * numbers: each verify step the drafter fills a block of `blockSize` slots in one forward pass
+ * (the first slot the last verified token, the others `blockSize - 1` drafts), the target
+ * verifies the whole block, and draft k is accepted with a rate that decays with its position in
+ * the block. A step costs 1 + draftOverhead + blockVerifyCost × blockSize decode steps.
  */
 import { hashString, mulberry32, type Rng } from './random.js';
 
-export const SPECULATIVE_ALGORITHMS = ['EAGLE3'] as const;
+export const SPECULATIVE_ALGORITHMS = ['EAGLE3', 'DFLASH'] as const;
 export type SpeculativeAlgorithm = (typeof SPECULATIVE_ALGORITHMS)[number];
 
 /** How good the drafter is: per-position rates, or the accept length they should give. */
 export interface AcceptanceSpec {
   /**
    * Per draft position k = 1..numSteps: the probability that draft k is accepted given that
-   * drafts < k were (e.g. [0.8, 0.6, 0.4]); exactly `numSteps` entries in [0, 1].
+   * drafts < k were (e.g. [0.8, 0.6, 0.4]); exactly `numSteps` entries in [0, 1] (DFLASH:
+   * `blockSize - 1` entries, one per block position after the first).
    */
   acceptance?: number[];
   /**
    * The mean accept length to reach (tokens per verify step, bonus included), in
    * [1, numSteps + 1]: every position then gets the same rate p, 1 + p + … + p^numSteps = it.
+   * DFLASH: in [1, blockSize], the decaying profile {@link dflashProfile} whose q reaches it.
    */
   meanAcceptLength?: number;
 }
 
 /** `speculative` of the simulator's options: SGLang's `--speculative-*` flags and the drafter. */
 export interface SpeculativeOptions extends AcceptanceSpec {
-  /** `--speculative-algorithm`; default and only value `EAGLE3`. */
+  /** `--speculative-algorithm`: `EAGLE3` (the default) or `DFLASH` (block drafting). */
   algorithm?: SpeculativeAlgorithm;
   /** `--speculative-draft-model-path`, reported in /server_info. */
   draftModelPath: string;
-  /** `--speculative-num-steps`: drafts per verify step; default 3. */
+  /** `--speculative-num-steps`: drafts per verify step; default 3 (EAGLE3 only). */
   numSteps?: number;
   /** `--speculative-eagle-topk`; default and only value 1 (a chain of drafts). */
   eagleTopk?: number;
@@ -58,6 +66,13 @@ export interface SpeculativeOptions extends AcceptanceSpec {
    * a verify step costs (1 + draftOverhead) decode steps. Default 0.25.
    */
   draftOverhead?: number;
+  /** DFLASH: `--speculative-dflash-block-size`, slots per drafted block (the drafts are one fewer); default 16. */
+  blockSize?: number;
+  /**
+   * DFLASH: what verifying one block slot costs, as a share of a plain decode step; a verify step
+   * then costs 1 + draftOverhead + blockVerifyCost × blockSize. Default 0.02.
+   */
+  blockVerifyCost?: number;
 }
 
 /** {@link SpeculativeOptions} checked, with defaults applied. */
@@ -71,13 +86,45 @@ export interface ResolvedSpeculative {
   numDraftTokensGiven: number | undefined;
   acceptance: readonly number[];
   perDataset: ReadonlyMap<string, readonly number[]>;
+  /** What a verify step costs beyond a plain decode step (DFLASH: the block's verify cost included). */
   draftOverhead: number;
+  /** DFLASH: slots per block (`numSteps` = blockSize − 1 drafts); undefined for EAGLE3. */
+  blockSize: number | undefined;
+  /** DFLASH: verify cost per block slot; undefined for EAGLE3. */
+  blockVerifyCost: number | undefined;
 }
 
 export const DEFAULT_NUM_STEPS = 3;
 export const DEFAULT_DRAFT_OVERHEAD = 0.25;
 /** The per-position rate when neither `acceptance` nor `meanAcceptLength` is given. */
 export const DEFAULT_ACCEPTANCE_RATE = 0.7;
+export const DEFAULT_DFLASH_BLOCK_SIZE = 16;
+/** DFLASH's drafter runs once per block: a smaller share than EAGLE3's chain of steps. */
+export const DEFAULT_DFLASH_DRAFT_OVERHEAD = 0.1;
+export const DEFAULT_BLOCK_VERIFY_COST = 0.02;
+/** The q of DFLASH's default profile ({@link dflashProfile}): 0.85 at the first draft, 0.48 at the 15th. */
+export const DEFAULT_DFLASH_Q = 0.85;
+
+/**
+ * DFLASH's acceptance per block position: draft k (1-based) accepted, given drafts < k were,
+ * with probability q^(1 + (k − 1)/4): a profile that decays along the block, as a block
+ * drafter's does (later slots are predicted from less context). q = 1 accepts every draft.
+ */
+export function dflashProfile(q: number, drafts: number): number[] {
+  return Array.from({ length: drafts }, (_, i) => q ** (1 + i / 4));
+}
+
+/** The q for which {@link dflashProfile} reaches `meanAcceptLength` tokens per verify step. */
+export function dflashRatesForMeanAcceptLength(meanAcceptLength: number, drafts: number): number[] {
+  let low = 0;
+  let high = 1;
+  for (let i = 0; i < 60; i++) {
+    const mid = (low + high) / 2;
+    if (expectedAcceptLength(dflashProfile(mid, drafts)) < meanAcceptLength) low = mid;
+    else high = mid;
+  }
+  return dflashProfile((low + high) / 2, drafts);
+}
 
 /** Expected tokens per verify step (bonus included) for per-position conditional rates. */
 export function expectedAcceptLength(rates: readonly number[]): number {
@@ -102,7 +149,7 @@ export function ratesForMeanAcceptLength(meanAcceptLength: number, numSteps: num
   return new Array<number>(numSteps).fill((low + high) / 2);
 }
 
-function resolveAcceptance(spec: AcceptanceSpec, numSteps: number, where: string): number[] {
+function resolveAcceptance(spec: AcceptanceSpec, numSteps: number, where: string, dflash = false): number[] {
   const { acceptance, meanAcceptLength } = spec;
   if (acceptance !== undefined && meanAcceptLength !== undefined) {
     throw new RangeError(`simulator option ${where}: give acceptance or meanAcceptLength, not both`);
@@ -126,9 +173,11 @@ function resolveAcceptance(spec: AcceptanceSpec, numSteps: number, where: string
         `simulator option ${where}.meanAcceptLength must be in [1, numSteps + 1 = ${numSteps + 1}], got ${String(meanAcceptLength)}`,
       );
     }
-    return ratesForMeanAcceptLength(meanAcceptLength, numSteps);
+    return dflash
+      ? dflashRatesForMeanAcceptLength(meanAcceptLength, numSteps)
+      : ratesForMeanAcceptLength(meanAcceptLength, numSteps);
   }
-  return new Array<number>(numSteps).fill(DEFAULT_ACCEPTANCE_RATE);
+  return dflash ? dflashProfile(DEFAULT_DFLASH_Q, numSteps) : new Array<number>(numSteps).fill(DEFAULT_ACCEPTANCE_RATE);
 }
 
 /** Checks `speculative` and applies its defaults; RangeError naming the option when it is wrong. */
@@ -141,6 +190,10 @@ export function resolveSpeculative(o: SpeculativeOptions): ResolvedSpeculative {
   }
   if (typeof o.draftModelPath !== 'string' || o.draftModelPath === '') {
     throw new RangeError('simulator option speculative.draftModelPath must be a non-empty string');
+  }
+  if (algorithm === 'DFLASH') return resolveDflash(o);
+  if (o.blockSize !== undefined || o.blockVerifyCost !== undefined) {
+    throw new RangeError('simulator option speculative.blockSize / blockVerifyCost: only with algorithm DFLASH');
   }
   const numSteps = o.numSteps ?? DEFAULT_NUM_STEPS;
   if (!Number.isInteger(numSteps) || numSteps < 1 || numSteps > 32) {
@@ -176,6 +229,59 @@ export function resolveSpeculative(o: SpeculativeOptions): ResolvedSpeculative {
     acceptance: resolveAcceptance(o, numSteps, 'speculative'),
     perDataset,
     draftOverhead,
+    blockSize: undefined,
+    blockVerifyCost: undefined,
+  };
+}
+
+function nonNegative(name: string, value: unknown): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new RangeError(`simulator option speculative.${name} must be ≥ 0, got ${String(value)}`);
+  }
+  return value;
+}
+
+/** {@link resolveSpeculative} for DFLASH: a block of `blockSize` slots per verify step. */
+function resolveDflash(o: SpeculativeOptions): ResolvedSpeculative {
+  const blockSize = o.blockSize ?? DEFAULT_DFLASH_BLOCK_SIZE;
+  if (!Number.isInteger(blockSize) || blockSize < 2 || blockSize > 64) {
+    throw new RangeError(
+      `simulator option speculative.blockSize must be an integer in [2, 64], got ${String(blockSize)}`,
+    );
+  }
+  if (o.numSteps !== undefined) {
+    throw new RangeError(
+      'simulator option speculative.numSteps: DFLASH drafts a block in one pass; give speculative.blockSize instead',
+    );
+  }
+  if (o.numDraftTokens !== undefined && o.numDraftTokens !== blockSize) {
+    throw new RangeError(
+      `simulator option speculative.numDraftTokens: DFLASH verifies the whole block, so it is blockSize (${blockSize}), got ${String(o.numDraftTokens)}`,
+    );
+  }
+  const eagleTopk = o.eagleTopk ?? 1;
+  if (eagleTopk !== 1) {
+    throw new RangeError(`simulator option speculative.eagleTopk: DFLASH drafts a chain (1), got ${String(eagleTopk)}`);
+  }
+  const drafts = blockSize - 1;
+  const overhead = nonNegative('draftOverhead', o.draftOverhead ?? DEFAULT_DFLASH_DRAFT_OVERHEAD);
+  const blockVerifyCost = nonNegative('blockVerifyCost', o.blockVerifyCost ?? DEFAULT_BLOCK_VERIFY_COST);
+  const perDataset = new Map<string, readonly number[]>();
+  for (const [name, spec] of Object.entries(o.perDataset ?? {})) {
+    perDataset.set(name, resolveAcceptance(spec, drafts, `speculative.perDataset.${name}`, true));
+  }
+  return {
+    algorithm: 'DFLASH',
+    draftModelPath: o.draftModelPath,
+    numSteps: drafts,
+    eagleTopk,
+    numDraftTokens: blockSize,
+    numDraftTokensGiven: undefined,
+    acceptance: resolveAcceptance(o, drafts, 'speculative', true),
+    perDataset,
+    draftOverhead: overhead + blockVerifyCost * blockSize,
+    blockSize,
+    blockVerifyCost,
   };
 }
 
@@ -355,18 +461,30 @@ export function parseAcceptanceArg(value: string): AcceptanceSpec {
 
 /** The `speculative_*` keys of /server_info (SGLang's server args): null without speculation. */
 export function speculativeServerInfo(spec: ResolvedSpeculative | undefined): Record<string, unknown> {
+  const dflash = spec?.algorithm === 'DFLASH';
   return {
     speculative_algorithm: spec?.algorithm ?? null,
     speculative_draft_model_path: spec?.draftModelPath ?? null,
-    speculative_num_steps: spec?.numSteps ?? null,
+    // DFLASH drafts the whole block in one drafter pass: one step, the block's slots verified.
+    speculative_num_steps: dflash ? 1 : (spec?.numSteps ?? null),
     speculative_eagle_topk: spec?.eagleTopk ?? null,
     speculative_num_draft_tokens: spec?.numDraftTokens ?? null,
+    speculative_dflash_block_size: spec?.blockSize ?? null,
   };
 }
 
 /** SGLang's `--speculative-*` arguments that start such a server, for `launch_command`. */
 export function speculativeLaunchArgs(spec: ResolvedSpeculative | undefined): string[] {
   if (spec === undefined) return [];
+  if (spec.algorithm === 'DFLASH')
+    return [
+      '--speculative-algorithm',
+      'DFLASH',
+      '--speculative-draft-model-path',
+      spec.draftModelPath,
+      '--speculative-dflash-block-size',
+      String(spec.blockSize ?? DEFAULT_DFLASH_BLOCK_SIZE),
+    ];
   return [
     '--speculative-algorithm',
     spec.algorithm,
@@ -392,6 +510,8 @@ export interface SpeculativeFlags {
   /** `<dataset>=<acceptance>`, repeated. */
   speculativeDataset?: string[] | undefined;
   speculativeDraftOverhead?: number | undefined;
+  speculativeDflashBlockSize?: number | undefined;
+  speculativeBlockVerifyCost?: number | undefined;
 }
 
 /**
@@ -403,7 +523,7 @@ export function speculativeFromFlags(f: SpeculativeFlags): SpeculativeOptions | 
     const stray = Object.entries(f).find(([, v]) => v !== undefined);
     if (stray !== undefined) {
       const flag = stray[0].replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
-      throw new RangeError(`--${flag} needs --speculative-algorithm EAGLE3`);
+      throw new RangeError(`--${flag} needs --speculative-algorithm EAGLE3 or DFLASH`);
     }
     return undefined;
   }
@@ -425,5 +545,7 @@ export function speculativeFromFlags(f: SpeculativeFlags): SpeculativeOptions | 
     ...(f.speculativeAcceptance === undefined ? {} : parseAcceptanceArg(f.speculativeAcceptance)),
     ...(Object.keys(perDataset).length === 0 ? {} : { perDataset }),
     ...(f.speculativeDraftOverhead === undefined ? {} : { draftOverhead: f.speculativeDraftOverhead }),
+    ...(f.speculativeDflashBlockSize === undefined ? {} : { blockSize: f.speculativeDflashBlockSize }),
+    ...(f.speculativeBlockVerifyCost === undefined ? {} : { blockVerifyCost: f.speculativeBlockVerifyCost }),
   };
 }

@@ -106,6 +106,8 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
     speculativeAcceptance: opts.speculativeAcceptance,
     speculativeDataset: opts.speculativeDataset,
     speculativeDraftOverhead: opts.speculativeDraftOverhead,
+    speculativeDflashBlockSize: opts.speculativeDflashBlockSize,
+    speculativeBlockVerifyCost: opts.speculativeBlockVerifyCost,
   });
   return {
     ...(speculative === undefined ? {} : { speculative }),
@@ -250,7 +252,17 @@ export function registerSimCommand(program: Command): void {
     )
     .option(
       '--speculative-draft-overhead <x>',
-      'cost of drafting and verifying a step beyond a plain decode step (default 0.25)',
+      'cost of drafting and verifying a step beyond a plain decode step (default 0.25; DFLASH 0.1, the block verify apart)',
+      numberArg('nonneg'),
+    )
+    .option(
+      '--speculative-dflash-block-size <n>',
+      'DFLASH: slots per drafted block, drafts one fewer (default 16)',
+      numberArg('positive-int'),
+    )
+    .option(
+      '--speculative-block-verify-cost <x>',
+      'DFLASH: cost of verifying one block slot, as a share of a decode step (default 0.02)',
       numberArg('nonneg'),
     )
     .option(
