@@ -26,15 +26,9 @@ import {
   type PromptRecord,
   type RunKeys,
   type ToolCallFormat,
-} from '../shared/index.js';
-import {
   countLines,
-  partitionOf,
-  partitionsFor,
-  PromptIndex,
-  promptIdOf,
-  type SampleIdScheme,
-} from './export/index.js';
+} from '../shared/index.js';
+import { partitionOf, partitionsFor, PromptIndex, promptIdOf, type SampleIdScheme } from './export/index.js';
 
 /** The results a turn's calls were answered with, placed after it in the next turn's history. */
 export interface PlacedToolResults {

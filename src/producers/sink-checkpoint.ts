@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import {
   AppError,
   EnvironmentError,
+  countNewlines,
   errorCode,
   removeTempFiles,
   writeFileAtomic,
@@ -138,7 +139,7 @@ export async function recoverFiles(dir: string, oracle: TornLineOracle, log: Log
     const { complete, size } = await completeLength(path);
     if (complete < size) await cutTornLine(path, complete, size, false, oracle, log);
     let records = 0;
-    for (const p of parts) records += await countLines(join(dir, p));
+    for (const p of parts) records += await countNewlines(join(dir, p));
     const checkpoint: Checkpoint = { part: newest, bytes: complete, lastId: '0-0', records };
     log.warn(
       { checkpoint: cpPath, ...checkpoint },
@@ -170,7 +171,7 @@ export async function recoverFiles(dir: string, oracle: TornLineOracle, log: Log
   // Checkpoints end on a line boundary: an incomplete line past one belongs to an untrimmed batch.
   if (complete < size) await cutTornLine(path, Math.max(complete, saved.bytes), size, true, oracle, log);
   if (complete <= saved.bytes) return { checkpoint: saved, adoptedFrom: undefined };
-  const adopted = await countLines(path, saved.bytes, complete);
+  const adopted = await countNewlines(path, saved.bytes, complete);
   log.warn(
     { part: saved.part, checkpoint: saved.bytes, size: complete, lines: adopted },
     'keeping complete lines written after the last checkpoint; their stream entries will not be written again',
@@ -234,25 +235,6 @@ async function completeLength(path: string): Promise<{ complete: number; size: n
       end = start;
     }
     return { complete: 0, size };
-  } finally {
-    await fh.close();
-  }
-}
-
-/** Newlines in `[from, to)` of a file (its whole length by default). */
-async function countLines(path: string, from = 0, to = Infinity): Promise<number> {
-  const fh = await open(path, 'r');
-  try {
-    const end = Math.min(to, (await fh.stat()).size);
-    const chunk = Buffer.alloc(1024 * 1024);
-    let n = 0;
-    for (let pos = from; pos < end;) {
-      const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos);
-      if (bytesRead === 0) break;
-      for (let i = 0; i < bytesRead; i += 1) if (chunk[i] === 0x0a) n += 1;
-      pos += bytesRead;
-    }
-    return n;
   } finally {
     await fh.close();
   }

@@ -1,4 +1,12 @@
 // `tokenmill export`: training rows and SpecForge conversations written out of a run.
+export {
+  DflashRows,
+  DRAFTERS,
+  formatDflashExport,
+  parseDrafter,
+  type DflashExportStats,
+  type Drafter,
+} from './dflash-rows.js';
 export { AtomicJsonlWriter } from './file.js';
 export { exportRows, type RowsExportStats } from './rows.js';
 export { exportSpecForgeDataset, type SpecForgeExportStats } from './specforge.js';
@@ -21,14 +29,7 @@ export {
   verifierOf,
 } from './speculators.js';
 export { inspectOut, type OutState } from './speculators-dir.js';
-export {
-  countLines,
-  partitionOf,
-  partitionsFor,
-  PromptIndex,
-  promptIdOf,
-  type SampleIdScheme,
-} from './prompt-index.js';
+export { partitionOf, partitionsFor, PromptIndex, promptIdOf, type SampleIdScheme } from './prompt-index.js';
 export { pickleIntDict } from './torch-pickle.js';
 export { archiveNameOf, torchSaveIntDict, torchSaveIntDictBytes } from './torch-save.js';
 export { paddingFor, storedZip, type ZipEntry } from './torch-zip.js';

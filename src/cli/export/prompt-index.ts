@@ -58,17 +58,6 @@ export function partitionOf(id: string, partitions: number): number {
   return (h >>> 0) % partitions;
 }
 
-/** Newline count of a file (an upper bound of its non-blank lines), read in 1 MiB chunks. */
-export async function countLines(file: string): Promise<number> {
-  let n = 0;
-  let last = NL;
-  for await (const chunk of createReadStream(file, { highWaterMark: 1 << 20 }) as AsyncIterable<Buffer>) {
-    for (let i = chunk.indexOf(NL); i !== -1; i = chunk.indexOf(NL, i + 1)) n++;
-    if (chunk.length > 0) last = chunk[chunk.length - 1] ?? NL;
-  }
-  return last === NL ? n : n + 1;
-}
-
 /** How many partitions a prompt file of `lines` lines needs. */
 export function partitionsFor(lines: number, maxLines = PARTITION_MAX_LINES): number {
   return Math.max(1, Math.ceil(lines / maxLines));

@@ -29,15 +29,8 @@
  *   conversation made into one row, else one `last-turn` line per turn
  *   (specforge-conversations.ts). The two kinds go to two files (specforge-files.ts).
  */
-import { errorMessage, fastPromptId, logger as componentLogger, type Logger } from '../../shared/index.js';
-import {
-  PromptIndex,
-  countLines,
-  partitionOf,
-  partitionsFor,
-  promptIdOf,
-  type SampleIdScheme,
-} from './prompt-index.js';
+import { countLines, errorMessage, fastPromptId, logger as componentLogger, type Logger } from '../../shared/index.js';
+import { PromptIndex, partitionOf, partitionsFor, promptIdOf, type SampleIdScheme } from './prompt-index.js';
 import { ConversationTurns, exportConversations, turnOf } from './specforge-conversations.js';
 import {
   answerText,

@@ -146,3 +146,37 @@ export async function removeAbandonedTempFiles(file: string): Promise<string[]> 
   }
   return removed;
 }
+
+/** Newlines in the bytes `[from, to)` of a file (its whole length by default), read in 1 MiB chunks. */
+export async function countNewlines(file: string, from = 0, to = Infinity): Promise<number> {
+  const fh = await open(file, 'r');
+  try {
+    const end = Math.min(to, (await fh.stat()).size);
+    const chunk = Buffer.alloc(Math.min(1 << 20, Math.max(1, end - from)));
+    let n = 0;
+    for (let pos = from; pos < end;) {
+      const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos);
+      if (bytesRead === 0) break;
+      for (let i = chunk.indexOf(0x0a); i !== -1 && i < bytesRead; i = chunk.indexOf(0x0a, i + 1)) n += 1;
+      pos += bytesRead;
+    }
+    return n;
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Lines of a file: its newlines, plus one for a last line without a newline. */
+export async function countLines(file: string): Promise<number> {
+  const n = await countNewlines(file);
+  const size = (await stat(file)).size;
+  if (size === 0) return 0;
+  const fh = await open(file, 'r');
+  try {
+    const last = Buffer.alloc(1);
+    await fh.read(last, 0, 1, size - 1);
+    return last[0] === 0x0a ? n : n + 1;
+  } finally {
+    await fh.close();
+  }
+}

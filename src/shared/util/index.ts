@@ -1,5 +1,7 @@
 // Small helpers with one home each: files, JSON values, child processes and threads, formatting.
 export {
+  countLines,
+  countNewlines,
   ensureDir,
   exists,
   fsyncDir,
