@@ -9,6 +9,8 @@ train stage can be run end to end anywhere: on CUDA when a GPU is visible, on th
         [--lr LR] [--resume CHECKPOINT]
     python trainers/tiny_drafter.py --extract --data DATASET --output FEATURES_DIR
     python trainers/tiny_drafter.py --features FEATURES_DIR --data DATASET --output CKPT_DIR …
+    python trainers/tiny_drafter.py --mode dflash --mask-token-id ID --data DATASET --output CKPT_DIR
+        [--block-size K] [--anchors-per-sample N] [--loss-decay-gamma G] …
 
 What it does:
 - loads the dataset with `datasets.load_from_disk`; the drafter's vocabulary is the set of token
@@ -24,6 +26,15 @@ What it does:
   "target" model over every sample and saves its hidden states (`features.pt` in `--output`);
   `--features DIR` then trains the drafter on them (each position sees its token and the
   target's hidden state there, and predicts the next token).
+- `--mode dflash`: a DFlash-style block drafter in miniature. Anchors are drawn per sample (so
+  short conversations get their share) from the positions followed by at least 2 adjacent
+  supervised tokens; at each anchor a small frozen "target" reads the tokens up to it, and the
+  drafter sees a block of K slots — the anchor's token, then the reserved mask token
+  (`--mask-token-id`, which the data must never hold) — plus the target's hidden state at the
+  anchor, attends across the whole block at once, and predicts the K tokens after the anchor in
+  one pass (slot j the token at anchor + 1 + j, its loss weighted by the loss mask and by
+  exp(-j / gamma), as DFlash's decaying loss). The target sees only tokens up to the anchor, so no
+  block reads a future target state.
 """
 import argparse
 import json
@@ -52,6 +63,11 @@ def parse_args(argv):
     p.add_argument("--extract", action="store_true", help="save a frozen target's hidden states to --output instead of training")
     p.add_argument("--features", default="", help="folder written by --extract: train on the target's hidden states")
     p.add_argument("--target-d-model", type=int, default=96, help="--extract: width of the frozen target")
+    p.add_argument("--mode", choices=("ar", "dflash"), default="ar", help="ar: next-token drafter (EAGLE-3 style); dflash: block drafter")
+    p.add_argument("--block-size", type=int, default=8, help="dflash: slots per block (tokens predicted per anchor)")
+    p.add_argument("--anchors-per-sample", type=int, default=4, help="dflash: anchors drawn in each sample of a batch")
+    p.add_argument("--loss-decay-gamma", type=float, default=4.0, help="dflash: slot j's loss weighted by exp(-j / gamma)")
+    p.add_argument("--mask-token-id", type=int, default=-1, help="dflash: the reserved token the block's slots are filled with (required)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: 1 on the CPU, where a model this small gains nothing from more)")
     return p.parse_args(argv)
 
@@ -141,6 +157,62 @@ def make_batch(torch, samples, to_local, step, seed, batch_size, seq_len, featur
     return batch + ((torch.stack(fs),) if features is not None else (None,))
 
 
+def build_dflash(torch, vocab, d_model, layers, heads, block_size, d_target):
+    """The block drafter: K slots (anchor token, then mask tokens) + the target's state at the anchor."""
+    nn = torch.nn
+
+    class BlockDrafter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model)
+            self.pos = nn.Embedding(block_size, d_model)
+            self.feat = nn.Linear(d_target, d_model)
+            layer = nn.TransformerEncoderLayer(
+                d_model, heads, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+            )
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab)
+
+        def forward(self, x, target_state):
+            pos = torch.arange(x.shape[1], device=x.device)
+            h = self.embed(x) + self.pos(pos)[None] + self.feat(target_state)[:, None, :]
+            # No causal mask: every slot of the block sees every other (one drafting pass).
+            return self.head(self.norm(self.blocks(h)))
+
+    return BlockDrafter()
+
+
+def dflash_anchors(mask):
+    """Positions a with loss_mask[a + 1] and loss_mask[a + 2] set: at least 2 adjacent supervised tokens after a."""
+    return [a for a in range(len(mask) - 2) if mask[a + 1] and mask[a + 2]]
+
+
+def make_dflash_batch(torch, samples, anchors, to_local, mask_local, step, cfg, batch_size, per_sample, gamma):
+    """The blocks of `step`: samples, then anchors within each, drawn with a generator seeded by (seed, step)."""
+    g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step)
+    k, ctx = cfg["block_size"], cfg["seq_len"]
+    xs, ys, ws, cs = [], [], [], []
+    for _ in range(batch_size):
+        i = int(torch.randint(len(samples), (1,), generator=g))
+        ids, mask = samples[i]
+        eligible = anchors[i]
+        picks = torch.randperm(len(eligible), generator=g)[: min(per_sample, len(eligible))].tolist()
+        for p in picks:
+            a = eligible[p]
+            context = [to_local[t] for t in ids[max(0, a + 1 - ctx) : a + 1]]
+            cs.append([0] * (ctx - len(context)) + context)
+            xs.append([to_local[ids[a]]] + [mask_local] * (k - 1))
+            y, w = [], []
+            for j in range(k):
+                q = a + 1 + j
+                y.append(to_local[ids[q]] if q < len(ids) else 0)
+                w.append(float(mask[q]) * math.exp(-j / gamma) if q < len(ids) else 0.0)
+            ys.append(y)
+            ws.append(w)
+    return torch.tensor(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(cs)
+
+
 def extract(torch, args, samples):
     """--extract: a frozen target's last hidden state at every position of every sample."""
     vocab_ids = sorted({t for ids, _ in samples for t in ids})
@@ -188,6 +260,12 @@ def main(argv):
         if len(feats["hidden"]) != len(samples):
             fail(f"--features: {fpath} has {len(feats['hidden'])} samples, the dataset {len(samples)}; extract again")
         features = feats["hidden"]
+
+    if args.mode == "dflash":
+        if features is not None:
+            fail("--mode dflash computes the target's states itself; leave out --features")
+        train_dflash(torch, args, samples, device)
+        return
 
     ckpt = None
     if args.resume:
@@ -261,6 +339,100 @@ def main(argv):
     summary = {"steps": done, "seconds": round(elapsed, 3), "steps_per_sec": round(done / elapsed, 3) if elapsed > 0 else None, "device": device, "gpu": gpu}
     if device == "cuda":
         summary["max_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    print(f"done {json.dumps(summary)}", flush=True)
+
+
+def train_dflash(torch, args, samples, device):
+    """--mode dflash: the block drafter, trained on blocks at anchors; checkpoints as the ar mode's."""
+    if args.block_size < 2:
+        fail(f"--block-size must be at least 2, got {args.block_size}")
+    ckpt = None
+    if args.resume:
+        if not os.path.exists(args.resume):
+            fail(f"--resume: checkpoint {args.resume} does not exist")
+        ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+        if ckpt["config"].get("mode") != "dflash":
+            fail(f"--resume: {args.resume} is not a dflash checkpoint")
+        vocab_ids, cfg = ckpt["vocab"], ckpt["config"]
+    else:
+        if args.mask_token_id < 0:
+            fail("--mode dflash needs --mask-token-id: a reserved token the data never holds (not pad, not eos)")
+        vocab_ids = sorted({t for ids, _ in samples for t in ids})
+        cfg = {"mode": "dflash", "d_model": args.d_model, "layers": args.layers, "heads": args.heads, "seq_len": args.seq_len,
+               "seed": args.seed, "block_size": args.block_size, "mask_token": args.mask_token_id, "d_target": args.target_d_model}
+    mask_token = cfg["mask_token"]
+    holding = sum(1 for ids, _ in samples if mask_token in ids)
+    if holding:
+        fail(f"the mask token {mask_token} is in {holding} row(s) of the dataset: it must be reserved (never in the data)")
+    to_local = {t: i for i, t in enumerate(vocab_ids)}
+    if any(t not in to_local for ids, _ in samples for t in ids):
+        fail("token(s) of the dataset are not in the checkpoint's vocabulary; resume on the dataset it was trained on")
+    mask_local = len(vocab_ids)
+    anchors = [dflash_anchors(mask) for _, mask in samples]
+    usable = [i for i, a in enumerate(anchors) if a]
+    if not usable:
+        fail("no sample has 2 adjacent supervised tokens: DFlash has no anchor to draw")
+    skipped = len(samples) - len(usable)
+    samples = [samples[i] for i in usable]
+    anchors = [anchors[i] for i in usable]
+
+    torch.manual_seed(1234)  # the frozen "target", the same model every time
+    target = build_model(torch, len(vocab_ids) + 1, cfg["d_target"], 2, 4, cfg["seq_len"]).to(device)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(cfg["seed"])
+    model = build_dflash(torch, len(vocab_ids) + 1, cfg["d_model"], cfg["layers"], cfg["heads"], cfg["block_size"], cfg["d_target"]).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    start_step = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start_step = int(ckpt["step"])
+        print(f"resumed from {args.resume} at step {start_step}", flush=True)
+    if start_step >= args.steps:
+        fail(f"the checkpoint is at step {start_step}, not before --steps {args.steps}; raise --steps")
+    os.makedirs(args.output, exist_ok=True)
+    params = sum(p.numel() for p in model.parameters())
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    print(
+        f"tiny_drafter: dflash, {len(samples)} samples with anchors ({skipped} without), block {cfg['block_size']}, "
+        f"mask token {mask_token}, draft vocabulary {len(vocab_ids)}, {params:,} parameters, device {device} ({gpu})",
+        flush=True,
+    )
+
+    def save(step):
+        path = os.path.join(args.output, f"step-{step:06d}.pt")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "vocab": vocab_ids, "config": cfg, "args": vars(args)}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        print(f"checkpoint {path}", flush=True)
+
+    started = time.time()
+    model.train()
+    for step in range(start_step + 1, args.steps + 1):
+        x, y, w, c = make_dflash_batch(torch, samples, anchors, to_local, mask_local, step, cfg, args.batch_size, args.anchors_per_sample, args.loss_decay_gamma)
+        x, y, w, c = x.to(device), y.to(device), w.to(device), c.to(device)
+        with torch.no_grad():
+            state = target.hidden(c)[:, -1, :]
+        logits = model(x, state)
+        per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+        weight = w.reshape(-1)
+        loss = (per_token * weight).sum() / weight.sum().clamp(min=1e-6)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            fail(f"step {step}: the loss is {value}")
+        if step % args.log_every == 0 or step == args.steps:
+            # Slot 1's top-1 agreement on this batch: a first hint, not acceptance (measure that with tokenmill eval).
+            hit = (logits.argmax(-1) == y).float()[:, 0].mean()
+            print(f"step {step}/{args.steps} loss {value:.6f} slot1_acc {float(hit):.3f}", flush=True)
+        if step % args.save_every == 0 or step == args.steps:
+            save(step)
+    elapsed = time.time() - started
+    done = args.steps - start_step
+    summary = {"mode": "dflash", "steps": done, "seconds": round(elapsed, 3), "steps_per_sec": round(done / elapsed, 3) if elapsed > 0 else None, "device": device, "gpu": gpu}
     print(f"done {json.dumps(summary)}", flush=True)
 
 

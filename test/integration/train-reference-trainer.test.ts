@@ -106,4 +106,50 @@ describe('reference trainer (tiny_drafter.py)', () => {
       path.join(resumed.result.attemptDir ?? '', 'checkpoints', 'step-000020.pt'),
     );
   }, 300_000);
+
+  it('--mode dflash: the block drafter trains a few steps on anchors with the reserved mask token, its loss falls, and it refuses a mask token the data holds', async () => {
+    const dflash = (maskTokenId: number) =>
+      h.config({
+        command: [
+          VENV_PYTHON,
+          path.join(REPO_ROOT, 'trainers/tiny_drafter.py'),
+          '--mode',
+          'dflash',
+          '--mask-token-id',
+          String(maskTokenId),
+          '--block-size',
+          '4',
+          '--anchors-per-sample',
+          '4',
+          '--data',
+          '{dataset}',
+          '--output',
+          '{output}',
+          '--steps',
+          '20',
+          '--batch-size',
+          '4',
+          '--seq-len',
+          '16',
+          '--save-every',
+          '20',
+        ],
+        gpus: 0,
+        mode: 'from-scratch',
+      });
+    const done = await h.wait(await h.queue(dflash(7)), 120_000);
+    expect(done.status === 'failed' ? done.reason : '').toBe('');
+    if (done.status !== 'completed') return;
+    const r = done.result;
+    expect(r.progress).toMatchObject({ step: 20, total: 20 });
+    expect(r.lastLoss ?? Infinity).toBeLessThan((r.firstLoss ?? 0) * 0.7);
+    expect(r.lastCheckpoint).toBe(path.join(r.attemptDir ?? '', 'checkpoints', 'step-000020.pt'));
+    const log = readFileSync(path.join(r.attemptDir ?? '', 'train.log'), 'utf8');
+    expect(log).toMatch(/tiny_drafter: dflash, 24 samples with anchors \(0 without\), block 4, mask token 7/);
+    expect(log).toMatch(/^step 20\/20 loss [\d.]+ slot1_acc [\d.]+$/m);
+
+    // 1000 is a token of every row: not a reserved mask token.
+    const refused = await h.wait(await h.queue(dflash(1000)), 120_000);
+    expect(refused.status === 'failed' ? refused.reason : '').toContain('the mask token 1000 is in 24 row(s)');
+  }, 300_000);
 });
