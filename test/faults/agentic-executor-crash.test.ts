@@ -9,14 +9,7 @@ import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
-import {
-  RunKeys,
-  bundledTokenizerPath,
-  loadTokenizer,
-  pauseDataset,
-  resumeDataset,
-  type ConfigInput,
-} from '../../src/shared/index.js';
+import { RunKeys, bundledTokenizerPath, loadTokenizer, pauseDataset, resumeDataset } from '../../src/shared/index.js';
 import {
   agenticRecords,
   expectAgenticChains,
@@ -25,8 +18,9 @@ import {
   type AgenticTurnRecord,
 } from '../helpers/agentic.js';
 import { byConversation } from '../helpers/conversations.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, type CliProcess } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, waitFor, type CliProcess } from '../helpers/pipeline.js';
 import { startReferenceExecutor } from '../helpers/tool-executor.js';
 
 const PARALLEL = 0.3;
@@ -52,25 +46,20 @@ describe('agentic conversations with a tool executor survive kills', () => {
     const run = 'axc';
     const records: AgenticRecord[] = agenticRecords(run, 12, PARALLEL);
     const file = writeAgentic(tmp.dir, run, records);
-    const config: ConfigInput = {
+    const configPath = writeTestConfig(tmp.dir, {
       run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, requestTimeoutMs: 60_000, contextLength: 32_768 },
-      datasets: [
-        {
-          name: 'ds',
-          prompts: path.basename(file),
-          turns: 'all',
-          tokenBudget: 1_000_000_000,
-          maxNewTokens: 256,
-          batchSize: 3,
-          toolExecutor: { url: executor.url, timeoutMs: 10_000, attempts: 3 },
-        },
-      ],
-      output: { dir: 'out' },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 32_768 },
+      dataset: {
+        prompts: path.basename(file),
+        turns: 'all',
+        maxNewTokens: 256,
+        batchSize: 3,
+        toolExecutor: { url: executor.url, timeoutMs: 10_000, attempts: 3 },
+      },
       workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs: 1_000 },
-    };
-    const configPath = writeConfig(tmp.dir, config, `${run}.yaml`);
+    });
     const keys = new RunKeys(redis.prefix, run);
     const conn = redis.connection('client');
     const convs = records.map((r) => r.id);

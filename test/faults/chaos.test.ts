@@ -6,17 +6,10 @@
 // failed, and never more requests at the server than the configured cap.
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys } from '../../src/shared/index.js';
+import { testDataset, writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import {
-  duplicates,
-  readGenerations,
-  spawnCli,
-  waitFor,
-  writeConfig,
-  writePrompts,
-  type CliProcess,
-} from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 
 const CONCURRENCY = 24;
 const A_PROMPTS = 3_000;
@@ -40,25 +33,18 @@ describe('chaos', () => {
   it('workers SIGKILLed every few seconds for a minute, the producer once, 503s and 5xx throughout: completed, 0 lost, 0 duplicates, 0 failed, the cap held', async () => {
     writePrompts(tmp.dir, 'A', A_PROMPTS);
     writePrompts(tmp.dir, 'B', B_PROMPTS);
-    const config: ConfigInput = {
+    const configPath = writeTestConfig(tmp.dir, {
       run: 'chaos',
-      redis: { url: redis.url, prefix: redis.prefix },
+      redis,
+      sim,
       // 5 attempts: with 2 % 500s, a prompt failing 5 times in a row is ~3e-9.
-      sglang: {
-        endpoints: [sim.url],
-        concurrency: CONCURRENCY,
-        requestTimeoutMs: 30_000,
-        maxAttempts: 5,
-        healthCheckIntervalMs: 500,
-      },
+      sglang: { concurrency: CONCURRENCY, requestTimeoutMs: 30_000, maxAttempts: 5, healthCheckIntervalMs: 500 },
       datasets: [
-        { name: 'A', prompts: 'A.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 16 },
-        { name: 'B', prompts: 'B.jsonl', tokenBudget: B_BUDGET, maxNewTokens: 4096, batchSize: 16 },
+        testDataset('A', { name: 'A', maxNewTokens: 4096, batchSize: 16 }),
+        testDataset('B', { name: 'B', tokenBudget: B_BUDGET, maxNewTokens: 4096, batchSize: 16 }),
       ],
-      output: { dir: 'out' },
       workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 1_500, shutdownGraceMs: 1_000 },
-    };
-    const configPath = writeConfig(tmp.dir, config, 'chaos.yaml');
+    });
     const runDir = path.join(tmp.dir, 'out', 'chaos');
     const keys = new RunKeys(redis.prefix, 'chaos');
     const conn = redis.connection('client');

@@ -16,7 +16,6 @@ import {
   loadTokenizer,
   pauseDataset,
   resumeDataset,
-  type ConfigInput,
 } from '../../src/shared/index.js';
 import {
   byConversation,
@@ -25,16 +24,9 @@ import {
   writeConversations,
   type TurnRecord,
 } from '../helpers/conversations.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import {
-  duplicates,
-  readGenerations,
-  sampleIdOfRid,
-  spawnCli,
-  waitFor,
-  writeConfig,
-  type CliProcess,
-} from '../helpers/pipeline.js';
+import { duplicates, readGenerations, sampleIdOfRid, spawnCli, waitFor, type CliProcess } from '../helpers/pipeline.js';
 
 const TURNS = 4;
 
@@ -63,25 +55,15 @@ interface Setup {
 
 function setup(run: string, n: number, concurrency: number): Setup {
   const file = writeConversations(tmp.dir, run, n, TURNS);
-  const config: ConfigInput = {
-    run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency, requestTimeoutMs: 60_000, contextLength: 32_768 },
-    datasets: [
-      {
-        name: 'ds',
-        prompts: path.basename(file),
-        turns: 'all',
-        tokenBudget: 1_000_000_000,
-        maxNewTokens: 256,
-        batchSize: 4,
-      },
-    ],
-    output: { dir: 'out' },
-    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs: 1_000 },
-  };
   return {
-    configPath: writeConfig(tmp.dir, config, `${run}.yaml`),
+    configPath: writeTestConfig(tmp.dir, {
+      run,
+      redis,
+      sim,
+      sglang: { concurrency, contextLength: 32_768 },
+      dataset: { prompts: path.basename(file), turns: 'all', maxNewTokens: 256, batchSize: 4 },
+      workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs: 1_000 },
+    }),
     runDir: path.join(tmp.dir, 'out', run),
     keys: new RunKeys(redis.prefix, run),
     file,

@@ -3,24 +3,11 @@
 // processes; the SGLang simulator counts how many requests ever ran at once.
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import {
-  EmbeddedRedis,
-  RunKeys,
-  createRedisConnection,
-  closeRedisConnection,
-  type ConfigInput,
-} from '../../src/shared/index.js';
+import { EmbeddedRedis, RunKeys, createRedisConnection, closeRedisConnection } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
-import {
-  duplicates,
-  isProcessAlive,
-  readGenerations,
-  spawnCli,
-  waitFor,
-  writeConfig,
-  writePrompts,
-} from '../helpers/pipeline.js';
+import { duplicates, isProcessAlive, readGenerations, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, tmp, startSim } = useHarness({ redis: true, tmp: true, cli: true });
 const CONCURRENCY = 8;
@@ -32,16 +19,15 @@ function setup(
   endpoint: string,
 ): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
-  const config: ConfigInput = {
-    run,
-    redis: { url, prefix: redis.prefix },
-    sglang: { endpoints: [endpoint], concurrency: CONCURRENCY, requestTimeoutMs: 60_000, maxAttempts: 2 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 4 }],
-    output: { dir: 'out' },
-    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 1_000, shutdownGraceMs: 2_000 },
-  };
   return {
-    configPath: writeConfig(tmp.dir, config, `${run}.yaml`),
+    configPath: writeTestConfig(tmp.dir, {
+      run,
+      redis: { url, prefix: redis.prefix },
+      sim: endpoint,
+      sglang: { concurrency: CONCURRENCY, maxAttempts: 2 },
+      dataset: { maxNewTokens: 4096, batchSize: 4 },
+      workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 1_000, shutdownGraceMs: 2_000 },
+    }),
     runDir: path.join(tmp.dir, 'out', run),
     keys: new RunKeys(redis.prefix, run),
     ids: Array.from({ length: prompts }, (_, i) => `${run}-${i}`),

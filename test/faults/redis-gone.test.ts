@@ -5,9 +5,10 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { EmbeddedRedis, type ConfigInput } from '../../src/shared/index.js';
+import { EmbeddedRedis } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 
 const { sim, tmp } = useHarness({
@@ -25,16 +26,13 @@ const GRACE_MS = 1_000;
 
 function setup(run: string, prompts: number, redisUrl?: string): { configPath: string; runDir: string; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
-  const config: ConfigInput = {
-    run,
-    ...(redisUrl === undefined ? {} : { redis: { url: redisUrl } }),
-    sglang: { endpoints: [sim.url], concurrency: 16, requestTimeoutMs: 60_000 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 8 }],
-    output: { dir: 'out' },
-    workers: { shutdownGraceMs: GRACE_MS, lockDurationMs: 3_000, stalledIntervalMs: 1_000, leaseTtlMs: 3_000 },
-  };
   return {
-    configPath: writeConfig(tmp.dir, config, `${run}.yaml`),
+    configPath: writeTestConfig(tmp.dir, {
+      run,
+      redis: redisUrl,
+      sim,
+      workers: { shutdownGraceMs: GRACE_MS, lockDurationMs: 3_000, stalledIntervalMs: 1_000, leaseTtlMs: 3_000 },
+    }),
     runDir: path.join(tmp.dir, 'out', run),
     ids: Array.from({ length: prompts }, (_, i) => `${run}-${i}`),
   };

@@ -5,23 +5,10 @@
 import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import {
-  closeRedisConnection,
-  createRedisConnection,
-  EmbeddedRedis,
-  RunKeys,
-  type ConfigInput,
-} from '../../src/shared/index.js';
+import { closeRedisConnection, createRedisConnection, EmbeddedRedis, RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import {
-  duplicates,
-  readGenerations,
-  sampleIdOfRid,
-  spawnCli,
-  waitFor,
-  writeConfig,
-  writePrompts,
-} from '../helpers/pipeline.js';
+import { duplicates, readGenerations, sampleIdOfRid, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
 
 const { sim, tmp } = useHarness({
@@ -72,17 +59,14 @@ describe('Redis lost entirely', () => {
       const run = 'lost';
       const prompts = 3_000;
       writePrompts(tmp.dir, run, prompts);
-      const config: ConfigInput = {
+      const configPath = writeTestConfig(tmp.dir, {
         run,
         redis: { url, prefix: 'tm-lost' },
-        sglang: { endpoints: [sim.url], concurrency: 64, requestTimeoutMs: 60_000 },
-        datasets: [
-          { name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 256, batchSize: 64 },
-        ],
-        output: { dir: 'out' },
+        sim,
+        sglang: { concurrency: 64 },
+        dataset: { maxNewTokens: 256, batchSize: 64 },
         workers: { shutdownGraceMs: 1_000 },
-      };
-      const configPath = writeConfig(tmp.dir, config, `${run}.yaml`);
+      });
       const runDir = path.join(tmp.dir, 'out', run);
       const keys = new RunKeys('tm-lost', run);
 

@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
-import { loadConfig, type ConfigInput } from '../../src/shared/index.js';
+import { loadTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/pipeline.js';
 
@@ -26,31 +26,20 @@ async function runWith(
   s: SimulatorHandle,
   n: number,
   opts: {
-    sglang?: Record<string, unknown>;
-    workers?: Record<string, unknown>;
+    sglang?: TestConfigSpec['sglang'];
+    workers?: TestConfigSpec['workers'];
     during?: (records: () => Promise<number>) => Promise<void>;
     deadlineMs?: number;
   } = {},
 ): Promise<RunResult> {
   writePrompts(tmp.dir, run, n);
-  const cfg = loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: {
-        endpoints: [s.url],
-        concurrency: 16,
-        requestTimeoutMs: 30_000,
-        healthCheckIntervalMs: 200,
-        ...opts.sglang,
-      },
-      datasets: [
-        { name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 },
-      ] as ConfigInput['datasets'],
-      output: { dir: 'out' },
-      workers: { shutdownGraceMs: 1_000, ...opts.workers },
-    },
+  const cfg = loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim: s,
+    sglang: { requestTimeoutMs: 30_000, healthCheckIntervalMs: 200, ...opts.sglang },
+    dataset: { maxNewTokens: 4096 },
+    workers: { shutdownGraceMs: 1_000, ...opts.workers },
   });
   const ctx = await openRunContextFor(cfg);
   const handle = await startGeneration(ctx, { produce: true, infer: true });

@@ -4,9 +4,9 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import type { ConfigInput } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const { sim, tmp } = useHarness({
   sim: {
@@ -32,14 +32,13 @@ function alive(pid: number): boolean {
 describe('shutdown', () => {
   it('SIGTERM to `run` mid-generation with 503s in play: it exits 143, its embedded redis-server stops, a second run completes without duplicates', async () => {
     writePrompts(tmp.dir, 'stop', 120);
-    const config: ConfigInput = {
+    const configPath = writeTestConfig(tmp.dir, {
       run: 'stop',
-      sglang: { endpoints: [sim.url], concurrency: 16, requestTimeoutMs: 30_000 },
-      datasets: [{ name: 'ds', prompts: 'stop.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 4096, batchSize: 8 }],
-      output: { dir: 'out' },
+      sim,
+      sglang: { requestTimeoutMs: 30_000 },
+      dataset: { maxNewTokens: 4096 },
       workers: { shutdownGraceMs: 1_000 },
-    };
-    const configPath = writeConfig(tmp.dir, config, 'stop.yaml');
+    });
     const runDir = path.join(tmp.dir, 'out', 'stop');
     const pidFile = path.join(runDir, 'redis', 'redis.pid');
     const first = spawnCli(['run', '-c', configPath]);

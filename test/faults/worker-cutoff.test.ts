@@ -7,7 +7,8 @@
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { RunKeys, generateQueueName, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys, generateQueueName } from '../../src/shared/index.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { loopbackPort, startFaultProxy, type FaultProxy } from '../helpers/fault-proxy.js';
 import {
   sampleIdOfRid,
@@ -15,7 +16,6 @@ import {
   readGenerations,
   spawnCli,
   waitFor,
-  writeConfig,
   writePrompts,
   type CliProcess,
 } from '../helpers/pipeline.js';
@@ -49,13 +49,13 @@ beforeAll(async () => {
   defer(() => simProxy.close());
 });
 
-function config(run: string, redisUrl: string, endpoint: string): ConfigInput {
+function config(run: string, redisUrl: string, endpoint: string): TestConfigSpec {
   return {
     run,
     redis: { url: redisUrl, prefix: redis.prefix },
-    sglang: { endpoints: [endpoint], concurrency: CONCURRENCY, requestTimeoutMs: 60_000 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 4 }],
-    output: { dir: 'out' },
+    sim: endpoint,
+    sglang: { concurrency: CONCURRENCY },
+    dataset: { batchSize: 4 },
     // Short locks and leases: a cut-off worker's batches return to the queue within seconds.
     workers: {
       lockDurationMs: 2_000,
@@ -94,8 +94,8 @@ describe('a worker host cut off', () => {
   it('cut for 30 s (reset, then Redis blackholed and the server refused): its batches are recovered, no duplicates, and it carries on without a restart', async () => {
     const run = 'cutoff';
     writePrompts(tmp.dir, run, PROMPTS);
-    const direct = writeConfig(tmp.dir, config(run, redis.url, sim.url), `${run}.yaml`);
-    const proxied = writeConfig(
+    const direct = writeTestConfig(tmp.dir, config(run, redis.url, sim.url));
+    const proxied = writeTestConfig(
       tmp.dir,
       config(run, redisProxy.url('redis'), simProxy.url('http')),
       `${run}-proxied.yaml`,

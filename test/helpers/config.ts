@@ -14,10 +14,10 @@ type SglangInput = NonNullable<ConfigInput['sglang']>;
 export interface TestConfigSpec extends Omit<Partial<ConfigInput>, 'redis' | 'sglang'> {
   /** The run's name (default `test`); the default dataset reads `<run>.jsonl`. */
   run?: string;
-  /** The Redis of the run: a test Redis (its url and key prefix are used), or a URL. */
-  redis?: { url: string; prefix?: string } | string;
+  /** The Redis of the run: a test Redis (its url and key prefix are used), or a URL; none: an embedded one. */
+  redis?: { url: string; prefix?: string } | string | undefined;
   /** The SGLang endpoints: a simulator (its url), a URL, or several URLs. */
-  sim?: { url: string } | string | readonly string[];
+  sim?: { url: string } | string | readonly string[] | undefined;
   /** Over the defaults: the `sim` endpoints, `concurrency` 16, `requestTimeoutMs` 60 s. */
   sglang?: Partial<SglangInput>;
   /** Over the default dataset (`ds`, `<run>.jsonl`, a budget of 1e9 tokens, 2048 new tokens, batches of 8); ignored when `datasets` is given. */
