@@ -18,6 +18,7 @@ import { parse } from 'yaml';
 import { bundledTokenizerPath, loadTokenizer, readHfDataset, type ConfigInput } from '../../src/shared/index.js';
 import { agenticRecords, writeAgentic } from '../helpers/agentic.js';
 import { expectAgenticRowMasks, type AgenticRow, type AgenticRowTurn } from '../helpers/agentic-rows.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
 
@@ -48,10 +49,10 @@ describe('agentic training rows', () => {
   it('supervise the generated turns, calls included, and neither tool schemas nor tool results, as conversation rows and per-turn rows', async () => {
     const records = agenticRecords('ag', 24, PARALLEL);
     const file = writeAgentic(tmp.dir, 'ag', records);
-    const cfg: ConfigInput = {
+    const cfg: TestConfigSpec = {
       run: 'ag-rows',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 16 },
+      redis,
+      sim,
       datasets: [
         {
           name: 'ag',
@@ -62,9 +63,8 @@ describe('agentic training rows', () => {
           batchSize: 4,
         },
       ],
-      output: { dir: 'out' },
     };
-    const conversationCfg = writeConfig(tmp.dir, cfg, 'conversation.yaml');
+    const conversationCfg = writeTestConfig(tmp.dir, cfg, 'conversation.yaml');
     const run = spawnCli(['run', '-c', conversationCfg]);
     expect(await run.exited, run.output()).toBe(0);
 

@@ -32,9 +32,10 @@ import {
   type AgenticRecord,
   type AgenticTurnRecord,
 } from '../helpers/agentic.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { byConversation } from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 import { startReferenceExecutor } from '../helpers/tool-executor.js';
 
 const PARALLEL = 0.3;
@@ -68,10 +69,11 @@ const {
 });
 
 function config(run: string, file: string, dataset: Record<string, unknown>): string {
-  const cfg: ConfigInput = {
+  const cfg: TestConfigSpec = {
     run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 16, contextLength: CONTEXT },
+    redis,
+    sim,
+    sglang: { contextLength: CONTEXT },
     datasets: [
       {
         name: 'exec',
@@ -84,10 +86,9 @@ function config(run: string, file: string, dataset: Record<string, unknown>): st
         ...dataset,
       } as NonNullable<ConfigInput['datasets']>[number],
     ],
-    output: { dir: 'out' },
     postprocess: { keepTruncated: true },
   };
-  return writeConfig(tmp.dir, cfg, `${run}.yaml`);
+  return writeTestConfig(tmp.dir, cfg, `${run}.yaml`);
 }
 
 /** Each conversation's end record. */
@@ -205,12 +206,13 @@ describe('agentic conversations', () => {
     const file = writeAgentic(tmp.dir, 'long', records);
     const context = 640;
     const floor = 48;
-    const cfg = writeConfig(
+    const cfg = writeTestConfig(
       tmp.dir,
       {
         run: 'long',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: [sim.url], concurrency: 16, contextLength: context },
+        redis,
+        sim,
+        sglang: { contextLength: context },
         datasets: [
           {
             name: 'long',
@@ -222,7 +224,6 @@ describe('agentic conversations', () => {
             batchSize: 4,
           },
         ],
-        output: { dir: 'out' },
       },
       'long.yaml',
     );

@@ -12,8 +12,9 @@ import { beforeAll, describe, expect, it } from 'vitest';
 
 import { ConfigError, RunKeys, loadConfig } from '../../src/shared/index.js';
 import { BAD_ANSWERS } from '../../src/sim/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, waitFor, writeConfig } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, waitFor } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -226,12 +227,12 @@ function runPromptFile(): Promise<PromptRun> {
       file,
       Buffer.concat([buf.subarray(0, at), Buffer.from([0xff, 0xfe, 0xc3, 0x28]), buf.subarray(at + marker.length)]),
     );
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'bad-prompts',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 8, contextLength: 2048 },
+      redis,
+      sim,
+      sglang: { concurrency: 8, contextLength: 2048 },
       datasets: [{ name: 'mixed', prompts: 'mixed.jsonl', tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 4 }],
-      output: { dir: 'out' },
     });
     const { code, output } = await cli(['run', '-c', cfg]);
     if (code !== 0) throw new Error(`run exited ${code}:\n${output}`);
@@ -301,18 +302,17 @@ describe('bad server answers: one run through a mix of faults, nothing lost', ()
         JSON.stringify({ id: `q-${i}`, prompt: `Question ${i}: say something short.` }),
       ).join('\n'),
     );
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'bad-answers',
-      redis: { url: redis.url, prefix: redis.prefix },
+      redis,
+      sim,
       sglang: {
-        endpoints: [sim.url],
         concurrency: 8,
         contextLength: 2048,
         maxAttempts: 10,
         healthCheckIntervalMs: 200,
       },
       datasets: [{ name: 'answers', prompts: 'answers.jsonl', tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 4 }],
-      output: { dir: 'out' },
     });
     // Every bad shape but 413 (which fails the prompt it hits) cycles while the run goes on.
     const retryable = BAD_ANSWERS.filter((k) => k !== '413');
@@ -384,12 +384,12 @@ describe('a server that wants an API key', () => {
       path.join(dir, 'k.jsonl'),
       Array.from({ length: 12 }, (_, i) => JSON.stringify({ id: `k-${i}`, prompt: `Key ${i}` })).join('\n'),
     );
-    cfg = writeConfig(dir, {
+    cfg = writeTestConfig(dir, {
       run: 'api-key',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [keyed.url], concurrency: 4, contextLength: 2048, healthCheckIntervalMs: 200 },
+      redis,
+      sim: keyed,
+      sglang: { concurrency: 4, contextLength: 2048, healthCheckIntervalMs: 200 },
       datasets: [{ name: 'k', prompts: 'k.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
-      output: { dir: 'out' },
     });
   });
 

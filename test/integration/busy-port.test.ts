@@ -7,8 +7,9 @@ import path from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { spawnCli } from '../helpers/pipeline.js';
 
 const { redis, tmp } = useHarness({ redis: true, tmp: 'tm-busy-port-', cli: true });
 
@@ -44,11 +45,10 @@ describe('a busy port', () => {
   }, 60_000);
 
   it('tokenmill dashboard --port <busy>: one line naming the port, --port and dashboard.port, exit 1', async () => {
-    const cfg = writeConfig(path.join(tmp.dir), {
+    const cfg = writeTestConfig(path.join(tmp.dir), {
       run: 'busy',
-      redis: { url: redis.url, prefix: redis.prefix },
+      redis,
       datasets: [{ name: 'd', prompts: 'd.jsonl', tokenBudget: 100 }],
-      output: { dir: 'out' },
     });
     const p = spawnCli(['dashboard', '-c', cfg, '--port', String(port)]);
     expect(await p.exited).toBe(1);

@@ -10,9 +10,10 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { bundledTokenizerPath, loadTokenizer } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { writeConversations } from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -30,10 +31,11 @@ describe('chatTemplateKwargs', () => {
     mkdirSync(dir, { recursive: true });
     writePrompts(dir, 'p', 3);
     writeConversations(dir, 'c', 2, 2);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'kw',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 4096 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 4096 },
       datasets: [
         { name: 'p', prompts: 'p.jsonl', tokenBudget: 1_000_000, maxNewTokens: 6, chatTemplateKwargs: NO_THINK },
         {
@@ -45,7 +47,6 @@ describe('chatTemplateKwargs', () => {
           chatTemplateKwargs: NO_THINK,
         },
       ],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: true, rows: 'per-turn' },
     });
     const run = spawnCli(['run', '-c', cfg]);

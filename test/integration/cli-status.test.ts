@@ -1,6 +1,7 @@
 // The CLI as users run it: `run`, then `status --json`, `pause`, `resume`, `retry-failed`.
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { RunStatus } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 import { loopbackPort, startFaultProxy } from '../helpers/fault-proxy.js';
@@ -24,15 +25,15 @@ beforeAll(() => {
   writePrompts(tmp.dir, 'beta', 20, (i) =>
     i === 3 ? { id: 'beta-3', prompt: 'word '.repeat(5000) } : { id: `beta-${i}`, prompt: `beta ${i}` },
   );
-  configPath = writeConfig(tmp.dir, {
+  configPath = writeTestConfig(tmp.dir, {
     run: 'cli',
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 16, contextLength: 100_000 },
+    redis,
+    sim,
+    sglang: { contextLength: 100_000 },
     datasets: [
       { name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
       { name: 'beta', prompts: 'beta.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
     ],
-    output: { dir: 'out' },
   });
 });
 
@@ -77,14 +78,13 @@ describe('CLI: status, pause, resume, retry-failed', () => {
 
   it('a paused dataset sends nothing and shows paused until resumed', async () => {
     writePrompts(tmp.dir, 'delta', 24);
-    const cfg = writeConfig(
+    const cfg = writeTestConfig(
       tmp.dir,
       {
         run: 'cli-pause',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: [sim.url], concurrency: 16 },
+        redis,
+        sim,
         datasets: [{ name: 'delta', prompts: 'delta.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 }],
-        output: { dir: 'out' },
       },
       'pause.yaml',
     );
@@ -154,17 +154,16 @@ describe('CLI: status, pause, resume, retry-failed', () => {
   it('status --watch shows a note while Redis is unreachable, keeps the last figures, and recovers by itself', async () => {
     const proxy = await startFaultProxy({ target: { host: '127.0.0.1', port: loopbackPort(redis.url) } });
     try {
-      const cfg = writeConfig(
+      const cfg = writeTestConfig(
         tmp.dir,
         {
           run: 'cli',
           redis: { url: proxy.url('redis'), prefix: redis.prefix },
-          sglang: { endpoints: [sim.url] },
+          sim,
           datasets: [
             { name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
             { name: 'beta', prompts: 'beta.jsonl', tokenBudget: 100_000, maxNewTokens: 64, batchSize: 8 },
           ],
-          output: { dir: 'out' },
         },
         'watch.yaml',
       );

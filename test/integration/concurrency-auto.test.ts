@@ -8,11 +8,11 @@ import { type SimulatorHandle } from '../../src/sim/index.js';
 import {
   endpointConcurrencyKey,
   formatRunStatus,
-  loadConfig,
   parseEndpointConcurrency,
   readRunStatus,
   type EndpointConcurrency,
 } from '../../src/shared/index.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { waitFor, writePrompts } from '../helpers/pipeline.js';
 
@@ -45,21 +45,14 @@ async function runAuto(
   auto: Record<string, number>,
   more: SimulatorHandle[] = [],
 ): Promise<Running> {
-  const cfg = loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: {
-        endpoints: [s.url, ...more.map((m) => m.url)],
-        concurrency: 'auto',
-        autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto },
-        requestTimeoutMs: 60_000,
-      },
-      datasets: [{ name: 'ds', prompts: 'auto.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 16 }],
-      output: { dir: `out-${run}` },
-      workers: { shutdownGraceMs: 500 },
-    },
+  const cfg = loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim: [s.url, ...more.map((m) => m.url)],
+    sglang: { concurrency: 'auto', autoConcurrency: { min: 4, max: 512, intervalMs: 600, maxQueued: 4, ...auto } },
+    dataset: { prompts: 'auto.jsonl', maxNewTokens: 8192, batchSize: 16 },
+    output: { dir: `out-${run}` },
+    workers: { shutdownGraceMs: 500 },
   });
   const ctx = await openRunContextFor(cfg);
   const handle = await startGeneration(ctx, { produce: true, infer: true });

@@ -10,8 +10,9 @@ import {
   parseEndpointConcurrency,
   type RunStatus,
 } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, waitFor, writeConfig, writePrompts, type CliProcess } from '../helpers/pipeline.js';
+import { spawnCli, waitFor, writePrompts, type CliProcess } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -28,17 +29,16 @@ let configPath: string;
 
 beforeAll(() => {
   writePrompts(tmp.dir, 'steer', 3_000);
-  configPath = writeConfig(tmp.dir, {
+  configPath = writeTestConfig(tmp.dir, {
     run: 'steer',
-    redis: { url: redis.url, prefix: redis.prefix },
+    redis,
+    sim,
     sglang: {
-      endpoints: [sim.url],
       concurrency: 'auto',
       autoConcurrency: { min: 2, max: 64, start: 4, intervalMs: 800, maxQueued: 2 },
       requestTimeoutMs: 60_000,
     },
     datasets: [{ name: 'steer', prompts: 'steer.jsonl', tokenBudget: 1_000_000_000, maxNewTokens: 8192, batchSize: 8 }],
-    output: { dir: 'out' },
     workers: { shutdownGraceMs: 500 },
   });
 });

@@ -34,8 +34,9 @@ import {
   rowsFromGenerations,
   type TokenizedRow,
 } from '../../src/workers/postprocess/tokenize.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { spawnCli } from '../helpers/pipeline.js';
 
 const { redis, tmp } = useHarness({ redis: true, tmp: 'tm-cut-turns-', cli: true });
 
@@ -262,12 +263,11 @@ describe('conversation rows of conversations with a cut-off turn', () => {
   }
 
   it('writes the same masks through postprocess and every export format', async () => {
-    const config = writeConfig(tmp.dir, {
+    const config = writeTestConfig(tmp.dir, {
       run: 'cut',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: ['http://127.0.0.1:9'] },
+      redis,
+      sim: 'http://127.0.0.1:9',
       datasets: [{ name: DATASET, prompts: 'mt.jsonl', turns: 'all', tokenBudget: 1_000_000 }],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: false },
     });
     const pp = spawnCli(['postprocess', '-c', config]);

@@ -11,8 +11,9 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -34,12 +35,12 @@ describe('an endpoint that refuses POST /generate (403) while GETs work', () => 
     const dir = path.join(tmp.dir, 'gateway');
     mkdirSync(dir, { recursive: true });
     writePrompts(dir, 'g', 12);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'gateway',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 8, contextLength: 2048, healthCheckIntervalMs: 200 },
+      redis,
+      sim,
+      sglang: { concurrency: 8, contextLength: 2048, healthCheckIntervalMs: 200 },
       datasets: [{ name: 'g', prompts: 'g.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
-      output: { dir: 'out' },
     });
     sim.resetStats();
     sim.setFaults({ statusPost: 403 });

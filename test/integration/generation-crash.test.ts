@@ -1,16 +1,9 @@
 // Crash and resume with real processes: the CLI runs as child processes that are SIGKILLed.
 import { describe, expect, it } from 'vitest';
-import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import {
-  duplicates,
-  readGenerations,
-  sampleIdOfRid,
-  spawnCli,
-  waitFor,
-  writeConfig,
-  writePrompts,
-} from '../helpers/pipeline.js';
+import { duplicates, readGenerations, sampleIdOfRid, spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 import path from 'node:path';
 
 const { redis, sim, tmp } = useHarness({
@@ -32,16 +25,13 @@ function setup(
   shutdownGraceMs = 2_000,
 ): { configPath: string; runDir: string; keys: RunKeys; ids: string[] } {
   writePrompts(tmp.dir, run, prompts);
-  const config: ConfigInput = {
-    run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 16, requestTimeoutMs: 60_000 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 8 }],
-    output: { dir: 'out' },
-    workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs },
-  };
   return {
-    configPath: writeConfig(tmp.dir, config, `${run}.yaml`),
+    configPath: writeTestConfig(tmp.dir, {
+      run,
+      redis,
+      sim,
+      workers: { lockDurationMs: 2_000, stalledIntervalMs: 1_000, leaseTtlMs: 2_000, shutdownGraceMs },
+    }),
     runDir: path.join(tmp.dir, 'out', run),
     keys: new RunKeys(redis.prefix, run),
     ids: Array.from({ length: prompts }, (_, i) => `${run}-${i}`),

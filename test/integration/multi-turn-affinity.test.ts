@@ -12,9 +12,10 @@ import { describe, expect, it } from 'vitest';
 
 import type { SimulatorHandle } from '../../src/sim/index.js';
 import { RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { byConversation, writeConversations, type TurnRecord } from '../helpers/conversations.js';
-import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 
 type AffinityRecord = TurnRecord & { endpoint: string };
 
@@ -31,7 +32,7 @@ const h = useHarness({
 });
 
 function config(dir: string, run: string, file: string, endpoints: string[], concurrency = 8): string {
-  return writeConfig(dir, {
+  return writeTestConfig(dir, {
     run,
     redis: { url: h.redis.url, prefix: h.redis.prefix },
     // 8 slots per endpoint, more than the conversations: the preferred endpoint always has room.
@@ -39,7 +40,6 @@ function config(dir: string, run: string, file: string, endpoints: string[], con
     datasets: [
       { name: 'c', prompts: path.basename(file), turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 40, batchSize: 2 },
     ],
-    output: { dir: 'out' },
     postprocess: { keepTruncated: true },
   });
 }

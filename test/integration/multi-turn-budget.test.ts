@@ -11,8 +11,9 @@ import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
-import { RunKeys, bundledTokenizerPath, loadTokenizer, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys, bundledTokenizerPath, loadTokenizer } from '../../src/shared/index.js';
 import type { SimulatorHandle } from '../../src/sim/index.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import {
   byConversation,
   expectTurnChains,
@@ -21,7 +22,7 @@ import {
   type TurnRecord,
 } from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, sampleIdOfRid, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, sampleIdOfRid, spawnCli } from '../helpers/pipeline.js';
 
 const { redis, tmp, startSim } = useHarness({ redis: true, tmp: 'tm-mt-budget-', cli: true });
 
@@ -34,10 +35,11 @@ function configFor(
   prompts: string,
   extra: { tokenBudget: number; contextLength: number; maxNewTokens: number; strict?: boolean },
 ): string {
-  const config: ConfigInput = {
+  const config: TestConfigSpec = {
     run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 4, contextLength: extra.contextLength },
+    redis,
+    sim,
+    sglang: { concurrency: 4, contextLength: extra.contextLength },
     datasets: [
       {
         name: 'c',
@@ -49,10 +51,9 @@ function configFor(
         ...(extra.strict === true ? { budget: 'strict' as const, budgetMarginSd: 0 } : {}),
       },
     ],
-    output: { dir: 'out' },
     postprocess: { keepTruncated: true },
   };
-  return writeConfig(dir, config, `${run}.yaml`);
+  return writeTestConfig(dir, config, `${run}.yaml`);
 }
 
 async function runCli(cfg: string): Promise<void> {

@@ -12,13 +12,8 @@ import path from 'node:path';
 import { Queue } from 'bullmq';
 import { describe, expect, it } from 'vitest';
 
-import {
-  RunKeys,
-  bundledTokenizerPath,
-  generateQueueName,
-  loadTokenizer,
-  type ConfigInput,
-} from '../../src/shared/index.js';
+import { RunKeys, bundledTokenizerPath, generateQueueName, loadTokenizer } from '../../src/shared/index.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import {
   SOURCE_ANSWER,
   byConversation,
@@ -28,7 +23,7 @@ import {
   type TurnRecord,
 } from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, sampleIdOfRid, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, sampleIdOfRid, spawnCli } from '../helpers/pipeline.js';
 
 const { redis, tmp, sim } = useHarness({
   redis: true,
@@ -76,10 +71,11 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
     };
     const file = writeConversations(dir, 'e', 3, 3, [bad]);
     const run = 'mterr';
-    const config: ConfigInput = {
+    const config: TestConfigSpec = {
       run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4 },
+      redis,
+      sim,
+      sglang: { concurrency: 4 },
       tokenizer: { path: tokDir },
       datasets: [
         {
@@ -91,10 +87,9 @@ describe('turns: all, a conversation whose later turn the template rejects', () 
           batchSize: 2,
         },
       ],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: true },
     };
-    const cfg = writeConfig(dir, config, `${run}.yaml`);
+    const cfg = writeTestConfig(dir, config, `${run}.yaml`);
     const keys = new RunKeys(redis.prefix, run);
     const conn = redis.connection('client');
 

@@ -22,6 +22,7 @@ import {
 import { renderMetrics } from '../../src/dashboard/metrics.js';
 import { parse } from 'yaml';
 
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import {
   byConversation,
@@ -90,10 +91,11 @@ describe('turns: all', () => {
       { id: 'bad-none', messages: [{ role: 'system', content: 'only a system turn' }] },
     ];
     const file = writeConversations(dir, 'c', 6, 3, [tool, ...bad]);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'mt',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 4096 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 4096 },
       datasets: [
         {
           name: 'c',
@@ -104,7 +106,6 @@ describe('turns: all', () => {
           batchSize: 3,
         },
       ],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: true },
     });
     const run = spawnCli(['run', '-c', cfg]);
@@ -123,12 +124,9 @@ describe('turns: all', () => {
     // cannot follow: the conversation ends there (docs/agentic.md), its turn kept.
     const toolConv = convs.get('tools-1') ?? [];
     expect(toolConv.map((t) => t.turn)).toEqual([1]);
-    const spliced = expectTurnChains(
-      tok,
-      source,
-      new Map([...convs].filter(([id]) => id !== 'tools-1')),
-      { complete: true },
-    );
+    const spliced = expectTurnChains(tok, source, new Map([...convs].filter(([id]) => id !== 'tools-1')), {
+      complete: true,
+    });
     // Qwen3's template continues exactly when an answer has no reasoning to strip: most turns ≥ 2 are spliced.
     expect(spliced).toBeGreaterThan(0);
 
@@ -301,10 +299,11 @@ describe('turns: all', () => {
       },
     ];
     writeFileSync(path.join(dir, 'share.jsonl'), `${rows.map((r) => JSON.stringify(r)).join('\n')}\n`);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'prep',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 2, contextLength: 4096 },
+      redis,
+      sim,
+      sglang: { concurrency: 2, contextLength: 4096 },
       datasets: [
         {
           name: 'p',
@@ -314,7 +313,6 @@ describe('turns: all', () => {
           tokenBudget: 1000,
         },
       ],
-      output: { dir: 'out' },
     });
     const prep = spawnCli(['prepare', '-c', cfg]);
     expect(await prep.exited, prep.output()).toBe(0);
@@ -342,12 +340,12 @@ describe('turns: all', () => {
     const dir = path.join(tmp.dir, 'lost-end');
     mkdirSync(dir, { recursive: true });
     const file = writeConversations(dir, 'le', 3, 2);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'mt',
       redis: { url: redis.url, prefix: `${redis.prefix}:le` },
-      sglang: { endpoints: [sim.url], concurrency: 2, contextLength: 4096 },
+      sim,
+      sglang: { concurrency: 2, contextLength: 4096 },
       datasets: [{ name: 'le', prompts: path.basename(file), turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 8 }],
-      output: { dir: 'out' },
     });
     const first = spawnCli(['run', '-c', cfg]);
     expect(await first.exited, first.output()).toBe(0);

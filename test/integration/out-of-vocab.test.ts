@@ -10,8 +10,9 @@ import { describe, expect, it } from 'vitest';
 
 import { RunKeys, bundledTokenizerPath, loadTokenizer } from '../../src/shared/index.js';
 import { OUT_OF_VOCAB_ID } from '../../src/sim/fault-replies.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -30,12 +31,12 @@ function setup(run: string, n: number, maxAttempts: number): string {
   const dir = path.join(tmp.dir, run);
   mkdirSync(dir, { recursive: true });
   writePrompts(dir, 'v', n);
-  return writeConfig(dir, {
+  return writeTestConfig(dir, {
     run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 2048, maxAttempts, healthCheckIntervalMs: 200 },
+    redis,
+    sim,
+    sglang: { concurrency: 4, contextLength: 2048, maxAttempts, healthCheckIntervalMs: 200 },
     datasets: [{ name: 'v', prompts: 'v.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
-    output: { dir: 'out' },
   });
 }
 

@@ -4,8 +4,9 @@ import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, waitFor, writeConfig } from '../helpers/pipeline.js';
+import { spawnCli, waitFor } from '../helpers/pipeline.js';
 
 const { redis, tmp } = useHarness({ redis: true, tmp: 'tm-prepare-faults-', cli: true });
 
@@ -30,13 +31,12 @@ function writeSource(file: string, n: number, tag: string): void {
 function setup(name: string, rows: number, tag: string): { config: string; prompts: string; folder: string } {
   const source = path.join(tmp.dir, `${name}.jsonl`);
   writeSource(source, rows, tag);
-  const config = writeConfig(
+  const config = writeTestConfig(
     tmp.dir,
     {
       run: name,
-      redis: { url: redis.url, prefix: redis.prefix },
+      redis,
       datasets: [{ name: 'd', source: { path: `${name}.jsonl` }, tokenBudget: 1000 }],
-      output: { dir: 'out' },
     },
     `${name}.yaml`,
   );

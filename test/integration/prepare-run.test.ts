@@ -4,8 +4,9 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { RunStatus } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -39,15 +40,15 @@ function writeSource(n: number, variant = ''): void {
 beforeAll(() => {
   writeSource(12);
   writeFileSync(path.join(tmp.dir, 'plain.jsonl'), `${JSON.stringify({ id: 'p1', prompt: 'plain prompt' })}\n`);
-  configPath = writeConfig(tmp.dir, {
+  configPath = writeTestConfig(tmp.dir, {
     run: 'prep',
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 8 },
+    redis,
+    sim,
+    sglang: { concurrency: 8 },
     datasets: [
       { name: 'chats', source: { path: 'chats.jsonl' }, tokenBudget: 100_000, maxNewTokens: 32, batchSize: 4 },
       { name: 'plain', prompts: 'plain.jsonl', tokenBudget: 100_000, maxNewTokens: 32, batchSize: 4 },
     ],
-    output: { dir: 'out' },
   });
 });
 

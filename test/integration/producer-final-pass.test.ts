@@ -4,7 +4,8 @@
 import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
-import { loadConfig, readRunStatus } from '../../src/shared/index.js';
+import { readRunStatus } from '../../src/shared/index.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { duplicates, readGenerations, writePrompts } from '../helpers/pipeline.js';
 import { useHarness } from '../helpers/fixture.js';
 
@@ -20,15 +21,11 @@ describe('producer: the final pass', () => {
     writePrompts(tmp.dir, 'once', n, (i) =>
       i === 7 ? { id: 'once-3', prompt: 'a repeated id' } : { id: `once-${i}`, prompt: `prompt ${i}` },
     );
-    const cfg = loadConfig({
-      baseDir: tmp.dir,
-      object: {
-        run: 'once',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: [sim.url], concurrency: 16 },
-        datasets: [{ name: 'once', prompts: 'once.jsonl', tokenBudget: 1_000_000, maxNewTokens: 64, batchSize: 16 }],
-        output: { dir: 'out' },
-      },
+    const cfg = loadTestConfig(tmp.dir, {
+      run: 'once',
+      redis,
+      sim,
+      datasets: [{ name: 'once', prompts: 'once.jsonl', tokenBudget: 1_000_000, maxNewTokens: 64, batchSize: 16 }],
     });
     for (const round of [1, 2]) {
       const ctx = await openRunContextFor(cfg);

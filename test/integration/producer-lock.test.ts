@@ -2,9 +2,10 @@
 // was taken over (after a Redis outage or a freeze longer than its TTL) stops feeding and exits
 // non-zero instead of feeding the queues alongside the new holder.
 import { describe, expect, it } from 'vitest';
-import { RunKeys, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -20,14 +21,8 @@ const { redis, sim, tmp } = useHarness({
 
 function setup(run: string): { configPath: string; keys: RunKeys } {
   writePrompts(tmp.dir, run, 400);
-  const config: ConfigInput = {
-    run,
-    redis: { url: redis.url, prefix: redis.prefix },
-    sglang: { endpoints: [sim.url], concurrency: 8, requestTimeoutMs: 60_000 },
-    datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000_000, maxNewTokens: 2048, batchSize: 8 }],
-    output: { dir: 'out' },
-  };
-  return { configPath: writeConfig(tmp.dir, config, `${run}.yaml`), keys: new RunKeys(redis.prefix, run) };
+  const configPath = writeTestConfig(tmp.dir, { run, redis, sim, sglang: { concurrency: 8 } });
+  return { configPath, keys: new RunKeys(redis.prefix, run) };
 }
 
 describe('the producer lock', () => {

@@ -8,13 +8,13 @@ import {
   PromptFileIndex,
   RunKeys,
   bundledTokenizerPath,
-  loadConfig,
   loadTokenizer,
   withScripts,
   type ChatMessage,
   type ChatTokenizer,
   type Sample,
 } from '../../src/shared/index.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { writePrompts } from '../helpers/pipeline.js';
 import { quietLogger } from '../helpers/redis.js';
@@ -36,15 +36,12 @@ describe('producer pass: tokenizing in pieces', () => {
       id: `p-${i}`,
       prompt: `prompt number ${i} ${'word '.repeat(i % 7)}`,
     }));
-    const cfg = loadConfig({
-      baseDir: tmp.dir,
-      object: {
-        run: 'pieces',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: ['http://127.0.0.1:1'], concurrency: 4 },
-        datasets: [{ name: 'pieces', prompts: 'pieces.jsonl', tokenBudget: 1_000_000, maxNewTokens: 64, batchSize }],
-        output: { dir: 'out' },
-      },
+    const cfg = loadTestConfig(tmp.dir, {
+      run: 'pieces',
+      redis,
+      sim: 'http://127.0.0.1:1',
+      sglang: { concurrency: 4 },
+      datasets: [{ name: 'pieces', prompts: 'pieces.jsonl', tokenBudget: 1_000_000, maxNewTokens: 64, batchSize }],
     });
     const ds = cfg.datasets[0]!;
     const file = join(tmp.dir, 'pieces.jsonl');

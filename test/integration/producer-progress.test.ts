@@ -13,9 +13,10 @@ import { describe, expect, it } from 'vitest';
 
 import { batchIdOf } from '../../src/producers/batch-id.js';
 import { MAX_PASSES_WITHOUT_PROGRESS } from '../../src/producers/dataset-end.js';
-import { RunKeys, generateQueueName, type ConfigInput } from '../../src/shared/index.js';
+import { RunKeys, generateQueueName } from '../../src/shared/index.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, tmp, sim } = useHarness({
   redis: true,
@@ -28,14 +29,13 @@ describe('producer passes', () => {
   it('batches that fail every time stop the dataset after a bounded number of passes, naming the cause', async () => {
     const run = 'noprog';
     writePrompts(tmp.dir, run, 5);
-    const config: ConfigInput = {
+    const config: TestConfigSpec = {
       run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url] },
+      redis,
+      sim,
       datasets: [{ name: 'p', prompts: `${run}.jsonl`, tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 2 }],
-      output: { dir: 'out' },
     };
-    const cfg = writeConfig(tmp.dir, config, `${run}.yaml`);
+    const cfg = writeTestConfig(tmp.dir, config, `${run}.yaml`);
     const keys = new RunKeys(redis.prefix, run);
     // A worker whose processing throws for every batch (a defect of its own, not of a prompt).
     let taken = 0;
@@ -80,10 +80,11 @@ describe('producer passes', () => {
   it('samples of one prompt filling several batches each reach the queue: all generated in the first pass', async () => {
     const run = 'spp-batches';
     writePrompts(tmp.dir, run, 3);
-    const config: ConfigInput = {
+    const config: TestConfigSpec = {
       run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 8 },
+      redis,
+      sim,
+      sglang: { concurrency: 8 },
       datasets: [
         {
           name: 'p',
@@ -94,9 +95,8 @@ describe('producer passes', () => {
           samplesPerPrompt: 5,
         },
       ],
-      output: { dir: 'out' },
     };
-    const cfg = writeConfig(tmp.dir, config, `${run}.yaml`);
+    const cfg = writeTestConfig(tmp.dir, config, `${run}.yaml`);
     const p = spawnCli(['run', '-c', cfg]);
     expect(await p.exited, p.output().slice(-3_000)).toBe(0);
     const ids = readGenerations(path.join(tmp.dir, 'out', run), 'p').map((r) => r.id);

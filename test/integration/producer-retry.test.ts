@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import { RunKeys, loadConfig, readRunStatus } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
 
@@ -63,14 +64,13 @@ describe('retry-failed-4.lua', () => {
 
   it('the CLI loses no failure recorded while it runs (the old HKEYS-then-DEL dropped them)', async () => {
     writePrompts(tmp.dir, 'race', 3);
-    const cfg = writeConfig(
+    const cfg = writeTestConfig(
       tmp.dir,
       {
         run: 'race',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: ['http://127.0.0.1:9'] },
+        redis,
+        sim: 'http://127.0.0.1:9',
         datasets: [{ name: 'race', prompts: 'race.jsonl', tokenBudget: 1_000 }],
-        output: { dir: 'out' },
       },
       'race.yaml',
     );

@@ -8,8 +8,9 @@ import path from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -34,12 +35,12 @@ describe('an edited prompt line with the same id', () => {
     );
     lines.push(JSON.stringify({ prompt: 'A prompt without an id.' }));
     writeFileSync(file, `${lines.join('\n')}\n`);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'edited',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 2048 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 2048 },
       datasets: [{ name: 'e', prompts: 'e.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
-      output: { dir: 'out' },
     });
     const first = spawnCli(['run', '-c', cfg]);
     expect(await first.exited, first.output()).toBe(0);

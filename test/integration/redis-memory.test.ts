@@ -11,8 +11,9 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { describeRedisRefusal, smallMaxmemoryWarning } from '../../src/cli/redis-memory.js';
 import { RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { spawnCli, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -86,12 +87,12 @@ describe('maxmemory small for the run', () => {
     const dir = path.join(tmp.dir, 'small');
     mkdirSync(dir, { recursive: true });
     writePrompts(dir, 's', 8);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'small',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 2048 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 2048 },
       datasets: [{ name: 's', prompts: 's.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
-      output: { dir: 'out' },
     });
     const p = spawnCli(['run', '-c', cfg]);
     expect(await p.exited, p.output()).toBe(0);

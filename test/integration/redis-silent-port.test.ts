@@ -14,9 +14,10 @@ import {
   findFreePort,
   openRedis,
 } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { quietLogger } from '../helpers/redis.js';
-import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const { tmp } = useHarness({ tmp: true, cli: true });
 
@@ -54,14 +55,14 @@ afterAll(async () => {
 });
 
 function config(port: number, name: string): string {
-  return writeConfig(
+  return writeTestConfig(
     tmp.dir,
     {
       run: 'silent',
       redis: { url: `redis://:s3cret-pass@127.0.0.1:${port}/0` },
-      sglang: { endpoints: ['http://127.0.0.1:9'], concurrency: 1, contextLength: 4096 },
+      sim: 'http://127.0.0.1:9',
+      sglang: { concurrency: 1, contextLength: 4096 },
       datasets: [{ name: 'a', prompts: 'a.jsonl', tokenBudget: 1000, maxNewTokens: 8 }],
-      output: { dir: 'out' },
     },
     name,
   );

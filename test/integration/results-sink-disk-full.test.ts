@@ -9,8 +9,9 @@ import path from 'node:path';
 
 import { afterAll, describe, expect, it } from 'vitest';
 
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { spawnCli, writePrompts } from '../helpers/pipeline.js';
 
 const { redis, sim, tmp } = useHarness({
   redis: true,
@@ -48,12 +49,12 @@ describe.skipIf(!canMount())('a full disk under the results sink', () => {
     execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=96k', 'tmpfs', out]);
     mounted = out;
     writePrompts(dir, 'f', 400);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'full',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 16, contextLength: 2048 },
+      redis,
+      sim,
+      sglang: { contextLength: 2048 },
       datasets: [{ name: 'f', prompts: 'f.jsonl', tokenBudget: 10_000_000, maxNewTokens: 64, batchSize: 16 }],
-      output: { dir: 'out' },
     });
     const p = spawnCli(['run', '-c', cfg]);
     const code = await p.exited;
@@ -80,12 +81,12 @@ describe('a temporary checkpoint left behind', () => {
     const dir = path.join(tmp.dir, 'leftover');
     mkdirSync(dir, { recursive: true });
     writePrompts(dir, 'l', 6);
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'leftover',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 2048 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 2048 },
       datasets: [{ name: 'l', prompts: 'l.jsonl', tokenBudget: 1_000_000, maxNewTokens: 16, batchSize: 4 }],
-      output: { dir: 'out' },
     });
     const generations = path.join(dir, 'out', 'leftover', 'l', 'generations');
     mkdirSync(generations, { recursive: true });

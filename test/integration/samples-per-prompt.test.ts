@@ -14,6 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 
 import type { ConfigInput } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { writeConversations } from '../helpers/conversations.js';
 import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
@@ -95,10 +96,11 @@ describe('samplesPerPrompt', () => {
       },
     ]);
     const variants = [{ temperature: 0 }, { temperature: 0.3 }, { temperature: 0.7 }];
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'spp',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [proxyUrl], concurrency: 4, contextLength: 4096 },
+      redis,
+      sim: proxyUrl,
+      sglang: { concurrency: 4, contextLength: 4096 },
       datasets: [
         {
           name: 'p',
@@ -119,7 +121,6 @@ describe('samplesPerPrompt', () => {
         },
         { name: 'q', prompts: 'q.jsonl', turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 6 },
       ],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: true },
     });
     const run = spawnCli(['run', '-c', cfg]);

@@ -15,12 +15,12 @@ import { readDatasetMeta } from '../../src/shared/hf-dataset/reader.js';
 import { checkTokenizerKindFits, loadTokenizer } from '../../src/shared/tokenizer/load.js';
 import { ServerTokenizeClient } from '../../src/shared/tokenizer/server-client.js';
 import type { ChatMessage, ChatTokenizer } from '../../src/shared/tokenizer/index.js';
-import type { ConfigInput } from '../../src/shared/index.js';
 import { type SimulatorHandle } from '../../src/sim/index.js';
 import { checkServerTokenizer } from '../../src/cli/tokenizer-check.js';
 import { createTokenizeContext, recordToRow } from '../../src/workers/postprocess/tokenize.js';
+import { writeTestConfig, type TestConfigSpec } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli, writePrompts } from '../helpers/pipeline.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
 import {
   byConversation,
@@ -180,18 +180,18 @@ describe('server-side tokenization', () => {
   it("`turns: all` with tokenizer.kind server: every later turn rendered with the server's ids, as the local tokenizer would", async () => {
     const run = 'server-turns';
     const file = writeConversations(tmp.dir, run, 3, 3);
-    const c: ConfigInput = {
+    const c: TestConfigSpec = {
       run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, requestTimeoutMs: 30_000 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, requestTimeoutMs: 30_000 },
       tokenizer: { path: kimiDir, kind: 'server' },
       datasets: [
         { name: 'ds', prompts: `${run}.jsonl`, turns: 'all', tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 2 },
       ],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: true },
     };
-    const p = spawnCli(['run', '-c', writeConfig(tmp.dir, c, `${run}.yaml`)]);
+    const p = spawnCli(['run', '-c', writeTestConfig(tmp.dir, c, `${run}.yaml`)]);
     expect(await p.exited, p.output().slice(-3_000)).toBe(0);
     const records = readGenerations(path.join(tmp.dir, 'out', run), 'ds') as unknown as TurnRecord[];
     // Before, turn 2 of every conversation threw for the ids the server had not given yet.
@@ -202,15 +202,15 @@ describe('server-side tokenization', () => {
   it('`tokenmill run` with tokenizer.kind server sends the ids the local tokenizer makes', async () => {
     const run = 'server-kind';
     writePrompts(tmp.dir, run, 6);
-    const c: ConfigInput = {
+    const c: TestConfigSpec = {
       run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, requestTimeoutMs: 30_000 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, requestTimeoutMs: 30_000 },
       tokenizer: { path: kimiDir, kind: 'server' },
-      datasets: [{ name: 'ds', prompts: `${run}.jsonl`, tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 2 }],
-      output: { dir: 'out' },
+      dataset: { tokenBudget: 1_000_000, maxNewTokens: 32, batchSize: 2 },
     };
-    const p = spawnCli(['run', '-c', writeConfig(tmp.dir, c, `${run}.yaml`)]);
+    const p = spawnCli(['run', '-c', writeTestConfig(tmp.dir, c, `${run}.yaml`)]);
     const code = await p.exited;
     expect(code, p.output()).toBe(0);
     const records = readGenerations(path.join(tmp.dir, 'out', run), 'ds');

@@ -24,6 +24,7 @@ import {
   type RunStatus,
 } from '../../src/shared/index.js';
 import type { ConversationView } from '../../src/cli/conversation-view.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { SOURCE_ANSWER, byConversation, writeConversations, type TurnRecord } from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
 import { readGenerations, spawnCli, writeConfig, writePrompts } from '../helpers/pipeline.js';
@@ -299,14 +300,13 @@ describe('tokenmill show', () => {
       path.join(agentDir, 'out', 'agent', 'a', 'generations', 'part-00000.jsonl'),
       `${rec(1, p1, o1, { spliced: false })}\n${rec(2, p2, o2, { spliced: true, tool_results: { origin: 'source', messages: placed } })}\n`,
     );
-    const agentCfg = writeConfig(
+    const agentCfg = writeTestConfig(
       agentDir,
       {
         run: 'agent',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: [sim.url] },
+        redis,
+        sim,
         datasets: [{ name: 'a', prompts: 'a.jsonl', turns: 'all', tokenBudget: 1_000 }],
-        output: { dir: 'out' },
       },
       'agent.yaml',
     );

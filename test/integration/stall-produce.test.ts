@@ -4,8 +4,9 @@
 // withdraws the record.
 import { describe, expect, it } from 'vitest';
 import { RunKeys, writeEndpointHealth, type RunStatus } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const EP = 'http://127.0.0.1:39998';
 
@@ -21,13 +22,13 @@ async function cliOk(args: string[]): Promise<string> {
 describe('stall watchdog in `produce`', () => {
   it('reports a dataset whose batches nobody takes while an endpoint is healthy', async () => {
     writePrompts(tmp.dir, 'alpha', 20);
-    const configPath = writeConfig(tmp.dir, {
+    const configPath = writeTestConfig(tmp.dir, {
       run: 'stallcli',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [EP], concurrency: 4, contextLength: 4096 },
+      redis,
+      sim: EP,
+      sglang: { concurrency: 4, contextLength: 4096 },
       workers: { stallAfterMs: 1_000, windowBatches: 3 },
       datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 10_000, maxNewTokens: 32, batchSize: 8 }],
-      output: { dir: 'out' },
     });
     const keys = new RunKeys(redis.prefix, 'stallcli');
     const conn = redis.connection('client');

@@ -19,8 +19,9 @@ import {
   type RunStatus,
   type StallWatchdogOptions,
 } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, waitFor, writeConfig, writePrompts } from '../helpers/pipeline.js';
+import { spawnCli, waitFor, writePrompts } from '../helpers/pipeline.js';
 
 const EP = 'http://127.0.0.1:39999';
 const STALL_MS = 400;
@@ -168,14 +169,13 @@ describe('stall watchdog', () => {
 
     // The same through the CLI, as users run it.
     writePrompts(tmp.dir, 'alpha', 2);
-    const configPath = writeConfig(
+    const configPath = writeTestConfig(
       tmp.dir,
       {
         run,
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: [EP] },
+        redis,
+        sim: EP,
         datasets: [{ name: 'alpha', prompts: 'alpha.jsonl', tokenBudget: 1000 }],
-        output: { dir: 'out' },
       },
       `${run}.yaml`,
     );

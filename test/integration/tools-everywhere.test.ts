@@ -31,7 +31,6 @@ import {
   bundledTokenizerPath,
   encodeBatchPayload,
   generateQueueName,
-  loadConfig,
   loadTokenizer,
   parsePayload,
   readPromptFile,
@@ -43,8 +42,9 @@ import {
 } from '../../src/shared/index.js';
 import { createTokenizeContext } from '../../src/workers/postprocess/tokenize.js';
 import { parseConversationRecord, tokenizeConversation } from '../../src/workers/postprocess/tokenize-conversations.js';
+import { loadTestConfig, writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { readGenerations, spawnCli } from '../helpers/pipeline.js';
 import { runPythonJson } from '../helpers/python.js';
 import { quietLogger } from '../helpers/redis.js';
 import { makeKimiLikeTokenizer } from '../helpers/tiktoken-fixture.js';
@@ -243,15 +243,12 @@ function writeJsonl(file: string, rows: readonly object[]): string {
 
 /** The producer's pass over `file` (turns: last), the samples it enqueues. */
 async function producerSamples(run: string, file: string, tok: ChatTokenizer): Promise<Sample[]> {
-  const cfg = loadConfig({
-    baseDir: tmp.dir,
-    object: {
-      run,
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: ['http://127.0.0.1:1'], concurrency: 4 },
-      datasets: [{ name: run, prompts: file, tokenBudget: 1_000_000, maxNewTokens: 64 }],
-      output: { dir: 'out' },
-    },
+  const cfg = loadTestConfig(tmp.dir, {
+    run,
+    redis,
+    sim: 'http://127.0.0.1:1',
+    sglang: { concurrency: 4 },
+    datasets: [{ name: run, prompts: file, tokenBudget: 1_000_000, maxNewTokens: 64 }],
   });
   const samples: Sample[] = [];
   const conn = redis.connection('worker');
@@ -400,21 +397,18 @@ describe('prepare with tool schemas', () => {
     const contextLength = lastWithout + maxNewTokens + Math.floor((lastWith - lastWithout) / 2);
     const convSource = writeJsonl(path.join(dir, 'conv.jsonl'), [convA, convB]);
 
-    const config = loadConfig({
-      baseDir: dir,
-      object: {
-        run: 'prep',
-        sglang: { endpoints: ['http://127.0.0.1:1'], contextLength },
-        datasets: [
-          {
-            name: 'length',
-            source: { path: lengthSource, maxPromptTokens: Math.floor((withTools + without) / 2) },
-            tokenBudget: 1000,
-          },
-          { name: 'conv', source: { path: convSource }, turns: 'all', maxNewTokens, tokenBudget: 1000 },
-        ],
-        output: { dir: 'out' },
-      },
+    const config = loadTestConfig(dir, {
+      run: 'prep',
+      sim: 'http://127.0.0.1:1',
+      sglang: { contextLength },
+      datasets: [
+        {
+          name: 'length',
+          source: { path: lengthSource, maxPromptTokens: Math.floor((withTools + without) / 2) },
+          tokenBudget: 1000,
+        },
+        { name: 'conv', source: { path: convSource }, turns: 'all', maxNewTokens, tokenBudget: 1000 },
+      ],
     });
     const outcomes = await prepareSources({ config, tokenizer: tok });
     const [length, conv] = outcomes;
@@ -453,12 +447,12 @@ describe('export and tokenize with tool schemas', () => {
     const dir = path.join(tmp.dir, 'run');
     mkdirSync(dir, { recursive: true });
     writeJsonl(path.join(dir, 'tools.jsonl'), promptLines());
-    const cfg = writeConfig(dir, {
+    const cfg = writeTestConfig(dir, {
       run: 'tools',
-      redis: { url: redis.url, prefix: redis.prefix },
-      sglang: { endpoints: [sim.url], concurrency: 4, contextLength: 4096 },
+      redis,
+      sim,
+      sglang: { concurrency: 4, contextLength: 4096 },
       datasets: [{ name: 'tools', prompts: 'tools.jsonl', tokenBudget: 1_000_000, maxNewTokens: 6 }],
-      output: { dir: 'out' },
       postprocess: { keepTruncated: true },
     });
     const run = spawnCli(['run', '-c', cfg]);

@@ -11,8 +11,9 @@ import { beforeAll, describe, expect, it } from 'vitest';
 
 import { describeHfDataset, mergeIntoTarget, type HfRow } from '../../src/shared/hf-dataset/index.js';
 import { makeRows, toColumns, type PyLoad } from '../fixtures/hf/rows.js';
+import { writeTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
-import { spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { spawnCli } from '../helpers/pipeline.js';
 import { ensurePythonEnv, runPythonJson } from '../helpers/python.js';
 
 const V = (dtype: string): Record<string, string> => ({ dtype, _type: 'Value' });
@@ -119,13 +120,12 @@ describe('postprocess.verifyWithPython', () => {
     );
     writeFileSync(path.join(tmp.dir, 'conv.jsonl'), `${conversations.join('\n')}\n`);
     const configFor = (run: string, python: string): string =>
-      writeConfig(
+      writeTestConfig(
         tmp.dir,
         {
           run,
-          redis: { url: redis.url, prefix: redis.prefix },
+          redis,
           datasets: [{ name: 'conv', conversations: 'conv.jsonl' }],
-          output: { dir: 'out' },
           postprocess: { verifyWithPython: true, python },
         },
         `${run}.yaml`,

@@ -10,6 +10,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { loadTokenizer, readHfDataset, RunKeys } from '../../src/shared/index.js';
+import { writeTestConfig } from '../helpers/config.js';
 import {
   byConversation,
   expectTurnChains,
@@ -18,7 +19,7 @@ import {
   type TurnRecord,
 } from '../helpers/conversations.js';
 import { useHarness } from '../helpers/fixture.js';
-import { duplicates, readGenerations, spawnCli, writeConfig } from '../helpers/pipeline.js';
+import { duplicates, readGenerations, spawnCli } from '../helpers/pipeline.js';
 import { modelDir, realSglang, skipReason } from '../helpers/real-sglang.js';
 
 const skip = skipReason();
@@ -30,10 +31,11 @@ describe.skipIf(skip !== '')(
 
     it('runs every turn of every conversation once, each on the regenerated history, to rows and export', async () => {
       const file = writeConversations(tmp.dir, 'mt', 4, 3);
-      const cfg = writeConfig(tmp.dir, {
+      const cfg = writeTestConfig(tmp.dir, {
         run: 'mt',
-        redis: { url: redis.url, prefix: redis.prefix },
-        sglang: { endpoints: [realSglang().url], concurrency: 4, requestTimeoutMs: 120_000 },
+        redis,
+        sim: realSglang().url,
+        sglang: { concurrency: 4, requestTimeoutMs: 120_000 },
         tokenizer: { path: modelDir(realSglang().dir) },
         datasets: [
           {
@@ -46,7 +48,6 @@ describe.skipIf(skip !== '')(
             sampling: { temperature: 1, top_k: 20 },
           },
         ],
-        output: { dir: 'out' },
         postprocess: { keepTruncated: true },
         workers: { shutdownGraceMs: 2_000 },
       });
@@ -130,12 +131,13 @@ describe.skipIf(skip !== '')(
       );
       const file = path.join(tmp.dir, 'ag.jsonl');
       writeFileSync(file, `${lines.join('\n')}\n`);
-      const cfg = writeConfig(
+      const cfg = writeTestConfig(
         tmp.dir,
         {
           run: 'ag',
-          redis: { url: redis.url, prefix: redis.prefix },
-          sglang: { endpoints: [realSglang().url], concurrency: 4, requestTimeoutMs: 120_000 },
+          redis,
+          sim: realSglang().url,
+          sglang: { concurrency: 4, requestTimeoutMs: 120_000 },
           tokenizer: { path: modelDir(realSglang().dir) },
           datasets: [
             {
@@ -148,7 +150,6 @@ describe.skipIf(skip !== '')(
               sampling: { temperature: 1, top_k: 20 },
             },
           ],
-          output: { dir: 'out' },
           postprocess: { keepTruncated: true },
           workers: { shutdownGraceMs: 2_000 },
         },

@@ -7,11 +7,11 @@ import { startGeneration } from '../../src/cli/pipeline.js';
 import { openRunContextFor } from '../../src/cli/run-context.js';
 import {
   endpointConcurrencyKey,
-  loadConfig,
   parseEndpointConcurrency,
   readRunStatus,
   type EndpointConcurrency,
 } from '../../src/shared/index.js';
+import { loadTestConfig } from '../helpers/config.js';
 import { useHarness } from '../helpers/fixture.js';
 import { duplicates, readGenerations, waitFor, writePrompts } from '../helpers/pipeline.js';
 import { killServerOnPort, modelDir, realSglang, skipReason, startRealSglang } from '../helpers/real-sglang.js';
@@ -27,32 +27,28 @@ describe.skipIf(skip !== '')(
     it('kill -9 of the server group mid-run, restart on the same port: 0 failed, each prompt once, counters equal to the files, auto measures again', async () => {
       const { url, port, dir } = realSglang();
       writePrompts(tmp.dir, 'restart', PROMPTS);
-      const cfg = loadConfig({
-        baseDir: tmp.dir,
-        object: {
-          run: 'restart',
-          redis: { url: redis.url, prefix: redis.prefix },
-          sglang: {
-            endpoints: [url],
-            concurrency: 'auto',
-            autoConcurrency: { min: 2, max: 32, start: 4, intervalMs: 700, maxQueued: 4 },
-            requestTimeoutMs: 120_000,
-            healthCheckIntervalMs: 1_000,
-          },
-          tokenizer: { path: modelDir(dir) },
-          datasets: [
-            {
-              name: 'ds',
-              prompts: 'restart.jsonl',
-              tokenBudget: 1_000_000_000,
-              maxNewTokens: 16,
-              batchSize: 4,
-              sampling: { temperature: 1, top_k: 20 },
-            },
-          ],
-          output: { dir: 'out' },
-          workers: { shutdownGraceMs: 2_000 },
+      const cfg = loadTestConfig(tmp.dir, {
+        run: 'restart',
+        redis,
+        sim: url,
+        sglang: {
+          concurrency: 'auto',
+          autoConcurrency: { min: 2, max: 32, start: 4, intervalMs: 700, maxQueued: 4 },
+          requestTimeoutMs: 120_000,
+          healthCheckIntervalMs: 1_000,
         },
+        tokenizer: { path: modelDir(dir) },
+        datasets: [
+          {
+            name: 'ds',
+            prompts: 'restart.jsonl',
+            tokenBudget: 1_000_000_000,
+            maxNewTokens: 16,
+            batchSize: 4,
+            sampling: { temperature: 1, top_k: 20 },
+          },
+        ],
+        workers: { shutdownGraceMs: 2_000 },
       });
       const ctx = await openRunContextFor(cfg);
       const key = endpointConcurrencyKey(ctx.keys, url);
