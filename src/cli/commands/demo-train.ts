@@ -2,10 +2,18 @@ import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
-import { formatRunStatus, readRunStatus, type ConfigInput } from '../../shared/index.js';
+import { formatRunStatus, readRunStatus, runDir, type ConfigInput } from '../../shared/index.js';
 import { formatEvalOutcome, formatTrainResult, runTrainJob, trainStatusLine } from './train.js';
 import type { RunContext } from '../run-context.js';
-import { formatReport, recordedReport, roundTrainJobId, type EvalOutcomeSeen } from '../../workers/index.js';
+import {
+  compareReports,
+  evaluatedAttempts,
+  formatComparison,
+  formatReport,
+  recordedReport,
+  roundTrainJobId,
+  type EvalOutcomeSeen,
+} from '../../workers/index.js';
 
 /**
  * The demo's train stage: when the reference trainer's Python environment exists
@@ -29,6 +37,25 @@ export function demoTrainerPython(root: string): string | null {
   return probe.status === 0 ? python : null;
 }
 
+/** The drafters `tokenmill demo --drafter` trains: EAGLE-3 style (the default) or a DFlash block drafter. */
+export const DEMO_DRAFTERS = ['eagle3', 'dflash'] as const;
+export type DemoDrafter = (typeof DEMO_DRAFTERS)[number];
+
+/** The DFlash demo's block size (trainer `--block-size`, simulator `--speculative-dflash-block-size`). */
+export const DEMO_DFLASH_BLOCK_SIZE = 8;
+/**
+ * The DFlash demo's mask token: `<|vision_pad|>` of the bundled Qwen3 tokenizer, a reserved
+ * special token its rows never hold (not pad, not eos).
+ */
+export const DEMO_DFLASH_MASK_TOKEN_ID = 151654;
+/** The DFlash demo's simulated drafter: mean accept length per block, per dataset where it differs. */
+export const DEMO_DFLASH_ACCEPT_LENGTH = 3.4;
+export const DEMO_DFLASH_PER_DATASET: Readonly<Record<string, number>> = {
+  B2_magicoder: 4.3,
+  B4_openmath: 3.9,
+  B6_writing: 2.6,
+};
+
 /** Steps of the demo's training, and where `tokenmill train --resume` on its config continues to. */
 export const DEMO_TRAIN_STEPS = 60;
 export const DEMO_RESUME_STEPS = 2 * DEMO_TRAIN_STEPS;
@@ -38,14 +65,31 @@ export const DEMO_RESUME_STEPS = 2 * DEMO_TRAIN_STEPS;
  * its paths are absolute, as the command runs from the config file's folder. Resuming goes on to
  * {@link DEMO_RESUME_STEPS}, so that `train --resume` after the demo's finished training has steps left.
  */
-export function withDemoTraining(config: ConfigInput, python: string | null, root: string): ConfigInput {
+export function withDemoTraining(
+  config: ConfigInput,
+  python: string | null,
+  root: string,
+  drafter: DemoDrafter = 'eagle3',
+): ConfigInput {
   if (python === null) return config;
+  const dflash =
+    drafter === 'dflash'
+      ? [
+          '--mode',
+          'dflash',
+          '--block-size',
+          String(DEMO_DFLASH_BLOCK_SIZE),
+          '--mask-token-id',
+          String(DEMO_DFLASH_MASK_TOKEN_ID),
+        ]
+      : [];
   return {
     ...config,
     train: {
       command: [
         python,
         path.join(root, 'trainers', 'tiny_drafter.py'),
+        ...dflash,
         '--data',
         '{dataset}',
         '--output',
@@ -135,7 +179,7 @@ export async function freePort(): Promise<number> {
  */
 export function withDemoEval(
   config: ConfigInput,
-  options: { timeScale: number; ports: [number, number]; cli: readonly string[] },
+  options: { timeScale: number; ports: [number, number]; cli: readonly string[]; drafter?: DemoDrafter },
 ): ConfigInput {
   const datasets = (config.datasets ?? []).map((d) => ({ ...d, evalHoldout: DEMO_EVAL_HOLDOUT }));
   if (config.train === undefined) return { ...config, datasets };
@@ -145,16 +189,7 @@ export function withDemoEval(
     datasets,
     eval: {
       server: {
-        command: [
-          ...sim,
-          '--speculative-algorithm',
-          'EAGLE3',
-          '--speculative-draft-model-path',
-          '{checkpoint}',
-          '--speculative-acceptance',
-          String(DEMO_DRAFT_ACCEPT_LENGTH),
-          ...Object.entries(DEMO_DRAFT_PER_DATASET).flatMap(([name, x]) => ['--speculative-dataset', `${name}=${x}`]),
-        ],
+        command: options.drafter === 'dflash' ? demoDflashServer(sim) : demoEagle3Server(sim),
         baselineCommand: sim,
         port: options.ports[0],
         baselinePort: options.ports[1],
@@ -167,6 +202,46 @@ export function withDemoEval(
       maxNewTokens: 128,
     },
   };
+}
+
+/** The eval step's drafter server for the EAGLE-3 demo: the simulator decoding with EAGLE3. */
+function demoEagle3Server(sim: readonly string[]): string[] {
+  return [
+    ...sim,
+    '--speculative-algorithm',
+    'EAGLE3',
+    '--speculative-draft-model-path',
+    '{checkpoint}',
+    '--speculative-acceptance',
+    String(DEMO_DRAFT_ACCEPT_LENGTH),
+    ...Object.entries(DEMO_DRAFT_PER_DATASET).flatMap(([name, x]) => ['--speculative-dataset', `${name}=${x}`]),
+  ];
+}
+
+/** The eval step's drafter server for the DFlash demo: the simulator decoding with DFLASH, blocks of 8. */
+function demoDflashServer(sim: readonly string[]): string[] {
+  return [
+    ...sim,
+    '--speculative-algorithm',
+    'DFLASH',
+    '--speculative-draft-model-path',
+    '{checkpoint}',
+    '--speculative-dflash-block-size',
+    String(DEMO_DFLASH_BLOCK_SIZE),
+    '--speculative-acceptance',
+    String(DEMO_DFLASH_ACCEPT_LENGTH),
+    ...Object.entries(DEMO_DFLASH_PER_DATASET).flatMap(([name, x]) => ['--speculative-dataset', `${name}=${x}`]),
+  ];
+}
+
+/**
+ * The drafters of the run side by side (`tokenmill eval --compare`), when more than one attempt
+ * was evaluated (an EAGLE-3 demo, then a DFlash one, in the same folder); undefined otherwise.
+ */
+async function demoComparisonText(ctx: RunContext): Promise<string | undefined> {
+  const { reports, notes } = await evaluatedAttempts(runDir(ctx.config));
+  if (reports.length < 2) return undefined;
+  return formatComparison(compareReports(reports, notes));
 }
 
 /**
@@ -201,6 +276,8 @@ export async function finishDemoTraining(
   say(`\n${formatTrainResult(train.result)}`);
   const status = await readRunStatus(ctx.redis, ctx.keys, ctx.config);
   if (evaluation !== null) say(`\n${(await demoEvalText(ctx, evaluation, status.eval?.report?.attempt)).trimEnd()}`);
+  const comparison = evaluation === null ? undefined : await demoComparisonText(ctx);
+  if (comparison !== undefined) say(`\n${comparison.trimEnd()}`);
   const phases = formatRunStatus(status)
     .split('\n')
     .find((l) => l.startsWith('phases:'));

@@ -10,6 +10,8 @@ import { printRunSummary, runPipelineStages } from './generation.js';
 import { throwIfFailed } from './postprocess.js';
 import {
   cliCommand,
+  DEMO_DRAFTERS,
+  type DemoDrafter,
   demoTrainerPython,
   finishDemoTraining,
   freePort,
@@ -60,6 +62,26 @@ interface DemoOptions {
   json?: boolean;
   dashboard?: boolean;
   dashboardPort: string;
+  drafter: string;
+  datasets?: string;
+}
+
+/** `--drafter`, checked. */
+function demoDrafter(value: string): DemoDrafter {
+  const d = DEMO_DRAFTERS.find((x) => x === value);
+  if (d === undefined) throw new AppError(`--drafter: expected one of ${DEMO_DRAFTERS.join(', ')}, got "${value}"`);
+  return d;
+}
+
+/** The demo config keeping only the datasets of `--datasets` (comma-separated names), in the demo's order. */
+export function onlyDemoDatasets(config: ConfigInput, names: string | undefined): ConfigInput {
+  if (names === undefined) return config;
+  const wanted = names.split(',').map((n) => n.trim());
+  const known = DEMO_DATASETS.map((d) => d.name);
+  const unknown = wanted.filter((n) => !known.includes(n));
+  if (unknown.length > 0 || wanted.length === 0)
+    throw new AppError(`--datasets: expected names among ${known.join(', ')}, got "${names}"`);
+  return { ...config, datasets: (config.datasets ?? []).filter((d) => wanted.includes(d.name)) };
 }
 
 /**
@@ -107,8 +129,15 @@ export function registerDemoCommand(program: Command): void {
       'serve the dashboard (pipeline page, Bull Board, metrics) on 127.0.0.1 during the demo and keep it open at the end until Ctrl-C',
     )
     .option('--dashboard-port <port>', 'port of --dashboard (0: any free port)', '3000')
+    .option(
+      '--drafter <kind>',
+      `the drafter the demo trains and evaluates (${DEMO_DRAFTERS.join(', ')}): eagle3 a next-token drafter on an EAGLE3 server, dflash a block drafter on a DFLASH server`,
+      'eagle3',
+    )
+    .option('--datasets <names>', 'only these demo datasets, comma-separated (a smaller, quicker demo)')
     .action(async (opts: DemoOptions) => {
       const outDir = resolve(opts.out);
+      const drafter = demoDrafter(opts.drafter);
       const json = opts.json === true;
       const sim = await startSimulator({
         port: 0,
@@ -124,10 +153,12 @@ export function registerDemoCommand(program: Command): void {
         const trainPython = demoTrainerPython(packageRoot);
         const ports: [number, number] = [await freePort(), await freePort()];
         while (ports[1] === ports[0]) ports[1] = await freePort();
-        const input = withDemoEval(withDemoTraining(demoConfig(sim.url, outDir), trainPython, packageRoot), {
+        const base = onlyDemoDatasets(demoConfig(sim.url, outDir), opts.datasets);
+        const input = withDemoEval(withDemoTraining(base, trainPython, packageRoot, drafter), {
           timeScale: Number(opts.timeScale),
           ports,
           cli: cliCommand(),
+          drafter,
         });
         const dir = join(outDir, 'demo');
         if (opts.fresh === true) await rm(dir, { recursive: true, force: true });

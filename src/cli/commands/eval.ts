@@ -3,6 +3,9 @@ import type { Command } from 'commander';
 import { CancelledError, loadConfig, runDir, type Config } from '../../shared/index.js';
 import {
   chooseDrafter,
+  compareReports,
+  evaluatedAttempts,
+  formatComparison,
   EvalError,
   evalSectionOf,
   formatReport,
@@ -25,6 +28,7 @@ interface EvalOptions {
   checkpoint?: string;
   json?: boolean;
   out?: string;
+  compare?: boolean;
 }
 
 /** What {@link evalCommand} did. */
@@ -84,8 +88,22 @@ export function registerEvalCommand(program: Command): void {
     .option('--checkpoint <path>', 'evaluate this drafter folder instead of an attempt (the report goes to --out)')
     .option('--out <file>', 'also write the report (JSON) here')
     .option('--json', 'print the report as JSON')
+    .option(
+      '--compare',
+      "measure nothing: every evaluated attempt of the run (EAGLE-3, DFlash, …) and no speculation side by side, per dataset, from the attempts' eval.json",
+    )
     .action(async (opts: EvalOptions) => {
       const config = loadConfig({ path: opts.config });
+      if (opts.compare === true) {
+        if (opts.attempt !== undefined || opts.checkpoint !== undefined || opts.out !== undefined)
+          throw new EvalError('eval: --compare measures nothing; leave out --attempt, --checkpoint and --out');
+        const { reports, notes } = await evaluatedAttempts(runDir(config));
+        const comparison = compareReports(reports, notes);
+        process.stdout.write(
+          opts.json === true ? `${JSON.stringify(comparison, null, 2)}\n` : formatComparison(comparison),
+        );
+        return;
+      }
       const abort = new AbortController();
       let stopped = false;
       void onceSignalled().then(() => {

@@ -19,6 +19,15 @@ export {
 } from './eval-jobs.js';
 export { formatHistogram, formatReport } from './format.js';
 export {
+  type ComparedDrafter,
+  type ComparisonRow,
+  compareReports,
+  drafterLabel,
+  type EvalComparison,
+  evaluatedAttempts,
+  formatComparison,
+} from './compare.js';
+export {
   EvalCancelledError,
   type EvalJobDeps,
   type EvalOutcome,
