@@ -1,5 +1,12 @@
 import type { Command } from 'commander';
-import { configJsonSchema, configReferenceMarkdown, loadConfig, type Config } from '../../shared/index.js';
+import {
+  checkDflashMaskToken,
+  configJsonSchema,
+  configReferenceMarkdown,
+  loadConfig,
+  loadConfiguredTokenizer,
+  type Config,
+} from '../../shared/index.js';
 
 interface ConfigCommandOptions {
   config?: string;
@@ -29,6 +36,16 @@ export function printableConfig(config: Config): Config {
   return { ...config, redis: { ...config.redis, url: masked } };
 }
 
+/**
+ * What can be checked of the config against its tokenizer without data: DFlash's mask token
+ * (`postprocess.dflash.maskToken`). Throws the ConfigError that names what is wrong.
+ */
+async function checkAgainstTokenizer(config: Config): Promise<void> {
+  const maskToken = config.postprocess.dflash?.maskToken;
+  if (maskToken === undefined) return;
+  checkDflashMaskToken(await loadConfiguredTokenizer(config), maskToken, config.source.file);
+}
+
 /** `tokenmill config -c F | --schema | --reference`: validate and print a config, or describe the format. */
 export function registerConfigCommand(program: Command): void {
   program
@@ -39,7 +56,7 @@ export function registerConfigCommand(program: Command): void {
     .option('-c, --config <file>', 'config file (YAML) to validate')
     .option('--schema', 'print the JSON Schema of the config file')
     .option('--reference', 'print the reference of every config key as a Markdown table')
-    .action((opts: ConfigCommandOptions, cmd: Command) => {
+    .action(async (opts: ConfigCommandOptions, cmd: Command) => {
       if (opts.schema === true) {
         process.stdout.write(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);
       } else if (opts.reference === true) {
@@ -47,6 +64,7 @@ export function registerConfigCommand(program: Command): void {
       } else if (opts.config !== undefined) {
         // Throws ConfigError, which main() prints with every problem and exits 1.
         const config = loadConfig({ path: opts.config });
+        await checkAgainstTokenizer(config);
         process.stdout.write(`${JSON.stringify(printableConfig(config), null, 2)}\n`);
       } else {
         cmd.error('tokenmill config: give -c <file> to validate a config, or --schema');

@@ -3,12 +3,15 @@ import type { Command } from 'commander';
 import {
   PayloadError,
   EnvironmentError,
+  checkDflashMaskToken,
   exists,
   formatInt,
   loadConfig,
+  loadConfiguredTokenizer,
   runDir,
   type Config,
 } from '../../shared/index.js';
+import { DRAFTERS, DflashRows, formatDflashExport, parseDrafter, type Drafter } from '../export/index.js';
 import { AtomicJsonlWriter } from '../export/index.js';
 import { exportRows, type RowsExportStats } from '../export/index.js';
 import { exportSpecForgeRun, formatSpecForgeResult, type SpecForgeRunResult } from '../export/index.js';
@@ -29,6 +32,7 @@ interface ExportOptions {
   format: string;
   out?: string;
   dataset?: string[];
+  drafter?: string;
   json?: boolean;
 }
 
@@ -73,6 +77,7 @@ async function exportJsonl(
   chosen: Config['datasets'],
   names: readonly string[] | undefined,
   out: string,
+  dflash: DflashRows | undefined,
 ): Promise<ExportResult> {
   const target = await trainingDataset(config);
   const writer = await AtomicJsonlWriter.open(out);
@@ -82,6 +87,7 @@ async function exportJsonl(
       target,
       writer,
       names === undefined || names.length === 0 ? undefined : chosen.map((d) => d.name),
+      dflash,
     );
     await writer.commit();
   } catch (e: unknown) {
@@ -97,6 +103,7 @@ async function exportSpeculatorsFolder(
   chosen: Config['datasets'],
   names: readonly string[] | undefined,
   out: string,
+  dflash: DflashRows | undefined,
 ): Promise<ExportResult> {
   const target = await trainingDataset(config);
   const stats = await exportSpeculators({
@@ -104,8 +111,21 @@ async function exportSpeculatorsFolder(
     out,
     datasets: names === undefined || names.length === 0 ? undefined : chosen.map((d) => d.name),
     shardSizeMiB: config.postprocess.shardSizeMiB,
+    dflash,
   });
   return { format: 'speculators', ...stats, train: speculatorsTrainCommand(stats, verifierOf(config.tokenizer.path)) };
+}
+
+/**
+ * The DFlash filter of `--drafter dflash` (none for eagle3), with `postprocess.dflash.maskToken`
+ * checked against the tokenizer first (a ConfigError saying what is wrong with it).
+ */
+export async function dflashRowsFor(config: Config, drafter: Drafter): Promise<DflashRows | undefined> {
+  if (drafter !== 'dflash') return undefined;
+  const maskToken = config.postprocess.dflash?.maskToken;
+  if (maskToken === undefined) return new DflashRows();
+  const tokenizer = await loadConfiguredTokenizer(config);
+  return new DflashRows(checkDflashMaskToken(tokenizer, maskToken, config.source.file));
 }
 
 /** `export`'s summary for people. */
@@ -119,12 +139,13 @@ export function formatExportResult(r: ExportResult): string {
       `exported ${formatInt(r.exported)} of ${formatInt(r.rows)} rows (${formatInt(r.tokens)} tokens) of ${r.target} to ${r.out}`,
       `columns: ${r.columns.join(', ')}`,
       ...(per === '' ? [] : [`by dataset: ${per}`]),
+      ...(r.dflash === undefined ? [] : formatDflashExport(r.dflash)),
     ].join('\n');
   }
   return formatSpecForgeResult(r);
 }
 
-/** `export -c F --format specforge|jsonl|speculators [--out PATH] [--dataset NAME...]`. */
+/** `export -c F --format specforge|jsonl|speculators [--out PATH] [--dataset NAME...] [--drafter eagle3|dflash]`. */
 export function registerExportCommand(program: Command): void {
   program
     .command('export')
@@ -138,19 +159,25 @@ export function registerExportCommand(program: Command): void {
       'file to write (default: <output.dir>/<run>/export/<format>.jsonl); for speculators a folder (default: <output.dir>/<run>/export/speculators)',
     )
     .option('--dataset <name...>', 'only these datasets (default: all)')
+    .option(
+      '--drafter <drafter>',
+      `the drafter trained on the export: ${DRAFTERS.join(' | ')} (default eagle3); dflash leaves out rows with fewer than 2 adjacent supervised tokens, says how many, and checks postprocess.dflash.maskToken`,
+    )
     .option('--json', 'print the result as JSON')
     .action(async (opts: ExportOptions) => {
       const format = parseExportFormat(opts.format);
+      const drafter = parseDrafter(opts.drafter);
       const config = loadConfig({ path: opts.config });
       const chosen = chooseDatasets(config, opts.dataset);
+      const dflash = await dflashRowsFor(config, drafter);
       const defaultName = { specforge: 'specforge.jsonl', jsonl: 'rows.jsonl', speculators: 'speculators' }[format];
       const out = path.resolve(opts.out ?? path.join(runDir(config), 'export', defaultName));
       const result =
         format === 'specforge'
-          ? await exportSpecForgeRun(config, chosen, out)
+          ? await exportSpecForgeRun(config, chosen, out, dflash)
           : format === 'jsonl'
-            ? await exportJsonl(config, chosen, opts.dataset, out)
-            : await exportSpeculatorsFolder(config, chosen, opts.dataset, out);
+            ? await exportJsonl(config, chosen, opts.dataset, out, dflash)
+            : await exportSpeculatorsFolder(config, chosen, opts.dataset, out, dflash);
       process.stdout.write(opts.json === true ? `${JSON.stringify(result)}\n` : `${formatExportResult(result)}\n`);
     });
 }

@@ -1,11 +1,14 @@
 import type { Command } from 'commander';
 import {
+  formatAnchorHistogram,
   formatInt,
   loadConfig,
   readRunStatus,
   rollbackTarget,
   runDir,
+  type AnchorHistogram,
   type MergeJobResult,
+  type MergeReportSummary,
   type RollbackResult,
   type TokenizeResult,
 } from '../../shared/index.js';
@@ -125,12 +128,29 @@ export function formatPostprocessResult(result: MergeJobResult, ctx: DropContext
       `  tokens              ${formatInt(r.oldTokens)} -> ${formatInt(r.tokens)} (+${formatInt(r.newTokens)})`,
       `  loss-mask coverage  ${fmtPct(r.lossMaskCoverage)} (new rows: ${fmtPct(r.newLossMaskCoverage)})`,
       `  shards              ${formatInt(r.shards)} (+${formatInt(r.newShards)})`,
+      ...dflashLines(r),
       `  samples checked     ${formatInt(r.checkedSamples)} read back equal to what was written`,
       `  problems            ${r.problems.length === 0 ? 'none' : r.problems.join('; ')}`,
     );
     for (const w of r.warnings) lines.push(`  warning             ${w}`);
   }
   return lines.join('\n').trimEnd();
+}
+
+/**
+ * The report's DFlash lines: rows with fewer than 2 adjacent supervised tokens (which a DFlash
+ * export leaves out), the rows by their anchor positions, the mask token checked.
+ */
+function dflashLines(r: MergeReportSummary): string[] {
+  const d = r.dflash;
+  if (d === undefined) return [];
+  return [
+    `  DFlash              ${formatInt(d.rowsWithoutAnchor)} rows with fewer than 2 adjacent supervised tokens (new: ${formatInt(d.newRowsWithoutAnchor)}); an export with --drafter dflash leaves them out`,
+    `  anchor positions    per row: ${formatAnchorHistogram(d.anchorPositions as AnchorHistogram, formatInt)}`,
+    ...(d.maskToken === null
+      ? []
+      : [`  DFlash mask token   ${d.maskToken.token} (id ${d.maskToken.id}): special, in no new row`]),
+  ];
 }
 
 /** What `rollback` did, for people. */

@@ -9,6 +9,7 @@ import path from 'node:path';
 
 import type { ChatMessage, HfRow, Logger } from '../../shared/index.js';
 import type { GenerationRecord, TokenizeContext } from '../../workers/index.js';
+import type { DflashRows } from './dflash-rows.js';
 
 /**
  * Which SpecForge setting a row needs: `last-turn` rows supervise their last assistant turn
@@ -36,6 +37,8 @@ export interface SpecForgeLine {
 /** Where the export's lines go, by row kind (specforge-files.ts). */
 export interface SpecForgeSink {
   write(kind: SpecForgeRowKind, line: SpecForgeLine): Promise<void>;
+  /** `--drafter dflash`: rows a DFlash trainer cannot use are left out (dflash-rows.ts). */
+  readonly dflash?: DflashRows;
 }
 
 /** Counters of one row kind. */
@@ -69,6 +72,8 @@ export interface SpecForgeExportStats {
   droppedTruncated: number;
   droppedAborted: number;
   droppedEmpty: number;
+  /** Rows left out by `--drafter dflash`: fewer than 2 adjacent supervised tokens. */
+  dflashLeftOut: number;
   /** Turns that are part of their conversation's row (`postprocess.rows: conversation`): no line of their own. */
   inConversationRows: number;
   /** Records of a sample id seen before (the first wins). */
@@ -99,6 +104,7 @@ export function emptyStats(dataset: string): SpecForgeExportStats {
     droppedTruncated: 0,
     droppedAborted: 0,
     droppedEmpty: 0,
+    dflashLeftOut: 0,
     inConversationRows: 0,
     duplicates: 0,
     invalid: 0,
@@ -201,7 +207,7 @@ export function turnAnswerText(ctx: TokenizeContext, record: GenerationRecord): 
 
 /**
  * Writes the line of training row `row` (kind `kind`, messages `conversations`) to `sink` and
- * counts it: its `text` is the row's ids decoded with special tokens kept, and is encoded again
+ * counts it (unless `--drafter dflash` leaves it out, counted apart): its `text` is the row's ids decoded with special tokens kept, and is encoded again
  * with the configured tokenizer, as SpecForge encodes it, to count the rows whose ids it cannot
  * give back (non-canonical token splits the server produced).
  */
@@ -214,6 +220,10 @@ export async function emitRow(
   conversations: ChatMessage[],
   tools?: unknown[],
 ): Promise<void> {
+  if (sink.dflash !== undefined && !sink.dflash.admit(row.input_ids, row.loss_mask, () => `${row.dataset}/${row.id}`)) {
+    stats.dflashLeftOut += 1;
+    return;
+  }
   const text = ctx.tokenizer.decode(row.input_ids, { skipSpecialTokens: false });
   const again = ctx.tokenizer.encode(text);
   const k = stats.byKind[kind];

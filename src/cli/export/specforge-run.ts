@@ -15,9 +15,10 @@ import {
   type Config,
 } from '../../shared/index.js';
 import { createTokenizeContext, type TokenizeContext } from '../../workers/index.js';
+import { formatDflashExport, type DflashExportStats, type DflashRows } from './dflash-rows.js';
 import { exportSpecForgeDataset } from './specforge.js';
 import { SpecForgeOutput, type SpecForgeFileReport } from './specforge-files.js';
-import type { SpecForgeExportStats } from './specforge-rows.js';
+import type { SpecForgeExportStats, SpecForgeLine, SpecForgeRowKind } from './specforge-rows.js';
 import { matchSpecForgeTemplate, type SpecForgeTemplate, type TemplateMatch } from './specforge-templates.js';
 
 /** The SpecForge template chosen for the export, and why (as the report states it). */
@@ -45,6 +46,8 @@ export interface SpecForgeRunResult {
   files: SpecForgeFileReport[];
   /** Rows whose text does not encode back to their ids, all files together. */
   reencodeDiffers: number;
+  /** With `--drafter dflash`: the rows left out for it, the anchor positions per row, the mask token checked. */
+  dflash?: DflashExportStats;
 }
 
 /** The report's sentence about rows that re-encode differently. */
@@ -102,6 +105,7 @@ export async function exportSpecForgeRun(
   config: Config,
   chosen: Config['datasets'],
   out: string,
+  dflash?: DflashRows,
 ): Promise<SpecForgeRunResult> {
   const tokenizer = await loadConfiguredTokenizer(config);
   if (tokenizer.encoderKind === 'server') {
@@ -123,7 +127,12 @@ export async function exportSpecForgeRun(
   const datasets: SpecForgeExportStats[] = [];
   const matches: { dataset: string; match: TemplateMatch }[] = [];
   const output = await SpecForgeOutput.open(out);
+  const sink =
+    dflash === undefined
+      ? output
+      : { write: (kind: SpecForgeRowKind, line: SpecForgeLine) => output.write(kind, line), dflash };
   let files: SpecForgeFileReport[];
+  let dflashStats: DflashExportStats | undefined;
   let picked: ReturnType<typeof chooseTemplate>;
   try {
     for (const d of chosen) {
@@ -152,7 +161,7 @@ export async function exportSpecForgeRun(
         promptsFile: d.prompts,
         generationsDir,
         ctx: dsCtx,
-        sink: output,
+        sink,
         turns: d.turns,
         rows: config.postprocess.rows,
         samplesPerPrompt: d.samplesPerPrompt,
@@ -161,6 +170,7 @@ export async function exportSpecForgeRun(
       if (stats.exported > 0) matches.push({ dataset: d.name, match: matchSpecForgeTemplate(dsCtx.format) });
     }
     assertSomethingExported(output.lines, datasets);
+    dflashStats = dflash?.finish(out);
     if (matches.length === 0) matches.push({ dataset: '', match: matchSpecForgeTemplate(ctx.format) });
     picked = chooseTemplate(matches);
     files = await output.commit(datasets, picked.template);
@@ -177,6 +187,7 @@ export async function exportSpecForgeRun(
     chatTemplate: picked.chosen,
     files,
     reencodeDiffers: files.reduce((n, f) => n + f.reencodeDiffers, 0),
+    ...(dflashStats === undefined ? {} : { dflash: dflashStats }),
   };
 }
 
@@ -208,6 +219,8 @@ function datasetLine(d: SpecForgeExportStats): string {
       `${formatInt(dropped)} left out as tokenize leaves them out (${formatInt(d.droppedTruncated)} truncated, ${formatInt(d.droppedAborted)} aborted, ${formatInt(d.droppedEmpty)} empty)`,
     );
   }
+  if (d.dflashLeftOut > 0)
+    parts.push(`${formatInt(d.dflashLeftOut)} left out for DFlash (fewer than 2 adjacent supervised tokens)`);
   if (d.duplicates > 0) parts.push(`${formatInt(d.duplicates)} duplicates`);
   if (d.invalid > 0) parts.push(`${formatInt(d.invalid)} invalid lines`);
   if (d.promptMissing > 0) parts.push(`${formatInt(d.promptMissing)} without a prompt line`);
@@ -240,5 +253,6 @@ export function formatSpecForgeResult(r: SpecForgeRunResult): string {
     }
   }
   if (r.reencodeDiffers > 0) lines.push(reencodeSentence(r.reencodeDiffers));
+  if (r.dflash !== undefined) lines.push(...formatDflashExport(r.dflash));
   return lines.join('\n');
 }

@@ -34,6 +34,7 @@ import {
   type ColumnSpec,
   type DatasetState,
 } from '../../shared/index.js';
+import { formatDflashExport, type DflashExportStats, type DflashRows } from './dflash-rows.js';
 import { cleanLeftovers, inspectOut, stagingDirOf, swapIntoPlace } from './speculators-dir.js';
 import { torchSaveIntDict } from './torch-save.js';
 
@@ -60,6 +61,8 @@ export interface SpeculatorsExportOptions {
   datasets?: readonly string[] | undefined;
   /** Largest shard size (MiB). */
   shardSizeMiB: number;
+  /** `--drafter dflash`: only the rows a DFlash trainer can use (dflash-rows.ts). */
+  dflash?: DflashRows | undefined;
 }
 
 /** What the speculators export wrote. */
@@ -87,6 +90,8 @@ export interface SpeculatorsExportStats {
   /** Whether an earlier export was replaced, and the speculators caches dropped with it. */
   replaced: boolean;
   droppedCaches: string[];
+  /** With `--drafter dflash`: the rows left out for it, the anchor positions per row, the mask token checked. */
+  dflash?: DflashExportStats;
 }
 
 /**
@@ -211,6 +216,8 @@ export async function exportSpeculators(opts: SpeculatorsExportOptions): Promise
         throw new PayloadError(`${where()}: input_ids or loss_mask is null`);
       if (ids.length !== mask.length)
         throw new PayloadError(`${where()}: loss_mask has ${mask.length} values but input_ids has ${ids.length}`);
+      const rowName = (): string => `row ${index}${id === '' ? '' : ` (id ${JSON.stringify(id)})`}`;
+      if (opts.dflash !== undefined && !opts.dflash.admit(ids as number[], mask as number[], rowName)) continue;
       const supervised = counts.addRow(ids as number[], mask as number[], where);
       if (supervised === 0) {
         stats.unsupervised++;
@@ -234,13 +241,16 @@ export async function exportSpeculators(opts: SpeculatorsExportOptions): Promise
       emptyShard: true,
     });
     if (stats.exported === 0) {
+      const leftOut = opts.dflash?.leftOut ?? 0;
       const why = [
         `${stats.rows} rows read`,
         ...(stats.unsupervised > 0 ? [`${stats.unsupervised} without a supervised token`] : []),
+        ...(leftOut > 0 ? [`${leftOut} with fewer than 2 adjacent supervised tokens (--drafter dflash)`] : []),
         ...(wanted === undefined ? [] : [`${stats.otherDatasets} of other datasets than --dataset`]),
       ];
       throw new PayloadError(`nothing to export from ${target}: ${why.join(', ')}`);
     }
+    if (opts.dflash !== undefined) stats.dflash = opts.dflash.finish(target);
     stats.shards = written.files;
     stats.distinctSupervisedIds = counts.distinct;
     stats.bytes = written.bytes;
@@ -298,6 +308,7 @@ export function formatSpeculatorsExport(stats: SpeculatorsExportStats, train: st
       `left out: ${formatInt(stats.unsupervised)} rows without a supervised token (prepare-data drops them too)`,
     );
   if (stats.otherDatasets > 0) lines.push(`left out: ${formatInt(stats.otherDatasets)} rows of other datasets`);
+  if (stats.dflash !== undefined) lines.push(...formatDflashExport(stats.dflash));
   if (stats.replaced) {
     const caches =
       stats.droppedCaches.length === 0 ? '' : ` and its vocabulary caches (${stats.droppedCaches.join(', ')})`;

@@ -14,6 +14,7 @@ import { z } from 'zod';
 import { type ConfigEnv, configEnvProblems, readConfigEnv } from './env.js';
 import { configIssues, type PathSegment } from './issues.js';
 import { DatasetsConfigSchema } from './dataset.js';
+import { DflashConfigSchema } from './dflash.js';
 import { EvalConfigSchema } from './eval.js';
 import { RedisConfigSchema } from './redis.js';
 import { filePath, name, positiveInt } from './schema-util.js';
@@ -121,6 +122,9 @@ export const ConfigSchema = z.strictObject({
         .describe(
           'Python interpreter with `datasets` installed, for `verifyWithPython`. Omitted = `python3` on the PATH.',
         ),
+      dflash: DflashConfigSchema.optional().describe(
+        'Data checks for DFlash drafters. Omitted = no mask token is checked (merges and exports still count the rows DFlash cannot use).',
+      ),
     })
     .prefault({})
     .describe('Tokenize and merge into the training dataset.'),

@@ -17,6 +17,7 @@ export {
   SamplingParamsSchema,
 } from './dataset.js';
 export { CONFIG_ENV_VARS, type ConfigEnv } from './env.js';
+export { type DflashConfig, DflashConfigSchema } from './dflash.js';
 export { type EvalConfig, EvalConfigSchema } from './eval.js';
 export { formatConfigPath } from './issues.js';
 export {

@@ -12,8 +12,21 @@ export {
   readShardBatches,
   readShardSchema,
   scanShard,
+  type ScanOptions,
   type ShardScan,
 } from './reader.js';
+export {
+  ANCHOR_BUCKETS,
+  type AnchorBucket,
+  type AnchorHistogram,
+  addAnchorHistograms,
+  addAnchorRow,
+  anchorBucketOf,
+  anchorPositions,
+  emptyAnchorHistogram,
+  formatAnchorHistogram,
+  rowsWithoutAnchor,
+} from './anchor-positions.js';
 export {
   arrowSchemaOf,
   arrowType,
@@ -79,6 +92,7 @@ export {
   MERGE_CRASH_POINTS,
   type MergeCrashPoint,
   mergeIntoTarget,
+  type MergeDflashReport,
   type MergeOptions,
   type MergeReport,
   type MergeResult,

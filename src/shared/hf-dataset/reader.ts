@@ -18,6 +18,7 @@ import {
   type ColumnSpec,
   type DatasetState,
 } from './schema.js';
+import { addAnchorRow, emptyAnchorHistogram, type AnchorHistogram } from './anchor-positions.js';
 import type { RowRecord } from './writer.js';
 
 /** The metadata files of a dataset folder, parsed, with their exact text. */
@@ -298,20 +299,45 @@ export interface ShardScan {
   rows: number;
   tokens: number;
   supervisedTokens: number;
+  /** Rows by their DFlash anchor positions (anchor-positions.ts). */
+  anchorPositions: AnchorHistogram;
+  /** With {@link ScanOptions.findTokenId}: the rows whose input_ids hold that id, and the first of them (row numbers in the shard). */
+  withToken?: { rows: number; first: number[] };
   batches: number;
   problems: string[];
 }
 
+/** Options of {@link scanShard}. */
+export interface ScanOptions {
+  /** Count the rows whose input_ids hold this token id (e.g. DFlash's mask token, which the data must not hold). */
+  findTokenId?: number;
+}
+
+/** Row numbers of {@link ShardScan.withToken} kept. */
+const TOKEN_ROWS_KEPT = 5;
+
 /**
  * Reads one shard completely and checks the training columns: loss_mask values are 0/1 and
  * every row's loss_mask has its input_ids' length; num_tokens (when present) equals it; no
- * nulls in either list. Counts rows, tokens (input_ids values) and supervised tokens (mask sum).
+ * nulls in either list. Counts rows, tokens (input_ids values), supervised tokens (mask sum) and
+ * the rows by their DFlash anchor positions.
  */
 export async function scanShard(
   file: string,
   onRows?: (batch: RecordBatch, columns: ColumnSpec[], firstRow: number) => void,
+  opts: ScanOptions = {},
 ): Promise<ShardScan> {
-  const scan: ShardScan = { file, columns: [], rows: 0, tokens: 0, supervisedTokens: 0, batches: 0, problems: [] };
+  const scan: ShardScan = {
+    file,
+    columns: [],
+    rows: 0,
+    tokens: 0,
+    supervisedTokens: 0,
+    anchorPositions: emptyAnchorHistogram(),
+    ...(opts.findTokenId === undefined ? {} : { withToken: { rows: 0, first: [] } }),
+    batches: 0,
+    problems: [],
+  };
   const problem = (p: string): void => {
     if (scan.problems.length < 20) scan.problems.push(`${path.basename(file)}: ${p}`);
   };
@@ -351,10 +377,23 @@ export async function scanShard(
           }
         }
         const child = mask.children[0] as Data;
-        const r = sumMask(child.values as IntArray, child.offset + m.at(0), child.offset + m.at(n));
+        const values = child.values as IntArray;
+        const r = sumMask(values, child.offset + m.at(0), child.offset + m.at(n));
         scan.supervisedTokens += r.ones;
         if (r.bad > 0)
           problem(`loss_mask has ${r.bad} values other than 0 and 1 (rows ${scan.rows}..${scan.rows + n - 1})`);
+        for (let i = 0; i < n; i++)
+          addAnchorRow(scan.anchorPositions, maskAnchors(values, child.offset + m.at(i), child.offset + m.at(i + 1)));
+      }
+      const found = scan.withToken;
+      if (found !== undefined && opts.findTokenId !== undefined) {
+        const child = ids.children[0] as Data;
+        const values = child.values as IntArray;
+        for (let i = 0; i < n; i++) {
+          if (!holdsId(values, child.offset + o.at(i), child.offset + o.at(i + 1), opts.findTokenId)) continue;
+          found.rows += 1;
+          if (found.first.length < TOKEN_ROWS_KEPT) found.first.push(scan.rows + i);
+        }
       }
     }
     onRows?.(batch, scan.columns, scan.rows);
@@ -362,6 +401,35 @@ export async function scanShard(
     scan.batches++;
   }
   return scan;
+}
+
+/** Positions `i` in [from, to - 1) where the mask is 1 at `i` and `i + 1` (DFlash anchor positions). */
+function maskAnchors(values: IntArray, from: number, to: number): number {
+  let n = 0;
+  if (values instanceof BigInt64Array || values instanceof BigUint64Array) {
+    const w = new Int32Array(values.buffer, values.byteOffset, values.length * 2);
+    let prev = false;
+    for (let i = from; i < to; i++) {
+      const one = w[2 * i] === 1 && w[2 * i + 1] === 0;
+      if (one && prev) n++;
+      prev = one;
+    }
+    return n;
+  }
+  for (let i = from + 1; i < to; i++) if (values[i] === 1 && values[i - 1] === 1) n++;
+  return n;
+}
+
+/** Whether the values in [from, to) hold `id`. */
+function holdsId(values: IntArray, from: number, to: number, id: number): boolean {
+  if (values instanceof BigInt64Array || values instanceof BigUint64Array) {
+    const w = new Int32Array(values.buffer, values.byteOffset, values.length * 2);
+    const lo = id | 0;
+    for (let i = from; i < to; i++) if (w[2 * i] === lo && w[2 * i + 1] === 0) return true;
+    return false;
+  }
+  for (let i = from; i < to; i++) if (values[i] === id) return true;
+  return false;
 }
 
 /** Sum of 0/1 values in [from, to), and how many values are neither. */

@@ -368,6 +368,11 @@ export const MergePayloadSchema = z.object({
   mergeKey: z.string().min(1),
   /** `postprocess.verifyWithPython`: the interpreter that loads the merged dataset before the swap. */
   verifyWithPython: z.object({ python: z.string().min(1) }).optional(),
+  /**
+   * `postprocess.dflash.maskToken`: checked against the tokenizer by the merge, which refuses new
+   * rows that hold it.
+   */
+  dflashMaskToken: z.string().min(1).optional(),
 });
 export type MergePayload = z.infer<typeof MergePayloadSchema>;
 
@@ -388,6 +393,19 @@ export const MergeReportSummarySchema = z.object({
   newLossMaskCoverage: z.number(),
   shards: count,
   newShards: count,
+  /**
+   * For DFlash trainers: rows with fewer than 2 adjacent supervised tokens (no anchor position),
+   * in the merged dataset and among the new rows, and the merged dataset's rows by their anchor
+   * positions (buckets `0`, `1`, `2-15`, …, `1024+`). Absent from results of earlier versions.
+   */
+  dflash: z
+    .object({
+      rowsWithoutAnchor: count,
+      newRowsWithoutAnchor: count,
+      anchorPositions: z.record(z.string(), count),
+      maskToken: z.object({ token: z.string(), id: count }).nullable(),
+    })
+    .optional(),
   checkedSamples: count,
   problems: z.array(z.string()),
   warnings: z.array(z.string()),

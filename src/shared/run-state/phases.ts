@@ -6,7 +6,7 @@
 import { Job, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../config/index.js';
-import { MERGE_QUEUE, type MergeJobResult } from '../queues/index.js';
+import { MERGE_QUEUE, type MergeJobResult, type MergeReportSummary } from '../queues/index.js';
 import type { RunKeys } from '../queues/index.js';
 import { formatInt } from '../util/index.js';
 import { trainPhaseDetail, type TrainStatus } from './train-status.js';
@@ -120,10 +120,17 @@ export async function readPhaseDetails(
       merge =
         result.report === null
           ? `${label}: ${result.status}`
-          : `${label}: ${formatInt(result.report.rows)} rows, ${formatInt(result.report.tokens)} tokens in ${formatInt(result.report.shards)} shards (${formatInt(result.report.newRows)} new)`;
+          : `${label}: ${formatInt(result.report.rows)} rows, ${formatInt(result.report.tokens)} tokens in ${formatInt(result.report.shards)} shards (${formatInt(result.report.newRows)} new)${dflashNote(result.report)}`;
     }
   }
   return { prepare, generate, tokenize, merge };
+}
+
+/** The merge's DFlash count for its status line: rows a DFlash export leaves out ('' before there is one). */
+function dflashNote(report: MergeReportSummary): string {
+  const n = report.dflash?.rowsWithoutAnchor;
+  if (n === undefined || n === 0) return '';
+  return `, ${formatInt(n)} with fewer than 2 adjacent supervised tokens (left out by a DFlash export)`;
 }
 
 /** Rows of the datasets' sources summed ("3 sources: 1,000 rows read, 950 kept, …"); '' before any `prepare`. */

@@ -2,6 +2,7 @@
 export { parseRankFile, type RankTable, readRankFile } from './bpe.js';
 export { BUNDLED_TOKENIZER_MODEL, bundledTokenizerPath } from './bundled.js';
 export { ChatTokenizer, type TokenIdRange } from './chat.js';
+export { checkDflashMaskToken, DFLASH_MASK_TOKEN_KEY, type DflashMaskToken } from './dflash-mask-token.js';
 export { type EncoderKind, ServerTokensNeededError, type TokenEncoder } from './encoder.js';
 export {
   checkTokenizerKindFits,

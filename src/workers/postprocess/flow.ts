@@ -82,6 +82,8 @@ export interface PostprocessPlan {
   verifyWithPython?: { python: string };
   /** With `train` configured: the round's train job, the parent of its merge. */
   train?: TrainPayload;
+  /** `postprocess.dflash.maskToken`: the merge checks it against the tokenizer and the new rows. */
+  dflashMaskToken?: string;
 }
 
 async function isDir(p: string): Promise<boolean> {
@@ -124,6 +126,7 @@ export async function planPostprocess(config: Config, runDir: string): Promise<P
   const verify = config.postprocess.verifyWithPython
     ? { verifyWithPython: { python: config.postprocess.python ?? DEFAULT_PYTHON } }
     : {};
+  const maskToken = config.postprocess.dflash?.maskToken;
   return {
     run: config.run,
     runDir,
@@ -132,6 +135,7 @@ export async function planPostprocess(config: Config, runDir: string): Promise<P
     datasets,
     ...train,
     ...verify,
+    ...(maskToken === undefined ? {} : { dflashMaskToken: maskToken }),
   };
 }
 
@@ -191,6 +195,7 @@ export function buildRoundFlow(plan: PostprocessPlan, flowId: string, mergeKey: 
         shardSizeMiB: plan.shardSizeMiB,
         mergeKey,
         verifyWithPython: plan.verifyWithPython,
+        dflashMaskToken: plan.dflashMaskToken,
       },
       'merge',
     ),

@@ -18,6 +18,16 @@ export function summarizeReport(report: MergeReport, reportPath: string): MergeR
     newLossMaskCoverage: report.newLossMaskCoverage,
     shards: report.shards,
     newShards: report.newShards.length,
+    ...(report.dflash === undefined
+      ? {}
+      : {
+          dflash: {
+            rowsWithoutAnchor: report.dflash.rowsWithoutAnchor,
+            newRowsWithoutAnchor: report.dflash.newRowsWithoutAnchor,
+            anchorPositions: report.dflash.anchorPositions,
+            maskToken: report.dflash.maskToken,
+          },
+        }),
     checkedSamples: report.checkedSamples,
     problems: report.problems,
     warnings: report.warnings,

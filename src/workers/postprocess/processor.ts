@@ -69,6 +69,11 @@ export interface MergeDeps {
   roundCompleted(result: MergeJobResult): Promise<void>;
   /** Turns token ids into text for the report's spot-check samples. */
   decode?: (inputIds: number[]) => string;
+  /**
+   * The id of `postprocess.dflash.maskToken` in the tokenizer, or a ConfigError saying what is
+   * wrong with it (see `checkDflashMaskToken`); needed when the payload names a mask token.
+   */
+  dflashMaskTokenId?: (token: string) => number;
   /** The merge itself; {@link mergeIntoTarget} unless a test passes another. */
   merge?: (opts: MergeOptions) => ReturnType<typeof mergeIntoTarget>;
   logger: Logger;
@@ -141,6 +146,11 @@ export async function processMerge(data: unknown, deps: MergeDeps): Promise<Merg
       })),
     };
     if (deps.decode !== undefined) opts.decode = deps.decode;
+    if (p.dflashMaskToken !== undefined) {
+      if (deps.dflashMaskTokenId === undefined)
+        throw new DatasetMergeError('postprocess.dflash.maskToken is set but this merge has no tokenizer to check it');
+      opts.dflashMaskToken = { token: p.dflashMaskToken, id: deps.dflashMaskTokenId(p.dflashMaskToken) };
+    }
     if (p.verifyWithPython !== undefined) opts.verifyWithPython = p.verifyWithPython;
     let merged: Awaited<ReturnType<typeof mergeIntoTarget>>;
     try {

@@ -6,6 +6,7 @@ import {
   AppError,
   MERGE_QUEUE,
   TOKENIZE_QUEUE,
+  checkDflashMaskToken,
   closeRedisConnection,
   createRedisConnection,
   loadTokenizer,
@@ -188,6 +189,7 @@ export class PostprocessWorker {
         setPhase: (phase, state) => setRoundPhase(redis, keys, flowId, phase, state),
         roundCompleted: () => recordRoundEnd(redis, keys, flowId, 'completed'),
         ...(tokenizer.encoderKind === 'server' ? {} : { decode: (ids: number[]) => tokenizer.decode(ids) }),
+        dflashMaskTokenId: (token: string) => checkDflashMaskToken(tokenizer, token).id,
         logger: this.log.child({ queue: job.queueName, jobId: job.id }),
       });
     } catch (e: unknown) {

@@ -6,6 +6,7 @@ import path from 'node:path';
 
 import { AppError } from '../../errors.js';
 import { logger } from '../../logger.js';
+import type { AnchorHistogram } from '../anchor-positions.js';
 import type { EndOfTurnCount } from './end-of-turn.js';
 import type { SourceOffsets } from './offsets-schema.js';
 import type { HfRow, HfTokenTypes } from '../schema.js';
@@ -101,6 +102,11 @@ export interface MergeOptions extends HfTokenTypes {
    * the merged version (offsets.ts), for the updates read against the current version.
    */
   tokenizeOffsets?: readonly SourceOffsets[];
+  /**
+   * `postprocess.dflash.maskToken`, resolved: the token DFlash fills block slots with. A new row
+   * whose input_ids hold its id refuses the merge (the trainer could not tell the two apart).
+   */
+  dflashMaskToken?: { token: string; id: number };
   crashAt?: MergeCrashPoint;
   /** Randomness for sampling (tests pass a seeded one). */
   random?: () => number;
@@ -119,6 +125,23 @@ export interface MergeSample {
   text?: string;
   /** Decoded supervised tokens only (first 300 characters). */
   supervisedText?: string;
+}
+
+/**
+ * What a DFlash trainer can draw from the rows (anchor-positions.ts): rows without an anchor
+ * position have fewer than 2 adjacent supervised tokens, and a DFlash export leaves them out.
+ */
+export interface MergeDflashReport {
+  /** Rows of the merged dataset with fewer than 2 adjacent supervised tokens. */
+  rowsWithoutAnchor: number;
+  /** Of them, new rows. */
+  newRowsWithoutAnchor: number;
+  /** Rows of the merged dataset by their anchor positions (supervised positions followed by a supervised one). */
+  anchorPositions: AnchorHistogram;
+  /** The same over the new rows. */
+  newAnchorPositions: AnchorHistogram;
+  /** `postprocess.dflash.maskToken` and its id, checked absent from the new rows; null when not configured. */
+  maskToken: { token: string; id: number } | null;
 }
 
 /** What a merge checked; written to `<runDir>/merge-report-<mergeId>.json`. */
@@ -152,6 +175,8 @@ export interface MergeReport {
   columns: string;
   /** Columns of the new rows that the target does not have, left out. */
   droppedColumns: string[];
+  /** Anchor positions per row and rows without one, for DFlash trainers (absent from reports of earlier versions). */
+  dflash?: MergeDflashReport;
   checkedSamples: number;
   samples: MergeSample[];
   /** Why the merge was refused; empty when ok. */

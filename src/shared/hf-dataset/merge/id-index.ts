@@ -26,6 +26,7 @@ import type { RecordBatch } from 'apache-arrow';
 import { errorMessage } from '../../errors.js';
 import { isErrno, writeFileAtomic } from '../../util/index.js';
 import { controlDir, log } from './common.js';
+import { isAnchorHistogram, type AnchorHistogram } from '../anchor-positions.js';
 import { scanShard, type ShardScan } from '../reader.js';
 import type { ColumnSpec } from '../schema.js';
 
@@ -45,6 +46,11 @@ export interface ShardIndexHeader {
   rows: number;
   tokens: number;
   supervisedTokens: number;
+  /**
+   * Rows by their DFlash anchor positions (anchor-positions.ts). Absent from files written by
+   * earlier versions: a merge, which reports it over the whole dataset, rebuilds such a file.
+   */
+  anchorPositions?: AnchorHistogram;
   /** The shard's columns. */
   columns: ColumnSpec[];
   /** Findings of the shard's scan (reported as warnings by each merge). */
@@ -234,6 +240,7 @@ export async function shardIndexBytes(
       rows: scan.rows,
       tokens: scan.tokens,
       supervisedTokens: scan.supervisedTokens,
+      anchorPositions: scan.anchorPositions,
       columns: scan.columns,
       problems: scan.problems,
     },
@@ -272,7 +279,8 @@ async function readHead(file: string): Promise<Buffer | undefined> {
 /**
  * Opens the index of `shard` in the dataset folder `dir`: its file when it describes the shard
  * as it is, or else one rebuilt from the shard (logged) — written to its place when `persist`,
- * kept in memory otherwise (a reader without the target's lock never writes into it).
+ * kept in memory otherwise (a reader without the target's lock never writes into it). With
+ * `persist` (a merge), a file without the anchor-position counts is rebuilt too.
  */
 export async function openShardIndex(dir: string, shard: string, opts: { persist: boolean }): Promise<ShardIndex> {
   const file = indexFileOf(dir, shard);
@@ -284,8 +292,9 @@ export async function openShardIndex(dir: string, shard: string, opts: { persist
     else {
       const layout = parseLayout(head, file);
       const h = layout.header;
+      if (opts.persist && !isAnchorHistogram(h.anchorPositions)) why = 'made by an earlier version';
       // Within a millisecond: a time set back by utimes (ms resolution) comes back rounded.
-      if (
+      else if (
         h.shard === shard &&
         Array.isArray(h.columns) &&
         h.bytes === st.size &&

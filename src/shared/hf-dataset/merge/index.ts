@@ -4,6 +4,7 @@ export {
   MERGE_CRASH_POINTS,
   type MergeCrashPoint,
   type MergeOptions,
+  type MergeDflashReport,
   type MergeReport,
   type MergeResult,
   type MergeSample,

@@ -36,6 +36,7 @@ import { validateMerged } from './validate.js';
 import { pythonVerifierFor } from './verify-python.js';
 import { DatasetIndex, type ShardKeyCollector } from './id-index.js';
 import { moveExtraFiles, stageIndexAndOffsets } from './commit-files.js';
+import { emptyAnchorHistogram } from '../anchor-positions.js';
 import { readDatasetMeta, readShardSchema, type DatasetMeta, type ShardScan } from '../reader.js';
 import {
   columnsOfSchema,
@@ -124,6 +125,7 @@ export async function mergeIntoTarget(opts: MergeOptions): Promise<MergeResult> 
           rows: h.rows,
           tokens: h.tokens,
           supervisedTokens: h.supervisedTokens,
+          anchorPositions: h.anchorPositions ?? emptyAnchorHistogram(),
           batches: 0,
           problems: h.problems,
         });

@@ -7,6 +7,7 @@ import { errorMessage } from '../../errors.js';
 import type { MergeOptions, MergeReport, MergeSample } from './common.js';
 import type { NewPart } from './stage.js';
 import { ShardKeyCollector } from './id-index.js';
+import { addAnchorHistograms, emptyAnchorHistogram, rowsWithoutAnchor } from '../anchor-positions.js';
 import { batchRowReader, readDatasetMeta, scanShard, type ShardScan } from '../reader.js';
 import { columnsString, sameColumns, type ColumnSpec } from '../schema.js';
 import type { RowRecord } from '../writer.js';
@@ -44,11 +45,13 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
   let oldRows = 0;
   let oldTokens = 0;
   let oldSupervised = 0;
+  let oldAnchors = emptyAnchorHistogram();
   for (const [i, s] of v.oldShards.entries()) {
     const before = oldScans[i] as ShardScan;
     oldRows += before.rows;
     oldTokens += before.tokens;
     oldSupervised += before.supervisedTokens;
+    oldAnchors = addAnchorHistograms(oldAnchors, before.anchorPositions);
     const [a, b] = await Promise.all([stat(path.join(v.target, s)), stat(path.join(staging, s))]);
     if (a.ino === b.ino && a.dev === b.dev) {
       if (!sameColumns(before.columns, v.columns))
@@ -73,19 +76,32 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
   let newRowsRead = 0;
   let newTokensRead = 0;
   let newSupervisedRead = 0;
+  let newAnchors = emptyAnchorHistogram();
+  const mask = v.opts.dflashMaskToken;
+  const maskRows: number[] = [];
+  let maskRowCount = 0;
   for (const f of newPart.files) {
     const base = newRowsRead;
     const collector = new ShardKeyCollector();
-    const scan = await scanShard(path.join(staging, f), (batch, cols, firstRow) => {
-      collector.addBatch(batch);
-      let read: ((i: number) => RowRecord) | undefined;
-      for (let i = 0; i < batch.numRows; i++) {
-        const idx = base + firstRow + i;
-        if (!wanted.has(idx)) continue;
-        read ??= batchRowReader(batch, cols);
-        readBack.set(idx, read(i));
-      }
-    });
+    const scan = await scanShard(
+      path.join(staging, f),
+      (batch, cols, firstRow) => {
+        collector.addBatch(batch);
+        let read: ((i: number) => RowRecord) | undefined;
+        for (let i = 0; i < batch.numRows; i++) {
+          const idx = base + firstRow + i;
+          if (!wanted.has(idx)) continue;
+          read ??= batchRowReader(batch, cols);
+          readBack.set(idx, read(i));
+        }
+      },
+      mask === undefined ? {} : { findTokenId: mask.id },
+    );
+    newAnchors = addAnchorHistograms(newAnchors, scan.anchorPositions);
+    if (scan.withToken !== undefined) {
+      maskRowCount += scan.withToken.rows;
+      for (const r of scan.withToken.first) if (maskRows.length < 5) maskRows.push(oldRows + base + r);
+    }
     v.newScans?.set(f, { scan, collector });
     problems.push(...scan.problems);
     if (!sameColumns(scan.columns, v.columns))
@@ -119,6 +135,14 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     problems.push(`loss-mask coverage ${lossMaskCoverage} is outside [0, 1]`);
   if (newPart.rows > 0 && !(newLossMaskCoverage > 0 && newLossMaskCoverage <= 1)) {
     problems.push(`loss-mask coverage of the new rows is ${newLossMaskCoverage}: nothing would be trained on`);
+  }
+
+  if (mask !== undefined && maskRowCount > 0) {
+    problems.push(
+      `postprocess.dflash.maskToken ${JSON.stringify(mask.token)} (id ${mask.id}) is in the data: ${maskRowCount} new ` +
+        `${maskRowCount === 1 ? 'row holds' : 'rows hold'} it (row ${maskRows.join(', ')}${maskRowCount > maskRows.length ? ', …' : ''}); ` +
+        'DFlash could not tell its mask slots from those tokens: choose a special token the data never holds',
+    );
   }
 
   // Sampled rows: read back equal to what was written; decoded for a human spot check.
@@ -178,6 +202,13 @@ export async function validateMerged(v: ValidateInput): Promise<MergeReport> {
     newLossMaskCoverage,
     shards: meta.shards.length,
     newShards: newPart.files,
+    dflash: {
+      rowsWithoutAnchor: rowsWithoutAnchor(oldAnchors) + rowsWithoutAnchor(newAnchors),
+      newRowsWithoutAnchor: rowsWithoutAnchor(newAnchors),
+      anchorPositions: addAnchorHistograms(oldAnchors, newAnchors),
+      newAnchorPositions: newAnchors,
+      maskToken: mask ?? null,
+    },
     linkedShards: newPart.linked,
     copiedShards: newPart.copied,
     columns: columnsString(v.columns),
