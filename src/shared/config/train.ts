@@ -67,16 +67,58 @@ export const HiddenStatesSchema = z.strictObject({
 /** A step's `hiddenStates`. */
 export type HiddenStatesConfig = z.infer<typeof HiddenStatesSchema>;
 
+const groupsExpected = (what: string): string =>
+  `expected ${what}, or { target: N, drafter: M } (a target group and a drafter group)`;
+
+/**
+ * A step's GPUs: a number, or a target group and a drafter group (e.g. `{ target: 5, drafter: 3 }`:
+ * the target model's capture servers on five GPUs, the drafter's trainer ranks on three).
+ */
+export const StepGpusSchema = z.union(
+  [
+    nonNegativeInt(),
+    z.strictObject(
+      {
+        target: positiveInt('a number of GPUs >= 1 for the target group'),
+        drafter: positiveInt('a number of GPUs >= 1 for the drafter group'),
+      },
+      { error: groupsExpected('a number of GPUs >= 0') },
+    ),
+  ],
+  { error: groupsExpected('a number of GPUs >= 0') },
+);
+export type StepGpus = z.infer<typeof StepGpusSchema>;
+
+/** A step's free memory per GPU: one number, or one per group of a split step. */
+export const StepGpuMemSchema = z.union(
+  [
+    nonNegativeInt(),
+    z.strictObject(
+      {
+        target: nonNegativeInt('free MiB >= 0 for each GPU of the target group'),
+        drafter: nonNegativeInt('free MiB >= 0 for each GPU of the drafter group'),
+      },
+      { error: groupsExpected('free MiB >= 0 per GPU') },
+    ),
+  ],
+  { error: groupsExpected('free MiB >= 0 per GPU') },
+);
+
+/** Placeholders that name a split step's groups. */
+export const GROUP_PLACEHOLDER = /\{(target_gpus|drafter_gpus)\}/;
+
 /** One step of a chain of GPU steps (`train.steps`). */
 export const TrainStepSchema = z.strictObject({
   name: name().describe('Step name, unique in the chain: names its folder `<attempt>/<name>/` and its job.'),
   command: trainCommand().describe(
     "The step's command and its arguments (placeholders as in `train.command`, `{output}` being the step's `output/` folder, plus `{output:<step>}`: the output folder of an earlier step of the same chain).",
   ),
-  gpus: nonNegativeInt().optional().describe('GPUs the step needs. Omitted = `train.gpus`.'),
-  minFreeGpuMemMiB: nonNegativeInt()
-    .optional()
-    .describe('Free memory each of its GPUs needs (MiB). Omitted = `train.minFreeGpuMemMiB`.'),
+  gpus: StepGpusSchema.optional().describe(
+    "GPUs the step needs: a number, or `{ target: N, drafter: M }`, a target group and a drafter group (e.g. the target model's capture servers on 5 GPUs, the drafter's trainer on 3), each preflighted on its own and given to the command as `{target_gpus}` / `{drafter_gpus}` (comma-separated indices) and `TOKENMILL_TARGET_GPUS` / `TOKENMILL_DRAFTER_GPUS`; `CUDA_VISIBLE_DEVICES` names both groups, the target's first, and `{gpus}` is their total. Omitted = `train.gpus`.",
+  ),
+  minFreeGpuMemMiB: StepGpuMemSchema.optional().describe(
+    'Free memory each of its GPUs needs (MiB); for a split step, one number for both groups or `{ target, drafter }`. Omitted = `train.minFreeGpuMemMiB`.',
+  ),
   minFreeDiskGiB: z
     .number({ error: 'expected a number >= 0 (GiB)' })
     .min(0, { error: 'expected a number >= 0 (GiB)' })
@@ -179,6 +221,21 @@ export const TrainConfigSchema = z
               message: `expected a unique step name, got "${n}" again`,
             });
           seen.add(n);
+          const st = step as Partial<TrainStep>;
+          const split = typeof st.gpus === 'object';
+          if (!split && typeof st.minFreeGpuMemMiB === 'object')
+            ctx.addIssue({
+              code: 'custom',
+              path: ['steps', i, 'minFreeGpuMemMiB'],
+              message: `expected one number: { target, drafter } needs gpus split the same way (gpus: { target: N, drafter: M }), got gpus: ${st.gpus ?? `train.gpus (${t.gpus})`}`,
+            });
+          const uses = (st.command ?? []).find((a) => GROUP_PLACEHOLDER.test(a));
+          if (!split && uses !== undefined)
+            ctx.addIssue({
+              code: 'custom',
+              path: ['steps', i, 'gpus'],
+              message: `expected gpus: { target: N, drafter: M }: the command uses "${GROUP_PLACEHOLDER.exec(uses)?.[0] ?? ''}", which only a step with a target group and a drafter group has`,
+            });
         });
       }
     },

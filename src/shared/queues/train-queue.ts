@@ -22,6 +22,14 @@ export const HiddenStatesPayloadSchema = z.object({
 });
 export type HiddenStatesPayload = z.infer<typeof HiddenStatesPayloadSchema>;
 
+/** A split step's two GPU groups, each with its count and free memory per GPU. */
+const GpuGroupNeedSchema = z.object({
+  gpus: z.number().int().positive(),
+  minFreeGpuMemMiB: z.number().int().nonnegative(),
+});
+export const GpuGroupsPayloadSchema = z.object({ target: GpuGroupNeedSchema, drafter: GpuGroupNeedSchema });
+export type GpuGroupsPayload = z.infer<typeof GpuGroupsPayloadSchema>;
+
 /** One step of a chain as its job sees it. */
 export const TrainStepPayloadSchema = z.object({
   name: z.string().min(1),
@@ -30,6 +38,8 @@ export const TrainStepPayloadSchema = z.object({
   minFreeGpuMemMiB: z.number().int().nonnegative(),
   minFreeDiskGiB: z.number().nonnegative(),
   hiddenStates: HiddenStatesPayloadSchema.optional(),
+  /** A split step: its target and drafter groups (`gpus` is their total). */
+  gpuGroups: GpuGroupsPayloadSchema.optional(),
 });
 export type TrainStepPayload = z.infer<typeof TrainStepPayloadSchema>;
 
@@ -71,6 +81,8 @@ export const TrainPayloadSchema = z.object({
   chain: z.string().min(1).optional(),
   /** What this step writes, sized before it starts (a chain's jobs only). */
   hiddenStates: HiddenStatesPayloadSchema.optional(),
+  /** A split step: its target and drafter groups, each preflighted on its own (`gpus` is their total). */
+  gpuGroups: GpuGroupsPayloadSchema.optional(),
   /**
    * With an `eval` section: the eval step after the training, queued as the train job's parent
    * (a chain's: its last step's). Only in the payload the flow is made from, not in the jobs'.

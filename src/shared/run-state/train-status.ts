@@ -37,6 +37,8 @@ export interface TrainStatus {
   worker: string | null;
   /** GPUs assigned (indices). */
   gpus: number[];
+  /** A split step's groups: `target 0,1,2,3,4 + drafter 5,6,7`; null otherwise. */
+  gpuGroups: string | null;
   /** GPUs as preflight saw them. */
   preflight: GpuMemorySeen[];
   /** The environment fingerprint recorded before the start. */
@@ -138,6 +140,7 @@ export async function readTrainStatus(redis: Redis, keys: RunKeys): Promise<Trai
       .split(',')
       .filter((s) => s !== '')
       .map(Number),
+    gpuGroups: str(h.gpuGroups),
     preflight: json<GpuMemorySeen[]>(h.preflight, []),
     fingerprint: json<Record<string, unknown> | null>(h.fingerprint, null),
     envChanges: json<string[]>(h.envChanges, []),
@@ -165,7 +168,7 @@ export function formatTrainStatus(t: TrainStatus | null): string[] {
   if (t.mode !== null) head.push(t.mode);
   if (t.attempt !== null) head.push(`attempt ${t.attempt}`);
   if (t.chainStep !== null) head.push(`step ${t.chainStep}`);
-  if (t.gpus.length > 0) head.push(`GPUs ${t.gpus.join(',')}`);
+  if (t.gpus.length > 0) head.push(t.gpuGroups === null ? `GPUs ${t.gpus.join(',')}` : `GPUs ${t.gpuGroups}`);
   const lines = [head.join(', ')];
   const progress = formatTrainProgress(t);
   if (progress !== '') lines.push(`  ${progress}`);

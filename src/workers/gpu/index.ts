@@ -23,7 +23,15 @@ export {
   type ProcessIdentity,
   recordedIdentity,
 } from './left-groups.js';
-export { type GpuNeed, preflight, type PreflightVerdict } from './preflight.js';
+export {
+  type AssignedGroup,
+  type GpuGroupNeed,
+  type GpuNeed,
+  type GroupsVerdict,
+  preflight,
+  preflightGroups,
+  type PreflightVerdict,
+} from './preflight.js';
 export {
   type CommandExit,
   groupAlive,

@@ -2,7 +2,7 @@ import type { TrainPayload } from '../../shared/index.js';
 import { createAttempt, resolveResumeCheckpoint } from './attempts.js';
 import { placeChainStep, withStepOutputs, type ChainStepPlace } from './chain.js';
 import { buildArgv } from './command.js';
-import type { GpuInfo } from '../gpu/index.js';
+import type { AssignedGroup, GpuInfo } from '../gpu/index.js';
 import type { TrainDeps } from './train-deps.js';
 
 /** What a job runs, and where: its command line, attempt folder and checkpoint. */
@@ -29,9 +29,12 @@ export async function planAttempt(
     place: ChainStepPlace | null;
     previousStep: { attemptDir: string | null } | null;
     assigned: readonly GpuInfo[];
+    /** A split step's groups as preflight assigned them. */
+    groups: readonly AssignedGroup[] | null;
   },
 ): Promise<PlannedAttempt> {
   const { mode, previousStep, assigned } = o;
+  const groups = groupIndices(o.groups);
   let { checkpoint, place } = o;
   let attempt: { attempt: string; dir: string; checkpoints: string; log: string };
   let argv: string[];
@@ -45,6 +48,7 @@ export async function planAttempt(
         output: place.output,
         checkpoint: null,
         gpus: assigned.map((g) => g.index),
+        groups,
       }),
       p,
       place.attemptDir,
@@ -58,6 +62,7 @@ export async function planAttempt(
         output,
         checkpoint: mode === 'resume' ? (checkpoint ?? null) : null,
         gpus: assigned.map((g) => g.index),
+        groups,
       });
     argvOf(''); // refuse a resume without {checkpoint} before an attempt folder is made
     attempt = await createAttempt(p.runDir, {
@@ -68,4 +73,11 @@ export async function planAttempt(
     argv = argvOf(attempt.checkpoints);
   }
   return { attempt, argv, checkpoint, place };
+}
+
+/** A split step's groups as index lists (null for a step that is not split). */
+export function groupIndices(groups: readonly AssignedGroup[] | null): { target: number[]; drafter: number[] } | null {
+  if (groups === null) return null;
+  const of = (name: string): number[] => groups.find((g) => g.name === name)?.gpus.map((g) => g.index) ?? [];
+  return { target: of('target'), drafter: of('drafter') };
 }

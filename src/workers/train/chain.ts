@@ -44,6 +44,7 @@ export function stepPayload(payload: TrainPayload, index: number, chain?: string
       minFreeGpuMemMiB: step.minFreeGpuMemMiB,
       minFreeDiskGiB: step.minFreeDiskGiB,
       ...(step.hiddenStates === undefined ? {} : { hiddenStates: step.hiddenStates }),
+      gpuGroups: step.gpuGroups,
       stepIndex: index,
       ...(chain === undefined ? {} : { chain }),
     },

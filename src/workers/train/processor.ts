@@ -4,7 +4,7 @@ import { TrainPayloadSchema, parsePayload, type TrainPayload, type TrainResult }
 import { runGpuJob, type GpuJobPhases, type Next, type StopSignal, type Watched } from '../gpu/index.js';
 import { listCheckpoints } from './attempts.js';
 import { doneInfo, markStepDone, placeChainStep, type ChainStepPlace } from './chain.js';
-import { planAttempt, type PlannedAttempt } from './attempt-plan.js';
+import { groupIndices, planAttempt, type PlannedAttempt } from './attempt-plan.js';
 import { TrainCancelledError } from './cancelled.js';
 import { judgeExit } from './command-exit.js';
 import { takeOverDeadRun } from './dead-worker.js';
@@ -106,10 +106,12 @@ class TrainJob implements GpuJobPhases<Prepared, Ready, WatchedRun, TrainResult>
     if (start.kind === 'wait') return start;
     const { fp, changes } = await checkEnvironment(p, deps, start);
     const assigned = start.verdict.assigned;
-    const planned = await planAttempt(p, deps, { ...prep, assigned });
+    const groups = start.verdict.groups;
+    const planned = await planAttempt(p, deps, { ...prep, assigned, groups });
+    const gpuGroups = groupIndices(groups);
     await writeFile(
       path.join(planned.place?.stepDir ?? planned.attempt.dir, 'environment.json'),
-      `${JSON.stringify({ ...fp, preflight: start.verdict.seen, assignedGpus: assigned.map((g) => g.index), changes }, null, 2)}\n`,
+      `${JSON.stringify({ ...fp, preflight: start.verdict.seen, assignedGpus: assigned.map((g) => g.index), ...(gpuGroups === null ? {} : { gpuGroups }), changes }, null, 2)}\n`,
     );
     return { kind: 'go', value: { mode, start, fp, planned } };
   }
@@ -119,7 +121,12 @@ class TrainJob implements GpuJobPhases<Prepared, Ready, WatchedRun, TrainResult>
     return runAndWatch(
       this.p,
       this.deps,
-      { mode: ready.mode, planned: ready.planned, assigned: ready.start.verdict.assigned },
+      {
+        mode: ready.mode,
+        planned: ready.planned,
+        assigned: ready.start.verdict.assigned,
+        groups: groupIndices(ready.start.verdict.groups),
+      },
       stop,
     );
   }

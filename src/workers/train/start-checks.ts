@@ -1,7 +1,7 @@
 import { AppError, type TrainPayload } from '../../shared/index.js';
 import { trainDir } from './attempts.js';
 import { freeDiskGiB, type ChainStepPlace } from './chain.js';
-import { preflight, type GpuProbe, type PreflightVerdict } from '../gpu/index.js';
+import { preflight, preflightGroups, type AssignedGroup, type GpuInfo, type GpuProbe } from '../gpu/index.js';
 import { checkHiddenStates } from './hidden-states.js';
 import type { TrainDeps } from './train-deps.js';
 
@@ -11,7 +11,8 @@ export type StartCheck =
   | {
       kind: 'start';
       probe: GpuProbe;
-      verdict: Extract<PreflightVerdict, { ok: true }>;
+      /** The GPUs assigned (a split step's: the target group's, then the drafter group's), and its groups. */
+      verdict: { ok: true; assigned: GpuInfo[]; seen: GpuInfo[]; groups: AssignedGroup[] | null };
       /** The GPUs preflight saw, as the status records them. */
       seenJson: string;
     };
@@ -43,7 +44,19 @@ export async function checkStart(
 
   // Preflight: enough GPUs with enough free memory, or wait.
   const probe = await deps.probeGpus();
-  const verdict = preflight({ gpus: p.gpus, minFreeGpuMemMiB: p.minFreeGpuMemMiB }, probe, deps.allowedGpus);
+  // A split step: each group on its own GPUs with its own free memory.
+  const groups = p.gpuGroups;
+  const verdict =
+    groups === undefined
+      ? { ...preflight({ gpus: p.gpus, minFreeGpuMemMiB: p.minFreeGpuMemMiB }, probe, deps.allowedGpus), groups: null }
+      : preflightGroups(
+          [
+            { name: 'target', ...groups.target },
+            { name: 'drafter', ...groups.drafter },
+          ],
+          probe,
+          deps.allowedGpus,
+        );
   const seenJson = JSON.stringify(
     verdict.seen.map((g) => ({ index: g.index, name: g.name, freeMiB: g.freeMiB, totalMiB: g.totalMiB })),
   );
@@ -65,5 +78,5 @@ export async function checkStart(
       return { kind: 'wait', reason };
     }
   }
-  return { kind: 'start', probe, verdict, seenJson };
+  return { kind: 'start', probe, verdict: { ...verdict, groups: verdict.groups ?? null }, seenJson };
 }

@@ -20,6 +20,7 @@ import {
 import { cancelJobs, waitForJob, statusWriter } from '../gpu/index.js';
 import type { CancelledJob, StatusPlace, StatusWriter } from '../gpu/index.js';
 import { trainFlow } from './chain.js';
+import { stepGpuNeed, type GpuGroupsNeed } from './gpu-need.js';
 
 /**
  * Train jobs: the payload made from the config, the `train` parent that a post-process round's
@@ -34,6 +35,19 @@ export interface TrainChoice {
   allowEnvChange?: boolean;
   /** A round's flow id, or `cli`. */
   origin: string;
+}
+
+/** A step's GPUs and memory as its payload carries them: the total, and the groups of a split step. */
+function stepNeed(
+  s: NonNullable<NonNullable<Config['train']>['steps']>[number],
+  t: NonNullable<Config['train']>,
+): { gpus: number; minFreeGpuMemMiB: number; gpuGroups?: GpuGroupsNeed } {
+  const need = stepGpuNeed(s, t);
+  return {
+    gpus: need.gpus,
+    minFreeGpuMemMiB: need.minFreeGpuMemMiB,
+    ...(need.groups === null ? {} : { gpuGroups: need.groups }),
+  };
 }
 
 /** The train payload for `config`; throws when the config has no `train` section. */
@@ -56,8 +70,7 @@ export function trainPayloadOf(config: Config, runDir: string, choice: TrainChoi
             steps: t.steps.map((s) => ({
               name: s.name,
               command: s.command,
-              gpus: s.gpus ?? t.gpus,
-              minFreeGpuMemMiB: s.minFreeGpuMemMiB ?? t.minFreeGpuMemMiB,
+              ...stepNeed(s, t),
               minFreeDiskGiB: s.minFreeDiskGiB,
               ...(s.hiddenStates === undefined
                 ? {}

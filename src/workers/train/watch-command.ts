@@ -37,10 +37,12 @@ export async function runAndWatch(
     mode: TrainPayload['mode'];
     planned: PlannedAttempt;
     assigned: readonly GpuInfo[];
+    /** A split step's groups (their GPUs are `assigned`, the target group's first). */
+    groups: { target: readonly number[]; drafter: readonly number[] } | null;
   },
   stop: StopSignal,
 ): Promise<WatchedRun> {
-  const { mode, assigned } = o;
+  const { mode, assigned, groups } = o;
   const { attempt, argv, checkpoint } = o.planned;
   const log = deps.logger;
   const tracker =
@@ -57,9 +59,18 @@ export async function runAndWatch(
     TOKENMILL_TRAIN_OUTPUT: attempt.checkpoints,
     TOKENMILL_TRAIN_ATTEMPT: attempt.attempt,
     ...(mode === 'resume' && checkpoint !== undefined ? { TOKENMILL_TRAIN_CHECKPOINT: checkpoint } : {}),
+    ...(groups === null
+      ? {}
+      : { TOKENMILL_TARGET_GPUS: groups.target.join(','), TOKENMILL_DRAFTER_GPUS: groups.drafter.join(',') }),
   };
+  const onGpus =
+    assigned.length === 0
+      ? 'CPU'
+      : groups === null
+        ? `GPU ${assigned.map((g) => g.index).join(',')}`
+        : `GPU ${describeGroups(groups)}`;
   deps.jobLog(
-    `attempt ${attempt.attempt} (${mode}${mode === 'resume' ? ` from ${checkpoint ?? ''}` : ''}) on ${assigned.length === 0 ? 'CPU' : `GPU ${assigned.map((g) => g.index).join(',')}`}: ${argv.join(' ')}`,
+    `attempt ${attempt.attempt} (${mode}${mode === 'resume' ? ` from ${checkpoint ?? ''}` : ''}) on ${onGpus}: ${argv.join(' ')}`,
   );
   const running = runCommand({
     argv,
@@ -86,13 +97,14 @@ export async function runAndWatch(
       pid: running.pid ?? '',
       pidIdentity: recordedIdentity(running.pid),
       gpus: assigned.map((g) => g.index).join(','),
+      gpuGroups: groups === null ? '' : describeGroups(groups),
       startedAt: new Date().toISOString(),
       reason: '',
     },
     'in_progress',
   );
   log.info(
-    { attempt: attempt.attempt, mode, argv, gpus: assigned.map((g) => g.index), pid: running.pid },
+    { attempt: attempt.attempt, mode, argv, gpus: assigned.map((g) => g.index), gpuGroups: groups, pid: running.pid },
     'training started',
   );
 
@@ -112,4 +124,9 @@ export async function runAndWatch(
   report(true);
   await reporter.settled();
   return { exit, stopping: stop.why(), oomLine, lastLines, tracker };
+}
+
+/** A split step's groups in one phrase: `target 0,1,2,3,4 + drafter 5,6,7`. */
+export function describeGroups(groups: { target: readonly number[]; drafter: readonly number[] }): string {
+  return `target ${groups.target.join(',')} + drafter ${groups.drafter.join(',')}`;
 }
