@@ -35,6 +35,7 @@ import {
 } from '../../src/shared/index.js';
 import type { TrainPayload } from '../../src/shared/queues/train-queue.js';
 import { withStepOutputs } from '../../src/workers/train/chain.js';
+import { stepGpuNeed } from '../../src/workers/train/gpu-need.js';
 import { buildArgv } from '../../src/workers/train/command.js';
 import { useHarness } from '../helpers/fixture.js';
 import { repoRoot, spawnCli, writeConfig } from '../helpers/pipeline.js';
@@ -42,6 +43,15 @@ import { ensurePythonEnv, runProcess, runPythonJson } from '../helpers/python.js
 
 const DEPLOY = path.join(repoRoot, 'deploy');
 const RECIPES = path.join(DEPLOY, 'trainers');
+/** The tokenmill configs with trainer chains: EAGLE-3 and DFlash, each with SpecForge and speculators. */
+const CHAIN_FILES = [
+  'tokenmill.specforge.yaml',
+  'tokenmill.speculators.yaml',
+  'tokenmill.specforge-dflash.yaml',
+  'tokenmill.speculators-dflash.yaml',
+];
+/** The mask token the DFlash recipes name: Qwen3's first embedding row past its tokenizer. */
+const DFLASH_MASK_TOKEN = 151669;
 const OVERRIDE = path.join(RECIPES, 'docker-compose.trainers.yml');
 /** Where every container mounts the config (docker-compose.yml). */
 const CONFIG_IN_CONTAINER = '/config/tokenmill.yaml';
@@ -67,9 +77,9 @@ interface Chain {
 /** The commented alternative `steps:` of a config, between its two markers, as YAML text. */
 function commentedChain(text: string, file: string): string | undefined {
   const lines = text.split('\n');
-  const start = lines.findIndex((l) => /^\s*# --- online chain/.test(l));
+  const start = lines.findIndex((l) => /^\s*# --- (online|offline) chain/.test(l));
   if (start === -1) return undefined;
-  const end = lines.findIndex((l, i) => i > start && /^\s*# --- end of the online chain/.test(l));
+  const end = lines.findIndex((l, i) => i > start && /^\s*# --- end of the (online|offline) chain/.test(l));
   if (end === -1) throw new Error(`${file}: the commented chain has no end marker`);
   return lines
     .slice(start + 1, end)
@@ -117,11 +127,34 @@ function chainNamed(file: string, names: string[]): Chain {
   return c;
 }
 
-/** The argv the train worker runs for step `index` of a chain, in attempt folder `attemptDir`. */
-function stepArgv(chain: Chain, index: number, attemptDir: string): string[] {
+/** The GPUs a step asks for (a split step's: its two groups' total). */
+function gpusOf(chain: Chain, step: Step | undefined): number {
+  const train = chain.config.train;
+  if (step === undefined || train === undefined) return 0;
+  return stepGpuNeed(step, train).gpus;
+}
+
+/**
+ * The argv the train worker runs for step `index` of a chain, in attempt folder `attemptDir`: on
+ * GPUs 0…N-1, or for a split step on the groups given (by default the target group first).
+ */
+function stepArgv(
+  chain: Chain,
+  index: number,
+  attemptDir: string,
+  groups?: { target: number[]; drafter: number[] },
+): string[] {
   const step = chain.steps[index];
-  if (step === undefined) throw new Error(`${chain.label}: no step ${index}`);
-  const gpus = step.gpus ?? chain.config.train?.gpus ?? 0;
+  const train = chain.config.train;
+  if (step === undefined || train === undefined) throw new Error(`${chain.label}: no step ${index}`);
+  const need = stepGpuNeed(step, train);
+  const split =
+    need.groups === null
+      ? null
+      : (groups ?? {
+          target: Array.from({ length: need.groups.target.gpus }, (_, i) => i),
+          drafter: Array.from({ length: need.groups.drafter.gpus }, (_, i) => need.groups!.target.gpus + i),
+        });
   const payload = {
     steps: chain.steps.map((s) => ({ name: s.name, command: s.command })),
     stepIndex: index,
@@ -130,7 +163,8 @@ function stepArgv(chain: Chain, index: number, attemptDir: string): string[] {
     dataset: chain.config.postprocess.target,
     output: path.join(attemptDir, step.name, 'output'),
     checkpoint: null,
-    gpus: Array.from({ length: gpus }, (_, i) => i),
+    gpus: split === null ? Array.from({ length: need.gpus }, (_, i) => i) : [...split.target, ...split.drafter],
+    groups: split,
   });
   return withStepOutputs(argv, payload, attemptDir);
 }
@@ -287,6 +321,10 @@ interface SpecForgeConfig extends PyOk {
   train_data_path: string;
   hidden_states_path: string;
   max_length: number;
+  num_anchors: number;
+  draft_block_size: number | null;
+  draft_num_hidden_layers: number | null;
+  mask_token_id: number | null;
   chat_template: string;
   chat_template_registered: boolean;
   cache_dir: string;
@@ -348,10 +386,8 @@ async function trainers<T extends unknown[]>(ops: Record<string, unknown>[]): Pr
 
 describe('tokenmill configs of deploy/ with trainer chains', () => {
   it('load with the config loader (the commented chain too), and each step reads only earlier steps', () => {
-    expect([...chainsByFile.keys()]).toEqual(
-      expect.arrayContaining(['tokenmill.yaml', 'tokenmill.specforge.yaml', 'tokenmill.speculators.yaml']),
-    );
-    for (const file of ['tokenmill.specforge.yaml', 'tokenmill.speculators.yaml']) {
+    expect([...chainsByFile.keys()]).toEqual(expect.arrayContaining(['tokenmill.yaml', ...CHAIN_FILES]));
+    for (const file of CHAIN_FILES) {
       const cs = chains(file);
       expect(
         cs.map((c) => c.label),
@@ -368,7 +404,7 @@ describe('tokenmill configs of deploy/ with trainer chains', () => {
               const where = `${chain.label} step ${step.name}: {${name}} in "${arg}"`;
               if (name.startsWith('output:')) expect(earlier.has(name.slice(7)), where).toBe(true);
               // A chain step gets no checkpoint: it reruns whole.
-              else expect(['output', 'gpus', 'dataset'], where).toContain(name);
+              else expect(['output', 'gpus', 'dataset', 'target_gpus', 'drafter_gpus'], where).toContain(name);
             }
           }
         });
@@ -381,7 +417,7 @@ describe('tokenmill configs of deploy/ with trainer chains', () => {
     const mounts = trainWorkerMounts(path.join(repoRoot, 'docker-compose.yml'));
     expect(mounts.get(CONFIG_IN_CONTAINER)).toBe('./deploy/tokenmill.yaml');
     let seen = 0;
-    for (const file of ['tokenmill.specforge.yaml', 'tokenmill.speculators.yaml']) {
+    for (const file of CHAIN_FILES) {
       for (const chain of chains(file)) {
         for (const [i, step] of chain.steps.entries()) {
           if (step.command[0] !== 'node') continue;
@@ -396,7 +432,7 @@ describe('tokenmill configs of deploy/ with trainer chains', () => {
         }
       }
     }
-    expect(seen).toBe(4);
+    expect(seen).toBe(8);
     // The check can fail: an option the CLI lacks is refused.
     await expect(
       parseTokenmill(['export', '-c', CONFIG_IN_CONTAINER, '--format', 'jsonl', '--output', '/x']),
@@ -407,7 +443,7 @@ describe('tokenmill configs of deploy/ with trainer chains', () => {
     const mounts = trainWorkerMounts(OVERRIDE);
     expect(mounts.get('/config/trainers')).toBe('./deploy/trainers');
     expect(mounts.get('/opt/SpecForge')).toBe('./SpecForge');
-    for (const file of ['tokenmill.specforge.yaml', 'tokenmill.speculators.yaml']) {
+    for (const file of CHAIN_FILES) {
       for (const chain of chains(file)) {
         for (const step of chain.steps) {
           for (const arg of step.command) {
@@ -525,7 +561,7 @@ describe('SpecForge 0.2 recipes', () => {
       const managed = cfg.managed_local;
       expect(managed).not.toBeNull();
       const used = [...(managed?.trainer_devices ?? []), ...(managed?.capture_devices.flat() ?? [])].map(Number);
-      expect(used.sort((a, b) => a - b)).toEqual(Array.from({ length: chain.steps[2]?.gpus ?? 0 }, (_, i) => i));
+      expect(used.sort((a, b) => a - b)).toEqual(Array.from({ length: gpusOf(chain, chain.steps[2]) }, (_, i) => i));
       expect(cfg.nproc_per_node).toBe(managed?.trainer_devices.length);
 
       expect(plan.kind).toBe('managed_supervisor');
@@ -617,6 +653,148 @@ describe('speculators 0.9 recipes', () => {
       }
       expect(off.values).toMatchObject({ on_missing: 'raise', hidden_states_path: cli.params['output'] });
       expect(on.values).toMatchObject({ on_missing: 'generate', vllm_endpoint: cli.params['endpoint'] });
+    },
+    PYTHON_TEST_MS,
+  );
+});
+
+describe('DFlash recipes', () => {
+  let m: Machine;
+  beforeAll(() => {
+    m = machine(path.join(tmp.dir, 'dflash'));
+  });
+
+  it(
+    "SpecForge online chain: the GPU split's groups become the capture servers and trainer ranks, the run config validates as DFlash",
+    async () => {
+      const chain = chainNamed('tokenmill.specforge-dflash.yaml', ['export', 'train']);
+      const step = chain.steps[1];
+      expect(step?.gpus, "the seeds' topology: 5 target GPUs + 3 drafter GPUs").toEqual({ target: 5, drafter: 3 });
+      expect(typeof step?.minFreeGpuMemMiB).toBe('object');
+      const attempt = m.local('/data/out/compose/train/attempt-1');
+      // Groups scattered by free memory: the config's own layout (0-4, 5-7) must not survive.
+      const groups = { target: [0, 2, 3, 5, 6], drafter: [1, 4, 7] };
+      const exp = stepArgv(chain, 0, attempt).map(m.local);
+      const train = stepArgv(chain, 1, attempt, groups).map(m.local);
+      expect(flag(exp, '--format')).toBe('jsonl');
+      expect(train[0]).toBe('/opt/venv/bin/python');
+      expect(flag(train, '--target-gpus')).toBe('0,2,3,5,6');
+      expect(flag(train, '--drafter-gpus')).toBe('1,4,7');
+      mkdirSync(stepOutput(attempt, 'train'), { recursive: true });
+      const written = flag(train, '--write');
+      const overrides = [...overridesOf(train)].map(([k, v]) => `${k}=${v}`);
+      const [plan] = await trainers<[SpecForgePlan]>([
+        { op: 'specforge-plan', script: train[1], argv: train.slice(2), cwd: m.root },
+      ]);
+      const [cfg] = await trainers<[SpecForgeConfig]>([{ op: 'specforge-config', config: written, overrides }]);
+      expect(cfg).toMatchObject({
+        mode: 'online',
+        algorithm: 'dflash',
+        strategy: 'dflash',
+        num_anchors: 1024,
+        draft_block_size: 32,
+        draft_num_hidden_layers: 5,
+        mask_token_id: DFLASH_MASK_TOKEN,
+        deployment_mode: 'disaggregated',
+        backend: 'mooncake',
+        prompts_path: flag(exp, '--out'),
+        vocab_mapping_path: '',
+        output_dir: stepOutput(attempt, 'train'),
+        target_model_path: m.local('/models/Qwen3-8B'),
+        nproc_per_node: 3,
+        managed_local: { trainer_devices: ['1', '4', '7'], capture_devices: [['0'], ['2'], ['3'], ['5'], ['6']] },
+      });
+      expect(cfg.control_dir?.startsWith(stepOutput(attempt, 'train'))).toBe(true);
+      expect(plan.kind).toBe('managed_supervisor');
+      const consumer = plan.commands.find((c) => c.label === 'consumer');
+      expect(consumer?.cuda).toBe('1,4,7');
+      expect(consumer?.argv).toEqual(expect.arrayContaining(overrides));
+      const servers = plan.services.filter((s) => s.label.startsWith('capture-server'));
+      expect(servers.map((s) => s.cuda)).toEqual(['0', '2', '3', '5', '6']);
+      for (const s of servers) {
+        expect(s.context_length).toBe(cfg.max_length + 7);
+        expect(s.model_path).toBe(cfg.target_model_path);
+      }
+      // The mask token is no token the target's tokenizer makes, and neither pad nor eos.
+      const tok = await loadTokenizer(bundledTokenizerPath());
+      expect(DFLASH_MASK_TOKEN).toBe(tok.vocabSize);
+      expect(tok.tokenToId('<|endoftext|>')).not.toBe(DFLASH_MASK_TOKEN);
+    },
+    PYTHON_TEST_MS,
+  );
+
+  it(
+    'SpecForge offline chain: export → capture → train validates as DFlash on the captured features',
+    async () => {
+      const chain = chainNamed('tokenmill.specforge-dflash.yaml', ['export', 'capture', 'train']);
+      const attempt = m.local('/data/out/compose/train/attempt-2');
+      const [exp, capture, train] = [0, 1, 2].map((i) => stepArgv(chain, i, attempt).map(m.local)) as [
+        string[],
+        string[],
+        string[],
+      ];
+      expect(flag(exp, '--format')).toBe('specforge');
+      expect(flag(capture, '--data-path')).toBe(flag(exp, '--out'));
+      expect(chain.steps[1]?.hiddenStates).toMatchObject({ model: '/models/Qwen3-8B', layers: 5 });
+      const overrides = [...overridesOf(train)].map(([k, v]) => `${k}=${v}`);
+      const [cfg] = await trainers<[SpecForgeConfig]>([{ op: 'specforge-config', config: train[3], overrides }]);
+      expect(cfg).toMatchObject({
+        mode: 'offline',
+        algorithm: 'dflash',
+        num_anchors: 1024,
+        draft_block_size: 32,
+        mask_token_id: DFLASH_MASK_TOKEN,
+        deployment_mode: 'local_colocated',
+        hidden_states_path: flag(capture, '--output-path'),
+        target_model_path: flag(capture, '--target-model-path'),
+        draft_model_config: flag(capture, '--draft-model-config'),
+        max_length: Number(flag(capture, '--max-length')),
+        chat_template: flag(capture, '--chat-template'),
+        nproc_per_node: gpusOf(chain, chain.steps[2]),
+      });
+    },
+    PYTHON_TEST_MS,
+  );
+
+  it(
+    "speculators online and offline chains parse with speculators' own CLI as DFlash",
+    async () => {
+      const online = chainNamed('tokenmill.speculators-dflash.yaml', ['export', 'train']);
+      const offline = chainNamed('tokenmill.speculators-dflash.yaml', ['export', 'capture', 'train']);
+      const a1 = m.local('/data/out/compose/train/attempt-3');
+      const a2 = m.local('/data/out/compose/train/attempt-4');
+      const [exp1, train1] = [0, 1].map((i) => stepArgv(online, i, a1).map(m.local)) as [string[], string[]];
+      const [exp2, capture, train2] = [0, 1, 2].map((i) => stepArgv(offline, i, a2).map(m.local)) as [
+        string[],
+        string[],
+        string[],
+      ];
+      for (const train of [train1, train2]) expect(train.slice(4, 6)).toEqual(['-m', 'speculators.train']);
+      const [cli, on, off] = await trainers<[SpeculatorsCli, SpeculatorsTrain, SpeculatorsTrain]>([
+        { op: 'speculators-cli', argv: capture.slice(1) },
+        { op: 'speculators-train', argv: train1.slice(6) },
+        { op: 'speculators-train', argv: train2.slice(6) },
+      ]);
+      for (const [r, exp, attempt] of [
+        [on, exp1, a1],
+        [off, exp2, a2],
+      ] as const) {
+        expect(r.module_runnable).toBe(true);
+        expect(r.warnings, 'no unknown keys, no ignored settings').toEqual([]);
+        expect(r.values).toMatchObject({
+          speculator_type: 'dflash',
+          block_size: 32,
+          max_anchors: 1024,
+          mask_token_id: DFLASH_MASK_TOKEN,
+          num_layers: 5,
+          verifier_name_or_path: m.local('/models/Qwen3-8B'),
+          data_path: flag(exp, '--out'),
+        });
+        expect(String(r.values['save_path']).startsWith(stepOutput(attempt, 'train'))).toBe(true);
+      }
+      expect(on.values).toMatchObject({ on_missing: 'generate', vllm_endpoint: 'http://vllm:8000/v1' });
+      expect(off.values).toMatchObject({ on_missing: 'raise', hidden_states_path: cli.params['output'] });
+      expect(off.provenance['on_missing']).toBe('flag');
     },
     PYTHON_TEST_MS,
   );

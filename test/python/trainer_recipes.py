@@ -13,6 +13,9 @@ A failing op gives {"ok": false, "error": "..."} and the others still run.
       specforge.cli.main(argv + ["--plan"]) in `cwd`: the real argument parser and launch
       planner, which print the resolved process plan (commands, their GPUs, the managed
       capture servers) without starting anything.
+  {"op": "specforge-plan", "script", "argv": [...], "cwd"}
+      The same through a wrapper script (deploy/trainers/specforge_gpu_split.py): its main(argv +
+      ["--plan"]), which writes the run config on the GPU groups and calls specforge.cli.main.
   {"op": "specforge-prompts", "config", "overrides": [...]}
       The prompts SpecForge's online producer would stream: the run's own preparation
       (specforge.training.assembly._prepare_prompts, which calls
@@ -68,6 +71,10 @@ def specforge_config(op):
         "chat_template_registered": cfg.data.chat_template in TEMPLATE_REGISTRY.get_all_template_names(),
         "cache_dir": cfg.data.cache_dir,
         "output_dir": cfg.output_dir,
+        "num_anchors": cfg.training.num_anchors,
+        "draft_block_size": cfg.model.draft_block_size,
+        "draft_num_hidden_layers": cfg.model.draft_num_hidden_layers,
+        "mask_token_id": cfg.model.mask_token_id,
         "deployment_mode": cfg.deployment.mode,
         "nproc_per_node": cfg.deployment.trainer.nproc_per_node,
         "control_dir": dis.control_dir if dis is not None else None,
@@ -81,8 +88,18 @@ def specforge_config(op):
     }
 
 
+def _script_main(file):
+    spec = importlib.util.spec_from_file_location("recipe_script", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
 def specforge_plan(op):
-    from specforge.cli import main
+    if op.get("script"):
+        main = _script_main(op["script"])
+    else:
+        from specforge.cli import main
 
     out = io.StringIO()
     cwd = os.getcwd()
@@ -186,6 +203,10 @@ def speculators_train(op):
         "epochs",
         "hidden_states_backend",
         "hidden_states_path",
+        "block_size",
+        "max_anchors",
+        "mask_token_id",
+        "num_layers",
     ]
     return {
         "ok": True,
