@@ -272,8 +272,10 @@ describe('DFlash data checks', () => {
   it('`config -c` checks the mask token against the tokenizer: unknown, pad, eos, not special; a reserved special token passes', async () => {
     const tokenizer = await loadTokenizer(bundledTokenizerPath());
     expect(tokenizer.tokenToId(MASK)).toBe(MASK_ID);
-    const cases: { token: string; says: string }[] = [
+    const cases: { token: string | number; says: string }[] = [
       { token: '<|mask|>', says: '"<|mask|>" is not in the vocabulary of the tokenizer' },
+      // An id inside the vocabulary is checked as its token is.
+      { token: 151643, says: 'id 151643 ("<|endoftext|>") is the pad token of the tokenizer' },
       { token: '<|endoftext|>', says: '"<|endoftext|>" (id 151643) is the pad token of the tokenizer' },
       { token: '<|im_end|>', says: '"<|im_end|>" (id 151645) is the eos token of the tokenizer' },
       { token: '<|fim_pad|>', says: '"<|fim_pad|>" (id 151662) is not a special token of the tokenizer' },
@@ -292,6 +294,14 @@ describe('DFlash data checks', () => {
     const r = await cli(['config', '-c', good]);
     expect(r.code, r.out).toBe(0);
     expect(r.out).toContain(`"maskToken": "${MASK}"`);
+    // An id past the vocabulary: the drafter's own mask row (z-lab's <|MASK|> for Qwen3), which no text encodes to.
+    const pastVocab = writeTestConfig(tmp.dir, {
+      run: 'maskrow',
+      redis,
+      postprocess: { dflash: { maskToken: tokenizer.vocabSize } },
+    });
+    const p = await cli(['config', '-c', pastVocab]);
+    expect(p.code, p.out).toBe(0);
     // The export checks the same before reading a row.
     const pad = writeTestConfig(tmp.dir, {
       run: 'exportpad',

@@ -23,15 +23,22 @@ export function checkDflashMaskToken(tokenizer: ChatTokenizer, token: string, fi
   const fail = (message: string): never => {
     throw new ConfigError([{ path: DFLASH_MASK_TOKEN_KEY, message }], file);
   };
-  const shown = JSON.stringify(token);
   const of = `the tokenizer ${tokenizer.name} (${tokenizer.dir})`;
-  const id = tokenizer.tokenToId(token);
-  if (id === undefined) return fail(`${shown} is not in the vocabulary of ${of}: name one of its special tokens`);
+  // A number: a token id. One past the vocabulary is the drafter's own mask row (z-lab's <|MASK|>):
+  // no text encodes to it, so no row can hold it.
+  const byId = /^\d+$/.test(token) && tokenizer.tokenToId(token) === undefined ? Number(token) : undefined;
+  if (byId !== undefined && byId >= tokenizer.vocabSize) return { token: `id ${byId}`, id: byId };
+  const shown = byId === undefined ? JSON.stringify(token) : `id ${byId}`;
+  const id = byId ?? tokenizer.tokenToId(token);
+  if (id === undefined)
+    return fail(
+      `${shown} is not in the vocabulary of ${of}: name one of its special tokens, or an id past its vocabulary (${tokenizer.vocabSize} or more)`,
+    );
   const named = (key: string): boolean => {
     const content = tokenizer.specialTokens[key];
     return content !== undefined && tokenizer.tokenToId(content) === id;
   };
-  const which = `${shown} (id ${id})`;
+  const which = byId === undefined ? `${shown} (id ${id})` : `id ${id} (${JSON.stringify(tokenizer.decode([id]))})`;
   if (named('pad_token'))
     fail(`${which} is the pad token of ${of}: padding would read as mask slots; choose a reserved special token`);
   if (id === tokenizer.eosTokenId || named('eos_token'))
