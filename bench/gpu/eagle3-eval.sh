@@ -20,7 +20,10 @@
 #   DRAFTER_PORT=30100 BASELINE_PORT=30101
 #   DRAFTER_GPU=0 BASELINE_GPU=1   with one GPU both servers share GPU 0 (MEM_FRACTION each)
 #   MEM_FRACTION=0.40       --mem-fraction-static of each server when they share a GPU (0.80 alone)
-#   NUM_STEPS=3 TOPK=1 DRAFT_TOKENS=4   the speculative settings of the drafter server
+#   NUM_STEPS=3 TOPK=1 DRAFT_TOKENS=4   the speculative settings of an EAGLE-3 drafter server
+#   ALGORITHM=EAGLE3        or DFLASH (bench/gpu/dflash-eval.sh sets it): the drafter server then
+#                           runs --speculative-algorithm DFLASH, its block size and mask token
+#                           read from the draft's own config
 #   PROMPT_COUNT=64 MAX_NEW_TOKENS=256 CONCURRENCY=16
 #   HEALTH_TIMEOUT_S=360 EVAL_TIMEOUT_S=180
 #
@@ -41,6 +44,13 @@ BASELINE_PORT="${BASELINE_PORT:-30101}"
 NUM_STEPS="${NUM_STEPS:-3}"
 TOPK="${TOPK:-1}"
 DRAFT_TOKENS="${DRAFT_TOKENS:-4}"
+ALGORITHM="${ALGORITHM:-EAGLE3}"
+case "$ALGORITHM" in
+  EAGLE3) SPEC_ARGS=(--speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT_MODEL"
+    --speculative-num-steps "$NUM_STEPS" --speculative-eagle-topk "$TOPK" --speculative-num-draft-tokens "$DRAFT_TOKENS") ;;
+  DFLASH) SPEC_ARGS=(--speculative-algorithm DFLASH --speculative-draft-model-path "$DRAFT_MODEL") ;;
+  *) echo "eagle3-eval: ALGORITHM must be EAGLE3 or DFLASH, got $ALGORITHM" >&2; exit 2 ;;
+esac
 PROMPT_COUNT="${PROMPT_COUNT:-64}"
 MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-256}"
 CONCURRENCY="${CONCURRENCY:-16}"
@@ -100,9 +110,7 @@ start_server() { # name gpu port args...
   PGIDS+=("$!")
 }
 
-start_server drafter "$DRAFTER_GPU" "$DRAFTER_PORT" \
-  --speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT_MODEL" \
-  --speculative-num-steps "$NUM_STEPS" --speculative-eagle-topk "$TOPK" --speculative-num-draft-tokens "$DRAFT_TOKENS"
+start_server drafter "$DRAFTER_GPU" "$DRAFTER_PORT" "${SPEC_ARGS[@]}"
 start_server baseline "$BASELINE_GPU" "$BASELINE_PORT"
 
 deadline=$((SECONDS + HEALTH_TIMEOUT_S))
