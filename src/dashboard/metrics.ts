@@ -6,7 +6,7 @@
  * so those counters restart when a worker does — Prometheus' rate() treats that as a reset);
  * per train step that declares `hiddenStates`, the estimate of what it writes; per evaluated
  * attempt and dataset (and `overall`), the drafter's acceptance length, speed-up and both phases'
- * output tokens per second.
+ * output tokens per second, and per attempt whether those figures are the simulator's.
  */
 import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
@@ -186,7 +186,13 @@ export async function renderMetrics(
     'Output tokens per second of an eval phase (phase="drafter": the target with the drafter; "baseline": the target alone), per evaluated attempt and dataset.',
     ['run', 'attempt', 'dataset', 'phase'],
   );
+  const simulated = gauge(
+    'tokenmill_eval_simulated',
+    "1 when the attempt's eval ran against tokenmill's SGLang simulator (its acceptance configured, its speeds from its load model: not a measurement of the drafter), 0 when measured on SGLang; absent for a report that did not record it.",
+    ['run', 'attempt'],
+  );
   for (const a of s.eval?.attempts ?? []) {
+    if (a.source !== null) simulated.set({ ...run, attempt: a.attempt }, a.source === 'simulator' ? 1 : 0);
     const sections = [
       ...a.datasets,
       {

@@ -1,4 +1,5 @@
 // The SGLang simulator used by the demo, the tests and the benchmarks (`tokenmill sim`).
+export { type AnnouncedAcceptance, SIM_ANNOUNCEMENT_KEY, type SimAnnouncement, simAnnouncement } from './announce.js';
 export {
   BAD_ANSWERS,
   type BadAnswer,

@@ -11,6 +11,7 @@ import {
   sendJson,
   sendText,
 } from './http-util.js';
+import { SIM_ANNOUNCEMENT_KEY, simAnnouncement } from './announce.js';
 import { renderMetrics } from './metrics.js';
 import { SimValueError, parseChat } from './request-parsing.js';
 import { WEIGHT_VERSION } from './responses.js';
@@ -114,6 +115,7 @@ export class InfoRoutes {
         },
       ],
       version: this.s.o.version,
+      ...(this.s.o.announce ? { [SIM_ANNOUNCEMENT_KEY]: simAnnouncement(this.s.o.version, this.s.o.speculative) } : {}),
     };
   }
 

@@ -32,6 +32,8 @@ export interface ResolvedOptions {
   speculative: ResolvedSpeculative | undefined;
   /** How prompts that offer tools are answered (tool-calls.ts). */
   toolCalls: ResolvedToolCalls;
+  /** `/server_info` carries the announcement (announce.ts). */
+  announce: boolean;
 }
 
 function positive(name: string, value: number): number {
@@ -89,6 +91,7 @@ export function resolveOptions(o: SimulatorOptions): ResolvedOptions {
     faults: validateFaults(o.faults ?? {}),
     speculative: o.speculative === undefined ? undefined : resolveSpeculative(o.speculative),
     toolCalls: resolveToolCalls(o.toolCalls),
+    announce: o.announce ?? true,
   };
 }
 

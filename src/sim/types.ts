@@ -69,6 +69,12 @@ export interface SimulatorOptions {
    * turns them off.
    */
   toolCalls?: ToolCallOptions;
+  /**
+   * Default true: `/server_info` says this is the simulator (announce.ts, `tokenmill_simulator`:
+   * what it imitates and the acceptance it was configured with), a field real SGLang never sends.
+   * False: the simulator passes for SGLang.
+   */
+  announce?: boolean;
 }
 
 export interface SimRequestRecord {

@@ -48,7 +48,13 @@ interface EvalSectionJson {
 
 interface DemoJson {
   eval: {
-    report: { attempt: string; datasets: (EvalSectionJson & { dataset: string })[]; overall: EvalSectionJson } | null;
+    report: {
+      attempt: string;
+      datasets: (EvalSectionJson & { dataset: string })[];
+      overall: EvalSectionJson;
+      source?: string;
+      simulated?: { meanAcceptLength: number | null; datasets: Record<string, number> } | null;
+    } | null;
     attempts: { attempt: string; acceptLength: number | null }[];
   } | null;
   phases: Phase[];
@@ -149,9 +155,12 @@ describe('tokenmill demo leaves a config every command works with', () => {
   it.runIf(trains)('ends with the eval of the attempt: its table, the eval phase and the report in --json', () => {
     const phase = demo.phases.find((p) => p.name === 'eval');
     expect(phase).toMatchObject({ status: 'completed', configured: true });
-    expect(phase?.detail).toMatch(/^attempt 0001: accept len \d\.\d\d, speed-up \d\.\d\dx$/);
+    // Against the demo's simulator: its configured acceptance, and said to be.
+    expect(phase?.detail).toMatch(/^attempt 0001 \(SIMULATED\): accept len \d\.\d\d, speed-up \d\.\d\dx$/);
     const report = demo.eval?.report;
     expect(report?.attempt).toBe('0001');
+    expect(report).toMatchObject({ source: 'simulator', simulated: { meanAcceptLength: 2.6 } });
+    expect(report?.simulated?.datasets).toMatchObject({ B2_magicoder: 3.1, B4_openmath: 2.9, B6_writing: 2.2 });
     expect(report?.datasets.map((d) => d.dataset)).toEqual(demo.datasets.map((d) => d.name));
     for (const d of report?.datasets ?? []) {
       expect(d.prompts, d.dataset).toBe(4);
@@ -163,9 +172,13 @@ describe('tokenmill demo leaves a config every command works with', () => {
     // With --json the tables go to stderr: the eval table per dataset, then overall.
     expect(demoOutput).toMatch(/^eval: attempt 0001, drafter .*\/train\/0001\/checkpoints\/step-000060\.pt$/m);
     expect(demoOutput).toMatch(
-      /^dataset +prompts +accept len +accept rate +drafter tok\/s +baseline tok\/s +speed-up +failed$/m,
+      /^ {2}SIMULATED: the acceptance is the simulator's configured one \(accept len 2\.60; /m,
     );
-    expect(demoOutput).toMatch(/^B2_magicoder +4 +\d\.\d\d +0\.\d{3} +[\d.]+ +[\d.]+ +\d\.\d\dx +0$/m);
+    expect(demoOutput).toMatch(/ draft tokens \(tokenmill sim, imitating SGLang 0\.5\.4\)$/m);
+    expect(demoOutput).toMatch(
+      /^dataset +prompts +accept len +configured +accept rate +drafter tok\/s +baseline tok\/s +speed-up +failed$/m,
+    );
+    expect(demoOutput).toMatch(/^B2_magicoder +4 +\d\.\d\d +3\.10 +0\.\d{3} +[\d.]+ +[\d.]+ +\d\.\d\dx +0$/m);
     expect(demoOutput).toMatch(/^overall +32 +\d\.\d\d /m);
     expect(demo.next.eval).toBe(`tokenmill eval -c ${yamlPath}`);
   });
@@ -228,7 +241,8 @@ describe('tokenmill demo leaves a config every command works with', () => {
       expect(printed.stdout).toMatch(/^eval: attempt 0002, drafter .*step-000120\.pt$/m);
       expect(printed.stdout).toContain('  compared with attempt 0001\n');
       expect(printed.stdout).toMatch(
-        /^overall +32 +\d\.\d\d +0\.\d{3} +[\d.]+ +[\d.]+ +\d\.\d\dx +\+0\.00 +[+-]\d\.\d\d +0$/m,
+        // The configured column has no overall figure: three datasets have their own.
+        /^overall +32 +\d\.\d\d +- +0\.\d{3} +[\d.]+ +[\d.]+ +\d\.\d\dx +\+0\.00 +[+-]\d\.\d\d +0$/m,
       );
       const status = await runPrinted(demo.next.status, ['--json']);
       const after = JSON.parse(status.stdout.trim()) as DemoJson;
@@ -236,7 +250,10 @@ describe('tokenmill demo leaves a config every command works with', () => {
       expect(after.phases.find((p) => p.name === 'train')?.status).toBe('completed');
       expect(after.eval?.attempts.map((a) => a.attempt)).toEqual(['0001', '0002']);
       const text = await runPrinted(demo.next.status);
-      expect(text.stdout).toContain('eval of attempt 0002: passed (measured ');
+      expect(text.stdout).toContain('eval of attempt 0002: passed (simulated ');
+      expect(text.stdout).toContain(
+        "\n  SIMULATED: the acceptance is the simulator's configured one (accept len 2.60; ",
+      );
       expect(text.stdout).toMatch(
         /^ {2}overall +accept len \d\.\d\d \(\+0\.00\), speed-up \d\.\d\dx \([+-]\d\.\d\d\)$/m,
       );

@@ -2,7 +2,8 @@
 // attempt's drafter, a baseline serving the target alone. The acceptance length it reports is the
 // one the servers' own answers give; a weak drafter is found slower (warning, threshold exit
 // code); each refusal says what is wrong and where; an endpoint that is down ends in a bounded,
-// named error.
+// named error. The simulator announces itself in /server_info, and the report says its figures
+// are the simulator's configured ones; a server without the announcement is measured.
 import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -153,6 +154,12 @@ describe('tokenmill eval', () => {
     expect(report.overall.speedup).toBeGreaterThan(1.3);
     expect(report.warnings).toEqual([]);
     expect(report.previous).toBeNull();
+    // The simulator said what it is: the figures are its configured acceptance, not the drafter's.
+    expect(report.source).toBe('simulator');
+    expect(report.simulated?.acceptanceConfigured).toBe(true);
+    expect(report.simulated?.datasets.ds).toBeCloseTo(3, 4);
+    expect(report.endpoints[0]?.simulator).toMatchObject({ imitates: '0.5.4', draftOverhead: 0.25 });
+    expect(report.baseline?.[0]?.simulator).toMatchObject({ imitates: '0.5.4', meanAcceptLength: null });
     const written = JSON.parse(readFileSync(path.join(runDir, 'train', '0001', 'eval.json'), 'utf8')) as EvalReport;
     expect(written.overall.drafter.acceptLength).toBe(report.overall.drafter.acceptLength);
   });
@@ -298,5 +305,52 @@ describe('tokenmill eval', () => {
     expect(
       await refusal(evalCommand(configOf(configFile('none', { endpoints: [strong.url] })), { attempt: '9' })),
     ).toMatch(/^eval: no attempt 0009 under .*train \(attempts: 0001, 0002\)$/);
+  });
+
+  it('the simulator announces itself; the table and the --out file say the figures are its configured ones', async () => {
+    const info = (await (await fetch(`${strong.url}/server_info`)).json()) as Record<string, unknown>;
+    expect(info.version).toBe('0.5.4');
+    expect(info.tokenmill_simulator).toMatchObject({
+      simulator: 'tokenmill sim',
+      imitates: '0.5.4',
+      speculative: { algorithm: 'EAGLE3', num_steps: 3, per_dataset: {}, draft_overhead: 0.25 },
+    });
+    const out = path.join(tmp.dir, 'simulated.json');
+    const file = configFile('strong-table', { endpoints: [strong.url], baseline: [baseline.url] });
+    const cli = spawnCli(['eval', '-c', file, '--checkpoint', drafter1, '--out', out]);
+    expect(await cli.exited, cli.output()).toBe(0);
+    const text = cli.stdout();
+    expect(text).toMatch(
+      /^ {2}SIMULATED: the acceptance is the simulator's configured one \(accept len 3\.00\), not measured from$/m,
+    );
+    expect(text).toContain(
+      `  drafter   ${strong.url}: EAGLE3, 3 steps, topk 1, 4 draft tokens (tokenmill sim, imitating SGLang 0.5.4)`,
+    );
+    expect(text).toMatch(/^ds +24 +\d\.\d\d +3\.00 +0\.\d{3} /m);
+    const report = JSON.parse(readFileSync(out, 'utf8')) as EvalReport;
+    expect(report).toMatchObject({ attempt: null, source: 'simulator', simulated: { meanAcceptLength: 3 } });
+  });
+
+  it('a server that does not announce itself is measured: no word of simulation in the report or the table', async () => {
+    const [drafterSim, baselineSim] = await Promise.all([
+      harness.startSim({
+        ...SIM,
+        announce: false,
+        speculative: { draftModelPath: drafter1, meanAcceptLength: 3, draftOverhead: 0.25 },
+      }),
+      harness.startSim({ ...SIM, announce: false }),
+    ]);
+    const info = (await (await fetch(`${drafterSim.url}/server_info`)).json()) as Record<string, unknown>;
+    expect(Object.keys(info).filter((k) => k.startsWith('tokenmill'))).toEqual([]);
+    const out = path.join(tmp.dir, 'measured.json');
+    const file = configFile('quiet', { endpoints: [drafterSim.url], baseline: [baselineSim.url] });
+    const cli = spawnCli(['eval', '-c', file, '--checkpoint', drafter1, '--out', out]);
+    expect(await cli.exited, cli.output()).toBe(0);
+    expect(cli.stdout()).not.toMatch(/SIMULATED|configured|tokenmill sim/);
+    expect(cli.stdout()).toContain('4 draft tokens (SGLang 0.5.4)');
+    const report = JSON.parse(readFileSync(out, 'utf8')) as EvalReport;
+    expect(report).toMatchObject({ source: 'sglang', simulated: null });
+    expect(report.endpoints[0]?.simulator).toBeNull();
+    expect(report.baseline?.[0]?.simulator).toBeNull();
   });
 });

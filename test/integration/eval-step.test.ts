@@ -3,8 +3,9 @@
 // eval.server starts two real `tokenmill sim` child processes per attempt (one decoding
 // speculatively with the attempt's drafter, one the target alone), after the GPU preflight; the
 // step writes the attempt's eval.json, and status (text and --json), /metrics and the dashboard's
-// /api data show it; a second attempt is compared with the first; a weak drafter warns and fails
-// the eval job on eval.minSpeedup while its training stays completed.
+// /api data show it, each saying the figures are the simulator's configured acceptance (the
+// simulators announce themselves); a second attempt is compared with the first; a weak drafter warns
+// and fails the eval job on eval.minSpeedup while its training stays completed.
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
@@ -203,6 +204,11 @@ describe('eval ◀ train', () => {
     expect(report.datasets[0]?.drafter.requests).toBe(PROMPTS);
     expect(report.overall.drafter.acceptLength).toBeGreaterThan(2.5);
     expect(report.overall.speedup).toBeGreaterThan(1.3);
+    // The simulators announced themselves: the figures are their configured acceptance, and say so.
+    expect(report).toMatchObject({
+      source: 'simulator',
+      simulated: { acceptanceConfigured: true, datasets: { ds: 3 } },
+    });
     // The servers logged to the attempt folder and are gone: their ports are free again.
     expect(readFileSync(path.join(attemptDir, 'eval-server-drafter.log'), 'utf8')).toContain(
       `SGLang simulator listening on http://127.0.0.1:${ports[0]}`,
@@ -215,15 +221,18 @@ describe('eval ◀ train', () => {
     expect(s.phases.map((p) => p.name)).toEqual(['prepare', 'generate', 'tokenize', 'merge', 'train', 'eval']);
     const phase = s.phases.find((p) => p.name === 'eval');
     expect(phase).toMatchObject({ status: 'completed', configured: true });
-    expect(phase?.detail).toMatch(/^attempt 0001: accept len \d\.\d\d, speed-up \d\.\d\dx$/);
+    expect(phase?.detail).toMatch(/^attempt 0001 \(SIMULATED\): accept len \d\.\d\d, speed-up \d\.\d\dx$/);
     // --json: the attempt's eval.json, whole, and the series.
     const json = JSON.parse(JSON.stringify(s)) as RunStatus;
     expect(json.eval?.report).toEqual(report);
-    expect(json.eval?.attempts.map((a) => a.attempt)).toEqual(['0001']);
+    expect(json.eval?.attempts.map((a) => [a.attempt, a.source])).toEqual([['0001', 'simulator']]);
     expect(json.eval?.job).toMatchObject({ jobId: evalJobId(jobId), state: 'completed', attempt: '0001' });
     const text = formatRunStatus(s);
-    expect(text).toContain('eval of attempt 0001: passed');
-    expect(text).toMatch(/^ {2}ds {2}accept len \d\.\d\d, speed-up \d\.\d\dx$/m);
+    expect(text).toContain('eval of attempt 0001: passed (simulated ');
+    expect(text).toContain(
+      "\n  SIMULATED: the acceptance is the simulator's configured one (accept len 3.00), not measured from the drafter;",
+    );
+    expect(text).toMatch(/^ {2}ds {2}accept len \d\.\d\d, speed-up \d\.\d\dx, configured 3\.00$/m);
 
     const metrics = (await renderMetrics(h.redis.connection(), h.keys, strong)).body;
     const acceptLine = new RegExp(
@@ -232,6 +241,7 @@ describe('eval ◀ train', () => {
     );
     expect(Number(acceptLine.exec(metrics)?.[1])).toBeCloseTo(report.overall.drafter.acceptLength ?? 0, 6);
     expect(metrics).toMatch(/^tokenmill_eval_speedup\{run="r1",attempt="0001",dataset="ds"\} [\d.]+$/m);
+    expect(metrics).toMatch(/^tokenmill_eval_simulated\{run="r1",attempt="0001"\} 1$/m);
     expect(metrics).toMatch(
       /^tokenmill_eval_tokens_per_second\{run="r1",attempt="0001",dataset="overall",phase="baseline"\} [\d.]+$/m,
     );
@@ -252,7 +262,12 @@ describe('eval ◀ train', () => {
       });
       const api = (await res.json()) as RunStatus;
       expect(api.eval?.attempts).toEqual([
-        expect.objectContaining({ attempt: '0001', acceptLength: report.overall.drafter.acceptLength, ok: true }),
+        expect.objectContaining({
+          attempt: '0001',
+          acceptLength: report.overall.drafter.acceptLength,
+          ok: true,
+          source: 'simulator',
+        }),
       ]);
     } finally {
       await dashboard.stop();
@@ -270,9 +285,11 @@ describe('eval ◀ train', () => {
     const s = await status(strong);
     expect(s.eval?.attempts.map((a) => a.attempt)).toEqual(['0001', '0002']);
     const text = formatRunStatus(s);
-    expect(text).toContain('eval of attempt 0002: passed (measured ');
+    expect(text).toContain('eval of attempt 0002: passed (simulated ');
     expect(text).toContain(', changes since attempt 0001)');
-    expect(text).toMatch(/^ {2}ds {2}accept len \d\.\d\d \([+-]\d\.\d\d\), speed-up \d\.\d\dx \([+-]\d\.\d\d\)$/m);
+    expect(text).toMatch(
+      /^ {2}ds {2}accept len \d\.\d\d \([+-]\d\.\d\d\), speed-up \d\.\d\dx \([+-]\d\.\d\d\), configured 3\.00$/m,
+    );
   }, 240_000);
 
   it('a weak drafter: the warning in status, the eval job failed on eval.minSpeedup, the training completed', async () => {
@@ -321,7 +338,9 @@ describe('eval ◀ train', () => {
     expect(out).toMatch(/^train: completed, attempt 0004 \(from-scratch\) on CPU$/m);
     expect(out).toMatch(/^eval: attempt 0004, drafter .*\/train\/0004\/checkpoints\/step-4$/m);
     expect(out).toContain('  compared with attempt 0003\n');
-    expect(out).toMatch(/^ds +6 +1\.\d\d +0\.\d{3} +[\d.]+ +[\d.]+ +0\.\d\dx +[+-]\d\.\d\d +[+-]\d\.\d\d +0$/m);
+    // Beside the acceptance the simulator gave, the one it was configured with.
+    expect(out).toMatch(/^ {2}SIMULATED: the acceptance is the simulator's configured one \(accept len 1\.20\)/m);
+    expect(out).toMatch(/^ds +6 +1\.\d\d +1\.20 +0\.\d{3} +[\d.]+ +[\d.]+ +0\.\d\dx +[+-]\d\.\d\d +[+-]\d\.\d\d +0$/m);
     expect(out).toMatch(/^WARNING: dataset ds: the drafter makes decoding slower: /m);
     expect(out).toMatch(
       /^eval: failed — eval attempt 0004: speed-up 0\.\d\dx .* is below eval\.minSpeedup 1 \(report /m,

@@ -1,7 +1,8 @@
 // `tokenmill eval`'s refusals against the real SGLang 0.5.23 (CPU; it cannot run EAGLE-3 here, so
 // the server decodes without a drafter): given as a drafter endpoint, it is refused with the
 // message built from its own /server_info; given as the baseline beside a speculative simulator
-// that serves the same model_path, it is accepted, and beside one serving another model, refused.
+// that serves the same model_path, it is accepted (labelled measured: real SGLang makes no simulator
+// announcement), and beside one serving another model, refused.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -83,8 +84,12 @@ describe.skipIf(skip !== '')(
         path: drafter,
         what: '--checkpoint',
       });
-      expect(checked.baseline).toEqual([{ url, version: expect.stringMatching(/^0\.5\./), modelPath }]);
+      // Real SGLang makes no simulator announcement: its figures are measured; the simulator's are not.
+      expect(checked.baseline).toEqual([
+        { url, version: expect.stringMatching(/^0\.5\./), modelPath, simulator: null },
+      ]);
       expect(checked.endpoints[0]).toMatchObject({ url: same.url, modelPath, algorithm: 'EAGLE3' });
+      expect(checked.endpoints[0]?.simulator).toMatchObject({ meanAcceptLength: 2.5 });
 
       const other = await speculativeSim('Qwen/Qwen3-32B');
       await expect(

@@ -1,6 +1,7 @@
 // Drafters side by side (src/workers/eval/compare.ts): an EAGLE-3 attempt, a DFlash attempt and
 // no speculation per dataset and overall, from the attempts' reports; a report measured with
-// other settings is left out and said.
+// other settings is left out and said; figures the simulator produced are marked, and a simulated
+// report is not set beside one measured on SGLang.
 import { describe, expect, it } from 'vitest';
 import { compareReports, formatComparison } from '../../src/workers/eval/compare.js';
 import type { EvalReport, EvalSection } from '../../src/workers/eval/report.js';
@@ -64,6 +65,7 @@ describe('compareReports', () => {
         acceptLength: null,
         tokensPerSec: 1000,
         speedup: 1,
+        simulated: false,
       },
       {
         dataset: 'chat',
@@ -73,6 +75,7 @@ describe('compareReports', () => {
         acceptLength: 2.6,
         tokensPerSec: 1800,
         speedup: 1.8,
+        simulated: false,
       },
       {
         dataset: 'chat',
@@ -82,6 +85,7 @@ describe('compareReports', () => {
         acceptLength: 3.4,
         tokensPerSec: 2300,
         speedup: 2.3,
+        simulated: false,
       },
     ]);
     expect(c.rows.map((r) => r.dataset)).toEqual([
@@ -112,5 +116,37 @@ describe('compareReports', () => {
 
   it('with no evaluated attempt, says so', () => {
     expect(formatComparison(compareReports([]))).toContain('no evaluated attempt');
+  });
+
+  it("marks the simulator's figures, and leaves a simulated report out beside one measured on SGLang", () => {
+    const simulated = (r: EvalReport): EvalReport =>
+      ({
+        ...r,
+        source: 'simulator',
+        endpoints: r.endpoints.map((e) => ({ ...e, simulator: { imitates: '0.5.4' } }) as (typeof r.endpoints)[number]),
+        baseline: [{ url: 'http://b', version: '0.5.4', modelPath: 'm', simulator: { imitates: '0.5.4' } }],
+      }) as EvalReport;
+    const both = compareReports([
+      { attempt: '0001', file: 'a', report: simulated(report('0001', 'EAGLE3', 2.6, 1800)) },
+      { attempt: '0002', file: 'b', report: simulated(report('0002', 'DFLASH', 3.4, 2300)) },
+    ]);
+    expect(both.drafters.map((d) => d.source)).toEqual(['simulator', 'simulator']);
+    expect(both.rows.every((r) => r.simulated)).toBe(true);
+    const text = formatComparison(both);
+    expect(text).toContain(
+      "  SIMULATED (*): attempts 0001, 0002 ran against tokenmill's SGLang simulator: the acceptance is its configured one",
+    );
+    expect(text).toMatch(/^chat\s+0002 DFLASH \(block 8\) \*\s+4\s+3\.40\s+2300\.0\s+2\.30x$/m);
+    expect(text).toMatch(/^chat\s+no speculation \*\s+4\s+-\s+1000\.0\s+1\.00x$/m);
+
+    const mixed = compareReports([
+      { attempt: '0001', file: 'a', report: simulated(report('0001', 'EAGLE3', 2.6, 1800)) },
+      { attempt: '0002', file: 'b', report: { ...report('0002', 'DFLASH', 3.4, 2300), source: 'sglang' } },
+    ]);
+    expect(mixed.drafters.map((d) => d.attempt)).toEqual(['0002']);
+    expect(mixed.notes).toEqual([
+      'attempt 0001 was evaluated on the simulator (its configured acceptance), the newest on SGLang: left out',
+    ]);
+    expect(formatComparison(mixed)).not.toMatch(/SIMULATED|\*/);
   });
 });

@@ -1,6 +1,7 @@
 // The evaluation's arithmetic: token-weighted acceptance (a ratio of sums, not a mean of ratios),
 // summed histograms, tokens/s and speed-up, deltas against the previous report, the warnings and
 // the checks that fail.
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import {
   addAnswer,
@@ -9,8 +10,11 @@ import {
   emptyTotals,
   formatReport,
   parseReport,
+  simulatorOf,
   specStatsOf,
+  type BaselineEndpointInfo,
   type DatasetTotals,
+  type DrafterEndpointInfo,
   type EvalReport,
   type PhaseTotals,
   type ReportContext,
@@ -219,5 +223,192 @@ describe('eval aggregation', () => {
     expect(parseReport(JSON.stringify(r), 'x.json')).toEqual(r);
     expect(parseReport('{', 'x.json')).toMatch(/^x\.json: not JSON/);
     expect(parseReport('{"version":99}', 'x.json')).toMatch(/not an eval report/);
+  });
+});
+
+/** A speculative endpoint; `simulator` as its /server_info announced it (null: SGLang). */
+const drafterEndpoint = (simulator: DrafterEndpointInfo['simulator'], version = '0.5.4'): DrafterEndpointInfo => ({
+  url: 'http://127.0.0.1:30001',
+  version,
+  modelPath: 'Qwen/Qwen3-8B',
+  algorithm: 'EAGLE3',
+  draftModelPath: '/x/train/0002/checkpoints/step-40',
+  numSteps: 3,
+  eagleTopk: 1,
+  numDraftTokens: 4,
+  simulator,
+});
+const baselineEndpoint = (simulator: BaselineEndpointInfo['simulator'], version = '0.5.4'): BaselineEndpointInfo => ({
+  url: 'http://127.0.0.1:30002',
+  version,
+  modelPath: 'Qwen/Qwen3-8B',
+  simulator,
+});
+
+/** /server_info of the simulator started with `--speculative-acceptance 2.4 --speculative-dataset code=3.1` (src/sim/announce.ts). */
+const ANNOUNCED = {
+  version: '0.5.4',
+  model_path: 'Qwen/Qwen3-8B',
+  speculative_algorithm: 'EAGLE3',
+  tokenmill_simulator: {
+    simulator: 'tokenmill sim',
+    imitates: '0.5.4',
+    note: 'a simulator of SGLang: its acceptance is the configured one below, not measured from the drafter; its speeds come from its load model',
+    speculative: {
+      algorithm: 'EAGLE3',
+      num_steps: 3,
+      block_size: null,
+      acceptance: [0.58, 0.58, 0.58],
+      mean_accept_length: 2.4,
+      per_dataset: { code: { acceptance: [0.8, 0.8, 0.8], mean_accept_length: 3.1 } },
+      draft_overhead: 0.25,
+    },
+  },
+};
+
+describe('where the figures come from', () => {
+  const totals = (): DatasetTotals[] => [
+    {
+      dataset: 'code',
+      promptFile: 'fc',
+      prompts: 2,
+      drafter: totalsOf([{ completion: 31, meta: specMeta(31, 10, 21, 30, [1, 2, 3, 4]) }], 1),
+      baseline: totalsOf([{ completion: 31 }], 2),
+    },
+    {
+      dataset: 'chat',
+      promptFile: 'fh',
+      prompts: 2,
+      drafter: totalsOf([{ completion: 24, meta: specMeta(24, 10, 14, 30, [4, 3, 2, 1]) }], 1),
+      baseline: totalsOf([{ completion: 24 }], 2),
+    },
+  ];
+
+  it("simulatorOf: the simulator's announcement read; a real SGLang's /server_info (no announcement) is none", () => {
+    expect(simulatorOf(ANNOUNCED)).toEqual({
+      imitates: '0.5.4',
+      meanAcceptLength: 2.4,
+      acceptance: [0.58, 0.58, 0.58],
+      perDataset: { code: 3.1 },
+      draftOverhead: 0.25,
+    });
+    // SGLang 0.5.23's own /server_info (a real answer, 556 keys): no announcement among them.
+    const real = JSON.parse(
+      readFileSync(new URL('../fixtures/sglang/server_info-0.5.23-plain.json', import.meta.url), 'utf8'),
+    ) as Record<string, unknown>;
+    expect(real.version).toBe('0.5.23');
+    expect(simulatorOf(real)).toBeNull();
+    // A baseline simulator announces itself without speculation; an unreadable announcement still says "simulator".
+    expect(
+      simulatorOf({ tokenmill_simulator: { simulator: 'tokenmill sim', imitates: '0.5.4', speculative: null } }),
+    ).toEqual({
+      imitates: '0.5.4',
+      meanAcceptLength: null,
+      acceptance: null,
+      perDataset: {},
+      draftOverhead: null,
+    });
+    expect(simulatorOf({ tokenmill_simulator: 'yes' })).toMatchObject({ imitates: null, meanAcceptLength: null });
+  });
+
+  it('against the simulator: source simulator, the configured acceptance per dataset, SIMULATED in the table with a configured column', () => {
+    const sim = simulatorOf(ANNOUNCED);
+    const r = buildReport(
+      totals(),
+      context({
+        endpoints: [drafterEndpoint(sim)],
+        baseline: [baselineEndpoint(simulatorOf({ tokenmill_simulator: { imitates: '0.5.4', speculative: null } }))],
+      }),
+    );
+    expect(r.source).toBe('simulator');
+    expect(r.simulated).toEqual({
+      endpoints: ['http://127.0.0.1:30001', 'http://127.0.0.1:30002'],
+      acceptanceConfigured: true,
+      meanAcceptLength: 2.4,
+      datasets: { code: 3.1, chat: 2.4 },
+      draftOverhead: 0.25,
+      note:
+        "SIMULATED: the acceptance is the simulator's configured one (accept len 2.40; code 3.10), not measured from the drafter; " +
+        "its tok/s and the speed-up come from the simulator's load model (a verify step costs 1.25 decode steps)",
+    });
+    const text = formatReport(r);
+    expect(text.split('\n').slice(1, 4)).toEqual([
+      "  SIMULATED: the acceptance is the simulator's configured one (accept len 2.40; code 3.10), not",
+      "             measured from the drafter; its tok/s and the speed-up come from the simulator's load",
+      '             model (a verify step costs 1.25 decode steps)',
+    ]);
+    expect(text).toContain(
+      '  drafter   http://127.0.0.1:30001: EAGLE3, 3 steps, topk 1, 4 draft tokens (tokenmill sim, imitating SGLang 0.5.4)\n',
+    );
+    expect(text).toContain(
+      '  baseline  http://127.0.0.1:30002: no speculation (tokenmill sim, imitating SGLang 0.5.4)\n',
+    );
+    expect(text).toMatch(/^dataset +prompts +accept len +configured +accept rate +drafter tok\/s/m);
+    expect(text).toMatch(/^code +2 +3\.10 +3\.10 +0\.700 /m);
+    expect(text).toMatch(/^chat +2 +2\.40 +2\.40 +0\.467 /m);
+    // Overall: no one configured figure when the datasets have their own.
+    expect(text).toMatch(/^overall +4 +2\.75 +- +/m);
+    expect(parseReport(JSON.stringify(r), 'x.json')).toEqual(r);
+  });
+
+  it('against SGLang: source sglang, no simulated figures, nothing SIMULATED in the table', () => {
+    const r = buildReport(
+      totals(),
+      context({ endpoints: [drafterEndpoint(null, '0.5.23')], baseline: [baselineEndpoint(null, '0.5.23')] }),
+    );
+    expect(r.source).toBe('sglang');
+    expect(r.simulated).toBeNull();
+    const text = formatReport(r);
+    expect(text).not.toMatch(/SIMULATED|configured|tokenmill sim/);
+    expect(text).toContain('4 draft tokens (SGLang 0.5.23)\n');
+    expect(text).toMatch(/^dataset +prompts +accept len +accept rate +drafter tok\/s/m);
+  });
+
+  it('a real drafter endpoint beside a simulated baseline: measured acceptance, a speed-up against the simulator', () => {
+    const r = buildReport(
+      totals(),
+      context({
+        endpoints: [drafterEndpoint(null, '0.5.23')],
+        baseline: [baselineEndpoint(simulatorOf({ tokenmill_simulator: { imitates: '0.5.4' } }))],
+      }),
+    );
+    expect(r.source).toBe('simulator');
+    expect(r.simulated).toMatchObject({ acceptanceConfigured: false, meanAcceptLength: null, datasets: {} });
+    expect(r.simulated?.note).toBe(
+      "SIMULATED: the baseline is the simulator: its tok/s, and so the speed-up, come from the simulator's load model",
+    );
+    expect(formatReport(r)).not.toMatch(/configured/);
+  });
+
+  it('a simulated report and one measured on SGLang are not compared as like for like', () => {
+    const sim = buildReport(
+      totals(),
+      context({ endpoints: [drafterEndpoint(simulatorOf(ANNOUNCED))], baseline: null }),
+    );
+    const real = buildReport(
+      totals(),
+      context({
+        endpoints: [drafterEndpoint(null, '0.5.23')],
+        baseline: null,
+        previous: { report: sim, file: '/p/eval.json' },
+      }),
+    );
+    expect(real.previous?.comparable).toBe(false);
+    expect(real.warnings).toContain(
+      'the previous report (/p/eval.json) was simulated, this one on SGLang: its deltas are not comparable',
+    );
+    // A report from before the source was recorded compares as before.
+    const old: Partial<EvalReport> = { ...sim };
+    delete old.source;
+    delete old.simulated;
+    const after = buildReport(
+      totals(),
+      context({
+        endpoints: [drafterEndpoint(null)],
+        baseline: null,
+        previous: { report: old as EvalReport, file: '/p/eval.json' },
+      }),
+    );
+    expect(after.previous?.comparable).toBe(true);
   });
 });

@@ -112,4 +112,35 @@ describe('the eval status', () => {
     ]);
     expect(formatEvalStatus(s)[1]).toMatch(/^eval of attempt 0003: FAILED /);
   });
+
+  it('a simulated report says so: in its status lines with the configured acceptance, in the phase, in its point', () => {
+    const note =
+      "SIMULATED: the acceptance is the simulator's configured one (accept len 2.60; code 3.10), not measured from the drafter; " +
+      "its tok/s and the speed-up come from the simulator's load model (a verify step costs 1.25 decode steps)";
+    const r = report('0002', {
+      source: 'simulator',
+      simulated: { acceptanceConfigured: true, meanAcceptLength: 2.6, datasets: { code: 3.1, chat: 2.6 }, note },
+    });
+    const s = status(null, r);
+    expect(formatEvalStatus(s)).toEqual([
+      'eval of attempt 0002: passed (simulated 2026-12-02T06:00:00.000Z, changes since attempt 0001)',
+      `  ${note}`,
+      '  code     accept len 3.10, speed-up 2.20x, configured 3.10',
+      '  chat     accept len 2.40, speed-up 1.70x, configured 2.60',
+      '  overall  accept len 2.70 (+0.00), speed-up 1.90x (+0.05)',
+    ]);
+    expect(evalPhaseDetail(s)).toBe('attempt 0002 (SIMULATED): accept len 2.70 (+0.00), speed-up 1.90x (+0.05)');
+    expect(evalPointOf(r).source).toBe('simulator');
+  });
+
+  it('measured on SGLang, or from before the source was recorded: no word of simulation', () => {
+    for (const r of [report('0002', { source: 'sglang', simulated: null }), report('0002')]) {
+      const lines = formatEvalStatus(status(null, r));
+      expect(lines[0]).toMatch(/^eval of attempt 0002: passed \(measured /);
+      expect(lines.join('\n')).not.toMatch(/SIMULATED|simulated|configured/);
+      expect(evalPhaseDetail(status(null, r))).toMatch(/^attempt 0002: accept len/);
+    }
+    expect(evalPointOf(report('0002', { source: 'sglang' })).source).toBe('sglang');
+    expect(evalPointOf(report('0002')).source).toBeNull();
+  });
 });

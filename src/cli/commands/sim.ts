@@ -43,6 +43,8 @@ interface SimCommandOptions extends SpeculativeFlags {
   unhealthy: boolean;
   firstTry503Rate: number;
   apiKey?: string;
+  /** Commander's `--no-announce`: false leaves the simulator's announcement out of /server_info. */
+  announce?: boolean;
   toolCallProbability?: number;
   toolCallParallel?: number;
   toolCallDivergent?: number;
@@ -133,6 +135,7 @@ export function simOptionsFrom(opts: SimCommandOptions): SimulatorOptions {
     modelPath: opts.modelPath,
     version: opts.version,
     ...(opts.apiKey === undefined ? {} : { apiKey: opts.apiKey }),
+    ...(opts.announce === false ? { announce: false } : {}),
     toolCalls: {
       ...(opts.toolCallProbability === undefined ? {} : { probability: opts.toolCallProbability }),
       ...(opts.toolCallParallel === undefined ? {} : { parallel: opts.toolCallParallel }),
@@ -217,6 +220,10 @@ export function registerSimCommand(program: Command): void {
       0,
     )
     .option('--unhealthy', '/health and /health_generate answer 503', false)
+    .option(
+      '--no-announce',
+      'leave tokenmill_simulator out of /server_info: the simulator passes for SGLang (an eval then labels its figures measured)',
+    )
     .option(
       '--first-try-503-rate <x>',
       'fraction of sample ids whose first request is answered 503 "The request queue is full."',

@@ -115,12 +115,15 @@ function renderEvalChart(attempts) {
       'data-attempt': a.attempt,
       'data-accept-length': a.acceptLength,
       'data-ok': String(a.ok),
+      'data-source': a.source || 'unknown',
     });
     c.append(
       svgEl(
         'title',
         {},
-        `attempt ${a.attempt}: accept len ${fixed(a.acceptLength, 2)}, speed-up ${fixed(a.speedup, 2)}x`,
+        `attempt ${a.attempt}: accept len ${fixed(a.acceptLength, 2)}, speed-up ${fixed(a.speedup, 2)}x${
+          a.source === 'simulator' ? " (simulated: the simulator's configured acceptance)" : ''
+        }`,
       ),
     );
     children.push(c);
@@ -146,14 +149,25 @@ function renderEval(e) {
               : ''
       }`
     : '';
+  const simulated = r && r.source === 'simulator';
   const reportText = r
-    ? `attempt ${r.attempt}: ${r.ok ? 'passed' : 'FAILED'} · accept len ${fixed(r.overall.drafter.acceptLength, 2)} · speed-up ${
+    ? `attempt ${r.attempt}${simulated ? ' (simulated)' : ''}: ${r.ok ? 'passed' : 'FAILED'} · accept len ${fixed(r.overall.drafter.acceptLength, 2)} · speed-up ${
         r.overall.speedup === null ? '-' : `${r.overall.speedup.toFixed(2)}x`
       }${r.previous ? ` · compared with attempt ${r.previous.attempt}` : ''}`
     : '';
   $('#eval-summary').textContent =
     [reportText, jobText].filter((t) => t !== '').join(' · ') ||
     'no evaluation yet (with an eval section, the eval step runs after each training)';
+  // Figures the simulator produced say so: its acceptance is configured, not the drafter's.
+  const source = $('#eval-source');
+  source.dataset.source = r ? r.source || 'unknown' : 'none';
+  source.hidden = !simulated;
+  source.textContent = simulated
+    ? (r.simulated && r.simulated.note) ||
+      "SIMULATED: the figures come from tokenmill's SGLang simulator, not from a measurement of the drafter"
+    : '';
+  const configured = simulated && r.simulated && r.simulated.acceptanceConfigured ? r.simulated.datasets : null;
+  $('#eval-datasets th[data-field="configured"]').hidden = configured === null;
   const warnings = r ? r.warnings.map((w) => ['warning', `WARNING: ${w}`]) : [];
   const failed = r ? r.failed.map((f) => ['failed', `FAILED: ${f.message}`]) : [];
   $('#eval-warnings').replaceChildren(
@@ -174,6 +188,16 @@ function renderEval(e) {
         { 'data-dataset': name },
         el('td', {}, name),
         el('td', { 'data-field': 'acceptLength' }, fixed(s.drafter.acceptLength, 2)),
+        // The acceptance the simulator was set to, beside the one its answers gave; only when simulated.
+        ...(configured === null
+          ? []
+          : [
+              el(
+                'td',
+                { 'data-field': 'configured' },
+                configured[name] === undefined ? '-' : fixed(configured[name], 2),
+              ),
+            ]),
         el('td', {}, signed(s.delta && s.delta.acceptLength, 2)),
         el('td', { 'data-field': 'speedup' }, s.speedup === null ? '-' : `${s.speedup.toFixed(2)}x`),
         el('td', {}, signed(s.delta && s.delta.speedup, 2)),
@@ -205,24 +229,26 @@ function actionButton(dataset, action, label) {
 function conversationsNote(d) {
   const c = d.conversations;
   if (!c) return [];
+  const causes = Object.entries(c.endedBy || {}).sort((a, b) => b[1] - a[1]);
   return [
     el(
       'div',
       { class: 'note', 'data-field': 'conversations' },
-      `turns · conversations: ${fmt(c.complete)} complete, ${fmt(c.partial)} partial, ${fmt(c.ended)} ended early`,
-    ),
-    // Ended early by cause, each with a conversation to look at (`tokenmill show <dataset> <id>`).
-    ...Object.entries(c.endedBy || {})
-      .sort((a, b) => b[1] - a[1])
-      .map(([cause, n]) => {
+      `records are turns · conversations: ${fmt(c.complete)} complete, ${fmt(c.partial)} partial, ${fmt(c.ended)} ended early`,
+      // Ended early by cause, each with a conversation to look at (`tokenmill show <dataset> <id>`).
+      ...causes.flatMap(([cause, n]) => {
         const example = (c.endedExample || {})[cause];
-        return el(
-          'div',
-          { class: 'note', 'data-field': 'ended-by', 'data-cause': cause },
-          `${fmt(n)} ${cause}`,
-          ...(example ? [' · e.g. ', el('code', { 'data-field': 'ended-example', title: example }, example)] : []),
-        );
+        return [
+          ' · ',
+          el(
+            'span',
+            { class: 'cause', 'data-field': 'ended-by', 'data-cause': cause },
+            `${fmt(n)} ${cause}`,
+            ...(example ? [' · e.g. ', el('code', { 'data-field': 'ended-example', title: example }, example)] : []),
+          ),
+        ];
       }),
+    ),
     // Why conversations ended early: the latest few, each with its reason.
     ...(c.lastEnded || [])
       .slice(0, 3)
@@ -236,8 +262,20 @@ function conversationsNote(d) {
   ];
 }
 
+// A dataset's notes (why it failed, its conversations) go in a row of their own under its figures,
+// as wide as the table: in a cell of one column they made the row as tall as the page.
+function notesRow(d, columns) {
+  const notes = [
+    ...(d.failedReason ? [el('div', { class: 'note', 'data-field': 'failed-reason' }, d.failedReason)] : []),
+    ...conversationsNote(d),
+  ];
+  if (notes.length === 0) return [];
+  return [el('tr', { class: 'notes', 'data-notes-of': d.name }, el('td', { colSpan: columns }, ...notes))];
+}
+
 function renderDatasets(datasets) {
-  const rows = datasets.map((d) => {
+  const columns = $('#datasets thead tr').children.length;
+  const rows = datasets.flatMap((d) => {
     const generation = d.tokenBudget !== null || Object.keys(d.jobs || {}).length > 0;
     const cells = [
       el('td', { 'data-field': 'name' }, d.name),
@@ -245,10 +283,9 @@ function renderDatasets(datasets) {
         'td',
         { class: `text status-${d.status}`, 'data-field': 'status' },
         d.status.replace('_', ' ') + (d.stalled ? ' (STALLED)' : ''),
-        ...(d.failedReason ? [el('div', { class: 'note', 'data-field': 'failed-reason' }, d.failedReason)] : []),
       ),
       el('td', { 'data-field': 'tokens' }, bar(d)),
-      el('td', { 'data-field': 'records' }, fmt(d.records), ...conversationsNote(d)),
+      el('td', { 'data-field': 'records' }, fmt(d.records)),
       el('td', { 'data-field': 'tokensPerSec' }, fmt(d.tokensPerSec)),
       el('td', { 'data-field': 'eta' }, eta(d)),
       el('td', { 'data-field': 'inFlight' }, fmt(d.inFlight)),
@@ -257,7 +294,7 @@ function renderDatasets(datasets) {
       el('td', { 'data-field': 'paused' }, d.paused ? 'yes' : 'no'),
       el(
         'td',
-        { 'data-field': 'actions' },
+        { class: 'actions', 'data-field': 'actions' },
         ...(generation
           ? [
               ...(d.paused
@@ -270,7 +307,15 @@ function renderDatasets(datasets) {
           : []),
       ),
     ];
-    return el('tr', { 'data-dataset': d.name, 'data-status': d.status }, ...cells);
+    const notes = notesRow(d, columns);
+    return [
+      el(
+        'tr',
+        { 'data-dataset': d.name, 'data-status': d.status, ...(notes.length > 0 ? { class: 'with-notes' } : {}) },
+        ...cells,
+      ),
+      ...notes,
+    ];
   });
   $('#datasets tbody').replaceChildren(...rows);
 }

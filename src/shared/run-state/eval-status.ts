@@ -28,6 +28,24 @@ export interface EvalSectionView {
   delta: { acceptLength: number | null; acceptLengthChange: number | null; speedup: number | null } | null;
 }
 
+/**
+ * Where a report's figures come from: `sglang` measured on SGLang servers; `simulator` produced by
+ * tokenmill's simulator (its acceptance configured, its speeds from its load model); null for a
+ * report from before the source was recorded.
+ */
+export type EvalSourceView = 'sglang' | 'simulator' | null;
+
+/** With the source `simulator`, what the report says its figures are. */
+export interface SimulatedView {
+  /** The acceptance is the simulator's setting (a drafter endpoint is the simulator). */
+  acceptanceConfigured: boolean;
+  meanAcceptLength: number | null;
+  /** The configured mean accept length of each dataset evaluated. */
+  datasets: Record<string, number>;
+  /** `SIMULATED: …`, one sentence. */
+  note: string;
+}
+
 /** An eval report (`eval.json`) as far as the status reads it; the JSON output has all of it. */
 export interface EvalReportView {
   version: number;
@@ -35,6 +53,9 @@ export interface EvalReportView {
   attempt: string | null;
   drafter: string;
   measuredAt: string;
+  /** Absent in reports from before it was recorded. */
+  source?: 'sglang' | 'simulator';
+  simulated?: SimulatedView | null;
   datasets: (EvalSectionView & { dataset: string })[];
   overall: EvalSectionView;
   previous: { attempt: string | null; comparable: boolean } | null;
@@ -47,6 +68,8 @@ export interface EvalReportView {
 export interface EvalAttemptPoint {
   attempt: string;
   measuredAt: string;
+  /** Measured on SGLang, or the simulator's configured figures. */
+  source: EvalSourceView;
   ok: boolean;
   acceptLength: number | null;
   speedup: number | null;
@@ -104,11 +127,26 @@ export function parseEvalReportView(text: string): (EvalReportView & Record<stri
 
 const n = (x: number | null | undefined): number | null => (typeof x === 'number' ? x : null);
 
+/** Where a report's figures come from (null: not recorded). */
+export function sourceOf(r: Pick<EvalReportView, 'source'>): EvalSourceView {
+  return r.source === 'simulator' || r.source === 'sglang' ? r.source : null;
+}
+
+/** The simulator's note of a simulated report (`SIMULATED: …`), or undefined for one measured on SGLang. */
+export function simulatedNote(r: Pick<EvalReportView, 'source' | 'simulated'>): string | undefined {
+  if (sourceOf(r) !== 'simulator') return undefined;
+  return (
+    r.simulated?.note ??
+    "SIMULATED: the figures come from tokenmill's SGLang simulator, not from a measurement of the drafter"
+  );
+}
+
 /** A report's figures as a chart point. */
 export function evalPointOf(r: EvalReportView): EvalAttemptPoint {
   return {
     attempt: r.attempt ?? '',
     measuredAt: r.measuredAt,
+    source: sourceOf(r),
     ok: r.ok,
     acceptLength: n(r.overall.drafter.acceptLength),
     speedup: n(r.overall.speedup),
@@ -230,11 +268,25 @@ export function formatEvalStatus(e: EvalStatus | null | undefined): string[] {
     r.previous === null
       ? ''
       : `, changes since attempt ${r.previous.attempt ?? '?'}${r.previous.comparable ? '' : ' (other settings: not comparable)'}`;
-  lines.push(`eval of attempt ${r.attempt ?? '?'}: ${r.ok ? 'passed' : 'FAILED'} (measured ${r.measuredAt}${since})`);
-  const rows: [string, EvalSectionView][] = r.datasets.map((d) => [d.dataset, d]);
-  if (r.datasets.length !== 1) rows.push(['overall', r.overall]);
+  const note = simulatedNote(r);
+  lines.push(
+    `eval of attempt ${r.attempt ?? '?'}: ${r.ok ? 'passed' : 'FAILED'} (${note === undefined ? 'measured' : 'simulated'} ${r.measuredAt}${since})`,
+  );
+  if (note !== undefined) lines.push(`  ${note}`);
+  // The configured accept length beside each dataset's, when the simulator set it.
+  const configured =
+    r.simulated?.acceptanceConfigured === true && note !== undefined ? r.simulated.datasets : undefined;
+  const rows: [string, EvalSectionView, number | undefined][] = r.datasets.map((d) => [
+    d.dataset,
+    d,
+    configured?.[d.dataset],
+  ]);
+  if (r.datasets.length !== 1) rows.push(['overall', r.overall, undefined]);
   const width = Math.max(...rows.map(([name]) => name.length));
-  for (const [name, s] of rows) lines.push(`  ${name.padEnd(width)}  ${describeEvalSection(s)}`);
+  for (const [name, s, set] of rows)
+    lines.push(
+      `  ${name.padEnd(width)}  ${describeEvalSection(s)}${set === undefined ? '' : `, configured ${set.toFixed(2)}`}`,
+    );
   for (const w of r.warnings) lines.push(`  WARNING: ${w}`);
   for (const f of r.failed) lines.push(`  FAILED: ${f.message}`);
   return lines;
@@ -254,5 +306,6 @@ export function evalPhaseDetail(e: EvalStatus | null | undefined): string {
     return describeJob(j);
   if (r === null) return '';
   const warned = r.warnings.length === 0 ? '' : `, ${r.warnings.length} warning${r.warnings.length === 1 ? '' : 's'}`;
-  return `attempt ${r.attempt ?? '?'}: ${describeEvalSection(r.overall)}${warned}${r.ok ? '' : `, FAILED: ${r.failed.map((f) => f.message).join('; ')}`}`;
+  const simulated = sourceOf(r) === 'simulator' ? ' (SIMULATED)' : '';
+  return `attempt ${r.attempt ?? '?'}${simulated}: ${describeEvalSection(r.overall)}${warned}${r.ok ? '' : `, FAILED: ${r.failed.map((f) => f.message).join('; ')}`}`;
 }

@@ -22,10 +22,14 @@ export {
   evalPointOf,
   type EvalReportView,
   type EvalSectionView,
+  type EvalSourceView,
   type EvalStatus,
   formatEvalStatus,
   parseEvalReportView,
   readEvalStatus,
+  type SimulatedView,
+  simulatedNote,
+  sourceOf,
 } from './eval-status.js';
 export { PREPARE_STATS_FIELDS } from './phases.js';
 export {

@@ -3,13 +3,14 @@
  * attempt of a run — an EAGLE-3 attempt, a DFlash attempt, … — and no speculation, per dataset and
  * overall, on the same held-out prompts. Nothing is measured here: the figures are the attempts'
  * `eval.json`; a report measured with other settings (prompts, concurrency, max_new_tokens,
- * sampling) than the newest one is left out of the table and said in `notes`.
+ * sampling) than the newest one, or simulated where the newest was measured on SGLang (or the
+ * reverse), is left out of the table and said in `notes`. Figures the simulator produced say so.
  */
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { listAttempts, trainDir } from '../train/index.js';
 import { evalReportPath } from './drafter.js';
-import { type EvalReport, type EvalSection, incomparable, parseReport } from './report.js';
+import { type EvalReport, type EvalSection, type EvalSource, incomparable, parseReport } from './report.js';
 
 /** One drafter of the comparison: an evaluated attempt. */
 export interface ComparedDrafter {
@@ -19,6 +20,8 @@ export interface ComparedDrafter {
   algorithm: string;
   file: string;
   measuredAt: string;
+  /** Measured on SGLang, or the simulator's configured figures; null for a report that did not record it. */
+  source: EvalSource | null;
 }
 
 /** One row: a drafter's figures on a dataset, or no speculation's (`attempt` null). */
@@ -32,6 +35,8 @@ export interface ComparisonRow {
   tokensPerSec: number | null;
   /** Against the baseline measured with the drafter's own report (1 for no speculation). */
   speedup: number | null;
+  /** The figures are the simulator's (its configured acceptance, its load model's speeds). */
+  simulated: boolean;
 }
 
 export interface EvalComparison {
@@ -91,13 +96,29 @@ export function compareReports(
     notes: [...notes],
   };
   if (newest === undefined) return out;
+  const sourceOf = (r: EvalReport): EvalSource | null =>
+    r.source === 'simulator' || r.source === 'sglang' ? r.source : null;
   const kept = reports.filter((r) => {
+    const a = sourceOf(newest);
+    const b = sourceOf(r.report);
+    if (a !== null && b !== null && a !== b) {
+      out.notes.push(
+        `attempt ${r.attempt} was ${b === 'simulator' ? 'evaluated on the simulator (its configured acceptance)' : 'measured on SGLang'}, the newest ${a === 'simulator' ? 'on the simulator' : 'on SGLang'}: left out`,
+      );
+      return false;
+    }
     const why = incomparable(newest.settings, r.report.settings);
     if (why !== undefined) out.notes.push(`attempt ${r.attempt} was measured with other settings (${why}): left out`);
     return why === undefined;
   });
   for (const r of kept)
-    out.drafters.push({ attempt: r.attempt, ...drafterLabel(r.report), file: r.file, measuredAt: r.report.measuredAt });
+    out.drafters.push({
+      attempt: r.attempt,
+      ...drafterLabel(r.report),
+      file: r.file,
+      measuredAt: r.report.measuredAt,
+      source: sourceOf(r.report),
+    });
   const datasets: string[] = [];
   for (const r of kept) for (const d of r.report.datasets) if (!datasets.includes(d.dataset)) datasets.push(d.dataset);
   const sectionOf = (report: EvalReport, dataset: string): EvalSection | undefined =>
@@ -115,6 +136,7 @@ export function compareReports(
         acceptLength: null,
         tokensPerSec: bs.baseline.tokensPerSec,
         speedup: 1,
+        simulated: (base?.report.baseline ?? []).some((b) => b.simulator != null),
       });
     for (const r of kept) {
       const s = sectionOf(r.report, dataset);
@@ -127,6 +149,7 @@ export function compareReports(
         acceptLength: s.drafter.acceptLength ?? null,
         tokensPerSec: s.drafter.tokensPerSec,
         speedup: s.speedup,
+        simulated: sourceOf(r.report) === 'simulator',
       });
     }
   }
@@ -144,12 +167,18 @@ export function formatComparison(c: EvalComparison): string {
     lines.push(
       `drafters compared on the same ${c.prompts === 'held-out' ? 'held-out prompts' : `prompts (${c.prompts ?? '?'})`}, run ${c.run ?? '?'}:`,
     );
+    const simulated = c.drafters.filter((d) => d.source === 'simulator').map((d) => d.attempt);
+    if (simulated.length > 0)
+      lines.push(
+        `  SIMULATED (*): attempt${simulated.length === 1 ? '' : 's'} ${simulated.join(', ')} ran against tokenmill's SGLang simulator: ` +
+          "the acceptance is its configured one and the tok/s its load model's, not measurements of the drafters",
+      );
     const head = ['dataset', 'drafter', 'prompts', 'accept len', 'tok/s', 'speed-up'];
     const rows = [
       head,
       ...c.rows.map((r) => [
         r.dataset,
-        r.drafter,
+        `${r.drafter}${r.simulated ? ' *' : ''}`,
         String(r.prompts),
         num(r.acceptLength, 2),
         num(r.tokensPerSec, 1),

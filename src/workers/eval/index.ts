@@ -59,10 +59,14 @@ export {
   type EvalReport,
   type EvalSection,
   type EvalSettings,
+  type EvalSource,
   type EvalThresholds,
   incomparable,
   parseReport,
   type ReportContext,
+  type SimulatedFigures,
+  simulatedFigures,
+  type SimulatorInfo,
 } from './report.js';
 export {
   type CheckedServers,
@@ -85,7 +89,14 @@ export {
   startServer,
   type StartedServer,
 } from './server-process.js';
-export { DEFAULT_RETRY, EvalError, type RetryPolicy, withConnectRetries } from './servers.js';
+export {
+  DEFAULT_RETRY,
+  EvalError,
+  type RetryPolicy,
+  SIMULATOR_ANNOUNCEMENT_KEY,
+  simulatorOf,
+  withConnectRetries,
+} from './servers.js';
 export { EvalWorker, type EvalWorkerOptions } from './worker.js';
 export {
   addAnswer,

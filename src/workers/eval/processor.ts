@@ -171,7 +171,7 @@ class EvalJob implements GpuJobPhases<Chosen, Ready, MeasureOutcome, EvalJobResu
     await deps.recordReport(report);
     const file = files[0] ?? evalReportPath(ready.attemptDir);
     const o = report.overall;
-    const figures = `accept len ${o.drafter.acceptLength?.toFixed(2) ?? '-'}, speed-up ${o.speedup === null ? '-' : `${o.speedup.toFixed(2)}x`}`;
+    const figures = `${report.source === 'simulator' ? 'simulated: ' : ''}accept len ${o.drafter.acceptLength?.toFixed(2) ?? '-'}, speed-up ${o.speedup === null ? '-' : `${o.speedup.toFixed(2)}x`}`;
     for (const w of report.warnings) deps.jobLog(`WARNING: ${w}`);
     for (const f of report.failed) deps.jobLog(`FAILED: ${f.message}`);
     deps.jobLog(`report ${file}: ${figures}`);

@@ -8,6 +8,24 @@ import { type PhaseStats, type PhaseTotals, phaseStats, speedupOf, sumTotals } f
 /** `eval.json`'s format version. */
 export const EVAL_REPORT_VERSION = 1;
 
+/**
+ * What an endpoint that is tokenmill's SGLang simulator announced (`tokenmill_simulator` in its
+ * `/server_info`, docs/simulator.md): its acceptance is configured, its speeds come from its load
+ * model; neither is a measurement of a drafter.
+ */
+export interface SimulatorInfo {
+  /** The SGLang release it imitates (its `version` is that release's, not its own). */
+  imitates: string | null;
+  /** The mean accept length it was configured with (tokens per verify step); null without speculation. */
+  meanAcceptLength: number | null;
+  /** Per draft position, the configured acceptance rates; null without speculation. */
+  acceptance: number[] | null;
+  /** The configured mean accept length of each dataset that has its own. */
+  perDataset: Record<string, number>;
+  /** What a verify step costs beyond a plain decode step, as a share of one; null without speculation. */
+  draftOverhead: number | null;
+}
+
 /** What a drafter endpoint says about itself (`/server_info`). */
 export interface DrafterEndpointInfo {
   url: string;
@@ -18,6 +36,8 @@ export interface DrafterEndpointInfo {
   numSteps: number | null;
   eagleTopk: number | null;
   numDraftTokens: number | null;
+  /** The simulator's announcement; null for a server that made none (SGLang). */
+  simulator: SimulatorInfo | null;
 }
 
 /** What a baseline endpoint says about itself. */
@@ -25,6 +45,30 @@ export interface BaselineEndpointInfo {
   url: string;
   version: string | null;
   modelPath: string | null;
+  /** The simulator's announcement; null for a server that made none (SGLang). */
+  simulator: SimulatorInfo | null;
+}
+
+/**
+ * Where a report's figures come from: `sglang`, measured on servers that made no simulator
+ * announcement; `simulator`, when a drafter or baseline endpoint is tokenmill's simulator.
+ */
+export type EvalSource = 'sglang' | 'simulator';
+
+/** With the source `simulator`: what its figures are, in words and in the simulator's settings. */
+export interface SimulatedFigures {
+  /** The endpoints that announced themselves as the simulator (drafter and baseline). */
+  endpoints: string[];
+  /** The acceptance is the simulator's setting (a drafter endpoint is the simulator). */
+  acceptanceConfigured: boolean;
+  /** The configured mean accept length (the first simulated drafter endpoint's), null when none is simulated. */
+  meanAcceptLength: number | null;
+  /** The configured mean accept length of each dataset evaluated: its own where set, else the top level. */
+  datasets: Record<string, number>;
+  /** A verify step's configured cost beyond a decode step; null when no drafter endpoint is simulated. */
+  draftOverhead: number | null;
+  /** One sentence for people: what is configured, what follows from the load model. */
+  note: string;
 }
 
 /** The settings a measurement was taken with: two reports compare only when these agree. */
@@ -85,6 +129,10 @@ export interface EvalReport {
   durationSec: number;
   endpoints: DrafterEndpointInfo[];
   baseline: BaselineEndpointInfo[] | null;
+  /** Measured on SGLang, or produced by the simulator (see {@link EvalSource}). */
+  source: EvalSource;
+  /** With the source `simulator`: the configured figures; null for SGLang. */
+  simulated: SimulatedFigures | null;
   settings: EvalSettings;
   datasets: DatasetEval[];
   overall: EvalSection;
@@ -156,6 +204,8 @@ const fmt = (x: number | null | undefined, digits = 2): string =>
 function judge(
   report: Pick<EvalReport, 'datasets' | 'overall' | 'previous'>,
   t: EvalThresholds,
+  /** This report's source, when the previous report's differs. */
+  sourceChanged?: EvalSource,
 ): { warnings: string[]; failed: EvalFailure[] } {
   const warnings: string[] = [];
   const failed: EvalFailure[] = [];
@@ -184,7 +234,11 @@ function judge(
       if (p !== null && p.failures > 0 && name !== 'overall')
         warnings.push(`${name}: ${p.failures} of ${p.requests} ${phase} requests failed; the figures leave them out`);
   }
-  if (report.previous !== null && !report.previous.comparable)
+  if (report.previous !== null && sourceChanged !== undefined)
+    warnings.push(
+      `the previous report (${report.previous.file}) was ${sourceChanged === 'simulator' ? 'measured on SGLang' : 'simulated'}, this one ${sourceChanged === 'simulator' ? 'is simulated' : 'on SGLang'}: its deltas are not comparable`,
+    );
+  else if (report.previous !== null && !report.previous.comparable)
     warnings.push(
       `the previous report (${report.previous.file}) was measured with other settings: its deltas are not comparable`,
     );
@@ -211,6 +265,52 @@ function judge(
   return { warnings, failed };
 }
 
+const acceptText = (x: number): string => x.toFixed(2);
+
+/**
+ * What the endpoints' announcements make of the figures: null when none is the simulator; else the
+ * simulated endpoints, the configured acceptance per dataset evaluated, and a sentence saying so.
+ */
+export function simulatedFigures(
+  endpoints: readonly DrafterEndpointInfo[],
+  baseline: readonly BaselineEndpointInfo[] | null,
+  datasets: readonly string[],
+): SimulatedFigures | null {
+  const simulated = [...endpoints, ...(baseline ?? [])].filter((e) => e.simulator !== null).map((e) => e.url);
+  if (simulated.length === 0) return null;
+  const drafter = endpoints.find((e) => e.simulator !== null)?.simulator ?? null;
+  const top = drafter?.meanAcceptLength ?? null;
+  const perDataset: Record<string, number> = {};
+  for (const d of datasets) {
+    const v = drafter?.perDataset[d] ?? top;
+    if (v !== null) perDataset[d] = v;
+  }
+  const baselineSimulated = (baseline ?? []).some((b) => b.simulator !== null);
+  const parts: string[] = [];
+  if (drafter !== null) {
+    const own = Object.keys(drafter.perDataset).filter((d) => datasets.includes(d));
+    parts.push(
+      `the acceptance is the simulator's configured one (accept len ${top === null ? '?' : acceptText(top)}` +
+        `${own.length === 0 ? '' : `; ${own.map((d) => `${d} ${acceptText(perDataset[d] ?? 0)}`).join(', ')}`}), not measured from the drafter`,
+    );
+    parts.push(
+      baselineSimulated || baseline === null
+        ? `its tok/s${baseline === null ? '' : ' and the speed-up'} come from the simulator's load model${drafter.draftOverhead === null ? '' : ` (a verify step costs ${acceptText(1 + drafter.draftOverhead)} decode steps)`}`
+        : "its tok/s come from the simulator's load model: the speed-up compares a simulator with a real server",
+    );
+  } else {
+    parts.push("the baseline is the simulator: its tok/s, and so the speed-up, come from the simulator's load model");
+  }
+  return {
+    endpoints: simulated,
+    acceptanceConfigured: drafter !== null,
+    meanAcceptLength: top,
+    datasets: perDataset,
+    draftOverhead: drafter?.draftOverhead ?? null,
+    note: `SIMULATED: ${parts.join('; ')}`,
+  };
+}
+
 /** What {@link buildReport} needs besides the totals: the report's own header fields, and more. */
 export type ReportContext = Pick<
   EvalReport,
@@ -225,6 +325,12 @@ export type ReportContext = Pick<
 /** The report of measured totals: figures, deltas against the previous report, warnings, checks. */
 export function buildReport(totals: readonly DatasetTotals[], ctx: ReportContext): EvalReport {
   const hasBaseline = ctx.baseline !== null;
+  const simulated = simulatedFigures(
+    ctx.endpoints,
+    ctx.baseline,
+    totals.map((d) => d.dataset),
+  );
+  const source: EvalSource = simulated === null ? 'sglang' : 'simulator';
   const datasets: DatasetEval[] = totals.map((d) => ({
     dataset: d.dataset,
     promptFile: d.promptFile,
@@ -236,13 +342,18 @@ export function buildReport(totals: readonly DatasetTotals[], ctx: ReportContext
     hasBaseline ? sumTotals(totals.map((d) => d.baseline).filter((b) => b !== null)) : null,
   );
   let previous: EvalReport['previous'] = null;
+  let sourceChanged = false;
   if (ctx.previous !== undefined) {
     const prev = ctx.previous.report;
+    // A simulated report and a measured one do not compare (one from before sources were recorded
+    // has none and is taken as it is).
+    const prevSource: EvalSource | undefined = prev.source;
+    sourceChanged = prevSource !== undefined && prevSource !== source;
     previous = {
       attempt: prev.attempt,
       file: ctx.previous.file,
       measuredAt: prev.measuredAt,
-      comparable: incomparable(ctx.settings, prev.settings) === undefined,
+      comparable: incomparable(ctx.settings, prev.settings) === undefined && !sourceChanged,
     };
     for (const d of datasets) {
       const p = prev.datasets.find((x) => x.dataset === d.dataset);
@@ -251,7 +362,7 @@ export function buildReport(totals: readonly DatasetTotals[], ctx: ReportContext
     overall.delta = deltaOf(overall, prev.overall);
   }
   const partial = { datasets, overall, previous };
-  const { warnings, failed } = judge(partial, ctx.thresholds);
+  const { warnings, failed } = judge(partial, ctx.thresholds, sourceChanged ? source : undefined);
   return {
     version: EVAL_REPORT_VERSION,
     run: ctx.run,
@@ -261,6 +372,8 @@ export function buildReport(totals: readonly DatasetTotals[], ctx: ReportContext
     durationSec: ctx.durationSec,
     endpoints: ctx.endpoints,
     baseline: ctx.baseline,
+    source,
+    simulated,
     settings: ctx.settings,
     datasets,
     overall,

@@ -9,12 +9,13 @@ import path from 'node:path';
 import {
   AppError,
   errorMessage,
+  isRecord,
   SglangClient,
   TimeoutError,
   UnavailableError,
   type ServerInfo,
 } from '../../shared/index.js';
-import type { BaselineEndpointInfo, DrafterEndpointInfo } from './report.js';
+import type { BaselineEndpointInfo, DrafterEndpointInfo, SimulatorInfo } from './report.js';
 
 /** Why `tokenmill eval` will not measure, or could not: one line naming the endpoint or file. */
 export class EvalError extends AppError {}
@@ -69,6 +70,42 @@ export async function withConnectRetries<T>(
 
 const str = (v: unknown): string | null => (typeof v === 'string' && v !== '' ? v : null);
 const int = (v: unknown): number | null => (Number.isSafeInteger(v) ? (v as number) : null);
+
+/**
+ * The `/server_info` key under which tokenmill's simulator announces itself (src/sim/announce.ts);
+ * real SGLang sends no key that starts with `tokenmill`.
+ */
+export const SIMULATOR_ANNOUNCEMENT_KEY = 'tokenmill_simulator';
+
+const finite = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+
+/**
+ * What a server's simulator announcement says, or null when it made none (SGLang). An
+ * announcement present but unreadable still says "simulator", with its figures unknown.
+ */
+export function simulatorOf(info: ServerInfo): SimulatorInfo | null {
+  const a: unknown = info[SIMULATOR_ANNOUNCEMENT_KEY];
+  if (a === undefined || a === null || a === false) return null;
+  const r = isRecord(a) ? a : {};
+  const spec = isRecord(r.speculative) ? r.speculative : null;
+  const perDataset: Record<string, number> = {};
+  if (spec !== null && isRecord(spec.per_dataset))
+    for (const [name, v] of Object.entries(spec.per_dataset)) {
+      const m = isRecord(v) ? finite(v.mean_accept_length) : null;
+      if (m !== null) perDataset[name] = m;
+    }
+  const acceptance =
+    spec !== null && Array.isArray(spec.acceptance) && spec.acceptance.every((p) => finite(p) !== null)
+      ? (spec.acceptance as number[])
+      : null;
+  return {
+    imitates: str(r.imitates),
+    meanAcceptLength: spec === null ? null : finite(spec.mean_accept_length),
+    acceptance,
+    perDataset,
+    draftOverhead: spec === null ? null : finite(spec.draft_overhead),
+  };
+}
 
 /** The real path of `p` when it exists here, else `p` made absolute (the server may be elsewhere). */
 export async function comparablePath(p: string): Promise<string> {
@@ -134,6 +171,7 @@ export async function checkDrafterEndpoint(
     numSteps: int(info.speculative_num_steps),
     eagleTopk: int(info.speculative_eagle_topk),
     numDraftTokens: int(info.speculative_num_draft_tokens),
+    simulator: simulatorOf(info),
   };
 }
 
@@ -154,7 +192,7 @@ export function checkBaselineEndpoint(
     throw new EvalError(
       `eval: baseline endpoint ${url} serves the model ${modelPath}, but ${target.from} serves ${target.modelPath}: the speed-up would compare two targets`,
     );
-  return { url, version: str(info.version), modelPath };
+  return { url, version: str(info.version), modelPath, simulator: simulatorOf(info) };
 }
 
 /** Checks that every drafter endpoint serves the same target; returns it. */
