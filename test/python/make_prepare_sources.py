@@ -91,7 +91,20 @@ def sharegpt_rows(n, seed, start_id=0):
 
 
 def sharegpt_messages(row):
-    turns = [{"role": SHAREGPT_ROLES[t["from"]], "content": t["value"]} for t in row["conversations"]]
+    # A function_call turn is an assistant turn with its call as `tool_calls` (id `call_<turn index>`),
+    # and an observation a tool turn answering the call before it, as tokenmill reads them.
+    turns = []
+    last_call = None
+    for k, t in enumerate(row["conversations"]):
+        if t["from"] == "function_call":
+            call = json.loads(t["value"])
+            last_call = f"call_{k}"
+            turns.append({"role": "assistant", "content": "", "tool_calls": [
+                {"id": last_call, "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]})
+        elif t["from"] == "observation":
+            turns.append({"role": "tool", "content": t["value"], "tool_call_id": last_call})
+        else:
+            turns.append({"role": SHAREGPT_ROLES[t["from"]], "content": t["value"]})
     if row.get("system") and not (turns and turns[0]["role"] == "system"):
         turns.insert(0, {"role": "system", "content": row["system"]})
     return turns
