@@ -74,11 +74,11 @@ export async function evaluatedAttempts(
 export function drafterLabel(report: EvalReport): { algorithm: string; label: string } {
   const e = report.endpoints[0];
   if (e === undefined) return { algorithm: '?', label: '?' };
-  if (e.algorithm === 'DFLASH')
-    return {
-      algorithm: e.algorithm,
-      label: `DFLASH${e.numDraftTokens === null ? '' : ` (block ${e.numDraftTokens})`}`,
-    };
+  if (e.algorithm === 'DFLASH') {
+    // The block size SGLang reports; reports made before it was read give the draft tokens, the same number.
+    const block = e.blockSize ?? e.numDraftTokens;
+    return { algorithm: e.algorithm, label: `DFLASH${block === null ? '' : ` (block ${block})`}` };
+  }
   return { algorithm: e.algorithm, label: `${e.algorithm}${e.numSteps === null ? '' : ` (${e.numSteps} steps)`}` };
 }
 

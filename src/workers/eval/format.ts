@@ -1,5 +1,5 @@
 /** The evaluation report as a table for people (`tokenmill eval` without `--json`). */
-import type { EvalReport, EvalSection, SimulatorInfo } from './report.js';
+import type { DrafterEndpointInfo, EvalReport, EvalSection, SimulatorInfo } from './report.js';
 
 const num = (x: number | null | undefined, digits: number): string =>
   x === null || x === undefined ? '-' : x.toFixed(digits);
@@ -94,9 +94,7 @@ export function formatReport(r: EvalReport): string {
   if (r.source === 'simulator' && r.simulated !== null && r.simulated !== undefined)
     lines.push(...wrapText(r.simulated.note, 100, '  ', '             '));
   for (const e of r.endpoints)
-    lines.push(
-      `  drafter   ${e.url}: ${e.algorithm}${e.numSteps === null ? '' : `, ${e.numSteps} steps`}${e.eagleTopk === null ? '' : `, topk ${e.eagleTopk}`}${e.numDraftTokens === null ? '' : `, ${e.numDraftTokens} draft tokens`} (${serverName(e.version, e.simulator)})`,
-    );
+    lines.push(`  drafter   ${e.url}: ${e.algorithm}${drafterSettings(e)} (${serverName(e.version, e.simulator)})`);
   for (const b of r.baseline ?? [])
     lines.push(`  baseline  ${b.url}: no speculation (${serverName(b.version, b.simulator)})`);
   if (r.baseline === null) lines.push('  baseline  none (eval.baseline): no speed-up measured');
@@ -131,4 +129,10 @@ export function formatReport(r: EvalReport): string {
   for (const w of r.warnings) lines.push(`WARNING: ${w}`);
   for (const f of r.failed) lines.push(`FAILED: ${f.message}`);
   return `${lines.join('\n')}\n`;
+}
+
+/** A drafter server's speculative settings, as a person reads them: a DFLASH block, or EAGLE's steps, topk and draft tokens. */
+function drafterSettings(e: DrafterEndpointInfo): string {
+  if (e.blockSize !== undefined && e.blockSize !== null) return `, block ${e.blockSize}`;
+  return `${e.numSteps === null ? '' : `, ${e.numSteps} steps`}${e.eagleTopk === null ? '' : `, topk ${e.eagleTopk}`}${e.numDraftTokens === null ? '' : `, ${e.numDraftTokens} draft tokens`}`;
 }

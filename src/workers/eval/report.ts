@@ -36,6 +36,8 @@ export interface DrafterEndpointInfo {
   numSteps: number | null;
   eagleTopk: number | null;
   numDraftTokens: number | null;
+  /** DFLASH: the slots of a drafted block (`/server_info` `speculative_dflash_block_size`); absent in reports made before it was read. */
+  blockSize?: number | null;
   /** The simulator's announcement; null for a server that made none (SGLang). */
   simulator: SimulatorInfo | null;
 }

@@ -171,6 +171,7 @@ export async function checkDrafterEndpoint(
     numSteps: int(info.speculative_num_steps),
     eagleTopk: int(info.speculative_eagle_topk),
     numDraftTokens: int(info.speculative_num_draft_tokens),
+    blockSize: int(info.speculative_dflash_block_size),
     simulator: simulatorOf(info),
   };
 }
