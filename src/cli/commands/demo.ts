@@ -39,7 +39,8 @@ export const DEMO_DATASETS: readonly {
   { name: 'B2_magicoder', tokenBudget: 90_000, budget: 'strict' },
   { name: 'B3_ultrachat', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B4_openmath', tokenBudget: 80_000, budget: 'strict' },
-  { name: 'B5_sharegpt', tokenBudget: 50_000, budget: 'strict', turns: 'all' },
+  // Enough budget past the first wave of turn 1s (about 16 answers of ~3k tokens) for later turns to run.
+  { name: 'B5_sharegpt', tokenBudget: 120_000, budget: 'strict', turns: 'all' },
   { name: 'B6_writing', tokenBudget: 80_000, budget: 'strict' },
   { name: 'B7_reasoning', tokenBudget: 70_000, budget: 'strict' },
   // Agentic: SWE-agent trajectories with OpenAI `tools`, regenerated turn by turn, calls included.
